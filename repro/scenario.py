@@ -1,0 +1,324 @@
+"""Scenario files (the test as data) and the plan they compile to (what the injector reads).
+
+A scenario is a TOML file under ``scenarios/``. It names the real bug it mirrors, the server to run, the request
+burst, the stall/budget times and one or more named variants. Each variant lists injections: *where* (a site,
+with alternatives across engine versions), *when* (a stack gate: caller frames, loop, ranks, occurrence) and
+*what* (an action: extra collective, skip, return value, delay, or none for a control).
+
+``load_scenario`` validates with pydantic and raises :class:`ScenarioError` whose message names the file, the
+field and what was expected. ``compile_plan`` turns one variant into a plain-JSON dict: the contract with
+``injectors/repro_injector`` (which never imports this package). Keep both sides in step: ``PLAN_VERSION``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PLAN_VERSION = 1
+PLAN_ENV = "REPRO_PLAN"
+
+Expect = Literal["deadlock", "success", "inconclusive"]
+VERDICT_OF_EXPECT = {
+    "deadlock": "DEADLOCKED",
+    "success": "ALL REQUESTS SUCCEEDED",
+    "inconclusive": "INCONCLUSIVE",
+}
+
+_SITE_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+_FRAME_RE = re.compile(r"^[\w.*?\[\]]+(:[\w.*?\[\]<>]+)?$")
+
+
+class ScenarioError(ValueError):
+    """A scenario file could not be read or is invalid; the message names file, field and the fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSpec(_Strict):
+    """The server a scenario runs: which adapter, model, TP size, engine flags and environment."""
+
+    adapter: Literal["sglang"] = "sglang"
+    model: str = Field("", description="model path; empty = the CPU testbed's tiny model")
+    tp_size: int = Field(2, ge=1, le=64)
+    args: list[str] = Field(default_factory=list, description="extra engine flags, e.g. ['--max-running-requests', '8']")
+    env: dict[str, str] = Field(default_factory=dict)
+    startup_timeout_s: float = Field(300.0, gt=0)
+
+
+class Burst(_Strict):
+    """The request burst the driver sends once the injector is armed."""
+
+    requests: int = Field(8, ge=1, le=10_000)
+    concurrency: int = Field(8, ge=1, le=1024)
+    max_new_tokens: int = Field(8, ge=1)
+    input_len: int = Field(32, ge=1)
+    seed: int = 1234
+    request_timeout_s: float = Field(600.0, gt=0, description="hard per-request bound; stalls are detected earlier")
+
+
+class Occurrence(_Strict):
+    """Which matching calls fire, counted only while armed and restarted at each (re)arm.
+
+    ``every``: all matches; ``first``: the first match; ``nth``: the n-th match (1-based). ``max_fires`` caps the
+    total fires per process per arming (0 = no cap).
+    """
+
+    mode: Literal["every", "first", "nth"] = "first"
+    nth: int = Field(1, ge=1)
+    max_fires: int = Field(0, ge=0)
+
+
+class Gate(_Strict):
+    """Stack gate: the site fires only when the call stack matches.
+
+    Frame patterns are ``module:qualname`` globs (``fnmatch``), e.g.
+    ``sglang.srt.managers.scheduler:Scheduler._get_new_batch_prefill_raw``; a pattern without ``:`` matches the
+    qualname in any module. ``called_from``: every pattern must match some frame within ``max_depth`` frames above
+    the site (decorator ``wrapper`` frames are skipped and do not count toward the depth).
+    ``not_called_from``: no pattern may match. ``inside_loop``: the frame matched by ``called_from[0]`` must be
+    executing inside the ``for`` loop whose target is this name (e.g. ``req``). ``ranks``: global ranks (or ranks
+    in the group reached by ``rank_group`` from ``self``) on which the gate can match; empty = all ranks.
+    """
+
+    called_from: list[str] = Field(default_factory=list)
+    not_called_from: list[str] = Field(default_factory=list)
+    max_depth: int = Field(16, ge=1, le=256)
+    inside_loop: Optional[str] = None
+    ranks: list[int] = Field(default_factory=list)
+    rank_group: Optional[str] = Field(None, description="attribute path from self to a process group; rank in that group")
+    occurrence: Occurrence = Field(default_factory=Occurrence)
+
+    @field_validator("called_from", "not_called_from")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        for p in v:
+            if not _FRAME_RE.match(p):
+                raise ValueError(f"frame pattern {p!r} must look like 'module:Qual.name' (globs allowed)")
+        return v
+
+    @model_validator(mode="after")
+    def _loop_needs_caller(self) -> "Gate":
+        if self.inside_loop and not self.called_from:
+            raise ValueError("inside_loop needs called_from: the loop is looked for in the frame matched by called_from[0]")
+        return self
+
+
+class ExtraCollective(_Strict):
+    """Fire one extra collective before (or after) the original call: a collective its peers never issue.
+
+    The group is reached from ``self`` by ``group`` (attribute path, e.g. ``tp_cpu_group`` or
+    ``tp_group.cpu_group``), or the collective is issued by calling ``method`` on ``self`` with a 1-element
+    int tensor (e.g. ``_all_reduce_attn_groups``). Tensors go on CPU for gloo groups, CUDA for NCCL.
+    """
+
+    kind: Literal["extra_collective"]
+    op: Literal["all_reduce", "broadcast", "barrier", "all_gather"] = "all_reduce"
+    group: Optional[str] = None
+    method: Optional[str] = None
+    when: Literal["before", "after"] = "before"
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "ExtraCollective":
+        if bool(self.group) == bool(self.method):
+            raise ValueError("set exactly one of 'group' (attribute path from self) or 'method' (method of self)")
+        return self
+
+
+class Skip(_Strict):
+    """Do not call the original on the chosen ranks (a missing collective); return ``value`` instead."""
+
+    kind: Literal["skip"]
+    value: Any = None
+
+
+class ReturnValue(_Strict):
+    """Call the original, then replace its result on the chosen ranks (per-rank state divergence)."""
+
+    kind: Literal["return_value"]
+    value: Any = None
+    call_original: bool = True
+
+
+class Delay(_Strict):
+    """Sleep ``delay_s`` seconds before calling the original (the rank looks busy, not deadlocked)."""
+
+    kind: Literal["delay"]
+    delay_s: float = Field(..., gt=0, le=3600)
+
+
+class Observe(_Strict):
+    """Control: the site stays patched and counted (entered/matched) but nothing ever fires."""
+
+    kind: Literal["none"]
+
+
+Action = Union[ExtraCollective, Skip, ReturnValue, Delay, Observe]
+
+
+class Injection(_Strict):
+    """One fault: where (site alternatives), when (gate), what (action)."""
+
+    id: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
+    site: list[str] = Field(..., min_length=1, description="'module:Class.method' alternatives; first that resolves wins")
+    aliases: list[str] = Field(default_factory=list, description="for module:function sites, 'module:name' copies to rebind too")
+    gate: Gate = Field(default_factory=Gate)
+    action: Action = Field(..., discriminator="kind")
+
+    @field_validator("site", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("site", "aliases")
+    @classmethod
+    def _site_shape(cls, v: list[str]) -> list[str]:
+        for s in v:
+            if not _SITE_RE.match(s):
+                raise ValueError(f"site {s!r} must look like 'package.module:Class.method' or 'package.module:function'")
+        return v
+
+
+class Variant(_Strict):
+    """A named way to run the scenario: its injections and the verdict it is expected to give."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    expect: Expect
+    injections: list[Injection] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> "Variant":
+        ids = [i.id for i in self.injections]
+        if len(ids) != len(set(ids)):
+            raise ValueError(f"injection ids must be unique within a variant, got {ids}")
+        return self
+
+
+class Scenario(_Strict):
+    """A whole scenario file. ``variants[0]`` is the default variant."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
+    description: str = ""
+    mirrors: str = Field("", description="upstream issue/PR the scenario mirrors, e.g. 'sglang#30760'")
+    server: ServerSpec = Field(default_factory=ServerSpec)
+    burst: Burst = Field(default_factory=Burst)
+    stall_s: float = Field(10.0, gt=0)
+    budget_s: float = Field(180.0, gt=0)
+    ledger: bool = True
+    variants: list[Variant] = Field(..., min_length=1)
+
+    @model_validator(mode="after")
+    def _checks(self) -> "Scenario":
+        names = [v.name for v in self.variants]
+        if len(names) != len(set(names)):
+            raise ValueError(f"variant names must be unique, got {names}")
+        if self.budget_s <= self.stall_s:
+            raise ValueError(f"budget_s ({self.budget_s}) must be greater than stall_s ({self.stall_s})")
+        return self
+
+    def variant(self, name: Optional[str]) -> Variant:
+        """Return the named variant (default: the first). Raises ScenarioError listing the known names."""
+        if name is None:
+            return self.variants[0]
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise ScenarioError(f"scenario {self.name!r} has no variant {name!r}; known: {', '.join(v.name for v in self.variants)}")
+
+
+def _format_validation(path: Path, err: ValidationError) -> str:
+    lines = [f"{path}: invalid scenario ({err.error_count()} problem(s)); fix these fields:"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "<top level>"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (typo?)"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        got = e.get("input")
+        extra = f" (got {got!r})" if e["type"] not in ("missing", "extra_forbidden") and not isinstance(got, dict) else ""
+        lines.append(f"  - {loc}: {msg}{extra}")
+    return "\n".join(lines)
+
+
+def load_scenario(path: Union[str, Path]) -> Scenario:
+    """Read and validate a scenario TOML file.
+
+    Raises:
+        ScenarioError: the file is missing, is not valid TOML (line/column given), or a field is invalid (each
+            problem listed as ``field.path: what was expected``).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ScenarioError(f"{p}: scenario file not found (expected a .toml file, e.g. scenarios/sglang/smoke_extra_allreduce.toml)")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ScenarioError(f"{p}: not valid TOML: {e}") from None
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as e:
+        raise ScenarioError(_format_validation(p, e)) from None
+
+
+def compile_plan(
+    scenario: Scenario,
+    variant: Variant,
+    out_dir: Union[str, Path],
+    arm_file: Union[str, Path],
+    *,
+    ledger: Optional[bool] = None,
+    ledger_max_records: int = 20_000,
+    tick_function: str = "",
+    faulthandler_signal: str = "SIGUSR2",
+) -> dict[str, Any]:
+    """Compile one variant into the plain-JSON plan read by ``injectors/repro_injector``.
+
+    Args:
+        out_dir: folder where each process writes ``loaded-<pid>.json``, ``fires-<pid>.jsonl`` (and ledgers).
+        arm_file: path of the arm file; its content (one injection id per line) arms those injections.
+        ledger: record every collective (default: the scenario's ``ledger`` field).
+        tick_function: ``module:qualname`` of the engine's per-tick function (the adapter's), for tick counts.
+        faulthandler_signal: signal name on which every process dumps all threads' stacks (py-spy fallback).
+    Returns:
+        A dict with keys ``version``, ``scenario``, ``variant``, ``out_dir``, ``arm_file``, ``arm_poll_s``,
+        ``injections`` (list of ``{id, site: {alternatives, aliases}, gate, action}``), ``ledger``,
+        ``faulthandler_signal``.
+    """
+    injections = []
+    for inj in variant.injections:
+        injections.append(
+            {
+                "id": inj.id,
+                "site": {"alternatives": list(inj.site), "aliases": list(inj.aliases)},
+                "gate": inj.gate.model_dump(),
+                "action": inj.action.model_dump(),
+            }
+        )
+    return {
+        "version": PLAN_VERSION,
+        "scenario": scenario.name,
+        "variant": variant.name,
+        "out_dir": str(Path(out_dir).resolve()),
+        "arm_file": str(Path(arm_file).resolve()),
+        "arm_poll_s": 0.1,
+        "injections": injections,
+        "ledger": {
+            "enabled": scenario.ledger if ledger is None else ledger,
+            "max_records": ledger_max_records,
+            "tick_function": tick_function,
+        },
+        "faulthandler_signal": faulthandler_signal,
+    }

@@ -1,0 +1,1 @@
+"""Engine adapters: everything engine-specific (launch command, endpoints, process titles, sites) lives here."""

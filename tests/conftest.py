@@ -1,0 +1,47 @@
+"""Shared fixtures. Real-SGLang fixtures live in tests/sglang_fixtures.py (registered below)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def dumps_dir() -> Path:
+    return FIXTURES / "dumps"
+
+
+def _imports_torch(python: str) -> bool:
+    try:
+        return subprocess.run([python, "-c", "import torch.distributed"], capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="session")
+def torch_python() -> str:
+    """An interpreter that can import torch (for small gloo programs): this one, else the CPU testbed's.
+
+    Fails (does not skip) when neither exists: the README's setup installs the testbed.
+    """
+    if _imports_torch(sys.executable):
+        return sys.executable
+    from repro import testbed
+
+    py = testbed.testbed_python()
+    if py and _imports_torch(str(py)):
+        return str(py)
+    pytest.fail("no interpreter with torch: run `bash scripts/cpu_testbed/setup.sh` (README, Set up)")
