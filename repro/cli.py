@@ -6,7 +6,17 @@ input/usage, 1 internal error; with ``--expect``: 0 iff the verdict matches, els
 
 from __future__ import annotations
 
+import json
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
 import typer
+from rich.console import Console
+from rich.table import Table
 
 app = typer.Typer(
     name="repro",
@@ -22,6 +32,298 @@ EXIT_USAGE = 2
 EXIT_DEADLOCKED = 3
 EXIT_INCONCLUSIVE = 4
 EXIT_MISMATCH = 5
+
+
+console = Console(stderr=True)
+out = Console()
+
+EXPECT_HELP = "Expected verdict: deadlock | success | inconclusive. Exit 0 iff it matches, else 5."
+
+
+def _sigterm_to_interrupt() -> None:
+    """Turn SIGTERM into KeyboardInterrupt so every command tears down its server tree the same way as on Ctrl-C."""
+
+    def handler(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _check_expect(expect: Optional[str]) -> None:
+    if expect is not None and expect not in ("deadlock", "success", "inconclusive"):
+        console.print(f"[red]error:[/] --expect must be deadlock, success or inconclusive (got {expect!r})")
+        raise typer.Exit(EXIT_USAGE)
+
+
+def _verdict_style(verdict: str) -> str:
+    return {"DEADLOCKED": "bold red", "ALL REQUESTS SUCCEEDED": "bold green"}.get(verdict, "bold yellow")
+
+
+class _Progress:
+    """Rich rendering of a run's progress events (spinner while waiting healthy, a bar during the burst)."""
+
+    def __init__(self, quiet: bool) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.quiet = quiet
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=console, transient=True, disable=quiet)
+        self.task = None
+
+    def __enter__(self) -> "_Progress":
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+    def __call__(self, event: str, data: dict) -> None:
+        if self.quiet:
+            return
+        if event == "launch":
+            console.print(f"evidence: {data['evidence']}")
+            self.task = self.progress.add_task("launching server", total=None)
+        elif event == "wait_healthy":
+            self.progress.update(self.task, description=f"waiting for {data['url']}/health (pid {data['pid']})")
+        elif event == "armed":
+            ranks = ", ".join(f"TP{k}={pid}" for k, pid in sorted(data["ranks"].items()))
+            console.print(f"healthy; ranks {ranks}; armed: {', '.join(data['injections']) or '(nothing)'}")
+            self.progress.update(self.task, description="burst", total=None, completed=0)
+        elif event == "burst":
+            st = data["state"]
+            stalled = st.stalled_for(time.time())
+            desc = f"burst ({st.outstanding} in flight" + (f", no progress for {stalled:.0f} s" if stalled >= 2 else "") + ")"
+            self.progress.update(self.task, description=desc, total=st.total, completed=st.total - st.pending - st.outstanding)
+        elif event == "capture":
+            console.print(f"stall: no progress for {data['stalled_s']:.1f} s → capturing every rank (round {data['n']})")
+        elif event == "judged":
+            j = data["judgement"]
+            console.print(("  deadlock confirmed: " if j.deadlocked else "  not a deadlock yet: ") + j.reason)
+        elif event == "teardown":
+            self.progress.update(self.task, description="tearing down the server tree", total=None)
+
+
+def _render_result(res, as_json: bool) -> None:
+    from repro.report import rank_table  # noqa: F401  (keeps the table logic in one place for markdown)
+
+    if as_json:
+        out.print_json(json.dumps({
+            "verdict": res.verdict.verdict, "reason": res.verdict.reason, "notes": list(res.verdict.notes),
+            "exit_code": res.exit_code, "evidence": str(res.evidence), "expected": res.expected,
+            "requests_ok": res.requests_ok, "requests_total": res.requests_total,
+            "timings": {k: round(v, 3) for k, v in res.timings.items()},
+            "analysis": res.analysis.to_json() if res.analysis is not None else None,
+        }))
+        return
+    out.print(f"[{_verdict_style(res.verdict.verdict)}]{res.verdict.verdict}[/]  {res.verdict.reason}")
+    for n in res.verdict.notes:
+        out.print(f"  - {n}")
+    if res.analysis is not None and getattr(res.analysis, "ranks", None):
+        t = Table(title="where each rank is")
+        for col in ("rank", "state", "blocked in", "via", "caller chain"):
+            t.add_column(col)
+        for r in res.analysis.ranks:
+            t.add_row(f"TP{r.rank}", r.state, str(getattr(r, "op", "") or "-"), str(getattr(r, "via", "") or "-"),
+                      " ← ".join(getattr(r, "caller_chain", [])[:4]))
+        out.print(t)
+    out.print(f"requests: {res.requests_ok}/{res.requests_total} succeeded")
+    out.print(f"evidence: {res.evidence}  (REPORT.md)")
+    if res.expected:
+        out.print(f"expected {res.expected}: {'match' if res.exit_code == 0 else 'MISMATCH (exit 5)'}")
+
+
+@app.command()
+def run(
+    scenario: Path = typer.Argument(..., help="scenario TOML file, e.g. scenarios/sglang/smoke_extra_allreduce.toml"),
+    variant: Optional[str] = typer.Option(None, "--variant", help="variant name (default: the first in the file)"),
+    python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: this one if it imports sglang, else the CPU testbed's)"),
+    model: Optional[str] = typer.Option(None, "--model", help="model path (default: the scenario's, else the testbed's tiny model)"),
+    tp: Optional[int] = typer.Option(None, "--tp", help="TP size (default: the scenario's)"),
+    label: Optional[str] = typer.Option(None, "--label", help="evidence folder label (default: the variant name)"),
+    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
+    requests_: Optional[int] = typer.Option(None, "--requests", help="number of requests in the burst (default: the scenario's)"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
+    expect: Optional[str] = typer.Option(None, "--expect", help=EXPECT_HELP),
+    native: bool = typer.Option(False, "--native", help="py-spy --native stacks (slower; retried without on failure)"),
+) -> None:
+    """Run one scenario variant end to end and print the verdict.
+
+    Exit codes: 0 ALL REQUESTS SUCCEEDED, 3 DEADLOCKED, 4 INCONCLUSIVE, 2 bad input, 1 internal error;
+    with --expect: 0 iff the verdict matches, else 5.
+    """
+    from repro.runner import RunError, RunOptions, run as run_scenario
+
+    _check_expect(expect)
+    _sigterm_to_interrupt()
+    opts = RunOptions(scenario_path=scenario, variant=variant, python=python, model=model, tp=tp, label=label,
+                      evidence_root=evidence_dir, requests=requests_, expect=expect, native=native,
+                      command_line=shlex.join(["repro", *sys.argv[1:]]))
+    try:
+        with _Progress(as_json) as prog:
+            res = run_scenario(opts, prog)
+    except RunError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: server tree torn down; partial evidence kept")
+        raise typer.Exit(130)
+    _render_result(res, as_json)
+    raise typer.Exit(res.exit_code)
+
+
+@app.command()
+def demo(
+    python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: the CPU testbed's)"),
+    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
+) -> None:
+    """Run the smoke scenario's armed variant (expects DEADLOCKED) and its control (expects ALL REQUESTS SUCCEEDED).
+
+    Exit 0 iff both verdicts are the expected ones, else 5; 2 when the testbed is missing.
+    """
+    from repro.runner import REPO_ROOT, RunError, RunOptions, run as run_scenario
+    from repro.scenario import load_scenario
+
+    _sigterm_to_interrupt()
+    path = REPO_ROOT / "scenarios" / "sglang" / "smoke_extra_allreduce.toml"
+    scen = load_scenario(path)
+    results = []
+    for v in scen.variants:
+        out.rule(f"{scen.name} / {v.name} (expects {v.expect})")
+        opts = RunOptions(scenario_path=path, variant=v.name, python=python, evidence_root=evidence_dir, expect=v.expect,
+                          command_line=shlex.join(["repro", "run", str(path), "--variant", v.name, "--expect", v.expect]))
+        try:
+            with _Progress(False) as prog:
+                res = run_scenario(opts, prog)
+        except RunError as e:
+            console.print(f"[red]error:[/] {e}")
+            raise typer.Exit(EXIT_USAGE)
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted[/]: server tree torn down; partial evidence kept")
+            raise typer.Exit(130)
+        _render_result(res, False)
+        results.append((v, res))
+    out.rule("demo summary")
+    for v, res in results:
+        ok = res.exit_code == 0
+        out.print(f"{v.name:20s} [{_verdict_style(res.verdict.verdict)}]{res.verdict.verdict}[/] "
+                  f"({'as expected' if ok else 'expected ' + v.expect}) → {res.evidence}/REPORT.md")
+    raise typer.Exit(0 if all(r.exit_code == 0 for _, r in results) else EXIT_MISMATCH)
+
+
+@app.command()
+def serve(
+    scenario: Path = typer.Argument(..., help="scenario TOML file"),
+    variant: Optional[str] = typer.Option(None, "--variant", help="variant whose injections are loaded (unarmed)"),
+    python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server"),
+    model: Optional[str] = typer.Option(None, "--model", help="model path"),
+    tp: Optional[int] = typer.Option(None, "--tp", help="TP size"),
+    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
+    label: Optional[str] = typer.Option(None, "--label", help="evidence folder label (default: serve-<variant>)"),
+) -> None:
+    """Start the server with the injector loaded and UNARMED; print its URL and evidence folder; stay until Ctrl-C.
+
+    Arm it with `repro arm EVIDENCE_DIR [INJECTION…]`, disarm with `repro disarm EVIDENCE_DIR`.
+    """
+    from repro.launcher import LaunchError, start_server
+    from repro.runner import RunError, RunOptions, _save_procs, prepare, write_arm_file
+
+    _sigterm_to_interrupt()
+    opts = RunOptions(scenario_path=scenario, variant=variant, python=python, model=model, tp=tp, evidence_root=evidence_dir,
+                      label=label, command_line=shlex.join(["repro", *sys.argv[1:]]))
+    try:
+        p = prepare(opts, label_default=f"serve-{variant or 'default'}")
+    except RunError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(EXIT_USAGE)
+    write_arm_file(p.arm_file, [])
+    p.evidence.write_text("command.txt", opts.command_line + "\n")
+    server = None
+    try:
+        server = start_server(p.adapter, p.spec, p.evidence.file("server.log"))
+        _save_procs(p.evidence, server)
+        with console.status(f"waiting for {server.url}/health …"):
+            server.wait_healthy(p.scenario.server.startup_timeout_s)
+        _save_procs(p.evidence, server)
+        ranks = server.rank_pids()
+        p.evidence.write_json("serve.json", {"url": server.url, "pid": server.pid, "rank_pids": {str(k): v for k, v in ranks.items()},
+                                             "injections": [i.id for i in p.variant.injections], "arm_file": str(p.arm_file)})
+        out.print(f"serving {server.url}  (ranks: {', '.join(f'TP{k}={v}' for k, v in sorted(ranks.items()))})")
+        out.print(f"evidence: {p.evidence.path}")
+        out.print(f"arm:      repro arm {p.evidence.path}   disarm: repro disarm {p.evidence.path}   stop: Ctrl-C")
+        while server.is_running():
+            time.sleep(0.5)
+        console.print("[red]the server exited[/]; log: " + str(p.evidence.file("server.log")))
+        raise typer.Exit(EXIT_INTERNAL)
+    except LaunchError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(EXIT_INTERNAL)
+    except KeyboardInterrupt:
+        console.print("stopping the server tree …")
+    finally:
+        if server is not None:
+            left = server.stop()
+            p.evidence.write_json("teardown.json", {"left_running": [getattr(x, "pid", x) for x in left], "time": time.time()})
+        p.evidence.set_status("complete")
+
+
+def _arm_file_of(evidence: Path) -> tuple[Path, list[str]]:
+    from repro.evidence import read_json
+
+    plan = read_json(Path(evidence) / "plan.json")
+    if plan is None:
+        console.print(f"[red]error:[/] {evidence}/plan.json not found: pass the evidence folder `repro serve` printed")
+        raise typer.Exit(EXIT_USAGE)
+    return Path(plan["arm_file"]), [i["id"] for i in plan["injections"]]
+
+
+@app.command()
+def arm(
+    evidence: Path = typer.Argument(..., help="evidence folder of a `repro serve` server"),
+    injections: Optional[List[str]] = typer.Argument(None, help="injection ids to arm (default: all of the variant)"),
+) -> None:
+    """Arm a served server's injector (takes effect within ~0.1 s, no restart). Re-arming restarts occurrence counts."""
+    from repro.runner import write_arm_file
+
+    arm_file, known = _arm_file_of(evidence)
+    ids = list(injections or known)
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        console.print(f"[red]error:[/] unknown injection id(s) {', '.join(unknown)}; this plan has: {', '.join(known) or '(none)'}")
+        raise typer.Exit(EXIT_USAGE)
+    write_arm_file(arm_file, ids)
+    out.print(f"armed: {', '.join(ids)}")
+
+
+@app.command()
+def disarm(evidence: Path = typer.Argument(..., help="evidence folder of a `repro serve` server")) -> None:
+    """Disarm a served server's injector (sites stay patched and counted, nothing fires)."""
+    from repro.runner import write_arm_file
+
+    arm_file, _ = _arm_file_of(evidence)
+    write_arm_file(arm_file, [])
+    out.print("disarmed")
+
+
+@app.command()
+def cleanup(evidence: Path = typer.Argument(..., help="evidence folder of a run whose harness was killed")) -> None:
+    """End a server tree left behind by a harness that was SIGKILLed, using the pids + create times it recorded.
+
+    A pid whose create time differs (reused by another process) is never touched.
+    """
+    from repro.procs import alive, load_procs, stop_procs
+
+    path = Path(evidence) / "processes.json"
+    if not path.is_file():
+        console.print(f"[red]error:[/] {path} not found: pass a run's evidence folder (it holds processes.json)")
+        raise typer.Exit(EXIT_USAGE)
+    procs = load_procs(path)
+    live = [p for p in procs if alive(p)]
+    if not live:
+        out.print(f"nothing to clean: none of the {len(procs)} recorded processes is running")
+        raise typer.Exit(0)
+    left = stop_procs(live)
+    out.print(f"stopped {len(live) - len(left)} of {len(live)} live recorded processes" + (f"; still running: {[p.pid for p in left]}" if left else ""))
+    raise typer.Exit(0 if not left else EXIT_INTERNAL)
 
 
 def main() -> None:  # pragma: no cover - console entry

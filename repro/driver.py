@@ -1,0 +1,273 @@
+"""The driver (Jepsen's client): send a burst of concurrent generate requests and record their history.
+
+Every token a streaming response delivers counts as progress, so a slow-but-moving server never looks stalled.
+The history is appended to ``requests.jsonl`` as it happens (one JSON object per event), so a run that is killed
+keeps what was sent and answered. The driver never judges: ``verdict`` reads its records.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Protocol
+
+import requests
+
+# Token ids are drawn from this range: below 1000 so any vocabulary (the testbed's tiny model has 1024) fits, and
+# above the usual special-token ids.
+TOKEN_ID_RANGE = (10, 1000)
+NORMAL_FINISH_REASONS = frozenset({"length", "stop"})
+
+
+class GenerateAdapter(Protocol):
+    """The part of an engine adapter the driver needs (see ``repro.targets.sglang.SGLangAdapter``)."""
+
+    generate_path: str
+
+    def generate_body(self, input_ids: list[int], max_new_tokens: int, stream: bool) -> dict: ...
+
+    def parse_stream_line(self, line: Any) -> Any: ...
+
+    def parse_response(self, payload: Any) -> Any: ...
+
+
+def make_prompts(count: int, input_len: int, seed: int) -> list[list[int]]:
+    """Distinct token-id prompts, reproducible from ``seed``.
+
+    Returns:
+        ``count`` lists of ``input_len`` ints in ``TOKEN_ID_RANGE``; no two lists are equal (each starts with a
+        different prefix as long as ``count`` ≤ range size ** 2).
+    """
+    rng = random.Random(seed)
+    lo, hi = TOKEN_ID_RANGE
+    seen: set[tuple[int, ...]] = set()
+    prompts: list[list[int]] = []
+    while len(prompts) < count:
+        p = [rng.randrange(lo, hi) for _ in range(input_len)]
+        key = tuple(p)
+        if key in seen:
+            continue
+        seen.add(key)
+        prompts.append(p)
+    return prompts
+
+
+@dataclass
+class RequestRecord:
+    """One request's history. Times are ``time.time()`` seconds; ``None`` until the event happened.
+
+    ``status``: ``pending`` (not sent), ``outstanding`` (sent, no final answer), ``ok``, ``error``, ``timeout``.
+    """
+
+    index: int
+    input_len: int
+    max_new_tokens: int
+    status: str = "pending"
+    sent_t: Optional[float] = None
+    first_token_t: Optional[float] = None
+    last_progress_t: Optional[float] = None
+    done_t: Optional[float] = None
+    output_len: int = 0
+    finish_reason: Optional[str] = None
+    http_status: Optional[int] = None
+    error: Optional[str] = None
+
+    @property
+    def succeeded(self) -> bool:
+        """HTTP 200, exactly the requested number of output ids, and a normal finish reason."""
+        return (
+            self.status == "ok"
+            and self.http_status == 200
+            and self.output_len == self.max_new_tokens
+            and (self.finish_reason in NORMAL_FINISH_REASONS)
+        )
+
+
+@dataclass(frozen=True)
+class DriverState:
+    """A consistent snapshot of the burst. ``last_progress_t`` is the newest progress event of any request."""
+
+    total: int
+    pending: int
+    outstanding: int
+    ok: int
+    failed: int
+    last_progress_t: Optional[float]
+    finished: bool
+    requests: tuple[RequestRecord, ...] = field(default=())
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds since the last progress event while some request is outstanding (0.0 when none is)."""
+        if self.outstanding == 0 or self.last_progress_t is None:
+            return 0.0
+        return max(0.0, now - self.last_progress_t)
+
+
+class BurstDriver:
+    """Send ``count`` requests with at most ``concurrency`` in flight, streaming when the adapter supports it.
+
+    Args:
+        adapter: the engine adapter (request body, stream parsing).
+        base_url: e.g. ``http://127.0.0.1:30000``.
+        prompts: token-id lists, one per request (see ``make_prompts``).
+        max_new_tokens: output ids asked of every request.
+        concurrency: requests in flight at once.
+        history_path: ``requests.jsonl``; one line per event (sent, first_token, done, error, timeout).
+        request_timeout_s: socket read timeout per request in seconds (a hang is detected long before).
+        stream: use streaming responses (progress per token).
+    """
+
+    def __init__(
+        self,
+        adapter: GenerateAdapter,
+        base_url: str,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        concurrency: int,
+        history_path: Path,
+        request_timeout_s: float = 600.0,
+        stream: bool = True,
+    ) -> None:
+        self.adapter = adapter
+        self.base_url = base_url.rstrip("/")
+        self.prompts = prompts
+        self.max_new_tokens = max_new_tokens
+        self.concurrency = max(1, concurrency)
+        self.history_path = Path(history_path)
+        self.request_timeout_s = request_timeout_s
+        self.stream = stream
+        self._lock = threading.Lock()
+        self._records = [RequestRecord(i, len(p), max_new_tokens) for i, p in enumerate(prompts)]
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._abandoned = threading.Event()
+        self._history = open(self.history_path, "a", encoding="utf-8")
+        self._start_t: Optional[float] = None
+
+    # -- history -----------------------------------------------------------------------------------------
+    def _event(self, rec: RequestRecord, event: str, **extra: Any) -> None:
+        line = {"t": time.time(), "request": rec.index, "event": event, "output_len": rec.output_len}
+        line.update({k: v for k, v in extra.items() if v is not None})
+        with self._lock:
+            if not self._history.closed:
+                self._history.write(json.dumps(line) + "\n")
+                self._history.flush()
+
+    # -- one request -------------------------------------------------------------------------------------
+    def _one(self, rec: RequestRecord) -> None:
+        if self._abandoned.is_set():
+            return
+        body = self.adapter.generate_body(self.prompts[rec.index], self.max_new_tokens, self.stream)
+        now = time.time()
+        with self._lock:
+            rec.status, rec.sent_t, rec.last_progress_t = "outstanding", now, now
+        self._event(rec, "sent", input_len=rec.input_len)
+        try:
+            resp = requests.post(
+                self.base_url + self.adapter.generate_path,
+                json=body,
+                stream=self.stream,
+                timeout=(10.0, self.request_timeout_s),
+            )
+            rec.http_status = resp.status_code
+            if resp.status_code != 200:
+                self._finish(rec, "error", error=f"HTTP {resp.status_code}: {resp.text[:300]}")
+                return
+            if self.stream:
+                for raw in resp.iter_lines():
+                    if self._abandoned.is_set():
+                        resp.close()
+                        self._finish(rec, "error", error="abandoned by the harness")
+                        return
+                    if not raw:
+                        continue
+                    upd = self.adapter.parse_stream_line(raw)
+                    if upd is None:
+                        continue
+                    self._progress(rec, upd)
+                    if getattr(upd, "done", False):
+                        break
+            else:
+                self._progress(rec, self.adapter.parse_response(resp.json()))
+            self._finish(rec, "ok")
+        except requests.Timeout as e:
+            self._finish(rec, "timeout", error=f"no answer within {self.request_timeout_s:.0f} s ({type(e).__name__})")
+        except Exception as e:  # connection reset when the server is torn down, bad JSON, ...
+            self._finish(rec, "error", error=f"{type(e).__name__}: {e}")
+
+    def _progress(self, rec: RequestRecord, upd: Any) -> None:
+        now = time.time()
+        first = False
+        with self._lock:
+            n = int(getattr(upd, "output_len", 0) or 0)
+            if n > rec.output_len:
+                first = rec.first_token_t is None
+                if first:
+                    rec.first_token_t = now
+                rec.output_len = n
+                rec.last_progress_t = now
+            reason = getattr(upd, "finish_reason", None)
+            if reason:
+                rec.finish_reason = reason
+        if first:
+            self._event(rec, "first_token")
+
+    def _finish(self, rec: RequestRecord, status: str, error: Optional[str] = None) -> None:
+        with self._lock:
+            if rec.status in ("ok", "error", "timeout"):
+                return
+            rec.status = status
+            rec.done_t = time.time()
+            rec.error = error
+            if status == "ok" and not rec.succeeded:
+                rec.error = (
+                    f"answered with {rec.output_len}/{rec.max_new_tokens} output ids, finish reason {rec.finish_reason!r}"
+                )
+        self._event(rec, "done" if status == "ok" else status, finish_reason=rec.finish_reason, http_status=rec.http_status, error=rec.error)
+
+    # -- control -----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Submit every request to a thread pool and return at once."""
+        self._start_t = time.time()
+        self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="repro-driver")
+        for rec in self._records:
+            self._pool.submit(self._one, rec)
+
+    def state(self) -> DriverState:
+        """A snapshot of every request (copies), safe to read while the burst runs."""
+        with self._lock:
+            recs = tuple(RequestRecord(**asdict(r)) for r in self._records)
+        pending = sum(r.status == "pending" for r in recs)
+        outstanding = sum(r.status == "outstanding" for r in recs)
+        ok = sum(r.succeeded for r in recs)
+        finished = pending == 0 and outstanding == 0
+        progress = [t for r in recs for t in (r.last_progress_t, r.done_t) if t is not None]
+        return DriverState(
+            total=len(recs),
+            pending=pending,
+            outstanding=outstanding,
+            ok=ok,
+            failed=len(recs) - pending - outstanding - ok,
+            last_progress_t=max(progress) if progress else self._start_t,
+            finished=finished,
+            requests=recs,
+        )
+
+    def abandon(self) -> None:
+        """Stop sending; requests still in flight end when the server is torn down (their sockets close)."""
+        self._abandoned.set()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def close(self, wait_s: float = 5.0) -> None:
+        """Abandon what is left, give in-flight threads ``wait_s`` seconds to notice, close the history file."""
+        self.abandon()
+        deadline = time.time() + wait_s
+        while time.time() < deadline and self.state().outstanding:
+            time.sleep(0.05)
+        with self._lock:
+            self._history.close()

@@ -1,0 +1,92 @@
+"""REPORT.md: the PR-ready page of an evidence folder (GitHub-flavoured markdown).
+
+First line: the verdict. Then the reason/diagnosis, what was injected and where it was entered/matched/fired per
+rank, the per-rank table, the request summary, versions, the exact command to reproduce, raw stacks collapsed.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from repro.evidence import read_json
+
+MAX_STACK_CHARS = 60_000  # per rank file embedded in the report; the full file stays in stacks/
+
+
+def _md_escape(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def rank_table(analysis: Any) -> list[str]:
+    """Markdown rows: rank → state → blocked in (op via wrapper) → caller chain."""
+    lines = ["| rank | state | blocked in | via | caller chain (innermost first) |", "|---|---|---|---|---|"]
+    for r in getattr(analysis, "ranks", []) or []:
+        chain = " ← ".join(getattr(r, "caller_chain", []) or [])
+        lines.append(
+            f"| TP{r.rank} | {r.state} | {_md_escape(getattr(r, 'op', '') or getattr(r, 'blocked_frame', '') or '-')} | "
+            f"{_md_escape(getattr(r, 'via', '') or '-')} | {_md_escape(chain or '-')} |"
+        )
+    return lines
+
+
+def injection_table(checks: Sequence[Any], ranks: Sequence[int]) -> list[str]:
+    """Markdown rows: injection → site → per rank entered/matched/fired (after the last arming)."""
+    if not checks:
+        return ["(no injections in this variant)"]
+    head = "| injection | site | " + " | ".join(f"TP{k} entered/matched/fired" for k in ranks) + " |"
+    lines = [head, "|---|---|" + "---|" * len(ranks)]
+    for c in checks:
+        cells = " | ".join(f"{c.entered.get(k, 0)} / {c.matched.get(k, 0)} / {c.fired.get(k, 0)}" for k in ranks)
+        lines.append(f"| `{c.injection_id}` | `{c.site}` | {cells} |")
+    return lines
+
+
+def requests_summary(state: Any) -> list[str]:
+    if state is None:
+        return ["(no requests were sent)"]
+    out = [f"{state.total} requests: {state.ok} succeeded, {state.failed} failed, {state.outstanding} outstanding, {state.pending} never sent."]
+    bad = [r for r in state.requests if not r.succeeded][:10]
+    if bad:
+        out += ["", "| request | status | output ids | finish | error |", "|---|---|---|---|---|"]
+        for r in bad:
+            out.append(f"| {r.index} | {r.status} | {r.output_len}/{r.max_new_tokens} | {r.finish_reason or '-'} | {_md_escape(r.error or '-')[:200]} |")
+    return out
+
+
+def stacks_details(stacks_dir: Path) -> list[str]:
+    out: list[str] = []
+    for f in sorted(Path(stacks_dir).glob("*.txt")):
+        text = f.read_text(encoding="utf-8", errors="replace")
+        if len(text) > MAX_STACK_CHARS:
+            text = text[:MAX_STACK_CHARS] + f"\n… (truncated; full dump in stacks/{f.name})"
+        out += [f"<details><summary><code>stacks/{f.name}</code></summary>", "", "```", text.rstrip(), "```", "", "</details>", ""]
+    return out or ["(no stacks were captured: no stall was detected)"]
+
+
+def write_report(p: Any, opts: Any, verdict: Any, analysis: Any, state: Any, rank_pids: dict, checks: Sequence[Any],
+                 timings: dict) -> Path:
+    """Write ``REPORT.md`` into the run's evidence folder and return its path."""
+    evd = p.evidence
+    ranks = sorted(rank_pids) or list(range(p.spec.tp_size))
+    env = read_json(evd.file("env.json")) or {}
+    lines = [f"# {verdict.verdict} — {p.scenario.name} / {p.variant.name}", ""]
+    lines += [f"**Reason:** {verdict.reason}", ""]
+    if p.scenario.mirrors or p.scenario.description:
+        lines += [f"Scenario mirrors {p.scenario.mirrors or '-'}: {p.scenario.description.strip()}", ""]
+    lines += [f"Variant `{p.variant.name}` expects **{p.variant.expect}**. {p.variant.description.strip()}", ""]
+    if getattr(analysis, "summary", None):
+        lines += ["## Diagnosis", "", str(analysis.summary), ""]
+        lines += rank_table(analysis) + [""]
+    for n in getattr(verdict, "notes", ()):
+        lines.append(f"- {n}")
+    if getattr(verdict, "notes", ()):
+        lines.append("")
+    lines += ["## Injections (counted after the last arming)", ""] + injection_table(checks, ranks) + [""]
+    lines += ["## Requests", ""] + requests_summary(state) + [""]
+    lines += ["## Timings (seconds)", "", ", ".join(f"{k} {v:.1f}" for k, v in timings.items()) or "-", ""]
+    lines += ["## Versions", ""] + [f"- {k}: `{v}`" for k, v in env.items()] + [""]
+    lines += ["## Reproduce", "", "```", (opts.command_line or f"repro run {shlex.quote(str(opts.scenario_path))} --variant {p.variant.name}"), "```", ""]
+    lines += ["## Raw stacks", ""] + stacks_details(evd.stacks_dir)
+    return evd.write_text("REPORT.md", "\n".join(lines) + "\n")
