@@ -1,0 +1,272 @@
+"""Start a server in its own session / process group, wait until it is healthy, and stop its whole tree.
+
+``start_server`` picks free ports when the spec says 0, checks given ports are free, starts the adapter's command
+with ``start_new_session=True`` (the server leads its own process group, so Ctrl-C in the terminal does not reach it
+directly and the harness decides when it ends) and writes its stdout+stderr to a log file. ``Server.stop`` first
+snapshots the tree with create times, then SIGTERM / grace / SIGKILL, then verifies every snapshotted process is
+gone. It is idempotent and is called on context-manager exit, including KeyboardInterrupt.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import requests
+
+from repro import procs as _procs
+from repro.procs import ProcInfo
+from repro.targets.base import Adapter, LaunchSpec
+
+LOG_TAIL_LINES = 30
+
+
+class LaunchError(Exception):
+    """The server could not be started or did not become healthy; ``str()`` is one line naming the fix."""
+
+
+def port_free(host: str, port: int) -> bool:
+    """True iff a TCP socket can bind ``host:port`` right now (no SO_REUSEADDR, so TIME_WAIT counts as in use)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_free_port(host: str = "127.0.0.1", exclude: tuple[int, ...] = ()) -> int:
+    """A port the OS reports free on ``host`` (bind to 0), not in ``exclude``, and whose +1 is also free.
+
+    The +1 check leaves room for sglang's rendezvous helpers that use neighbouring ports. The port is free when
+    returned; another process could still take it before the server binds (then start-up fails with a clear error).
+
+    Raises:
+        LaunchError: no free port found after 50 tries.
+    """
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port in exclude or port + 1 in exclude or port + 1 > 65535:
+            continue
+        if port_free(host, port + 1):
+            return port
+    raise LaunchError(f"no free TCP port found on {host}; free some ports or pass --port/--nccl-port explicitly")
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def _last_error_line(tail: str) -> str:
+    """The most telling line of a log tail: the last exception line if any, else the last non-empty line."""
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Error" in ln or "Exception" in ln or ln.startswith("AssertionError"):
+            return ln[:300]
+    return lines[-1][:300] if lines else "(empty log)"
+
+
+class Server:
+    """A running server started by :func:`start_server`.
+
+    Attributes:
+        spec: the launch spec with concrete ports.
+        command: argv it was started with.
+        env: full environment it was started with.
+        log_path: file receiving its stdout and stderr.
+        popen: the ``subprocess.Popen`` of the root (HTTP server) process.
+        root: snapshot of the root process (pid + create time).
+    """
+
+    def __init__(self, adapter: Adapter, spec: LaunchSpec, command: list[str], env: dict[str, str],
+                 log_path: Path, popen: subprocess.Popen, log_file) -> None:
+        self.adapter = adapter
+        self.spec = spec
+        self.command = command
+        self.env = env
+        self.log_path = log_path
+        self.popen = popen
+        self._log_file = log_file
+        self.root: Optional[ProcInfo] = _procs.proc_info(popen.pid)
+        self._known: dict[tuple[int, float], ProcInfo] = {}
+        if self.root is not None:
+            self._known[(self.root.pid, self.root.create_time)] = self.root
+        self._stopped = False
+        self._leftover: list[ProcInfo] = []
+        self._owned_dirs: list[Path] = list(getattr(adapter, "owned_dirs", lambda _e: [])(env))
+
+    # ---- info ------------------------------------------------------------------------------------------------
+    @property
+    def pid(self) -> int:
+        """pid of the root (HTTP server) process, which leads the server's process group."""
+        return self.popen.pid
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:30123``."""
+        host = "127.0.0.1" if self.spec.host in ("0.0.0.0", "") else self.spec.host
+        return f"http://{host}:{self.spec.port}"
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """Last ``lines`` lines of the server log."""
+        return _tail(self.log_path, lines)
+
+    def procs(self) -> list[ProcInfo]:
+        """Live snapshot of the server tree (root + descendants); also remembered for :meth:`stop`."""
+        if self.root is None or not _procs.alive(self.root):
+            return []
+        snap = _procs.snapshot_tree(self.pid)
+        for p in snap:
+            self._known[(p.pid, p.create_time)] = p
+        return snap
+
+    def rank_pids(self) -> dict[int, int]:
+        """rank → pid of the scheduler processes, from their titles (``adapter.rank_pids``)."""
+        return self.adapter.rank_pids(self.procs())
+
+    def running(self) -> bool:
+        """True while the root process has not exited."""
+        return self.popen.poll() is None
+
+    # ---- health ----------------------------------------------------------------------------------------------
+    def health_ok(self, timeout_s: float = 2.0) -> bool:
+        """One health probe: True iff ``GET <url><health_path>`` answers 200 within ``timeout_s`` seconds."""
+        try:
+            r = requests.get(self.url + self.adapter.health_path, timeout=timeout_s)
+            return r.status_code == 200
+        except requests.RequestException:
+            return False
+
+    def wait_healthy(self, timeout_s: float, poll_s: float = 0.5) -> float:
+        """Poll health until it answers 200; returns the seconds waited.
+
+        Raises:
+            LaunchError: the server process exited (message: exit code + the log's last error line + log path), or
+                ``timeout_s`` passed (message: how long, the log path, the last log line). The log tail is in
+                ``err.log_tail``.
+        """
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+        while True:
+            rc = self.popen.poll()
+            if rc is not None:
+                tail = self.log_tail()
+                err = LaunchError(
+                    f"server exited with code {rc} during start-up: {_last_error_line(tail)} "
+                    f"(full log: {self.log_path}; fix the cause above, or check the interpreter with --python)"
+                )
+                err.log_tail = tail  # type: ignore[attr-defined]
+                raise err
+            if self.health_ok(timeout_s=min(2.0, max(0.1, deadline - time.monotonic()))):
+                return time.monotonic() - t0
+            if time.monotonic() >= deadline:
+                tail = self.log_tail()
+                err = LaunchError(
+                    f"server not healthy after {timeout_s:.0f} s at {self.url}{self.adapter.health_path}: last log line "
+                    f"{_last_error_line(tail)!r} (full log: {self.log_path}; raise startup_timeout_s if it was still loading)"
+                )
+                err.log_tail = tail  # type: ignore[attr-defined]
+                raise err
+            time.sleep(poll_s)
+
+    # ---- stop ------------------------------------------------------------------------------------------------
+    def stop(self, grace_s: float = 10.0) -> list[ProcInfo]:
+        """End the whole tree and verify it is gone. Idempotent.
+
+        Snapshots the tree (with create times) before signalling, adds every process seen by earlier
+        :meth:`procs` calls (children re-parented away are still ended), SIGTERMs the process group then each
+        process, waits ``grace_s`` seconds, SIGKILLs what is left, reaps the root and closes the log file. Removes
+        folders the adapter says the server owned (e.g. a temporary HiCache storage folder).
+
+        Returns:
+            Processes still alive after SIGKILL (should be empty; the same list on repeated calls).
+        """
+        if self._stopped:
+            self._leftover = [p for p in self._leftover if _procs.alive(p)]
+            return list(self._leftover)
+        try:
+            self.procs()
+            snap = [p for p in self._known.values()]
+            # Root first in the list so stop_procs signals it last (it signals in reverse order).
+            snap.sort(key=lambda p: (p.pid != self.pid, p.pid))
+            left = _procs.stop_procs(snap, grace_s=grace_s)
+            try:
+                self.popen.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass
+            self._leftover = left
+        finally:
+            self._stopped = True
+            try:
+                self._log_file.close()
+            except OSError:
+                pass
+            for d in self._owned_dirs:
+                shutil.rmtree(d, ignore_errors=True)
+        return list(self._leftover)
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_server(adapter: Adapter, spec: LaunchSpec, log_path: Path) -> Server:
+    """Start ``spec`` through ``adapter`` in a new session, stdout+stderr appended to ``log_path``.
+
+    Ports equal to 0 are replaced by free ones (HTTP port and rendezvous port distinct); given ports are checked.
+    Does not wait for health: call :meth:`Server.wait_healthy`. Use as a context manager (or call
+    :meth:`Server.stop` in ``finally``) so the tree ends on every path.
+
+    Returns:
+        The :class:`Server` (``server.spec`` has the concrete ports).
+    Raises:
+        LaunchError: a given port is in use (names the port and ``--port`` / ``--nccl-port``), the interpreter
+            does not exist, or the process could not be started.
+    """
+    if not Path(spec.python).exists() and shutil.which(spec.python) is None:
+        raise LaunchError(
+            f"server interpreter {spec.python} does not exist; pass --python PATH or run scripts/cpu_testbed/setup.sh"
+        )
+    for name, flag in (("port", "--port"), ("nccl_port", "--nccl-port")):
+        v = getattr(spec, name)
+        if v and not port_free(spec.host if name == "port" else "127.0.0.1", v):
+            raise LaunchError(f"{name.replace('_', ' ')} {v} is already in use; pass another {flag} (or 0 to pick a free one)")
+    if spec.port and spec.nccl_port and spec.port == spec.nccl_port:
+        raise LaunchError(f"--port and --nccl-port are both {spec.port}; pass two different ports")
+    port = spec.port or pick_free_port(spec.host, exclude=(spec.nccl_port,))
+    nccl_port = spec.nccl_port or pick_free_port("127.0.0.1", exclude=(port, port + 1))
+    spec = replace(spec, port=port, nccl_port=nccl_port)
+
+    command = adapter.launch_command(spec)
+    env = adapter.launch_env(spec, dict(os.environ))
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_file = open(log_path, "ab", buffering=0)
+    log_file.write(f"# repro launch: {' '.join(command)}\n".encode())
+    try:
+        popen = subprocess.Popen(
+            command, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True,
+        )
+    except OSError as e:
+        log_file.close()
+        raise LaunchError(f"could not start {command[0]}: {e.strerror}; check --python") from None
+    return Server(adapter, spec, command, env, log_path, popen, log_file)

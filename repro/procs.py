@@ -1,0 +1,202 @@
+"""Process-tree bookkeeping: snapshot a server's tree, check liveness safely, stop it, persist it.
+
+A process is identified by ``(pid, create_time)``: a pid alone can be reused by an unrelated process after the
+original exits, so nothing here ever signals a pid whose create time differs from the snapshot's. Titles are read
+from ``/proc/PID/cmdline`` (sglang's children rename themselves with ``setproctitle``, e.g.
+``sglang::scheduler_TP1``), the way sglang's own tooling maps pids to ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional, Union
+
+import psutil
+
+# create_time from psutil is a float in seconds; two reads of the same process agree exactly, a reused pid
+# almost never starts in the same 10 ms tick. Compare with this tolerance (seconds).
+_CREATE_TIME_TOL_S = 0.01
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """One process as seen at snapshot time.
+
+    Attributes:
+        pid: process id.
+        create_time: start time in seconds since the epoch (``psutil.Process.create_time()``).
+        name: short name (``comm``, at most 15 characters; a proctitle may change it).
+        cmdline: argv as read from ``/proc/PID/cmdline`` (after ``setproctitle``: one element, the title).
+    """
+
+    pid: int
+    create_time: float
+    name: str
+    cmdline: list[str] = field(default_factory=list, hash=False, compare=False)
+
+    @property
+    def title(self) -> str:
+        """The process title: the command line joined by spaces (``sglang::scheduler_TP0`` for a scheduler)."""
+        return " ".join(self.cmdline).strip() or self.name
+
+
+def _info(p: psutil.Process) -> Optional[ProcInfo]:
+    try:
+        with p.oneshot():
+            ct = p.create_time()
+            name = p.name()
+            try:
+                cmd = p.cmdline()
+            except (psutil.AccessDenied, psutil.ZombieProcess):
+                cmd = []
+        return ProcInfo(pid=p.pid, create_time=ct, name=name, cmdline=list(cmd))
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None
+
+
+def proc_info(pid: int) -> Optional[ProcInfo]:
+    """Snapshot one pid; None when it does not exist (or has exited)."""
+    try:
+        return _info(psutil.Process(pid))
+    except psutil.NoSuchProcess:
+        return None
+
+
+def snapshot_tree(root_pid: int) -> list[ProcInfo]:
+    """Snapshot ``root_pid`` and all its live descendants (root first, then by pid).
+
+    Returns an empty list when the root no longer exists. Orphans already re-parented away from the tree are not
+    found here: take snapshots while the tree is intact (the launcher snapshots before every stop).
+    """
+    try:
+        root = psutil.Process(root_pid)
+    except psutil.NoSuchProcess:
+        return []
+    out: list[ProcInfo] = []
+    r = _info(root)
+    if r is None:
+        return []
+    out.append(r)
+    try:
+        kids = root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        kids = []
+    for k in sorted(kids, key=lambda c: c.pid):
+        i = _info(k)
+        if i is not None:
+            out.append(i)
+    return out
+
+
+def alive(p: ProcInfo) -> bool:
+    """True iff a process with ``p.pid`` exists, is not a zombie, AND started at ``p.create_time``.
+
+    A reused pid (same number, different create time) counts as not alive: it is another process.
+    """
+    try:
+        q = psutil.Process(p.pid)
+        if abs(q.create_time() - p.create_time) > _CREATE_TIME_TOL_S:
+            return False
+        return q.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:  # exists but not ours to inspect: treat as alive (do not claim it is gone)
+        return True
+
+
+def _signal(p: ProcInfo, sig: int) -> None:
+    """Send ``sig`` to ``p`` (and its process group if it leads one), only if it is still the same process."""
+    if not alive(p):
+        return
+    try:
+        if os.getpgid(p.pid) == p.pid and p.pid != os.getpgrp():
+            os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    # Re-check identity right before the direct signal: the group signal may have ended it and the pid could in
+    # principle be reused in between.
+    if alive(p):
+        try:
+            os.kill(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _reap(procs: Iterable[ProcInfo]) -> None:
+    """Collect exit status of any of ``procs`` that are our own children (so they do not linger as zombies)."""
+    for p in procs:
+        try:
+            os.waitpid(p.pid, os.WNOHANG)
+        except (ChildProcessError, OSError):
+            pass
+
+
+def _wait_gone(procs: list[ProcInfo], timeout_s: float) -> list[ProcInfo]:
+    deadline = time.monotonic() + timeout_s
+    left = [p for p in procs if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        _reap(left)
+        left = [p for p in left if alive(p)]
+    return left
+
+
+def stop_procs(procs: Iterable[ProcInfo], grace_s: float = 10.0, kill_wait_s: float = 5.0) -> list[ProcInfo]:
+    """Stop every process in ``procs``: SIGTERM (to its process group where it leads one), wait, SIGKILL the rest.
+
+    Only processes whose pid AND create time still match are signalled; a reused pid is never touched. Children
+    of the calling process are reaped so they do not stay as zombies.
+
+    Args:
+        procs: snapshot of the processes to end (e.g. from :func:`snapshot_tree` or :func:`load_procs`).
+        grace_s: seconds to wait after SIGTERM before SIGKILL.
+        kill_wait_s: seconds to wait after SIGKILL for the processes to disappear.
+    Returns:
+        The processes still alive at the end (should be empty; e.g. uninterruptible sleep in the kernel).
+    """
+    todo = [p for p in procs if alive(p)]
+    if not todo:
+        return []
+    # Children first, root last, so a parent that restarts workers does not see them die one by one first.
+    for p in reversed(todo):
+        _signal(p, signal.SIGTERM)
+    left = _wait_gone(todo, grace_s)
+    for p in left:
+        _signal(p, signal.SIGKILL)
+    return _wait_gone(left, kill_wait_s)
+
+
+def save_procs(path: Union[str, Path], procs: Iterable[ProcInfo]) -> None:
+    """Write a snapshot as JSON (a list of ``{pid, create_time, name, cmdline}``), atomically via rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps([asdict(p) for p in procs], indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def load_procs(path: Union[str, Path]) -> list[ProcInfo]:
+    """Read a snapshot written by :func:`save_procs`.
+
+    Raises:
+        ValueError: the file is not such a snapshot (message names the file and the expected shape).
+        FileNotFoundError: the file does not exist.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return [
+            ProcInfo(pid=int(d["pid"]), create_time=float(d["create_time"]), name=str(d.get("name", "")),
+                     cmdline=[str(a) for a in d.get("cmdline", [])])
+            for d in data
+        ]
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(
+            f"{path}: not a process snapshot (expected a JSON list of {{pid, create_time, name, cmdline}} "
+            f"written by repro): {e}"
+        ) from None

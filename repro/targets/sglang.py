@@ -1,0 +1,318 @@
+"""The SGLang adapter: command line, HTTP API, process titles and the CPU testbed profile (sglang 0.5.23).
+
+Never imports sglang: the server runs under its own interpreter (``LaunchSpec.python``); everything here is strings,
+JSON and process titles. Facts mirrored (read in the sglang 0.5.23 wheel):
+
+- launch: ``python -m sglang.launch_server --model-path M --tp-size N --host H --port P --nccl-port Q …``;
+- ``GET /health`` answers 200 once the warm-up request passed (503 while a generate is stuck for 20 s);
+- ``POST /generate`` with ``{"input_ids": [...], "sampling_params": {...}, "stream": bool}``; the non-stream answer
+  is ``{"output_ids": [...], "meta_info": {"finish_reason": {"type": "length", ...}, "completion_tokens": n}}``;
+  streaming answers are SSE lines ``data: {same shape, output_ids cumulative}`` ending with ``data: [DONE]``;
+- titles: ``srt/managers/scheduler.py`` ``run_scheduler_process`` calls
+  ``setproctitle(f"sglang::scheduler{prefix}")`` with prefix built from ``_DP{d}``, ``_PP{p}``, ``_ATTN_CP{c}``,
+  ``_MOE_DP{m}``, ``_TP{t}``, ``_EP{e}`` (each only when that dimension is in use); the detokenizer is
+  ``sglang::detokenizer``; the HTTP/tokenizer process keeps its command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+from repro import testbed
+from repro.procs import ProcInfo
+from repro.targets.base import LaunchSpec, StreamUpdate
+
+SCHEDULER_TITLE_PREFIX = "sglang::scheduler"
+HICACHE_FLAG = "--enable-hierarchical-cache"
+HICACHE_STORAGE_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
+HICACHE_TMP_PREFIX = "repro-hicache-"
+
+# Title suffix tokens, e.g. "_DP0_PP1_TP3" -> {"DP": 0, "PP": 1, "TP": 3}. ATTN_CP / MOE_DP contain an underscore.
+_TITLE_RE = re.compile(r"^sglang::scheduler((?:_(?:DP|PP|ATTN_CP|MOE_DP|TP|EP)\d+)*)$")
+_TOKEN_RE = re.compile(r"_(DP|PP|ATTN_CP|MOE_DP|TP|EP)(\d+)")
+
+# Flags of the CPU testbed profile (DESIGN §5, measured on sglang 0.5.23). (flag, value or None for a switch).
+_CPU_FLAGS: tuple[tuple[str, Optional[str]], ...] = (
+    ("--device", "cpu"),
+    ("--attention-backend", "torch_native"),
+    ("--sampling-backend", "pytorch"),
+    ("--disable-cuda-graph", None),
+    ("--disable-overlap-schedule", None),
+    ("--max-total-tokens", "4096"),
+    ("--max-running-requests", "8"),
+    ("--context-length", "1024"),
+    ("--sleep-on-idle", None),
+    ("--load-format", "dummy"),
+    ("--skip-tokenizer-init", None),
+    # sglang's watchdog kills the whole tree after this many seconds of a stuck batch; the harness must capture
+    # first, so keep it far above any budget_s (one day).
+    ("--watchdog-timeout", "86400"),
+    ("--random-seed", "0"),
+)
+# HiCache on the CPU testbed (issue 6, measured): the `direct` io backend with the compat layer's pure-torch ops.
+_HICACHE_CPU_FLAGS: tuple[tuple[str, Optional[str]], ...] = (
+    ("--hicache-io-backend", "direct"),
+    ("--hicache-mem-layout", "layer_first"),
+    ("--hicache-ratio", "2"),
+    ("--hicache-storage-backend-extra-config", json.dumps({"prefetch_threshold": 16}, separators=(",", ":"))),
+)
+
+
+@dataclass(frozen=True)
+class SchedulerTitle:
+    """A parsed scheduler title; each field is None when that dimension is absent from the title."""
+
+    tp: Optional[int]
+    dp: Optional[int] = None
+    pp: Optional[int] = None
+    ep: Optional[int] = None
+    attn_cp: Optional[int] = None
+    moe_dp: Optional[int] = None
+
+
+def parse_scheduler_title(title: str) -> Optional[SchedulerTitle]:
+    """Parse ``sglang::scheduler[_DP{d}][_PP{p}][_ATTN_CP{c}][_MOE_DP{m}][_TP{t}][_EP{e}]``; None if not a scheduler.
+
+    Plain ``sglang::scheduler`` (TP=1) gives ``tp=0``. Trailing arguments after the title (if a platform keeps
+    them) are ignored: only the first whitespace-separated word is parsed.
+    """
+    word = title.strip().split(" ", 1)[0] if title.strip() else ""
+    m = _TITLE_RE.match(word)
+    if not m:
+        return None
+    tokens = {k: int(v) for k, v in _TOKEN_RE.findall(m.group(1))}
+    return SchedulerTitle(
+        tp=tokens.get("TP", 0),
+        dp=tokens.get("DP"),
+        pp=tokens.get("PP"),
+        ep=tokens.get("EP"),
+        attn_cp=tokens.get("ATTN_CP"),
+        moe_dp=tokens.get("MOE_DP"),
+    )
+
+
+def _has_flag(args: Sequence[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def _flag_value(args: Sequence[str], flag: str) -> Optional[str]:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _add_missing(out: list[str], have: Sequence[str], flags: Sequence[tuple[str, Optional[str]]]) -> None:
+    for flag, value in flags:
+        if _has_flag(have, flag):
+            continue
+        out.append(flag)
+        if value is not None:
+            out.append(value)
+
+
+class SGLangAdapter:
+    """Adapter for SGLang's HTTP server (``sglang.launch_server``), checked against sglang 0.5.23.
+
+    Attributes:
+        tick_function: ``module:qualname`` called exactly once per scheduler tick: ``event_loop_normal`` and
+            ``event_loop_overlap`` each call ``Scheduler.get_next_batch_to_run`` once per loop iteration
+            (sglang 0.5.23 ``srt/managers/scheduler.py``).
+    """
+
+    name = "sglang"
+    health_path = "/health"
+    generate_path = "/generate"
+    tick_function = "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run"
+
+    # ---- launching -------------------------------------------------------------------------------------------
+    def launch_command(self, spec: LaunchSpec) -> list[str]:
+        """argv: ``[python, -m, sglang.launch_server, --model-path, …, --tp-size, …, --host, --port, --nccl-port, *args]``.
+
+        Raises:
+            ValueError: ``spec.port`` or ``spec.nccl_port`` is still 0 (the launcher picks free ports first).
+        """
+        if spec.port == 0 or spec.nccl_port == 0:
+            raise ValueError("launch_command needs concrete ports; start the server with repro.launcher.start_server")
+        return [
+            spec.python, "-m", "sglang.launch_server",
+            "--model-path", spec.model,
+            "--tp-size", str(spec.tp_size),
+            "--host", spec.host,
+            "--port", str(spec.port),
+            "--nccl-port", str(spec.nccl_port),
+            *spec.args,
+        ]
+
+    def launch_env(self, spec: LaunchSpec, base_env: dict[str, str]) -> dict[str, str]:
+        """``base_env`` updated with ``spec.env``; PYTHONPATH = ``spec.pythonpath_prepend`` first, then the rest.
+
+        The rest is ``spec.env["PYTHONPATH"]`` if given, else ``base_env["PYTHONPATH"]``. Also sets
+        ``PYTHONUNBUFFERED=1`` so the server log is written as it happens.
+        """
+        env = dict(base_env)
+        env.update(spec.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        parts: list[str] = []
+        for p in [*spec.pythonpath_prepend, *rest]:
+            if p not in parts:
+                parts.append(p)
+        if parts:
+            env["PYTHONPATH"] = os.pathsep.join(parts)
+        else:
+            env.pop("PYTHONPATH", None)
+        return env
+
+    def testbed_profile(
+        self, spec: LaunchSpec, scenario_args: Sequence[str], storage_dir: Optional[str] = None
+    ) -> tuple[list[str], dict[str, str], list[str]]:
+        """What to add to run ``spec`` on the CPU testbed (DESIGN §5, §8; issue 6). Scenario files stay CPU-free.
+
+        Flags already present in ``scenario_args`` (or ``spec.args``) are not repeated, so a scenario's own value
+        wins. With ``--enable-hierarchical-cache`` in the scenario args, also adds the HiCache CPU flags, sets
+        ``REPRO_TESTBED_COMPAT=1`` (enables ``scripts/cpu_testbed/compat`` via the venv's .pth) and a file-storage
+        folder in ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR``: ``storage_dir`` if given, else a new temporary
+        folder named ``repro-hicache-*`` that :meth:`owned_dirs` reports so the launcher removes it at stop.
+
+        Returns:
+            (extra_args, extra_env, pythonpath_prepend): args to append, env to add, folders to put first on
+            PYTHONPATH (the ``sgl_kernel`` stand-in).
+        """
+        have = [*spec.args, *scenario_args]
+        args: list[str] = []
+        _add_missing(args, have, _CPU_FLAGS)
+        ncpu = os.cpu_count() or 1
+        env = {
+            "SGLANG_USE_CPU_ENGINE": "1",
+            # With the CUDA torch wheel pynccl would load libnccl and fail on CPU tensors; a missing path disables it.
+            "SGLANG_NCCL_SO_PATH": "/nonexistent/repro-no-nccl/libnccl.so",
+            # One OpenMP core per rank, round-robin over the machine's cores ("0|1" for TP=2 on 2 cores).
+            "SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(i % ncpu) for i in range(spec.tp_size)),
+        }
+        if _has_flag(have, HICACHE_FLAG):
+            _add_missing(args, have, _HICACHE_CPU_FLAGS)
+            env[testbed.COMPAT_ENV] = "1"
+            given = storage_dir or spec.env.get(HICACHE_STORAGE_ENV)
+            env[HICACHE_STORAGE_ENV] = given or tempfile.mkdtemp(prefix=HICACHE_TMP_PREFIX)
+        return args, env, [str(testbed.stub_dir())]
+
+    def owned_dirs(self, env: dict[str, str]) -> list[Path]:
+        """Folders a server launched with ``env`` owns and that must be removed after it stops.
+
+        Only the HiCache storage folder created by :meth:`testbed_profile` (a ``repro-hicache-*`` folder directly
+        in the system temp dir); a user-given storage folder is never listed.
+        """
+        d = env.get(HICACHE_STORAGE_ENV)
+        if not d:
+            return []
+        p = Path(d)
+        if p.name.startswith(HICACHE_TMP_PREFIX) and p.parent == Path(tempfile.gettempdir()):
+            return [p]
+        return []
+
+    # ---- requests --------------------------------------------------------------------------------------------
+    def generate_body(self, input_ids: Sequence[int], max_new_tokens: int, stream: bool) -> dict[str, Any]:
+        """Greedy request (temperature 0) that yields exactly ``max_new_tokens`` ids (``ignore_eos``).
+
+        Raises:
+            ValueError: empty ``input_ids`` or ``max_new_tokens < 1``.
+        """
+        if not input_ids:
+            raise ValueError("generate_body: input_ids must not be empty")
+        if max_new_tokens < 1:
+            raise ValueError(f"generate_body: max_new_tokens must be >= 1, got {max_new_tokens}")
+        return {
+            "input_ids": [int(i) for i in input_ids],
+            "sampling_params": {"max_new_tokens": int(max_new_tokens), "temperature": 0.0, "ignore_eos": True},
+            "stream": bool(stream),
+        }
+
+    def parse_response(self, body: Any) -> StreamUpdate:
+        """Parse a non-stream ``/generate`` JSON answer (a dict, or a one-element list for batched input).
+
+        ``output_ids`` = ``meta_info.completion_tokens`` when present, else ``len(output_ids)``.
+        """
+        if isinstance(body, list):
+            if len(body) != 1:
+                return StreamUpdate(0, None, True, error=f"expected one answer, got a list of {len(body)}")
+            body = body[0]
+        if not isinstance(body, dict):
+            return StreamUpdate(0, None, True, error=f"unexpected /generate answer: {str(body)[:200]}")
+        return self._update(body, done=True)
+
+    def parse_stream_line(self, line: Union[bytes, str]) -> Optional[StreamUpdate]:
+        """Parse one SSE line: ``data: {...}`` → update (cumulative ids), ``data: [DONE]`` → done with
+        ``output_ids=None`` (keep the previous count); blank / comment / other lines → None."""
+        if isinstance(line, bytes):
+            line = line.decode("utf-8", errors="replace")
+        line = line.strip()
+        if not line.startswith("data:"):
+            return None
+        payload = line[len("data:"):].strip()
+        if payload == "[DONE]":
+            return StreamUpdate(output_ids=None, finish_reason=None, done=True)
+        try:
+            body = json.loads(payload)
+        except json.JSONDecodeError:
+            return StreamUpdate(0, None, True, error=f"unparseable stream chunk: {payload[:200]}")
+        if not isinstance(body, dict):
+            return None
+        return self._update(body, done=False)
+
+    @staticmethod
+    def _update(body: dict[str, Any], done: bool) -> StreamUpdate:
+        err = body.get("error")
+        if isinstance(err, dict):
+            err = err.get("message") or json.dumps(err)
+        meta = body.get("meta_info") or {}
+        ids = body.get("output_ids")
+        n = meta.get("completion_tokens")
+        if not isinstance(n, int):
+            n = len(ids) if isinstance(ids, list) else 0
+        fr = meta.get("finish_reason")
+        reason = fr.get("type") if isinstance(fr, dict) else (fr if isinstance(fr, str) else None)
+        if reason == "abort" and not err and isinstance(fr, dict):
+            err = fr.get("message") or "aborted"
+        return StreamUpdate(output_ids=n, finish_reason=reason, done=done or reason is not None,
+                            error=str(err) if err else None)
+
+    # ---- processes -------------------------------------------------------------------------------------------
+    def rank_of_title(self, title: str) -> Optional[int]:
+        """TP rank of a scheduler process from its title (``sglang::scheduler_TP1`` → 1, ``…_DP0_PP1_TP3`` → 3,
+        plain ``sglang::scheduler`` → 0); None for other processes (detokenizer, HTTP server, resource tracker)."""
+        t = parse_scheduler_title(title)
+        return None if t is None else t.tp
+
+    def rank_pids(self, procs: Sequence[ProcInfo]) -> dict[int, int]:
+        """rank → pid of the scheduler processes among ``procs`` (titles from ``/proc/PID/cmdline``).
+
+        The rank is the TP rank; with pipeline stages it is ``pp * tp_size + tp`` (tp_size = number of distinct TP
+        ranks seen), which is the global rank in sglang's TP×PP layout.
+
+        Raises:
+            ValueError: two processes map to the same rank (e.g. several DP replicas); names both titles.
+        """
+        parsed = [(p, parse_scheduler_title(p.title)) for p in procs]
+        parsed = [(p, t) for p, t in parsed if t is not None]
+        tp_size = len({t.tp for _, t in parsed}) or 1
+        out: dict[int, int] = {}
+        titles: dict[int, str] = {}
+        for p, t in parsed:
+            rank = (t.pp or 0) * tp_size + (t.tp or 0)
+            if rank in out and out[rank] != p.pid:
+                raise ValueError(
+                    f"two scheduler processes map to rank {rank}: {titles[rank]!r} (pid {out[rank]}) and "
+                    f"{p.title!r} (pid {p.pid}); rank mapping supports TP and TP×PP layouts only"
+                )
+            out[rank] = p.pid
+            titles[rank] = p.title
+        return dict(sorted(out.items()))
