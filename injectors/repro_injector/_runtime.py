@@ -1,0 +1,730 @@
+"""The injector's runtime: plan, post-import hooks, patched sites, arming, actions and records.
+
+One :class:`Runtime` per process, created by ``activate()`` only when ``REPRO_PLAN`` names a plan file (the plan
+contract is ``repro.scenario.compile_plan``; this package never imports ``repro``). Records (read by
+``repro.injection_records``) go to the plan's ``out_dir``:
+
+- ``loaded-<pid>.json``: written at activation and rewritten atomically when something changes (rank first seen,
+  a site patched, the process title set by sglang): ``pid``, ``create_time`` (epoch seconds computed like psutil:
+  boot time + ``/proc/self/stat`` starttime / CLK_TCK), ``start_ticks``, ``argv``, ``proctitle``, ``rank``,
+  ``sites`` {injection id: {resolved, patched, error, alternatives_tried}}, ``python``/``torch``/``sglang``,
+  ``scenario``, ``variant``, ``faulthandler``, ``time``.
+- ``fires-<pid>.jsonl``, one JSON object per line, flushed per line; every line has ``event``, ``time``, ``pid``,
+  ``rank``: ``armed`` / ``disarmed`` (``ids``, ``arm_seq``), ``counts`` (``arm_seq``, ``counts`` = {id: {entered,
+  matched, fired, first_entered, last_entered, first_matched, last_matched, first_fired, last_fired}}), ``fire``
+  (``id``, ``arm_seq``, ``n``, ``action``, ``caller``, ``stack``), ``fire_done`` (``id``, ``duration_s``,
+  ``error``), ``error`` (``id``, ``message``).
+- ``errors.log``: one line per exception inside the injector (also one line on stderr).
+- ``faulthandler-<pid>.txt``: all threads' stacks each time the plan's ``faulthandler_signal`` arrives.
+
+Counts restart at each arming (a new write of a non-empty arm file) and count only calls made while armed.
+"""
+
+from __future__ import annotations
+
+import copy
+import faulthandler
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Optional
+
+from . import gate as _gate
+from .resolve import Target, resolve_in_module, split_site
+
+PLAN_ENV = "REPRO_PLAN"
+SUPPORTED_PLAN_VERSIONS = (1,)
+COUNTS_INTERVAL_S = 0.2
+TITLE_INTERVAL_S = 1.0
+
+# The injector's own clock and sleep: saved before any scenario can patch ``time`` functions.
+_monotonic = time.monotonic
+_wall = time.time
+_sleep = time.sleep
+
+
+class PlanError(ValueError):
+    """The plan file is missing or malformed (message names the file and the key)."""
+
+
+def _proc_start() -> Dict[str, Any]:
+    """``start_ticks`` from /proc/self/stat and ``create_time`` as psutil computes it (boot time + ticks/CLK_TCK)."""
+    out: Dict[str, Any] = {"start_ticks": None, "create_time": None}
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            stat = fh.read().decode("ascii", "replace")
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        out["start_ticks"] = ticks
+        btime = None
+        with open("/proc/stat", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"btime"):
+                    btime = float(line.split()[1])
+                    break
+        if btime is not None:
+            out["create_time"] = btime + ticks / os.sysconf("SC_CLK_TCK")
+    except Exception:
+        pass
+    if out["create_time"] is None:
+        out["create_time"] = _wall()
+    return out
+
+
+def _proctitle() -> str:
+    try:
+        with open("/proc/self/cmdline", "rb") as fh:
+            raw = fh.read()
+        return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except Exception:
+        return " ".join(sys.argv)
+
+
+def _attr_path(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _dist() -> Any:
+    """``torch.distributed`` if this process already imported it and it is initialized, else None."""
+    d = sys.modules.get("torch.distributed")
+    try:
+        if d is not None and d.is_available() and d.is_initialized():
+            return d
+    except Exception:
+        return None
+    return None
+
+
+class Counts:
+    """Per injection, per arming: entered / matched / fired and first/last times (epoch seconds)."""
+
+    __slots__ = ("entered", "matched", "fired", "first_entered", "last_entered", "first_matched", "last_matched",
+                 "first_fired", "last_fired")
+
+    def __init__(self) -> None:
+        self.entered = self.matched = self.fired = 0
+        self.first_entered = self.last_entered = self.first_matched = self.last_matched = None
+        self.first_fired = self.last_fired = None
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+class Site:
+    """One injection of the plan in this process: its gate, action, occurrence counters and patch state."""
+
+    def __init__(self, rt: "Runtime", spec: Dict[str, Any]) -> None:
+        self.rt = rt
+        self.id: str = spec["id"]
+        site = spec.get("site") or {}
+        self.alternatives: List[str] = list(site.get("alternatives") or [])
+        self.aliases: List[str] = list(site.get("aliases") or [])
+        g = spec.get("gate") or {}
+        self.gate = _gate.gate_from_plan(g)
+        self.ranks = frozenset(int(r) for r in (g.get("ranks") or []))
+        self.rank_group: Optional[str] = g.get("rank_group") or None
+        occ = g.get("occurrence") or {}
+        self.mode: str = occ.get("mode", "first")
+        self.nth: int = int(occ.get("nth", 1))
+        self.max_fires: int = int(occ.get("max_fires", 0))
+        self.action: Dict[str, Any] = spec.get("action") or {"kind": "none"}
+        self.kind: str = self.action.get("kind", "none")
+        self.counts = Counts()
+        self.lock = threading.Lock()
+        self.patched: Optional[Target] = None
+        self.wrapper: Optional[Callable] = None
+        self.original: Optional[Callable] = None
+        self.error: Optional[str] = None
+        self.tried: Dict[str, Dict[str, Any]] = {s: {"site": s, "status": "pending", "error": None} for s in self.alternatives}
+
+    def record(self) -> Dict[str, Any]:
+        return {
+            "resolved": self.patched.site if self.patched else None,
+            "patched": self.patched is not None,
+            "error": self.error,
+            "alternatives_tried": [dict(v) for v in self.tried.values()],
+        }
+
+    # ---- gate -------------------------------------------------------------------------------------------------
+
+    def _rank_ok(self, self_obj: Any) -> bool:
+        if not self.ranks:
+            return True
+        d = _dist()
+        if d is None:
+            return False
+        if self.rank_group:
+            if self_obj is None:
+                raise RuntimeError(f"gate.rank_group {self.rank_group!r} needs a method site (no self)")
+            r = d.get_rank(_attr_path(self_obj, self.rank_group))
+        else:
+            r = d.get_rank()
+        return r in self.ranks
+
+    def enter(self, self_obj: Any, caller: Any) -> bool:
+        """Count the call and evaluate the gate and occurrence. True = fire now."""
+        now = _wall()
+        c = self.counts
+        with self.lock:
+            c.entered += 1
+            if c.first_entered is None:
+                c.first_entered = now
+            c.last_entered = now
+        self.rt.dirty = True
+        if not self._rank_ok(self_obj) or not self.gate.check(caller):
+            return False
+        with self.lock:
+            c.matched += 1
+            if c.first_matched is None:
+                c.first_matched = now
+            c.last_matched = now
+            if self.kind == "none":
+                return False
+            if self.max_fires and c.fired >= self.max_fires:
+                return False
+            if self.mode == "first":
+                fire = c.matched == 1
+            elif self.mode == "nth":
+                fire = c.matched == self.nth
+            else:
+                fire = True
+            if fire:
+                c.fired += 1
+                if c.first_fired is None:
+                    c.first_fired = now
+                c.last_fired = now
+            return fire
+
+    # ---- action -----------------------------------------------------------------------------------------------
+
+    def _collective(self, self_obj: Any) -> None:
+        import torch
+        import torch.distributed as dist
+
+        a = self.action
+        if self_obj is None:
+            raise RuntimeError(f"{self.id}: extra_collective needs a method site (group/method are read from self)")
+        t0 = torch.ones(1, dtype=torch.int32)
+        if a.get("method"):
+            fn = _attr_path(self_obj, a["method"])
+            try:
+                import inspect
+
+                nparams = len([p for p in inspect.signature(fn).parameters.values()
+                               if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
+            except (TypeError, ValueError):
+                nparams = 1
+            fn(t0, dist.ReduceOp.MAX) if nparams >= 2 else fn(t0)
+            return
+        g = _attr_path(self_obj, a["group"])
+        if not isinstance(g, dist.ProcessGroup) and hasattr(g, "cpu_group"):
+            g = g.cpu_group  # an sglang GroupCoordinator: use its gloo group
+        backend = str(dist.get_backend(g)).lower()
+        t = t0
+        if "gloo" not in backend and ("nccl" in backend or "cuda" in backend) and torch.cuda.is_available():
+            t = t0.to(torch.device("cuda", torch.cuda.current_device()))
+        op = a.get("op", "all_reduce")
+        if op == "all_reduce":
+            dist.all_reduce(t, group=g)
+        elif op == "broadcast":
+            dist.broadcast(t, src=dist.get_global_rank(g, 0), group=g)
+        elif op == "barrier":
+            dist.barrier(group=g)
+        elif op == "all_gather":
+            outs = [torch.zeros_like(t) for _ in range(dist.get_world_size(g))]
+            dist.all_gather(outs, t, group=g)
+        else:
+            raise ValueError(f"{self.id}: unknown collective op {op!r}")
+
+    def run(self, self_obj: Any, call: Callable[[], Any]) -> Any:
+        """Run the action around ``call`` (which calls the original)."""
+        kind = self.kind
+        a = self.action
+        if kind == "extra_collective":
+            if a.get("when", "before") == "after":
+                res = call()
+                self._collective(self_obj)
+                return res
+            self._collective(self_obj)
+            return call()
+        if kind == "skip":
+            return copy.deepcopy(a.get("value"))
+        if kind == "return_value":
+            if a.get("call_original", True):
+                call()
+            return copy.deepcopy(a.get("value"))
+        if kind == "delay":
+            _sleep(float(a.get("delay_s", 0)))
+            return call()
+        return call()
+
+
+class _HookFinder:
+    """``sys.meta_path`` entry: after a watched module executes, run the runtime's patch callback on it."""
+
+    def __init__(self, rt: "Runtime") -> None:
+        self.rt = rt
+        self.busy: set = set()
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in self.rt.watched or fullname in self.busy:
+            return None
+        self.busy.add(fullname)
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self.busy.discard(fullname)
+        loader = getattr(spec, "loader", None)
+        if spec is None or loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        rt = self.rt
+        orig_exec = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            try:
+                orig_exec(module)
+            finally:
+                try:
+                    del loader.exec_module  # back to the class's method for later imports
+                except AttributeError:
+                    pass
+            rt.on_module(module)
+
+        try:
+            loader.exec_module = exec_module
+        except Exception:
+            return spec
+        return spec
+
+
+class Runtime:
+    """All injector state of one process (see the module docstring for what it writes)."""
+
+    def __init__(self, plan: Dict[str, Any], plan_path: str) -> None:
+        self.plan = plan
+        self.plan_path = plan_path
+        self.pid = os.getpid()
+        self.out_dir = plan["out_dir"]
+        self.arm_file = plan["arm_file"]
+        self.poll_s = float(plan.get("arm_poll_s", 0.1))
+        self.sites: List[Site] = [Site(self, s) for s in plan.get("injections") or []]
+        self.by_id = {s.id: s for s in self.sites}
+        self.armed: frozenset = frozenset()
+        self.arm_seq = 0
+        self._arm_key: Any = None
+        self._next_poll = 0.0
+        self._arm_lock = threading.Lock()
+        self._io_lock = threading.RLock()
+        self.dirty = False
+        self.marker_dirty = True
+        self.rank: Optional[int] = None
+        self.start = _proc_start()
+        self.title = ""
+        self.fh_file: Any = None
+        self.fh_signal: Optional[str] = None
+        self.watched: Dict[str, List[Any]] = {}
+        self._fires: Any = None
+        self._thread: Optional[threading.Thread] = None
+
+    # ---- records ----------------------------------------------------------------------------------------------
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.out_dir, name)
+
+    def error(self, msg: str, exc: Optional[BaseException] = None, inj: Optional[str] = None) -> None:
+        """Record an exception inside the injector: errors.log, one stderr line, an ``error`` fire event."""
+        line = f"{msg}: {type(exc).__name__}: {exc}" if exc is not None else msg
+        try:
+            sys.stderr.write(f"repro injector (pid {os.getpid()}): {line}\n")
+        except Exception:
+            pass
+        try:
+            with open(self._path("errors.log"), "a", encoding="utf-8") as fh:
+                fh.write(f"{_wall():.3f} pid={os.getpid()} rank={self.rank} {line}\n")
+                if exc is not None:
+                    fh.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        except Exception:
+            pass
+        self.event("error", id=inj, message=line)
+
+    def event(self, kind: str, **fields: Any) -> None:
+        rec = {"event": kind, "time": _wall(), "pid": self.pid, "rank": self.rank}
+        rec.update(fields)
+        try:
+            data = json.dumps(rec, default=repr) + "\n"
+            with self._io_lock:
+                if self._fires is None:
+                    self._fires = open(self._path(f"fires-{self.pid}.jsonl"), "a", encoding="utf-8")
+                self._fires.write(data)
+                self._fires.flush()
+        except Exception as e:  # never raise into the target
+            try:
+                sys.stderr.write(f"repro injector (pid {os.getpid()}): cannot write fire log: {e}\n")
+            except Exception:
+                pass
+
+    def write_counts(self) -> None:
+        with self._io_lock:
+            self.dirty = False
+            self.event("counts", arm_seq=self.arm_seq, armed=sorted(self.armed),
+                       counts={s.id: s.counts.as_dict() for s in self.sites})
+
+    def _versions(self) -> Dict[str, Optional[str]]:
+        out: Dict[str, Optional[str]] = {"python": sys.version.split()[0], "torch": None, "sglang": None}
+        for name in ("torch", "sglang"):
+            m = sys.modules.get(name)
+            v = getattr(m, "__version__", None) if m is not None else None
+            if v is None:
+                try:
+                    from importlib.metadata import version
+
+                    v = version(name)
+                except Exception:
+                    v = None
+            out[name] = str(v) if v is not None else None
+        return out
+
+    def write_marker(self) -> None:
+        """(Re)write ``loaded-<pid>.json`` atomically."""
+        with self._io_lock:
+            self.marker_dirty = False
+            self.title = _proctitle()
+            rec: Dict[str, Any] = {
+                "pid": self.pid,
+                "create_time": self.start["create_time"],
+                "start_ticks": self.start["start_ticks"],
+                "argv": list(sys.argv),
+                "proctitle": self.title,
+                "rank": self.rank,
+                "scenario": self.plan.get("scenario"),
+                "variant": self.plan.get("variant"),
+                "plan": self.plan_path,
+                "sites": {s.id: s.record() for s in self.sites},
+                "faulthandler": {"signal": self.fh_signal, "file": getattr(self.fh_file, "name", None)},
+                "time": _wall(),
+            }
+            rec.update(self._versions())
+            path = self._path(f"loaded-{self.pid}.json")
+            tmp = f"{path}.tmp"
+            try:
+                with open(tmp, "w", encoding="utf-8") as fh:
+                    json.dump(rec, fh, indent=1, default=repr)
+                os.replace(tmp, path)
+            except Exception as e:
+                self.error("cannot write loaded marker", e)
+
+    # ---- arming -----------------------------------------------------------------------------------------------
+
+    def poll_arm(self, force: bool = False) -> None:
+        """Re-read the arm file if its (mtime, size, inode) changed; at most every ``arm_poll_s`` unless forced."""
+        now = _monotonic()
+        if not force and now < self._next_poll:
+            return
+        with self._arm_lock:
+            if not force and now < self._next_poll:
+                return
+            self._next_poll = now + self.poll_s
+            try:
+                st = os.stat(self.arm_file)
+                key: Any = (st.st_mtime_ns, st.st_size, st.st_ino)
+            except FileNotFoundError:
+                key = None
+            except Exception as e:
+                self.error(f"cannot stat arm file {self.arm_file}", e)
+                return
+            if key == self._arm_key:
+                return
+            self._arm_key = key
+            ids: List[str] = []
+            if key is not None:
+                try:
+                    with open(self.arm_file, encoding="utf-8") as fh:
+                        ids = [ln.strip() for ln in fh if ln.strip() and not ln.strip().startswith("#")]
+                except FileNotFoundError:
+                    ids = []
+            unknown = [i for i in ids if i not in self.by_id]
+            if unknown:
+                self.error(f"arm file {self.arm_file} lists unknown injection id(s) {unknown}; known: {sorted(self.by_id)}")
+            ids = [i for i in ids if i in self.by_id]
+            if ids:
+                if self.armed:
+                    self.write_counts()
+                for s in self.sites:
+                    with s.lock:
+                        s.counts = Counts()
+                self.arm_seq += 1
+                self.armed = frozenset(ids)
+                self.event("armed", ids=ids, arm_seq=self.arm_seq)
+                self.write_counts()
+            elif self.armed:
+                self.write_counts()
+                self.armed = frozenset()
+                self.event("disarmed", ids=[], arm_seq=self.arm_seq)
+
+    # ---- patching ---------------------------------------------------------------------------------------------
+
+    def _make_wrapper(self, site: Site, target: Target) -> Callable:
+        rt = self
+        kind = target.kind
+        inj_id = site.id
+        if kind in ("staticmethod", "classmethod"):
+            orig = target.raw.__func__
+        else:
+            orig = target.raw
+        has_self = kind in ("function", "classmethod")
+
+        def repro_injected(*args: Any, **kwargs: Any) -> Any:
+            if _monotonic() >= rt._next_poll:
+                rt.poll_arm()
+            if inj_id not in rt.armed:
+                return orig(*args, **kwargs)
+            self_obj = args[0] if has_self and args else None
+            try:
+                if rt.rank is None:
+                    rt.see_rank()
+                fire = site.enter(self_obj, sys._getframe(1))
+            except Exception as e:
+                rt.error(f"{inj_id}: gate failed", e, inj_id)
+                fire = False
+            if not fire:
+                return orig(*args, **kwargs)
+            caller = sys._getframe(1)
+            rt.write_counts()  # synchronously: a fire is on disk before a hang
+            rt.event("fire", id=inj_id, arm_seq=rt.arm_seq, n=site.counts.fired, action=site.action,
+                     caller=site.gate.last_caller or _gate.frame_name(caller), stack=_gate.caller_chain(caller))
+            t0 = _monotonic()
+            try:
+                res = site.run(self_obj, lambda: orig(*args, **kwargs))
+            except BaseException as e:
+                rt.event("fire_done", id=inj_id, duration_s=_monotonic() - t0, error=f"{type(e).__name__}: {e}")
+                raise
+            rt.event("fire_done", id=inj_id, duration_s=_monotonic() - t0, error=None)
+            return res
+
+        _gate.OWN_CODES.add(repro_injected.__code__)
+        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+            try:
+                setattr(repro_injected, attr, getattr(orig, attr))
+            except Exception:
+                pass
+        try:
+            repro_injected.__dict__.update(getattr(orig, "__dict__", {}))
+        except Exception:
+            pass
+        repro_injected.__wrapped__ = orig  # type: ignore[attr-defined]
+        repro_injected.__repro_injection__ = inj_id  # type: ignore[attr-defined]
+        if kind == "staticmethod":
+            return staticmethod(repro_injected)  # type: ignore[return-value]
+        if kind == "classmethod":
+            return classmethod(repro_injected)  # type: ignore[return-value]
+        return repro_injected
+
+    def _watch(self, modname: str, cb: Any) -> None:
+        self.watched.setdefault(modname, []).append(cb)
+        mod = sys.modules.get(modname)
+        if mod is not None and not getattr(getattr(mod, "__spec__", None), "_initializing", False):
+            try:
+                cb(mod)
+            except Exception as e:
+                self.error(f"patching in {modname} failed", e)
+
+    def on_module(self, module: Any) -> None:
+        """Post-import hook: a watched module finished executing."""
+        for cb in list(self.watched.get(getattr(module, "__name__", ""), [])):
+            try:
+                cb(module)
+            except Exception as e:
+                self.error(f"patching in {module.__name__} failed", e)
+
+    def _try_patch(self, site: Site, alt: str, module: Any) -> None:
+        if site.patched is not None:
+            return
+        rec = site.tried[alt]
+        try:
+            target = resolve_in_module(module, alt)
+        except (AttributeError, TypeError) as e:
+            rec.update(status="absent", error=str(e))
+            self.marker_dirty = True
+            return
+        wrapper = self._make_wrapper(site, target)
+        setattr(target.owner, target.name, wrapper)
+        site.patched, site.wrapper = target, wrapper
+        site.original = target.raw
+        rec.update(status="patched", error=None)
+        site.error = None
+        self.marker_dirty = True
+        if target.kind == "module_function":
+            for alias in site.aliases:
+                amod, aparts = split_site(alias)
+                self._watch(amod, lambda m, a=aparts, t=target, w=wrapper, s=site: self._patch_alias(s, m, a, t, w))
+
+    def _patch_alias(self, site: Site, module: Any, parts: List[str], target: Target, wrapper: Any) -> None:
+        owner = module
+        for p in parts[:-1]:
+            owner = getattr(owner, p)
+        cur = getattr(owner, parts[-1], None)
+        if cur is target.raw:
+            setattr(owner, parts[-1], wrapper)
+        else:
+            site.error = f"alias {module.__name__}:{'.'.join(parts)} is not a copy of {target.site}; left alone"
+            self.marker_dirty = True
+
+    def install(self) -> None:
+        """Register post-import hooks for every site alternative (patching now those already imported)."""
+        sys.meta_path.insert(0, _HookFinder(self))
+        for site in self.sites:
+            for alt in site.alternatives:
+                try:
+                    modname, _ = split_site(alt)
+                except ValueError as e:
+                    site.tried[alt].update(status="error", error=str(e))
+                    continue
+                self._watch(modname, lambda m, s=site, a=alt: self._try_patch(s, a, m))
+
+    # ---- background -------------------------------------------------------------------------------------------
+
+    def see_rank(self) -> None:
+        d = _dist()
+        if d is not None and self.rank is None:
+            try:
+                self.rank = int(d.get_rank())
+                self.marker_dirty = True
+            except Exception:
+                pass
+
+    def _loop(self) -> None:
+        next_title = 0.0
+        while True:
+            try:
+                _sleep(min(self.poll_s, COUNTS_INTERVAL_S))
+                self.poll_arm()
+                if self.rank is None:
+                    self.see_rank()
+                now = _monotonic()
+                if now >= next_title:
+                    next_title = now + TITLE_INTERVAL_S
+                    if _proctitle() != self.title:
+                        self.marker_dirty = True
+                if self.dirty:
+                    self.write_counts()
+                if self.marker_dirty:
+                    self.write_marker()
+            except Exception as e:
+                self.error("background thread", e)
+                _sleep(1.0)
+
+    def start_thread(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="repro-injector", daemon=True)
+        self._thread.start()
+
+    def setup_faulthandler(self) -> None:
+        name = self.plan.get("faulthandler_signal") or ""
+        if not name:
+            return
+        sig = getattr(signal, name, None)
+        if not isinstance(sig, int) or not hasattr(faulthandler, "register"):
+            self.error(f"plan faulthandler_signal {name!r} is not a signal on this platform (expected e.g. 'SIGUSR2')")
+            return
+        self.fh_file = open(self._path(f"faulthandler-{self.pid}.txt"), "a", encoding="utf-8")
+        faulthandler.register(sig, file=self.fh_file, all_threads=True, chain=True)
+        self.fh_signal = name
+
+    def after_fork(self) -> None:
+        """In a forked child: new pid, new files, new thread; counts and arming state carry over."""
+        self.pid = os.getpid()
+        self.start = _proc_start()
+        self._fires = None
+        self._io_lock = threading.RLock()
+        self._arm_lock = threading.Lock()
+        try:
+            self.setup_faulthandler()
+        except Exception as e:
+            self.error("faulthandler in fork child", e)
+        self.write_marker()
+        self.start_thread()
+
+
+def load_plan(path: str) -> Dict[str, Any]:
+    """Read and check the plan JSON. Raises PlanError naming the file and the key."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            plan = json.load(fh)
+    except FileNotFoundError:
+        raise PlanError(f"{PLAN_ENV}={path}: plan file not found") from None
+    except ValueError as e:
+        raise PlanError(f"{PLAN_ENV}={path}: not valid JSON: {e}") from None
+    if not isinstance(plan, dict):
+        raise PlanError(f"{path}: expected a JSON object")
+    if plan.get("version") not in SUPPORTED_PLAN_VERSIONS:
+        raise PlanError(f"{path}: plan version {plan.get('version')!r} not supported (expected one of {SUPPORTED_PLAN_VERSIONS}); "
+                        "rebuild the plan with this checkout's repro")
+    for key in ("out_dir", "arm_file", "injections"):
+        if key not in plan:
+            raise PlanError(f"{path}: missing key {key!r}")
+    for i, inj in enumerate(plan["injections"]):
+        for key in ("id", "site", "action"):
+            if key not in inj:
+                raise PlanError(f"{path}: injections[{i}] missing key {key!r}")
+    return plan
+
+
+_RUNTIME: Optional[Runtime] = None
+_LOCK = threading.Lock()
+
+
+def activate() -> Optional[Runtime]:
+    """Start the injector in this process if ``REPRO_PLAN`` is set; idempotent; never raises.
+
+    Returns:
+        The process's Runtime, or None when the env var is unset or the plan could not be used (then the error is
+        on stderr and, when the out_dir is known, in ``errors.log``).
+    """
+    global _RUNTIME
+    path = os.environ.get(PLAN_ENV)
+    if not path:
+        return None
+    with _LOCK:
+        if _RUNTIME is not None:
+            return _RUNTIME
+        try:
+            plan = load_plan(path)
+        except Exception as e:
+            sys.stderr.write(f"repro injector (pid {os.getpid()}): {e}\n")
+            return None
+        rt = Runtime(plan, path)
+        try:
+            os.makedirs(rt.out_dir, exist_ok=True)
+        except Exception as e:
+            sys.stderr.write(f"repro injector (pid {os.getpid()}): cannot create out_dir {rt.out_dir}: {e}\n")
+            return None
+        _RUNTIME = rt
+        try:
+            rt.setup_faulthandler()
+        except Exception as e:
+            rt.error("faulthandler.register failed", e)
+        try:
+            rt.install()
+        except Exception as e:
+            rt.error("installing import hooks failed", e)
+        rt.write_marker()
+        rt.poll_arm(force=True)
+        rt.start_thread()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=rt.after_fork)
+        return rt
+
+
+def runtime() -> Optional[Runtime]:
+    """The active Runtime of this process, or None."""
+    return _RUNTIME
