@@ -203,7 +203,10 @@ class BurstDriver:
         now = time.time()
         first = False
         with self._lock:
-            n = int(getattr(upd, "output_len", 0) or 0)
+            n = getattr(upd, "output_ids", None)
+            n = rec.output_len if n is None else int(n)
+            if getattr(upd, "error", None):
+                rec.error = str(upd.error)
             if n > rec.output_len:
                 first = rec.first_token_t is None
                 if first:
@@ -223,7 +226,9 @@ class BurstDriver:
             rec.status = status
             rec.done_t = time.time()
             rec.error = error
-            if status == "ok" and not rec.succeeded:
+            if status == "ok" and rec.error:
+                rec.status = "error"  # the engine answered 200 but reported an error (e.g. abort) in the body
+            elif status == "ok" and not rec.succeeded:
                 rec.error = (
                     f"answered with {rec.output_len}/{rec.max_new_tokens} output ids, finish reason {rec.finish_reason!r}"
                 )

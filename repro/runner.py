@@ -7,6 +7,7 @@ marked ``interrupted`` when the run does not finish. It renders nothing: progres
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -149,23 +150,14 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None) -> Prepare
     env = dict(scenario.server.env)
     prepend = [str(INJECTORS_DIR), *opts.pythonpath_prepend]
     temp_dirs: list = []
-    if on_testbed:
-        extra_args, extra_env, tb_prepend = adapter.testbed_profile(None, args)
-        args = args + list(extra_args)
-        env.update(extra_env)
-        prepend.extend(tb_prepend)
     env.update(opts.extra_env)
     env[PLAN_ENV] = str(evd.file("plan.json").resolve())
-    spec = LaunchSpec(
-        python=python,
-        model=model,
-        tp_size=tp,
-        port=0,
-        nccl_port=0,
-        args=args,
-        env=env,
-        pythonpath_prepend=prepend,
-    )
+    spec = LaunchSpec(python=python, model=model, tp_size=tp, port=0, nccl_port=0, args=args, env=env, pythonpath_prepend=prepend)
+    if on_testbed:
+        extra_args, extra_env, tb_prepend = adapter.testbed_profile(spec, args)
+        spec = dataclasses.replace(
+            spec, args=[*args, *extra_args], env={**env, **extra_env}, pythonpath_prepend=[*prepend, *tb_prepend]
+        )
     return Prepared(scenario, variant, evd, plan, spec, adapter, python, on_testbed, arm_file, temp_dirs)
 
 
@@ -287,7 +279,7 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop) -> Ru
             observe("burst", {"state": st})
             if st.finished:
                 break
-            if not server.is_running():
+            if not server.running():
                 verdict = Verdict(INCONCLUSIVE, f"server died during the burst; log tail:\n{server.log_tail(20)}")
                 break
             if now - t_burst > scenario.budget_s:

@@ -21,9 +21,10 @@ from repro.driver import BurstDriver, make_prompts
 
 @dataclass
 class Upd:
-    output_len: int
+    output_ids: Optional[int]
     finish_reason: Optional[str]
     done: bool
+    error: Optional[str] = None
 
 
 class PlainAdapter:
@@ -35,7 +36,7 @@ class PlainAdapter:
     def parse_stream_line(self, line):
         line = line.decode() if isinstance(line, bytes) else line
         if line == "data: [DONE]":
-            return Upd(0, None, True)
+            return Upd(None, None, True)
         d = json.loads(line[len("data: "):])
         return Upd(d["n"], d.get("finish"), False)
 
