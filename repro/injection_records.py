@@ -1,0 +1,284 @@
+"""Typed reader of what the injector wrote (``injectors/repro_injector/_runtime.py`` documents the format).
+
+``read_injector_dir(path)`` reads every ``loaded-<pid>.json`` and ``fires-<pid>.jsonl`` in an injector folder into
+an :class:`InjectorReport`: one :class:`LoadedMarker` per process and, per (pid, rank, injection), the final
+counts after that process's latest arming. The verdict asks it: which ranks loaded the injector, which saw the arm
+file, was a site entered on every rank, where did it fire. Works the same on a live run and on copied files; a
+truncated last line (a process killed mid-write) is skipped, not fatal.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Union
+
+_TP_TITLE = re.compile(r"sglang::scheduler(?:_[A-Z]+\d+)*?_TP(\d+)")
+
+
+class InjectorRecordsError(ValueError):
+    """The injector folder does not exist (the message names it)."""
+
+
+@dataclass(frozen=True)
+class SiteRecord:
+    """How one injection's site resolved in one process."""
+
+    injection_id: str
+    resolved: Optional[str]
+    patched: bool
+    error: Optional[str]
+    alternatives_tried: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class LoadedMarker:
+    """One process where the injector was loaded (``loaded-<pid>.json``).
+
+    ``rank`` is the global rank the injector saw via torch.distributed, else the ``TP<k>`` of an sglang scheduler
+    process title, else None. ``create_time`` is epoch seconds comparable with ``psutil.Process.create_time()``.
+    """
+
+    pid: int
+    create_time: Optional[float]
+    start_ticks: Optional[int]
+    argv: tuple[str, ...]
+    proctitle: str
+    rank: Optional[int]
+    sites: Mapping[str, SiteRecord]
+    python: Optional[str]
+    torch: Optional[str]
+    sglang: Optional[str]
+    time: Optional[float]
+    path: Path
+
+
+@dataclass(frozen=True)
+class SiteCounts:
+    """Counts of one injection in one process after that process's latest arming (``arm_seq``)."""
+
+    pid: int
+    rank: Optional[int]
+    injection_id: str
+    arm_seq: int
+    entered: int
+    matched: int
+    fired: int
+    first_entered: Optional[float] = None
+    last_entered: Optional[float] = None
+    first_fired: Optional[float] = None
+    last_fired: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class FireEvent:
+    """One ``fire`` line: an action ran (written before the action, so it is on disk even if the action hangs)."""
+
+    pid: int
+    rank: Optional[int]
+    injection_id: str
+    arm_seq: int
+    time: float
+    n: int
+    caller: str
+    stack: tuple[str, ...]
+    action: Mapping[str, Any]
+    completed: Optional[bool] = None  # a matching ``fire_done`` line was seen (None: action still running / hung)
+
+
+@dataclass(frozen=True)
+class ProcessLog:
+    """What one ``fires-<pid>.jsonl`` says about the latest arming."""
+
+    pid: int
+    rank: Optional[int]
+    arm_seq: int
+    armed_ids: tuple[str, ...]
+    disarmed: bool
+    counts: Mapping[str, SiteCounts]
+    fires: tuple[FireEvent, ...]
+    errors: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class InjectorReport:
+    """Everything in one injector folder. ``markers`` and ``logs`` are keyed by nothing: lists in pid order."""
+
+    path: Path
+    markers: tuple[LoadedMarker, ...]
+    logs: tuple[ProcessLog, ...]
+    errors_log: str = ""
+    _rank_of_pid: Mapping[int, int] = field(default_factory=dict, repr=False)
+
+    def rank_of(self, pid: int) -> Optional[int]:
+        """Rank of a process from its marker or fire log; None if unknown (e.g. detokenizer, HTTP server)."""
+        return self._rank_of_pid.get(pid)
+
+    def ranks_loaded(self, expected_ranks: Iterable[int]) -> list[int]:
+        """The expected ranks that have a loaded marker (sorted)."""
+        have = {m.rank for m in self.markers if m.rank is not None}
+        return sorted(r for r in expected_ranks if r in have)
+
+    def ranks_armed(self, expected_ranks: Optional[Iterable[int]] = None) -> list[int]:
+        """Ranks whose injector saw a non-empty arm file (their latest arming); restricted to ``expected_ranks``."""
+        have = {self.rank_of(lg.pid) for lg in self.logs if lg.arm_seq > 0}
+        have.discard(None)
+        if expected_ranks is None:
+            return sorted(have)  # type: ignore[arg-type]
+        return sorted(r for r in expected_ranks if r in have)
+
+    def counts_by_rank(self, injection_id: str) -> dict[str, dict[int, int]]:
+        """``{"entered": {rank: n}, "matched": {...}, "fired": {...}}`` after each rank's latest arming."""
+        out: dict[str, dict[int, int]] = {"entered": {}, "matched": {}, "fired": {}}
+        for lg in self.logs:
+            rank = self.rank_of(lg.pid)
+            c = lg.counts.get(injection_id)
+            if rank is None or c is None:
+                continue
+            for key in out:
+                out[key][rank] = out[key].get(rank, 0) + getattr(c, key)
+        return out
+
+    def entered_on_all(self, injection_id: str, ranks: Iterable[int]) -> bool:
+        """Was the site entered at least once on every one of ``ranks`` since their latest arming?"""
+        entered = self.counts_by_rank(injection_id)["entered"]
+        return all(entered.get(r, 0) > 0 for r in ranks)
+
+    def fired_ranks(self, injection_id: str) -> list[int]:
+        """Ranks on which the injection fired since their latest arming (sorted)."""
+        return sorted(r for r, n in self.counts_by_rank(injection_id)["fired"].items() if n > 0)
+
+    def matched_total(self, injection_id: str) -> int:
+        """Gate matches summed over all processes since their latest arming."""
+        return sum(self.counts_by_rank(injection_id)["matched"].values()) + sum(
+            lg.counts[injection_id].matched for lg in self.logs if self.rank_of(lg.pid) is None and injection_id in lg.counts
+        )
+
+    def fires(self, injection_id: Optional[str] = None) -> list[FireEvent]:
+        """Fire events of the latest arming, in time order."""
+        evs = [f for lg in self.logs for f in lg.fires if injection_id is None or f.injection_id == injection_id]
+        return sorted(evs, key=lambda f: f.time)
+
+    def resolved_site(self, injection_id: str) -> Optional[str]:
+        """The site alternative that was patched for this injection (first marker that says so), else None."""
+        for m in self.markers:
+            s = m.sites.get(injection_id)
+            if s is not None and s.patched and s.resolved:
+                return s.resolved
+        return None
+
+    def errors(self) -> list[str]:
+        """Error lines from the fire logs (``errors.log`` keeps tracebacks)."""
+        return [e for lg in self.logs for e in lg.errors]
+
+
+def _rank_from_title(title: str) -> Optional[int]:
+    m = _TP_TITLE.search(title or "")
+    return int(m.group(1)) if m else None
+
+
+def _read_marker(path: Path) -> Optional[LoadedMarker]:
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    sites = {
+        k: SiteRecord(k, v.get("resolved"), bool(v.get("patched")), v.get("error"), tuple(v.get("alternatives_tried") or ()))
+        for k, v in (d.get("sites") or {}).items()
+    }
+    rank = d.get("rank")
+    if rank is None:
+        rank = _rank_from_title(d.get("proctitle", ""))
+    return LoadedMarker(
+        pid=int(d["pid"]), create_time=d.get("create_time"), start_ticks=d.get("start_ticks"), argv=tuple(d.get("argv") or ()),
+        proctitle=d.get("proctitle") or "", rank=rank, sites=sites, python=d.get("python"), torch=d.get("torch"),
+        sglang=d.get("sglang"), time=d.get("time"), path=path,
+    )
+
+
+def _read_log(path: Path, pid: int) -> ProcessLog:
+    events: list[dict] = []
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue  # a partial last line
+    rank: Optional[int] = None
+    arm_seq = 0
+    armed_ids: tuple[str, ...] = ()
+    disarmed = False
+    counts: dict[str, SiteCounts] = {}
+    fires: list[dict] = []
+    done: dict[str, bool] = {}
+    errors: list[str] = []
+    for e in events:
+        if e.get("rank") is not None:
+            rank = e["rank"]
+        kind = e.get("event")
+        if kind == "armed":
+            arm_seq = int(e.get("arm_seq", arm_seq + 1))
+            armed_ids = tuple(e.get("ids") or ())
+            disarmed = False
+            counts, fires, done = {}, [], {}
+        elif kind == "disarmed":
+            disarmed = True
+        elif kind == "counts" and int(e.get("arm_seq", -1)) == arm_seq and arm_seq > 0:
+            for iid, c in (e.get("counts") or {}).items():
+                counts[iid] = SiteCounts(pid, e.get("rank"), iid, arm_seq, int(c.get("entered", 0)), int(c.get("matched", 0)),
+                                         int(c.get("fired", 0)), c.get("first_entered"), c.get("last_entered"),
+                                         c.get("first_fired"), c.get("last_fired"))
+        elif kind == "fire" and int(e.get("arm_seq", -1)) == arm_seq:
+            fires.append(e)
+        elif kind == "fire_done":
+            done[e.get("id")] = e.get("error") is None
+        elif kind == "error":
+            errors.append(str(e.get("message")))
+    fire_events = tuple(
+        FireEvent(pid, f.get("rank"), f.get("id", ""), arm_seq, float(f.get("time", 0)), int(f.get("n", 0)), f.get("caller") or "",
+                  tuple(f.get("stack") or ()), f.get("action") or {}, done.get(f.get("id")))
+        for f in fires
+    )
+    return ProcessLog(pid, rank, arm_seq, armed_ids, disarmed, counts, fire_events, tuple(errors))
+
+
+def read_injector_dir(path: Union[str, Path]) -> InjectorReport:
+    """Read an injector folder (``<evidence>/injector/``).
+
+    Raises:
+        InjectorRecordsError: ``path`` is not a directory.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        raise InjectorRecordsError(f"{p}: injector folder not found (expected the plan's out_dir with loaded-<pid>.json files)")
+    markers = []
+    for f in sorted(p.glob("loaded-*.json")):
+        m = _read_marker(f)
+        if m is not None:
+            markers.append(m)
+    logs = []
+    for f in sorted(p.glob("fires-*.jsonl")):
+        try:
+            pid = int(f.stem.split("-", 1)[1])
+        except ValueError:
+            continue
+        logs.append(_read_log(f, pid))
+    rank_of: dict[int, int] = {}
+    for m in markers:
+        if m.rank is not None:
+            rank_of[m.pid] = m.rank
+    for lg in logs:
+        if lg.pid not in rank_of and lg.rank is not None:
+            rank_of[lg.pid] = lg.rank
+    err = p / "errors.log"
+    errors_log = err.read_text(encoding="utf-8", errors="replace") if err.is_file() else ""
+    markers.sort(key=lambda m: m.pid)
+    logs.sort(key=lambda lg: lg.pid)
+    return InjectorReport(p, tuple(markers), tuple(logs), errors_log, rank_of)
