@@ -140,7 +140,7 @@ class Server:
         """rank → pid of the scheduler processes, from their titles (``adapter.rank_pids``)."""
         return self.adapter.rank_pids(self.procs())
 
-    def running(self) -> bool:
+    def is_running(self) -> bool:
         """True while the root process has not exited."""
         return self.popen.poll() is None
 

@@ -173,7 +173,7 @@ class SGLangAdapter:
         return env
 
     def testbed_profile(
-        self, spec: LaunchSpec, scenario_args: Sequence[str], storage_dir: Optional[str] = None
+        self, spec: Optional[LaunchSpec], scenario_args: Sequence[str], storage_dir: Optional[str] = None
     ) -> tuple[list[str], dict[str, str], list[str]]:
         """What to add to run ``spec`` on the CPU testbed (DESIGN §5, §8; issue 6). Scenario files stay CPU-free.
 
@@ -183,11 +183,17 @@ class SGLangAdapter:
         folder in ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR``: ``storage_dir`` if given, else a new temporary
         folder named ``repro-hicache-*`` that :meth:`owned_dirs` reports so the launcher removes it at stop.
 
+        ``spec`` may be None (the profile is then computed before the spec exists): the OpenMP bind list then
+        covers up to 64 ranks (sglang only requires at least one entry per rank).
+
         Returns:
             (extra_args, extra_env, pythonpath_prepend): args to append, env to add, folders to put first on
             PYTHONPATH (the ``sgl_kernel`` stand-in).
         """
-        have = [*spec.args, *scenario_args]
+        spec_args = list(spec.args) if spec is not None else []
+        spec_env = dict(spec.env) if spec is not None else {}
+        n_ranks = spec.tp_size if spec is not None else 64
+        have = [*spec_args, *scenario_args]
         args: list[str] = []
         _add_missing(args, have, _CPU_FLAGS)
         ncpu = os.cpu_count() or 1
@@ -196,12 +202,13 @@ class SGLangAdapter:
             # With the CUDA torch wheel pynccl would load libnccl and fail on CPU tensors; a missing path disables it.
             "SGLANG_NCCL_SO_PATH": "/nonexistent/repro-no-nccl/libnccl.so",
             # One OpenMP core per rank, round-robin over the machine's cores ("0|1" for TP=2 on 2 cores).
-            "SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(i % ncpu) for i in range(spec.tp_size)),
+            "SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(i % ncpu) for i in range(n_ranks)),
         }
         if _has_flag(have, HICACHE_FLAG):
             _add_missing(args, have, _HICACHE_CPU_FLAGS)
             env[testbed.COMPAT_ENV] = "1"
-            given = storage_dir or spec.env.get(HICACHE_STORAGE_ENV)
+            env[testbed.COMPAT_DIR_ENV] = str(testbed.compat_dir())
+            given = storage_dir or spec_env.get(HICACHE_STORAGE_ENV)
             env[HICACHE_STORAGE_ENV] = given or tempfile.mkdtemp(prefix=HICACHE_TMP_PREFIX)
         return args, env, [str(testbed.stub_dir())]
 

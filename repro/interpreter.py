@@ -1,0 +1,59 @@
+"""Which Python interpreter runs the server (issue 2 §3). The harness itself never imports sglang.
+
+Order: ``--python`` if given; else this interpreter if it can import sglang (checked in a subprocess); else the
+CPU testbed's if it is set up; else :class:`InterpreterError` naming both fixes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+from repro import testbed
+
+IMPORT_CHECK_TIMEOUT_S = 120.0
+
+
+class InterpreterError(Exception):
+    """No usable server interpreter; ``str()`` is one line naming ``--python`` and the testbed setup command."""
+
+
+def can_import_sglang(python: str, timeout_s: float = IMPORT_CHECK_TIMEOUT_S) -> bool:
+    """True iff ``python -c "import sglang"`` exits 0 within ``timeout_s`` seconds (run in a subprocess)."""
+    try:
+        r = subprocess.run([python, "-c", "import sglang"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+def choose_python(explicit: Optional[str]) -> str:
+    """Pick the interpreter that runs the server.
+
+    Args:
+        explicit: the ``--python`` value, or None.
+    Returns:
+        Path (or command name found on PATH) of the interpreter.
+    Raises:
+        InterpreterError: ``explicit`` does not exist; or no interpreter with sglang was found and the CPU testbed
+            is not set up (message names ``--python`` and ``bash scripts/cpu_testbed/setup.sh``).
+    """
+    if explicit:
+        if Path(explicit).exists():
+            return str(explicit)
+        found = shutil.which(explicit)
+        if found:
+            return found
+        raise InterpreterError(f"--python {explicit}: no such interpreter; pass the path of a python that has sglang installed")
+    if can_import_sglang(sys.executable):
+        return sys.executable
+    if testbed.is_set_up():
+        return str(testbed.testbed_python())
+    raise InterpreterError(
+        f"no Python with sglang found: this interpreter ({sys.executable}) cannot import sglang and the CPU testbed "
+        f"is not set up at {testbed.testbed_dir()}; pass --python PATH or run `{testbed.setup_command()}`"
+    )
