@@ -1,0 +1,736 @@
+"""Per-rank state from captured stacks, ranks grouped by where they are blocked, and the odd rank(s) out.
+
+Words (DESIGN §1): a rank is in a **collective** when the innermost frames of its main thread (or of another
+thread holding a collective while the main thread waits) are communication-layer frames; **idle-wait** when they
+are a wait for work (zmq poll/recv, select, queue get, condition/event wait, thread join, pipe recv); **busy**
+otherwise (on CPU, or sleeping in an injected delay, or anywhere else). Being in a collective is not a hang by
+itself: idle SGLang ranks sit in ``broadcast_pyobj`` → ``dist.broadcast`` (sglang 0.5.23
+``managers/scheduler_components/request_receiver.py`` ``_broadcast_reqs_across_ranks``). Two ranks in the same op
+from the same call site agree; the ranks **diverge** when, with no rank busy, at least one is in a collective and
+they are not all blocked at the same place (different op, different call site, or collective vs idle-wait).
+
+Communication layers recognised (innermost outwards): native waits (``c10d::``/``gloo::``/NCCL symbols in
+``--native`` dumps), ``torch.distributed`` (``torch/distributed/*``; ``monitored_barrier`` named on its own),
+sglang's ``pynccl``/``custom_all_reduce`` device communicators (``distributed/device_communicators/*``),
+``GroupCoordinator`` (``distributed/parallel_state.py``, ``distributed/communication_op.py``) and
+``broadcast_pyobj`` (``utils/common.py`` in 0.5.23). Injector frames (``sitecustomize.py``, ``usercustomize.py``,
+``repro_injector``) are shown as ``[injected]`` and are never the call site. Process groups are not visible in
+stacks: ``process_group`` stays None here (the ledger fills it).
+
+Frames are compared by function name (last component, so faulthandler's bare ``co_name`` matches py-spy's
+qualified name), file base name and line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from pathlib import Path
+from typing import Iterable, Literal, Optional, Sequence, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from repro.stacks import (
+    Frame,
+    ProcessDump,
+    RankCapture,
+    ThreadStack,
+    load_dump_file,
+    pp_from_title,
+    rank_from_filename,
+    rank_from_title,
+    render_pyspy_text,
+)
+
+RankStateName = Literal["collective", "idle-wait", "busy", "unknown"]
+
+COLLECTIVE_OPS = frozenset(
+    {
+        "all_reduce", "allreduce", "broadcast", "all_gather", "all_gather_into_tensor", "allgather",
+        "reduce_scatter", "reduce_scatter_tensor", "reduce", "gather", "scatter", "barrier", "monitored_barrier",
+        "all_to_all", "all_to_all_single", "broadcast_object_list", "all_gather_object", "gather_object",
+        "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
+        "recv_object_list", "broadcast_object", "broadcast_tensor_dict", "send_object", "recv_object",
+        "all_gatherv", "reduce_scatterv", "wait",
+    }
+)
+_NATIVE_OP_HINTS = (
+    ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"), ("broadcast", "broadcast"),
+    ("allgather", "all_gather"), ("all_gather", "all_gather"), ("reducescatter", "reduce_scatter"),
+    ("reduce_scatter", "reduce_scatter"), ("barrier", "barrier"), ("alltoall", "all_to_all"),
+    ("send", "send"), ("recv", "recv"),
+)
+_NATIVE_COMM_RE = re.compile(r"c10d::|gloo::|ProcessGroup|nccl|Nccl|NCCL")
+_NOISE_FUNCS = frozenset({"wrapper", "decorate_context", "_call_impl", "_wrapped_call_impl", "wrapped", "inner",
+                          "decorator", "_fn", "fn"})
+_BOOTSTRAP_FUNCS = frozenset({"_bootstrap", "_bootstrap_inner", "run", "spawn_main", "_main", "<module>"})
+_BOOTSTRAP_FILES = frozenset({"process.py", "spawn.py", "threading.py", "<string>", "runpy.py"})
+
+
+def _norm_op(name: str) -> str:
+    n = name.rsplit(".", 1)[-1].lstrip("_")
+    for suffix in ("_in_place", "_out_place", "_base"):
+        if n.endswith(suffix) and n[: -len(suffix)] in COLLECTIVE_OPS:
+            return n[: -len(suffix)]
+    return n
+
+
+def is_injector_frame(f: Frame) -> bool:
+    """A frame of the repro injector (``sitecustomize.py``/``usercustomize.py`` entry files, ``repro_injector``)."""
+    return not f.native and (
+        f.basename in ("sitecustomize.py", "usercustomize.py") or "repro_injector" in f.module_or_file
+    )
+
+
+def comm_layer(f: Frame) -> Optional[str]:
+    """The communication layer a frame belongs to, or None.
+
+    Returns one of ``native-wait``, ``native`` (other native frames: transparent), ``monitored_barrier``,
+    ``torch.distributed``, ``pynccl``, ``custom_all_reduce``, ``device_communicator``, ``GroupCoordinator``,
+    ``broadcast_pyobj`` / ``point_to_point_pyobj``.
+    """
+    if f.native:
+        return "native-wait" if _NATIVE_COMM_RE.search(f.function) else "native"
+    path = f.module_or_file.replace("\\", "/")
+    short = f.short_function
+    if short in ("broadcast_pyobj", "point_to_point_pyobj"):
+        return short
+    if "torch/distributed/" in path or path.startswith("distributed/distributed_c10d") or \
+            f.basename in ("distributed_c10d.py", "c10d_logger.py"):
+        return "monitored_barrier" if short == "monitored_barrier" else "torch.distributed"
+    if "device_communicators/" in path:
+        if "pynccl" in f.basename:
+            return "pynccl"
+        if "custom_all_reduce" in f.basename:
+            return "custom_all_reduce"
+        return "device_communicator"
+    if path.endswith("distributed/parallel_state.py") or path.endswith("distributed/communication_op.py") or \
+            f.function.startswith("GroupCoordinator."):
+        return "GroupCoordinator"
+    if f.function.startswith(("PyNcclCommunicator.", "NCCLLibrary.")):
+        return "pynccl"
+    return None
+
+
+_IDLE_RULES: tuple[tuple[str, Optional[str], str], ...] = (
+    # (path substring or basename, function short name or None = any, wait kind)
+    ("zmq/", None, "zmq poll/recv"),
+    ("selectors.py", None, "select"),
+    ("asyncio/base_events.py", "_run_once", "select"),
+    ("queue.py", "get", "queue get"),
+    ("multiprocessing/queues.py", "get", "queue get"),
+    ("multiprocessing/connection.py", None, "pipe wait"),
+    ("threading.py", "wait", "condition wait"),
+    ("threading.py", "_wait_for_tstate_lock", "thread join"),
+    ("threading.py", "join", "thread join"),
+    ("threading.py", "acquire", "lock wait"),
+    ("concurrent/futures/_base.py", None, "future wait"),
+    ("concurrent/futures/thread.py", "_worker", "executor idle"),
+    ("idle_sleeper.py", "maybe_sleep", "zmq poll/recv"),
+)
+
+
+def idle_kind(f: Frame) -> Optional[str]:
+    """The kind of idle wait a (Python) frame is, or None: ``zmq poll/recv``, ``select``, ``queue get``, …"""
+    if f.native:
+        return None
+    path = f.module_or_file.replace("\\", "/")
+    for where, func, kind in _IDLE_RULES:
+        if (where in path or f.basename == where) and (func is None or f.short_function == func):
+            return kind
+    return None
+
+
+def _is_noise(f: Frame) -> bool:
+    return f.short_function in _NOISE_FUNCS or f.function.endswith(".<locals>.wrapper")
+
+
+def _is_bootstrap(f: Frame) -> bool:
+    return f.basename in _BOOTSTRAP_FILES and (f.short_function in _BOOTSTRAP_FUNCS or f.function.startswith("BaseProcess."))
+
+
+def _label(f: Frame) -> str:
+    return f"[injected] {f.function}" if is_injector_frame(f) else f.function
+
+
+class ThreadReading(BaseModel):
+    """What one thread's stack says (internal to the analysis, exposed for tests)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    state: RankStateName
+    op: Optional[str] = None
+    via: Optional[str] = None
+    layers: list[str] = Field(default_factory=list)
+    wait: Optional[str] = None
+    blocked_frame: Optional[Frame] = None
+    innermost: Optional[Frame] = None
+    caller_chain: list[str] = Field(default_factory=list)
+    injected: bool = False
+
+
+_VIA_ORDER = ("broadcast_pyobj", "point_to_point_pyobj", "GroupCoordinator", "pynccl", "custom_all_reduce",
+              "device_communicator", "monitored_barrier", "torch.distributed", "native-wait")
+
+
+def read_thread(t: ThreadStack, max_chain: int = 8) -> ThreadReading:
+    """Classify one thread: collective (op, via, layers), idle-wait (kind) or busy; find the call site.
+
+    The call site (``blocked_frame``) is the first Python frame outside the communication / waiting layers and the
+    injector, skipping decorator wrappers; ``caller_chain`` is it and its callers (function names, decorator and
+    bootstrap frames left out, injector frames marked ``[injected]``), at most ``max_chain`` entries.
+    """
+    frames = t.frames
+    if not frames:
+        return ThreadReading(state="unknown")
+    i = 0
+    layers: list[str] = []
+    native_ops: list[str] = []
+    while i < len(frames) and frames[i].native:
+        lay = comm_layer(frames[i])
+        if lay == "native-wait":
+            if "native-wait" not in layers:
+                layers.append("native-wait")
+            low = frames[i].function.lower()
+            for hint, op in _NATIVE_OP_HINTS:
+                if hint in low:
+                    native_ops.append(op)
+                    break
+        i += 1
+    if i >= len(frames):
+        return ThreadReading(state="collective" if layers else "busy", op=native_ops[0] if native_ops else None,
+                             via="native-wait" if layers else None, layers=layers, innermost=frames[0])
+    innermost = frames[i]
+    # collective: contiguous comm-layer frames from the innermost Python frame outwards
+    j = i
+    op: Optional[str] = None
+    comm_frames: list[Frame] = []
+    while j < len(frames):
+        f = frames[j]
+        lay = comm_layer(f)
+        if lay == "native":
+            j += 1
+            continue
+        if lay is None:
+            break
+        comm_frames.append(f)
+        if lay not in layers:
+            layers.append(lay)
+        if op is None and _norm_op(f.function) in COLLECTIVE_OPS:
+            op = _norm_op(f.function)
+        j += 1
+    if comm_frames or layers:
+        if op is None:
+            op = native_ops[0] if native_ops else (_norm_op(comm_frames[0].function) if comm_frames else "wait")
+        outer_first = list(reversed(layers))
+        via = next((v for v in _VIA_ORDER if v in outer_first), outer_first[0])
+        # via = the outermost recognised wrapper
+        for lay in outer_first:
+            if lay in _VIA_ORDER:
+                via = lay
+                break
+        site_idx, chain, injected = _call_site(frames, j, max_chain)
+        return ThreadReading(state="collective", op=op, via=via, layers=outer_first, innermost=innermost,
+                             blocked_frame=frames[site_idx] if site_idx is not None else None,
+                             caller_chain=chain, injected=injected)
+    kind = idle_kind(innermost)
+    if kind is not None:
+        j = i
+        while j < len(frames) and (frames[j].native or idle_kind(frames[j]) is not None):
+            j += 1
+        site_idx, chain, injected = _call_site(frames, j, max_chain)
+        return ThreadReading(state="idle-wait", wait=kind, innermost=innermost,
+                             blocked_frame=frames[site_idx] if site_idx is not None else None,
+                             caller_chain=chain, injected=injected)
+    site_idx, chain, injected = _call_site(frames, i, max_chain, skip_injector=False)
+    return ThreadReading(state="busy", innermost=innermost,
+                         blocked_frame=frames[site_idx] if site_idx is not None else innermost,
+                         caller_chain=chain, injected=injected or is_injector_frame(innermost))
+
+
+def _call_site(frames: list[Frame], start: int, max_chain: int, skip_injector: bool = True):
+    injected = False
+    site: Optional[int] = None
+    k = start
+    while k < len(frames):
+        f = frames[k]
+        if f.native or _is_noise(f) or (skip_injector and is_injector_frame(f)):
+            injected = injected or is_injector_frame(f)
+            k += 1
+            continue
+        site = k
+        break
+    chain: list[str] = []
+    # injector frames just inside the call site are shown first
+    for f in frames[start:]:
+        if len(chain) >= max_chain:
+            break
+        if f.native or _is_bootstrap(f):
+            continue
+        if is_injector_frame(f):
+            chain.append(_label(f))
+            continue
+        if _is_noise(f):
+            continue
+        chain.append(f.function)
+    return site, chain, injected
+
+
+# --------------------------------------------------------------------------------------------------------------
+# records
+
+
+class RankState(BaseModel):
+    """Where one rank is blocked.
+
+    Attributes:
+        rank: global rank; pid: its process.
+        state: ``collective`` / ``idle-wait`` / ``busy`` / ``unknown`` (no readable stack: see ``error``).
+        op: collective op (``all_reduce``, ``broadcast``…), innermost op-named frame; None unless collective.
+        via: outermost communication wrapper: ``broadcast_pyobj``, ``GroupCoordinator``, ``pynccl``,
+            ``custom_all_reduce``, ``monitored_barrier``, ``torch.distributed`` or ``native-wait``.
+        layers: all communication layers seen, outermost first.
+        wait: idle-wait kind (``zmq poll/recv``, ``queue get``…) when idle-wait.
+        blocked_frame: ``function (file:line)`` of the call site: the first frame outside communication/wait
+            layers and the injector (for busy: the innermost frame's caller outside decorators).
+        caller_chain: the call site and its callers (function names), innermost first.
+        thread: name (or id) of the thread the state was read from; ``main_thread``: whether it is the main one.
+        injected: an injector frame sits between the op and the call site.
+        process_group: always None from stacks (py-spy shows no process groups; the ledger fills it).
+        cpu_percent: CPU use during capture (percent of one core), when known.
+        error: why the state is unknown.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    rank: int
+    pid: Optional[int] = None
+    state: RankStateName
+    op: Optional[str] = None
+    via: Optional[str] = None
+    layers: list[str] = Field(default_factory=list)
+    wait: Optional[str] = None
+    blocked_frame: Optional[str] = None
+    caller_chain: list[str] = Field(default_factory=list)
+    thread: str = ""
+    main_thread: bool = True
+    injected: bool = False
+    process_group: Optional[str] = None
+    cpu_percent: Optional[float] = None
+    error: str = ""
+    location_key: str = ""
+
+    def where(self) -> str:
+        """Short human description: ``all_reduce via GroupCoordinator ← VocabParallelEmbedding.forward ← …``."""
+        chain = " ← ".join(self.caller_chain[:4])
+        if self.state == "collective":
+            via = f" via {self.via}" if self.via and self.via != "torch.distributed" else ""
+            return f"{self.op}{via} ← {chain}" if chain else f"{self.op}{via}"
+        if self.state == "idle-wait":
+            return f"idle ({self.wait}) ← {chain}" if chain else f"idle ({self.wait})"
+        if self.state == "busy":
+            return f"busy in {self.blocked_frame}" + (f" ← {' ← '.join(self.caller_chain[1:3])}"
+                                                      if len(self.caller_chain) > 1 else "")
+        return f"unknown ({self.error})" if self.error else "unknown"
+
+
+class RankGroup(BaseModel):
+    """Ranks blocked at the same place (same state, op and call site)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ranks: list[int]
+    state: RankStateName
+    op: Optional[str] = None
+    via: Optional[str] = None
+    wait: Optional[str] = None
+    call_site: Optional[str] = None
+    where: str = ""
+
+
+class Analysis(BaseModel):
+    """The diagnosis of one capture of every rank.
+
+    Attributes:
+        ranks: one :class:`RankState` per rank, in rank order.
+        groups: ranks grouped by where they are blocked (largest group first; unknown ranks not grouped).
+        odd_ranks: ranks outside the unique largest group when the ranks disagree; empty on an even split.
+        even_split: the two (or more) largest groups have the same size (TP=2 is always 1 against 1).
+        diverged: no rank busy, at least one rank in a collective, and the known ranks are not all at one place.
+        reason: ``different collective`` / ``same collective, different call sites`` / ``collective vs idle-wait``
+            / ``all in the same collective`` / ``some rank busy`` / … (one phrase).
+        busy_ranks / unknown_ranks: ranks in those states.
+        summary: one sentence for people.
+        warnings: parser/capture warnings worth showing.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    ranks: list[RankState]
+    groups: list[RankGroup] = Field(default_factory=list)
+    odd_ranks: list[int] = Field(default_factory=list)
+    even_split: bool = False
+    diverged: bool = False
+    reason: str = ""
+    busy_ranks: list[int] = Field(default_factory=list)
+    unknown_ranks: list[int] = Field(default_factory=list)
+    summary: str = ""
+    warnings: list[str] = Field(default_factory=list)
+
+    def to_json(self) -> str:
+        """The analysis as JSON (what ``analysis.json`` holds)."""
+        return self.model_dump_json(indent=2)
+
+    def to_markdown(self, captures: Sequence[RankCapture] = ()) -> str:
+        """GitHub-flavoured markdown for an issue comment: summary, per-rank table, raw stacks in ``<details>``."""
+        out = [f"**{'DIVERGED' if self.diverged else 'NOT DIVERGED'}** — {self.summary}", ""]
+        out.append("| rank | state | blocked in | via | call site | caller chain |")
+        out.append("|---|---|---|---|---|---|")
+        for r in self.ranks:
+            blocked = r.op or r.wait or ("" if r.state != "unknown" else r.error)
+            chain = " ← ".join(f"`{c}`" for c in r.caller_chain[:6])
+            site = f"`{r.blocked_frame}`" if r.blocked_frame else ""
+            thread = "" if r.main_thread or not r.thread else f" (thread {r.thread})"
+            out.append(f"| {r.rank} | {r.state}{thread} | {_md(blocked)} | {_md(r.via or '')} | {site} | {chain} |")
+        if self.warnings:
+            out += ["", "Warnings:", ""] + [f"- {_md(w)}" for w in self.warnings]
+        for c in captures:
+            if c.text:
+                out += ["", f"<details><summary>rank {c.rank} stacks ({c.method}, pid {c.pid})</summary>", "",
+                        "```", c.text.rstrip(), "```", "", "</details>"]
+        return "\n".join(out) + "\n"
+
+
+def _md(s: str) -> str:
+    return s.replace("|", "\\|")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# analysis
+
+
+def select_thread(threads: Sequence[ThreadStack]) -> tuple[Optional[ThreadStack], Optional[ThreadReading], str]:
+    """Pick the thread that decides a rank's state and read it.
+
+    The main thread, unless it is not in a collective while another thread (e.g. a forward thread) is, and the
+    main thread is idle-waiting (e.g. ``Thread.join``) or has no frames: then that thread holds the rank's
+    collective. Background threads (watchdog, tqdm, executor workers) are otherwise ignored.
+    Returns ``(thread, reading, note)``; ``note`` explains a busy main thread beside a collective-holding thread.
+    """
+    if not threads:
+        return None, None, ""
+    main = next((t for t in threads if t.is_main), threads[0])
+    main_r = read_thread(main)
+    if main_r.state == "collective":
+        return main, main_r, ""
+    holders = [(t, read_thread(t)) for t in threads if t is not main]
+    holders = [(t, r) for t, r in holders if r.state == "collective"]
+    if holders and main_r.state in ("idle-wait", "unknown"):
+        t, r = holders[0]
+        return t, r, ""
+    note = ""
+    if holders and main_r.state == "busy":
+        t, r = holders[0]
+        note = f"thread {t.name or t.thread_id} is in {r.op}, but the main thread is busy"
+    return main, main_r, note
+
+
+def _location_key(r: ThreadReading) -> str:
+    f = r.blocked_frame
+    site = f"{f.short_function}@{f.basename}:{f.line}" if f else "?"
+    if r.state == "collective":
+        return f"collective|{r.op}|{site}"
+    if r.state == "idle-wait":
+        return f"idle-wait|{r.wait}|{site}"
+    if r.state == "busy":
+        inner = r.innermost
+        return f"busy|{inner.short_function}@{inner.basename}:{inner.line}" if inner else "busy|?"
+    return "unknown"
+
+
+def rank_state(c: RankCapture) -> RankState:
+    """The :class:`RankState` of one capture (``unknown`` with the capture's error when no stack was read)."""
+    rank = c.rank if c.rank is not None else -1
+    if not c.threads:
+        err = c.error or ("; ".join(c.warnings[:2]) if c.warnings else "no stack captured")
+        return RankState(rank=rank, pid=c.pid, state="unknown", error=err, cpu_percent=c.cpu_percent,
+                         location_key="unknown")
+    t, r, note = select_thread(c.threads)
+    assert t is not None and r is not None
+    if r.state == "unknown":
+        return RankState(rank=rank, pid=c.pid, state="unknown", error="the main thread has no frames",
+                         thread=t.name or t.thread_id, cpu_percent=c.cpu_percent, location_key="unknown")
+    return RankState(
+        rank=rank, pid=c.pid, state=r.state, op=r.op, via=r.via, layers=r.layers, wait=r.wait,
+        blocked_frame=r.blocked_frame.render() if r.blocked_frame else None, caller_chain=r.caller_chain,
+        thread=t.name or t.thread_id, main_thread=t.is_main, injected=r.injected, cpu_percent=c.cpu_percent,
+        error=note, location_key=_location_key(r),
+    )
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ",".join(str(r) for r in ranks)
+
+
+def _is_are(ranks: Sequence[int]) -> str:
+    return "is" if len(ranks) == 1 else "are"
+
+
+def analyze(captures: Sequence[RankCapture]) -> Analysis:
+    """Diagnose one capture of every rank.
+
+    Args:
+        captures: one :class:`RankCapture` per rank (any order; ``rank`` None entries are ignored).
+    Returns:
+        An :class:`Analysis`: per-rank states, groups by blocking location, odd rank(s) out, ``diverged`` and a
+        one-sentence ``summary``.
+    """
+    caps = sorted((c for c in captures if c.rank is not None), key=lambda c: c.rank)  # type: ignore[arg-type]
+    states = [rank_state(c) for c in caps]
+    warnings = [w for c in caps for w in c.warnings]
+    warnings += [f"rank {c.rank}: {c.notice}" for c in caps if c.notice]
+    by_key: "OrderedDict[str, list[RankState]]" = OrderedDict()
+    for s in states:
+        if s.state != "unknown":
+            by_key.setdefault(s.location_key, []).append(s)
+    groups = [
+        RankGroup(ranks=[s.rank for s in members], state=members[0].state, op=members[0].op, via=members[0].via,
+                  wait=members[0].wait, call_site=members[0].blocked_frame, where=members[0].where())
+        for members in by_key.values()
+    ]
+    groups.sort(key=lambda g: (-len(g.ranks), g.ranks[0]))
+    busy = [s.rank for s in states if s.state == "busy"]
+    unknown = [s.rank for s in states if s.state == "unknown"]
+    judged = [g for g in groups if g.state != "busy"]
+    in_coll = any(g.state == "collective" for g in judged)
+    diverged = bool(in_coll and len(judged) > 1 and not busy)
+    odd: list[int] = []
+    even = False
+    if len(judged) > 1:
+        top = len(judged[0].ranks)
+        if len(judged[1].ranks) == top:
+            even = True
+        else:
+            odd = sorted(r for g in judged[1:] for r in g.ranks)
+    reason = _reason(judged, busy, unknown, in_coll)
+    summary = _summary(states, judged, busy, unknown, diverged, odd, even, reason)
+    return Analysis(ranks=states, groups=groups, odd_ranks=odd, even_split=even, diverged=diverged, reason=reason,
+                    busy_ranks=busy, unknown_ranks=unknown, summary=summary, warnings=warnings)
+
+
+def _reason(judged: list[RankGroup], busy: list[int], unknown: list[int], in_coll: bool) -> str:
+    if not judged:
+        return "some rank busy" if busy else "no readable stack"
+    if len(judged) == 1:
+        g = judged[0]
+        base = ("all in the same collective from the same call site" if g.state == "collective"
+                else "all idle-waiting at the same place")
+        return base + ("; some rank busy" if busy else "")
+    if busy:
+        return "some rank busy"
+    if not in_coll:
+        return "idle-waiting at different places, no rank in a collective"
+    colls = [g for g in judged if g.state == "collective"]
+    if len(colls) < len(judged):
+        return "collective vs idle-wait"
+    if len({g.op for g in colls}) > 1:
+        return "different collective"
+    return "same collective, different call sites"
+
+
+def _group_text(g: RankGroup) -> str:
+    return f"{_ranks_text(g.ranks)} {_is_are(g.ranks)} " + (
+        f"in {g.where}" if g.state == "collective" else g.where if g.state != "idle-wait" else g.where
+    )
+
+
+def _summary(states: list[RankState], judged: list[RankGroup], busy: list[int], unknown: list[int],
+             diverged: bool, odd: list[int], even: bool, reason: str) -> str:
+    tail = f" (no readable stack from {_ranks_text(unknown)})" if unknown else ""
+    if not states:
+        return "no rank captured."
+    if not judged and busy:
+        return f"{_ranks_text(busy)} {_is_are(busy)} busy: no rank is blocked{tail}."
+    if not judged:
+        return f"no readable stack from any rank{tail}."
+    if busy:
+        bs = [s for s in states if s.state == "busy"]
+        b = "; ".join(f"rank {s.rank} busy in {s.blocked_frame}" for s in bs[:3])
+        return (f"not diverged yet: {b} (a busy rank may still reach the collective), while "
+                + "; ".join(_group_text(g) for g in judged) + tail + ".")
+    if len(judged) == 1:
+        g = judged[0]
+        if g.state == "collective":
+            return (f"not diverged: all {len(g.ranks)} ranks wait in {g.where} — the same collective from the "
+                    f"same call site (idle ranks look like this; not a hang by itself){tail}.")
+        return f"not diverged: all {len(g.ranks)} ranks {g.where}{tail}."
+    if not diverged:
+        return "not diverged: " + "; ".join(_group_text(g) for g in judged) + f" ({reason}){tail}."
+    if even:
+        sides = "; ".join(_group_text(g) for g in judged)
+        n = " against ".join(str(len(g.ranks)) for g in judged)
+        return f"DIVERGED ({reason}, a {n} split): {sides}{tail}."
+    major = judged[0]
+    minor = [g for g in judged[1:]]
+    return (f"DIVERGED ({reason}): " + "; ".join(_group_text(g) for g in minor)
+            + f", while {_group_text(major)}; odd {'rank' if len(odd) == 1 else 'ranks'} out: "
+            + ",".join(str(r) for r in odd) + f"{tail}.")
+
+
+def frames_unchanged(first: Sequence[RankCapture], second: Sequence[RankCapture]) -> bool:
+    """True when every rank of ``first`` was captured in ``second`` with the same deciding stack.
+
+    Per rank, the thread that decides the state (:func:`select_thread`) must have the same Python frames
+    (function, file base name, line) in both captures; background threads are not compared. A rank missing or
+    without stacks in either capture makes the answer False.
+    """
+    return not changed_ranks(first, second)
+
+
+def changed_ranks(first: Sequence[RankCapture], second: Sequence[RankCapture]) -> list[int]:
+    """Ranks whose deciding stack differs between two captures (or that are missing / unreadable in either)."""
+    b = {c.rank: c for c in second}
+    changed = []
+    for a in first:
+        if a.rank is None:
+            continue
+        c = b.get(a.rank)
+        if c is None or not a.threads or not c.threads:
+            changed.append(a.rank)
+            continue
+        ta, _, _ = select_thread(a.threads)
+        tc, _, _ = select_thread(c.threads)
+        if ta is None or tc is None or _sig(ta) != _sig(tc):
+            changed.append(a.rank)
+    if not first:
+        return [-1]
+    return changed
+
+
+def _sig(t: ThreadStack) -> list[tuple[str, str, Optional[int]]]:
+    return [(f.short_function, f.basename, f.line) for f in t.python_frames]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# files
+
+
+class AnalyzeInputError(ValueError):
+    """A path given to :func:`analyze_paths` cannot be used; the message says what was expected."""
+
+
+_DUMP_EXTS = (".txt", ".json", ".log", ".dump", ".out")
+
+
+def _collect_files(paths: Iterable[Union[str, Path]], tag: Optional[str]) -> list[Path]:
+    files: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if not p.exists():
+            raise AnalyzeInputError(f"{p}: no such file or folder; expected an evidence folder, a stacks/ folder, "
+                                    "or dump files (py-spy text/--json or faulthandler), one per rank")
+        if p.is_file():
+            files.append(p)
+            continue
+        folder = p / "stacks" if (p / "stacks").is_dir() else p
+        cands = sorted(f for f in folder.iterdir() if f.is_file() and f.suffix in _DUMP_EXTS
+                       and not f.name.startswith(("capture", "analysis", "verdict")))
+        if (folder / "stacks").exists() or folder.name == "stacks" or any(f.name.startswith("rank") for f in cands):
+            rank_files = [f for f in cands if re.match(r"rank\d+", f.name)]
+            if rank_files:
+                tags = sorted({re.sub(r"^rank\d+", "", f.stem) for f in rank_files})
+                want = tag if tag is not None else ("" if "" in tags else tags[0])
+                if want not in tags:
+                    raise AnalyzeInputError(f"{folder}: no capture with tag {want!r}; found tags {tags}")
+                cands = [f for f in rank_files if re.sub(r"^rank\d+", "", f.stem) == want]
+        if not cands:
+            raise AnalyzeInputError(f"{folder}: no dump files (*.txt, *.json, *.log) found; expected rank<k>.txt "
+                                    "files or an evidence folder with stacks/")
+        files.extend(cands)
+    return files
+
+
+def load_captures(paths: Iterable[Union[str, Path]], tag: Optional[str] = None) -> list[RankCapture]:
+    """Read dump files/folders into one :class:`RankCapture` per rank (method ``file``).
+
+    Rank from the process title (``sglang::scheduler_TP{k}``; with ``PP{p}`` → ``p*tp + k``), else from the file
+    name (``rank<k>``, ``tp<k>``), else by order (with a warning). When a rank has both a ``.json`` and a
+    ``.txt`` dump, the JSON stacks are used and the text supplies title and raw text. Processes whose title
+    names a non-scheduler process (``sglang::detokenizer``) are skipped with a warning.
+
+    Raises:
+        AnalyzeInputError: a path does not exist or a folder holds no dump file.
+    """
+    files = _collect_files(paths, tag)
+    entries: list[tuple[Path, ProcessDump, str]] = []
+    for f in files:
+        text = f.read_bytes().decode("utf-8", errors="replace")
+        for d in load_dump_file(f):
+            entries.append((f, d, text))
+    # ranks
+    pp_seen = [pp_from_title(d.title) for _, d, _ in entries]
+    tp_size = 1 + max((rank_from_title(d.title) or 0) for _, d, _ in entries) if entries else 1
+    per_rank: "OrderedDict[int, list[tuple[Path, ProcessDump, str]]]" = OrderedDict()
+    unranked: list[tuple[Path, ProcessDump, str]] = []
+    skipped: list[str] = []
+    for (f, d, text), pp in zip(entries, pp_seen):
+        r = rank_from_title(d.title)
+        if r is not None and pp is not None and any(x for x in pp_seen):
+            r = pp * tp_size + r
+        if r is None and d.title and "sglang::" in d.title:
+            skipped.append(f"{f.name}: skipped {d.title!r} (not a scheduler rank)")
+            continue
+        if r is None:
+            r = rank_from_filename(d.label) if d.label else None
+        if r is None:
+            r = rank_from_filename(f.name)
+        if r is None:
+            unranked.append((f, d, text))
+        else:
+            per_rank.setdefault(r, []).append((f, d, text))
+    next_rank = 0
+    for item in unranked:
+        while next_rank in per_rank:
+            next_rank += 1
+        per_rank[next_rank] = [item]
+        w = (f"{item[0].name}: no rank in the process title or file name; assumed rank {next_rank} "
+             "(name files rank<k>.txt to say)")
+        per_rank[next_rank] = [(item[0], item[1].model_copy(update={"warnings": item[1].warnings + [w]}), item[2])]
+    caps: list[RankCapture] = []
+    for r in sorted(per_rank):
+        items = per_rank[r]
+        withthreads = [x for x in items if x[1].threads]
+        best = next((x for x in withthreads if x[1].fmt == "py-spy-json"), withthreads[0] if withthreads else items[0])
+        f, d, text = best
+        title = next((x[1].title for x in items if x[1].title), d.title)
+        pid = next((x[1].pid for x in items if x[1].pid is not None), None)
+        non_json = [x for x in items if x[1].fmt != "py-spy-json"]
+        if non_json and sum(1 for e in entries if e[0] == non_json[0][0]) == 1:
+            raw = non_json[0][2]  # the file as given (one process in it)
+        else:
+            raw = render_pyspy_text(d.threads, pid, title)
+        warnings = [w for x in items for w in x[1].warnings]
+        if len({x[1].fmt for x in items}) < len(items):
+            warnings.append(f"rank {r}: {len(items)} dumps found ({', '.join(x[0].name for x in items)}); "
+                            f"used {f.name}")
+        method = "faulthandler" if d.fmt == "faulthandler" else "file"
+        caps.append(RankCapture(rank=r, pid=pid, label=f"rank{r}", ok=bool(d.threads), method=method,
+                                error="" if d.threads else "; ".join(d.warnings) or "no stack in the dump",
+                                text=raw, threads=d.threads, title=title, warnings=warnings))
+    if skipped and caps:
+        caps[0] = caps[0].model_copy(update={"warnings": skipped + caps[0].warnings})
+    return caps
+
+
+def analyze_paths(paths: Iterable[Union[str, Path]], tag: Optional[str] = None) -> Analysis:
+    """Analyse dumps on disk: an evidence folder (its ``stacks/``), a stacks folder, or loose dump files.
+
+    Args:
+        paths: folders and/or files; one file per rank, or files holding several processes' dumps.
+        tag: which capture of an evidence folder (file suffix after ``rank<k>``); default the untagged one.
+    Raises:
+        AnalyzeInputError: a path does not exist or holds no dump (message says what was expected).
+    """
+    return analyze(load_captures(paths, tag))
