@@ -1,0 +1,162 @@
+"""Preflight (``repro sites``): resolve a scenario's sites inside the target interpreter, without launching a server.
+
+The harness never imports sglang: it runs the injector's own resolution code (``repro_injector.resolve.preflight``)
+in a subprocess of the target interpreter, which imports each site's module (falling back to reading its source
+when the import itself fails, e.g. a CUDA-only dependency) and lists the nearest existing names (``difflib``) when
+something is missing. An injection is *satisfied* when one of its site alternatives resolves. Gate patterns that name
+functions absent in this version are warnings (e.g. a fix's bulk method in an unpatched release), not errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from repro.scenario import Scenario
+
+INJECTORS_DIR = Path(__file__).resolve().parent.parent / "injectors"
+PREFLIGHT_TIMEOUT_S = 600.0
+_MARK = "REPRO-PREFLIGHT "
+
+
+class SitesPreflightError(RuntimeError):
+    """The preflight subprocess could not run or gave no answer (message has the interpreter and its output tail)."""
+
+
+@dataclass(frozen=True)
+class AlternativeCheck:
+    """One site alternative: ``status`` is resolved | absent | unverified | error; ``static`` = read from source."""
+
+    site: str
+    status: str
+    detail: str
+    suggestions: tuple[str, ...]
+    static: bool
+
+
+@dataclass(frozen=True)
+class InjectionSites:
+    """Resolution of one injection of one variant."""
+
+    variant: str
+    injection_id: str
+    alternatives: tuple[AlternativeCheck, ...]
+    warnings: tuple[str, ...]
+
+    @property
+    def resolved(self) -> Optional[AlternativeCheck]:
+        """The first alternative that resolved (the one the injector would patch), else None."""
+        return next((a for a in self.alternatives if a.status == "resolved"), None)
+
+    @property
+    def satisfied(self) -> bool:
+        return self.resolved is not None
+
+
+@dataclass(frozen=True)
+class SitesReport:
+    """Everything ``repro sites`` found; ``ok`` iff every injection is satisfied."""
+
+    scenario: str
+    python: str
+    python_version: str
+    versions: dict[str, Optional[str]]
+    injections: tuple[InjectionSites, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(i.satisfied for i in self.injections)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "python": self.python,
+            "python_version": self.python_version,
+            "versions": self.versions,
+            "ok": self.ok,
+            "injections": [
+                {
+                    "variant": i.variant,
+                    "id": i.injection_id,
+                    "satisfied": i.satisfied,
+                    "resolved": i.resolved.site if i.resolved else None,
+                    "alternatives": [a.__dict__ for a in i.alternatives],
+                    "warnings": list(i.warnings),
+                }
+                for i in self.injections
+            ],
+        }
+
+
+def _run_preflight(python: str, request: dict, timeout_s: float, env: Optional[dict] = None) -> dict:
+    code = ("import sys; sys.path.insert(0, %r); from repro_injector.resolve import preflight_main; preflight_main()"
+            % str(INJECTORS_DIR))
+    run_env = dict(os.environ if env is None else env)
+    run_env.pop("REPRO_PLAN", None)
+    try:
+        proc = subprocess.run([python, "-c", code], input=json.dumps(request), capture_output=True, text=True,
+                              timeout=timeout_s, env=run_env)
+    except FileNotFoundError:
+        raise SitesPreflightError(f"interpreter {python} not found (pass --python PATH to a Python that has sglang)") from None
+    except subprocess.TimeoutExpired:
+        raise SitesPreflightError(f"preflight in {python} took more than {timeout_s:.0f} s (importing the sites' modules)") from None
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(_MARK):
+            return json.loads(line[len(_MARK):])
+    tail = "\n".join((proc.stderr or proc.stdout).splitlines()[-15:])
+    raise SitesPreflightError(f"preflight in {python} failed (exit {proc.returncode}):\n{tail}")
+
+
+def check_sites(scenario: Scenario, python: Union[str, Path], variant: Optional[str] = None,
+                timeout_s: float = PREFLIGHT_TIMEOUT_S, env: Optional[dict] = None) -> SitesReport:
+    """Resolve every site of ``variant`` (all variants when None) inside ``python``.
+
+    Args:
+        scenario: a validated scenario.
+        python: the target interpreter (the one that runs the server).
+        variant: a variant name, or None for all variants.
+        timeout_s: bound on the subprocess in seconds (importing sglang's scheduler takes ~15 s on 2 cores).
+        env: environment of the subprocess (default: this process's, without ``REPRO_PLAN``).
+    Returns:
+        A SitesReport, one InjectionSites per injection in file order.
+    Raises:
+        ScenarioError: ``variant`` is not in the scenario (lists the known names).
+        SitesPreflightError: the interpreter is missing, timed out, or crashed before answering.
+    """
+    variants = scenario.variants if variant is None else [scenario.variant(variant)]
+    request = {"injections": []}
+    keys = []
+    for v in variants:
+        for inj in v.injections:
+            method = getattr(inj.action, "method", None)
+            request["injections"].append({
+                "id": inj.id,
+                "alternatives": list(inj.site),
+                "patterns": list(inj.gate.called_from) + list(inj.gate.not_called_from),
+                "method": method,
+            })
+            keys.append((v.name, inj))
+    answer = _run_preflight(str(python), request, timeout_s, env)
+    results = []
+    for (vname, inj), got in zip(keys, answer["injections"]):
+        alts = tuple(AlternativeCheck(a["site"], a["status"], a.get("detail", ""), tuple(a.get("suggestions") or ()),
+                                      bool(a.get("static"))) for a in got["alternatives"])
+        warnings = []
+        for p in got["patterns"]:
+            if p["status"] in ("absent", "error"):
+                near = f"; nearest: {', '.join(p['suggestions'])}" if p.get("suggestions") else ""
+                warnings.append(f"gate pattern {p['pattern']} names nothing in this version ({p['detail']}){near}")
+            elif p["status"] == "unverified":
+                warnings.append(f"gate pattern {p['pattern']}: {p['detail']}")
+        m = got.get("method")
+        if m and m.get("status") != "resolved":
+            warnings.append(f"action method {m['method']} not found on the site's class ({m.get('detail', '')})")
+        for a in alts:
+            if a.status == "unverified":
+                warnings.append(f"{a.site}: {a.detail}")
+        results.append(InjectionSites(vname, inj.id, alts, tuple(warnings)))
+    return SitesReport(scenario.name, str(python), answer.get("python", ""), answer.get("versions", {}), tuple(results))
