@@ -326,6 +326,63 @@ def cleanup(evidence: Path = typer.Argument(..., help="evidence folder of a run 
     raise typer.Exit(0 if not left else EXIT_INTERNAL)
 
 
+@app.command()
+def sites(
+    scenario: Path = typer.Argument(..., help="scenario TOML file"),
+    variant: Optional[str] = typer.Option(None, "--variant", help="check only this variant (default: all variants)"),
+    python: Optional[str] = typer.Option(None, "--python", help="target interpreter (default: as `repro run` picks it)"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
+) -> None:
+    """Preflight: resolve every site of the scenario inside the target interpreter, without launching a server.
+
+    Exit 0 when every injection has an alternative that resolves, 2 otherwise (missing names come with the nearest
+    existing ones). Gate patterns naming functions absent in this version are warnings.
+    """
+    from repro.interpreter import InterpreterError, choose_python
+    from repro.scenario import ScenarioError, load_scenario
+    from repro.sites import SitesPreflightError, check_sites
+
+    try:
+        sc = load_scenario(scenario)
+        if variant is not None:
+            sc.variant(variant)
+        py = choose_python(python)
+    except (ScenarioError, InterpreterError) as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(EXIT_USAGE)
+    try:
+        rep = check_sites(sc, py, variant)
+    except SitesPreflightError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(EXIT_INTERNAL)
+    if as_json:
+        out.print_json(json.dumps(rep.as_dict()))
+    else:
+        vers = ", ".join(f"{k} {v}" for k, v in rep.versions.items() if v)
+        table = Table(title=f"sites of {rep.scenario} in {rep.python} (python {rep.python_version}; {vers})")
+        for col in ("variant", "injection", "site alternative", "status", "nearest names / detail"):
+            table.add_column(col, overflow="fold")
+        for inj in rep.injections:
+            for k, a in enumerate(inj.alternatives):
+                chosen = inj.resolved is a
+                status = {"resolved": "[green]resolved[/]" + (" (used)" if chosen and len(inj.alternatives) > 1 else ""),
+                          "absent": "[yellow]absent[/]" if inj.satisfied else "[red]missing[/]",
+                          "unverified": "[yellow]unverified[/]"}.get(a.status, f"[red]{a.status}[/]")
+                if a.static and a.status == "resolved":
+                    status += " (from source)"
+                detail = ", ".join(a.suggestions) if a.suggestions else ("" if a.status == "resolved" else a.detail)
+                table.add_row(inj.variant if k == 0 else "", inj.injection_id if k == 0 else "", a.site, status, detail)
+            for w in inj.warnings:
+                table.add_row("", "", "", "[yellow]warning[/]", w)
+        out.print(table)
+        bad = [i for i in rep.injections if not i.satisfied]
+        if bad:
+            out.print(f"[red]{len(bad)} injection(s) have no resolvable site:[/] " + ", ".join(f"{i.variant}/{i.injection_id}" for i in bad))
+        else:
+            out.print(f"[green]all {len(rep.injections)} injection(s) resolve[/]")
+    raise typer.Exit(EXIT_SUCCESS if rep.ok else EXIT_USAGE)
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 
