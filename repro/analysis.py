@@ -521,15 +521,14 @@ def analyze(captures: Sequence[RankCapture]) -> Analysis:
 
 
 def _reason(judged: list[RankGroup], busy: list[int], unknown: list[int], in_coll: bool) -> str:
-    if not judged:
-        return "some rank busy" if busy else "no readable stack"
-    if len(judged) == 1:
-        g = judged[0]
-        base = ("all in the same collective from the same call site" if g.state == "collective"
-                else "all idle-waiting at the same place")
-        return base + ("; some rank busy" if busy else "")
     if busy:
         return "some rank busy"
+    if not judged:
+        return "no readable stack"
+    if len(judged) == 1:
+        g = judged[0]
+        return ("all in the same collective from the same call site" if g.state == "collective"
+                else "all idle-waiting at the same place")
     if not in_coll:
         return "idle-waiting at different places, no rank in a collective"
     colls = [g for g in judged if g.state == "collective"]

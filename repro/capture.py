@@ -1,0 +1,365 @@
+"""Capture every rank's stacks at once: py-spy (``--json`` and text) per pid in parallel, faulthandler fallback.
+
+Collection only: this module never imports :mod:`repro.analysis` at import time (``frames_unchanged`` below
+defers to it when called).
+
+py-spy facts used (py-spy 0.4.3): ``py-spy dump --pid P [--json] [--native]``; ``--json`` ignores
+``--subprocesses``, so each pid is dumped on its own; a dump pauses the target for milliseconds (ptrace), so two
+py-spy runs on one pid are made one after the other (JSON first, it is what the analysis reads; then text, for
+people); ``--native`` is slow (~0.8 s per process alone, ~2.5 s with three in parallel on 2 cores) and can
+fail: it is retried without, and with it the text file is rendered from the JSON dump (one ptrace session). py-spy needs ptrace
+(root, or CAP_SYS_PTRACE in a container, or ``kernel.yama.ptrace_scope`` 0 for a same-user target).
+
+Fallback: when py-spy is missing or ptrace is refused and ``injector_dir`` is given, the injector's in-process
+dump is used. The injector registers ``faulthandler.register(sig, file=<injector_dir>/faulthandler-<pid>.txt,
+all_threads=True)`` at start-up; we check in ``/proc/<pid>/status`` (``SigCgt``) that the signal is caught (an
+uncaught SIGUSR2 would kill the rank), send it, and read what the handler appended to that file.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import signal as _signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Mapping, Optional, Sequence, Union
+
+import psutil
+
+from repro.stacks import RankCapture, parse_faulthandler, parse_pyspy_json, parse_pyspy_text, render_pyspy_text
+
+PTRACE_FIX = (
+    "run the harness as root, or give the container CAP_SYS_PTRACE (docker run --cap-add SYS_PTRACE), "
+    "or set kernel.yama.ptrace_scope=0 for same-user targets"
+)
+PYSPY_MISSING_FIX = "install py-spy into the harness environment (pip install py-spy; it is a project dependency)"
+
+PySpy = Union[str, Sequence[str], None]
+
+
+def find_py_spy(py_spy: PySpy = "py-spy") -> Optional[list[str]]:
+    """The py-spy command to run, or None when it cannot be found.
+
+    ``py_spy`` may be a program name/path (looked up on PATH and next to this interpreter, where pip puts it in a
+    venv whose ``bin`` is not on PATH), an argv prefix (e.g. ``["runuser", "-u", "nobody", "--", "/x/py-spy"]``),
+    or None to skip py-spy entirely.
+    """
+    if py_spy is None:
+        return None
+    if not isinstance(py_spy, str):
+        return list(py_spy) if py_spy else None
+    found = shutil.which(py_spy)
+    if found is None and os.sep not in py_spy:
+        cand = Path(sys.executable).parent / py_spy
+        if cand.exists() and os.access(cand, os.X_OK):
+            found = str(cand)
+    return [found] if found else None
+
+
+@functools.lru_cache(maxsize=8)
+def _py_spy_version(cmd: tuple[str, ...]) -> str:
+    try:
+        out = subprocess.run([*cmd, "--version"], capture_output=True, text=True, timeout=10)
+        return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr).strip() else ""
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        return ""
+
+
+def py_spy_version(py_spy: PySpy = "py-spy") -> str:
+    """``py-spy 0.4.3`` (what ``py-spy --version`` prints), or ``""`` when py-spy cannot be run."""
+    cmd = find_py_spy(py_spy)
+    return _py_spy_version(tuple(cmd)) if cmd else ""
+
+
+def _classify_error(text: str) -> str:
+    low = text.lower()
+    if "permission denied" in low or "operation not permitted" in low or "eperm" in low or "ptrace" in low:
+        return "ptrace"
+    if "no such process" in low or "failed to open process" in low or "doesn't exist" in low:
+        return "gone"
+    if "python version" in low or "failed to find python" in low or "executable name" in low:
+        return "not-python"
+    return "other"
+
+
+def _run_py_spy(cmd: list[str], pid: int, *, json_out: bool, native: bool, timeout_s: float) -> tuple[bool, str, str]:
+    """Run one py-spy dump. Returns (ok, stdout, error message)."""
+    argv = [*cmd, "dump", "--pid", str(pid)]
+    if json_out:
+        argv.append("--json")
+    if native:
+        argv.append("--native")
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, errors="replace")
+    except subprocess.TimeoutExpired:
+        return False, "", f"py-spy did not answer within {timeout_s:.1f} s (timeout_s)"
+    except OSError as e:
+        return False, "", f"could not run py-spy ({e}); {PYSPY_MISSING_FIX}"
+    if p.returncode != 0 or not p.stdout.strip():
+        msg = (p.stderr.strip() or p.stdout.strip() or f"exit status {p.returncode}").splitlines()
+        return False, p.stdout, " ".join(msg[-3:])
+    return True, p.stdout, ""
+
+
+def _signal_caught(pid: int, signum: int) -> Optional[bool]:
+    """Whether ``pid`` has a handler for ``signum`` (``SigCgt`` in /proc), None when unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _process_title(pid: int) -> str:
+    try:
+        return " ".join(psutil.Process(pid).cmdline()).strip()
+    except (psutil.Error, OSError):
+        return ""
+
+
+def faulthandler_dump(pid: int, injector_dir: Path, *, signal_name: str = "SIGUSR2",
+                      timeout_s: float = 5.0, settle_s: float = 0.15) -> tuple[bool, str, str]:
+    """Ask ``pid`` for its in-process faulthandler dump and return ``(ok, text, error)``.
+
+    Sends ``signal_name`` only when ``<injector_dir>/faulthandler-<pid>.txt`` exists and /proc says the signal is
+    caught (an uncaught SIGUSR2 terminates the process); reads what was appended after the signal, waiting until
+    the file stops growing for ``settle_s`` seconds or ``timeout_s`` seconds pass.
+    """
+    path = Path(injector_dir) / f"faulthandler-{pid}.txt"
+    try:
+        signum = int(getattr(_signal, signal_name))
+    except (AttributeError, TypeError, ValueError):
+        return False, "", f"unknown signal {signal_name!r}: expected a name such as SIGUSR2 (plan faulthandler_signal)"
+    if not path.exists():
+        return False, "", (f"no faulthandler file {path}: the injector did not register {signal_name} in pid {pid} "
+                           "(is it loaded there?); signal not sent")
+    if _signal_caught(pid, signum) is False:
+        return False, "", (f"pid {pid} has no handler for {signal_name} (SigCgt in /proc/{pid}/status); "
+                           "signal not sent, it would kill the process")
+    start = path.stat().st_size
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        return False, "", f"pid {pid} no longer exists"
+    except PermissionError:
+        return False, "", f"not allowed to signal pid {pid}; {PTRACE_FIX}"
+    deadline = time.monotonic() + timeout_s
+    last_size, stable_since = start, None
+    while time.monotonic() < deadline:
+        size = path.stat().st_size
+        if size > start and size == last_size:
+            if stable_since is None:
+                stable_since = time.monotonic()
+            elif time.monotonic() - stable_since >= settle_s:
+                break
+        else:
+            stable_since = None
+        last_size = size
+        time.sleep(0.02)
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read().decode("utf-8", errors="replace")
+    if not data.strip():
+        return False, "", f"pid {pid} wrote no faulthandler dump to {path} within {timeout_s:.1f} s"
+    return True, data, ""
+
+
+def _capture_one(rank: Optional[int], label: str, pid: int, out_dir: Path, *, timeout_s: float, native: bool,
+                 tag: str, injector_dir: Optional[Path], fallback_signal: str, cmd: Optional[list[str]],
+                 version: str) -> dict:
+    t0 = time.monotonic()
+    res: dict = {"rank": rank, "pid": pid, "label": label, "title": _process_title(pid), "tool_version": version}
+    errors: list[str] = []
+    refused = False
+    if cmd is None:
+        errors.append(f"py-spy not found; {PYSPY_MISSING_FIX}")
+        refused = True
+    else:
+        used_native = native
+        ok, out, err = _run_py_spy(cmd, pid, json_out=True, native=native, timeout_s=timeout_s)
+        if not ok and native and _classify_error(err) not in ("ptrace", "gone"):
+            errors.append(f"py-spy --native failed ({err}); retried without --native")
+            used_native = False
+            ok, out, err = _run_py_spy(cmd, pid, json_out=True, native=False, timeout_s=timeout_s)
+        if ok:
+            dumps = parse_pyspy_json(out)
+            res.update(method="py-spy", native=used_native, json=out, threads=dumps[0].threads,
+                       warnings=[w for d in dumps for w in d.warnings])
+            if used_native:  # a second --native run would double a slow capture: render the text from the JSON
+                ok_t, text, err_t = False, "", ""
+            else:
+                ok_t, text, err_t = _run_py_spy(cmd, pid, json_out=False, native=False, timeout_s=timeout_s)
+            if ok_t:
+                res["text"] = text
+                tdumps = parse_pyspy_text(text)
+                if tdumps and tdumps[0].title:
+                    res["title"] = tdumps[0].title
+            else:
+                res["text"] = render_pyspy_text(dumps[0].threads, pid, res["title"])
+                if err_t:
+                    res["warnings"].append(f"py-spy text dump failed ({err_t}); text rendered from the JSON dump")
+            res.update(ok=bool(res["threads"]), error="" if res["threads"] else "py-spy returned no threads")
+            res["duration_s"] = round(time.monotonic() - t0, 4)
+            return res
+        kind = _classify_error(err)
+        if kind == "ptrace":
+            refused = True
+            errors.append(f"py-spy refused by ptrace on pid {pid} ({err}); {PTRACE_FIX}")
+        elif kind == "gone":
+            errors.append(f"pid {pid} is gone ({err})")
+        elif kind == "not-python":
+            errors.append(f"pid {pid} does not look like a Python process to py-spy ({err})")
+        else:
+            errors.append(f"py-spy failed on pid {pid}: {err}")
+    if refused and injector_dir is not None:
+        ok, text, err = faulthandler_dump(pid, injector_dir, signal_name=fallback_signal, timeout_s=timeout_s)
+        if ok:
+            dumps = parse_faulthandler(text, pid=pid, title=res["title"])
+            header = f"Process {pid}: {res['title']}\n# faulthandler dump ({fallback_signal}); {errors[0]}\n"
+            res.update(method="faulthandler", native=False, text=header + text, threads=dumps[0].threads,
+                       warnings=dumps[0].warnings, ok=bool(dumps[0].threads), tool_version="faulthandler (CPython)",
+                       notice=errors[0] + "; fell back to the injector's faulthandler dump",
+                       error="" if dumps[0].threads else "faulthandler dump had no threads")
+            res["duration_s"] = round(time.monotonic() - t0, 4)
+            return res
+        errors.append(f"faulthandler fallback failed: {err}")
+    elif refused:
+        errors.append("no faulthandler fallback (injector_dir not given)")
+    res.update(method="py-spy" if cmd else "faulthandler", ok=False, error="; ".join(errors), threads=[],
+               text="", warnings=[], native=False)
+    res["duration_s"] = round(time.monotonic() - t0, 4)
+    return res
+
+
+def _cpu_times(pid: int) -> Optional[float]:
+    try:
+        t = psutil.Process(pid).cpu_times()
+        return float(t.user + t.system)
+    except (psutil.Error, OSError):
+        return None
+
+
+def capture_pids(pids: Mapping[str, int], out_dir: Union[str, Path], *, timeout_s: float = 5.0,
+                 native: bool = False, tag: str = "", injector_dir: Optional[Union[str, Path]] = None,
+                 fallback_signal: str = "SIGUSR2", py_spy: PySpy = "py-spy", cpu_window_s: float = 0.2,
+                 ranks: Optional[Mapping[str, Optional[int]]] = None) -> list[RankCapture]:
+    """Dump the stacks of several processes at once (one thread per pid), each with its own timeout.
+
+    Args:
+        pids: label → pid; the label is the file stem (``rank0``, ``detokenizer``).
+        out_dir: evidence sub-folder; writes ``<label><tag>.txt`` (py-spy text, or ``Process`` header +
+            faulthandler text), ``<label><tag>.json`` (py-spy ``--json``, when py-spy worked) and
+            ``capture<tag>.json`` (per-process metadata: method, ok, error, cpu_percent, duration_s, version).
+        timeout_s: seconds per py-spy run (JSON and text are two runs; a ``--native`` retry is a third); a process
+            that does not answer is reported with ``ok=False``, not waited for.
+        native: ask py-spy for native frames too (retried without on failure).
+        tag: file-name suffix for a second capture (``"-2"`` → ``rank0-2.txt``).
+        injector_dir: the injector's output folder; enables the faulthandler fallback.
+        fallback_signal: signal the injector registered faulthandler on (the plan's ``faulthandler_signal``).
+        py_spy: py-spy program or argv prefix; None forces the faulthandler path.
+        cpu_window_s: minimum seconds over which CPU use is measured (the dumps run inside this window).
+        ranks: label → rank (None for non-rank processes); default None for every label.
+    Returns:
+        One :class:`RankCapture` per label, in the order given. Never raises for a process that cannot be dumped:
+        its capture has ``ok=False`` and ``error`` names the cause and the fix.
+    Raises:
+        OSError: ``out_dir`` cannot be created or written.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = find_py_spy(py_spy)
+    version = _py_spy_version(tuple(cmd)) if cmd else ""
+    inj = Path(injector_dir) if injector_dir is not None else None
+    labels = list(pids)
+    t0 = time.monotonic()
+    cpu0 = {lab: _cpu_times(pids[lab]) for lab in labels}
+    with ThreadPoolExecutor(max_workers=max(1, len(labels))) as ex:
+        futs = [
+            ex.submit(_capture_one, (ranks or {}).get(lab), lab, pids[lab], out, timeout_s=timeout_s, native=native,
+                      tag=tag, injector_dir=inj, fallback_signal=fallback_signal, cmd=cmd, version=version)
+            for lab in labels
+        ]
+        results = [f.result() for f in futs]
+    remaining = cpu_window_s - (time.monotonic() - t0)
+    if remaining > 0:
+        time.sleep(remaining)
+    wall = time.monotonic() - t0
+    caps: list[RankCapture] = []
+    meta = []
+    for lab, res in zip(labels, results):
+        c1 = _cpu_times(pids[lab])
+        c0 = cpu0[lab]
+        cpu = round(100.0 * (c1 - c0) / wall, 2) if c0 is not None and c1 is not None and wall > 0 else None
+        text = res.get("text", "")
+        if text:
+            (out / f"{lab}{tag}.txt").write_text(text)
+        if res.get("json"):
+            (out / f"{lab}{tag}.json").write_text(res["json"])
+        cap = RankCapture(
+            rank=res["rank"], pid=res["pid"], label=lab, ok=res["ok"], method=res["method"], error=res["error"],
+            notice=res.get("notice", ""), text=text, threads=res["threads"], cpu_percent=cpu, title=res["title"],
+            tool_version=res.get("tool_version", ""), native=res.get("native", False),
+            duration_s=res.get("duration_s"), warnings=res.get("warnings", []),
+        )
+        caps.append(cap)
+        meta.append(cap.model_dump(exclude={"text", "threads"}))
+    (out / f"capture{tag}.json").write_text(json.dumps(
+        {"py_spy": version, "window_s": round(wall, 4), "tag": tag, "processes": meta}, indent=2))
+    return caps
+
+
+def capture_ranks(pids: Mapping[int, int], out_dir: Union[str, Path], *, timeout_s: float = 5.0,
+                  native: bool = False, tag: str = "", injector_dir: Optional[Union[str, Path]] = None,
+                  fallback_signal: str = "SIGUSR2", py_spy: PySpy = "py-spy",
+                  cpu_window_s: float = 0.2) -> list[RankCapture]:
+    """Dump every rank's Python stacks at once with py-spy (faulthandler fallback).
+
+    Args:
+        pids: rank → pid of that rank's scheduler process.
+        out_dir: evidence sub-folder; writes ``rank<k><tag>.txt`` and ``rank<k><tag>.json`` (+ ``capture<tag>.json``).
+        timeout_s: per-py-spy-run bound in seconds; a rank that does not answer in time is reported, not waited for.
+        native: include native frames (``--native``), retried without on failure.
+        tag: suffix for a second capture's files.
+        injector_dir: the injector's output folder (holds ``faulthandler-<pid>.txt``); enables the fallback when
+            py-spy is missing or ptrace is refused.
+        fallback_signal: the plan's ``faulthandler_signal`` (default SIGUSR2).
+        py_spy: py-spy program or argv prefix; None forces the faulthandler path.
+        cpu_window_s: minimum CPU-measurement window in seconds.
+    Returns:
+        One :class:`RankCapture` per rank, in rank order, with ``ok=False`` and the reason (and fix) where both
+        py-spy and the fallback failed; ``notice`` says when the fallback was used.
+    Raises:
+        OSError: ``out_dir`` cannot be created or written.
+    """
+    order = sorted(pids)
+    return capture_pids({f"rank{r}": pids[r] for r in order}, out_dir, timeout_s=timeout_s, native=native, tag=tag,
+                        injector_dir=injector_dir, fallback_signal=fallback_signal, py_spy=py_spy,
+                        cpu_window_s=cpu_window_s, ranks={f"rank{r}": r for r in order})
+
+
+def capture_notice(captures: Sequence[RankCapture]) -> str:
+    """The one line to show the user about how capture went (ptrace refused, py-spy missing…), or ``""``."""
+    for c in captures:
+        if c.notice:
+            return c.notice
+    for c in captures:
+        if not c.ok and ("ptrace" in c.error or "py-spy not found" in c.error):
+            return c.error
+    return ""
+
+
+def frames_unchanged(first: Sequence[RankCapture], second: Sequence[RankCapture]) -> bool:
+    """True when every rank's deciding stack is the same in both captures (see :func:`repro.analysis.frames_unchanged`)."""
+    from repro.analysis import frames_unchanged as _fu
+
+    return _fu(first, second)
+
