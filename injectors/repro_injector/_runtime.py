@@ -15,7 +15,8 @@ contract is ``repro.scenario.compile_plan``; this package never imports ``repro`
   (``id``, ``arm_seq``, ``n``, ``action``, ``caller``, ``stack``), ``fire_done`` (``id``, ``duration_s``,
   ``error``), ``error`` (``id``, ``message``).
 - ``errors.log``: one line per exception inside the injector (also one line on stderr).
-- ``faulthandler-<pid>.txt``: all threads' stacks each time the plan's ``faulthandler_signal`` arrives.
+- ``faulthandler-<pid>.txt``: all threads' stacks each time the plan's ``faulthandler_signal`` arrives (chained to a
+  previous Python handler only; never to SIG_DFL, which would terminate the process).
 
 Counts restart at each arming (a new write of a non-empty arm file) and count only calls made while armed.
 """
@@ -637,7 +638,11 @@ class Runtime:
             self.error(f"plan faulthandler_signal {name!r} is not a signal on this platform (expected e.g. 'SIGUSR2')")
             return
         self.fh_file = open(self._path(f"faulthandler-{self.pid}.txt"), "a", encoding="utf-8")
-        faulthandler.register(sig, file=self.fh_file, all_threads=True, chain=True)
+        # chain only to a real previous handler: chaining to SIG_DFL re-raises the signal's default action, which
+        # for SIGUSR1/2 terminates the process (measured) - a capture must never kill a rank.
+        prev = signal.getsignal(sig)
+        chain = callable(prev)
+        faulthandler.register(sig, file=self.fh_file, all_threads=True, chain=chain)
         self.fh_signal = name
 
     def after_fork(self) -> None:
@@ -680,6 +685,7 @@ def load_plan(path: str) -> Dict[str, Any]:
 
 
 _RUNTIME: Optional[Runtime] = None
+_TRIED = False
 _LOCK = threading.Lock()
 
 
@@ -694,9 +700,11 @@ def activate() -> Optional[Runtime]:
     path = os.environ.get(PLAN_ENV)
     if not path:
         return None
+    global _TRIED
     with _LOCK:
-        if _RUNTIME is not None:
+        if _RUNTIME is not None or _TRIED:
             return _RUNTIME
+        _TRIED = True  # both entry files call us: report a bad plan once
         try:
             plan = load_plan(path)
         except Exception as e:
