@@ -237,6 +237,7 @@ def read_thread(t: ThreadStack, max_chain: int = 8) -> ThreadReading:
     if kind is not None:
         j = i
         while j < len(frames) and (frames[j].native or idle_kind(frames[j]) is not None):
+            kind = idle_kind(frames[j]) or kind  # the outermost wait names it (Queue.get over Condition.wait)
             j += 1
         site_idx, chain, injected = _call_site(frames, j, max_chain)
         return ThreadReading(state="idle-wait", wait=kind, innermost=innermost,

@@ -96,14 +96,17 @@ def _run_py_spy(cmd: list[str], pid: int, *, json_out: bool, native: bool, timeo
     if native:
         argv.append("--native")
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, errors="replace")
+        env = dict(os.environ, RUST_BACKTRACE="0")
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, errors="replace", env=env)
     except subprocess.TimeoutExpired:
         return False, "", f"py-spy did not answer within {timeout_s:.1f} s (timeout_s)"
     except OSError as e:
         return False, "", f"could not run py-spy ({e}); {PYSPY_MISSING_FIX}"
     if p.returncode != 0 or not p.stdout.strip():
-        msg = (p.stderr.strip() or p.stdout.strip() or f"exit status {p.returncode}").splitlines()
-        return False, p.stdout, " ".join(msg[-3:])
+        lines = [ln.strip() for ln in (p.stderr + "\n" + p.stdout).splitlines() if ln.strip()]
+        errs = [ln for ln in lines if ln.lower().startswith("error") or "permission denied" in ln.lower()]
+        msg = " ".join(errs[:2]) if errs else (lines[0] if lines else f"exit status {p.returncode}")
+        return False, p.stdout, msg
     return True, p.stdout, ""
 
 
