@@ -171,6 +171,66 @@ def run(
     raise typer.Exit(res.exit_code)
 
 
+
+@app.command()
+def compare(
+    scenario: Path = typer.Argument(..., help="scenario TOML file, e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
+    before: str = typer.Option(..., "--before", help="REF of the code before the fix: installed | patch:FILE | git:PATH@REV | python:PATH"),
+    after: str = typer.Option(..., "--after", help="REF of the code after the fix (same forms as --before)"),
+    variant: Optional[str] = typer.Option(None, "--variant", help="variant name (default: the first in the file)"),
+    python: Optional[str] = typer.Option(None, "--python", help="interpreter for installed/patch/git REFs (default: as `repro run`)"),
+    model: Optional[str] = typer.Option(None, "--model", help="model path (default: the scenario's, else the testbed's tiny model)"),
+    tp: Optional[int] = typer.Option(None, "--tp", help="TP size (default: the scenario's)"),
+    label: Optional[str] = typer.Option(None, "--label", help="label of the evidence folders (default: the variant name)"),
+    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
+    requests_: Optional[int] = typer.Option(None, "--requests", help="number of requests in the burst (default: the scenario's)"),
+    expect_before: str = typer.Option("deadlock", "--expect-before", help="expected verdict before: deadlock | success | inconclusive"),
+    expect_after: str = typer.Option("success", "--expect-after", help="expected verdict after: deadlock | success | inconclusive"),
+    only: Optional[str] = typer.Option(None, "--only", help="run one side only: before | after"),
+    as_json: bool = typer.Option(False, "--json", help="print the comparison as JSON on stdout"),
+    native: bool = typer.Option(False, "--native", help="py-spy --native stacks (slower; retried without on failure)"),
+) -> None:
+    """Run one scenario variant against two versions (before/after a fix) and write COMPARISON.md linking both.
+
+    Exit codes: 0 iff both verdicts are the expected ones (default DEADLOCKED before, ALL REQUESTS SUCCEEDED
+    after), 5 on a mismatch, 2 bad input (REF, patch that does not apply, missing git rev: found before any server
+    starts), 1 internal error.
+    """
+    from repro.compare import CompareError, CompareOptions, dumps, run_compare
+    from repro.runner import RunError
+
+    _sigterm_to_interrupt()
+    opts = CompareOptions(scenario_path=scenario, before=before, after=after, variant=variant, python=python, model=model,
+                          tp=tp, label=label, evidence_root=evidence_dir, requests=requests_, expect_before=expect_before,
+                          expect_after=expect_after, native=native, only=only)
+    try:
+        with _Progress(as_json) as prog:
+            def observe(event: str, data: dict) -> None:
+                if event == "side" and not as_json:
+                    console.rule(f"{data['side']}: {data['ref']}  ({data['description']})")
+                prog(event, data)
+
+            res = run_compare(opts, observe)
+    except (CompareError, RunError) as e:
+        console.print(f"[red]error:[/] {e}", soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: server tree torn down; overlays/worktrees removed; partial evidence kept")
+        raise typer.Exit(130)
+    if as_json:
+        out.print_json(dumps(res))
+        raise typer.Exit(res.exit_code)
+    for s in res.sides:
+        mark = "as expected" if s.matched else f"MISMATCH (expected {s.expect})"
+        out.print(f"{s.side:6s} [{_verdict_style(s.verdict)}]{s.verdict}[/] ({mark})  {s.ref}")
+        out.print(f"       {s.reason}")
+        for n in s.notes:
+            out.print(f"       - {n}")
+        out.print(f"       evidence: {s.evidence}/REPORT.md")
+    out.print(f"comparison: {res.folder / 'COMPARISON.md'}  (wall time {res.wall_s:.0f} s)")
+    raise typer.Exit(res.exit_code)
+
+
 @app.command()
 def demo(
     python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: the CPU testbed's)"),
@@ -381,6 +441,55 @@ def sites(
         else:
             out.print(f"[green]all {len(rep.injections)} injection(s) resolve[/]")
     raise typer.Exit(EXIT_SUCCESS if rep.ok else EXIT_USAGE)
+
+
+@app.command()
+def analyze(
+    paths: List[Path] = typer.Argument(..., help="evidence folder (its stacks/), stacks folder, or dump files "
+                                                 "(py-spy text/--json, faulthandler), one per rank"),
+    as_json: bool = typer.Option(False, "--json", help="print the analysis as JSON on stdout"),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="also write the diagnosis as markdown "
+                                                                     "(for an issue comment) to this file"),
+    tag: Optional[str] = typer.Option(None, "--tag", help="which capture of an evidence folder: file suffix after "
+                                                          "rank<k> (default: the first, untagged one)"),
+) -> None:
+    """Explain where every rank is blocked from stack dumps; name the odd rank(s) out.
+
+    Exit 0 when analysed (diverged or not), 2 on bad input.
+    """
+    from repro.analysis import AnalyzeInputError, analyze as analyze_captures, load_captures
+
+    try:
+        caps = load_captures(paths, tag=tag)
+    except AnalyzeInputError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(EXIT_USAGE)
+    if not caps:
+        console.print("[red]error:[/] no rank dump found in " + ", ".join(str(p) for p in paths))
+        raise typer.Exit(EXIT_USAGE)
+    result = analyze_captures(caps)
+    if markdown is not None:
+        markdown.write_text(result.to_markdown(caps))
+    if as_json:
+        out.print_json(result.to_json())
+        return
+    table = Table(title="Where each rank is blocked")
+    for col in ("rank", "state", "blocked in", "via", "call site", "caller chain"):
+        table.add_column(col, overflow="fold")
+    odd = set(result.odd_ranks)
+    for r in result.ranks:
+        style = "bold red" if r.rank in odd else ("yellow" if r.state in ("busy", "unknown") else "")
+        state = r.state if r.main_thread or not r.thread else f"{r.state} (thread {r.thread})"
+        table.add_row(str(r.rank), state, r.op or r.wait or r.error, r.via or "", r.blocked_frame or "",
+                      " \u2190 ".join(r.caller_chain[:5]), style=style)
+    out.print(table)
+    head = "[bold red]DIVERGED[/]" if result.diverged else "[bold green]NOT DIVERGED[/]"
+    out.print(f"{head} \u2014 ", end="")
+    out.print(result.summary, markup=False, highlight=False)
+    for w in result.warnings:
+        console.print(f"[yellow]warning:[/] {w}", markup=True, highlight=False)
+    if markdown is not None:
+        console.print(f"markdown written to {markdown}")
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -1,0 +1,748 @@
+"""``repro compare``: the same scenario, variant, burst and seed against two versions of the engine (issue 6).
+
+A *REF* names the code a side runs:
+
+- ``installed``: the target interpreter's sglang as it is;
+- ``patch:FILE``: that sglang with a unified diff applied to an **overlay** placed first on the server's PYTHONPATH.
+  The overlay is a temporary folder holding a ``sglang/`` tree of symlinks to the installed files, where only the
+  files the patch touches are real (patched) copies; the user's installation is never written. Paths in the diff
+  may be rooted at the package (``a/sglang/...``) or at a source checkout (``a/python/sglang/...``);
+- ``git:PATH@REV``: a ``git worktree`` of the sglang source checkout PATH at REV (detached), its ``python/`` first
+  on PYTHONPATH; the user's working tree is not touched and the worktree is removed afterwards;
+- ``python:PATH``: another interpreter (venv) with its own sglang.
+
+Every REF is checked and materialised before any server starts (a patch that does not apply, a missing rev, an
+unknown kind → :class:`CompareError`, one line naming the fix). Materialised folders are removed on every outcome,
+including Ctrl-C/SIGTERM (the CLI turns SIGTERM into KeyboardInterrupt). Both sides then run one after the other
+with ``repro.runner`` (each its own evidence folder) and ``COMPARISON.md`` in a compare folder links both.
+
+This module never imports sglang: the installed package is located by running the target interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from repro import evidence as ev
+from repro.verdict import EXIT_MISMATCH, EXPECT_WORDS
+
+REF_KINDS = ("installed", "patch", "git", "python")
+OVERLAY_PREFIX = "repro-overlay-"
+WORKTREE_PREFIX = "repro-worktree-"
+LOCATE_TIMEOUT_S = 120.0  # seconds to let the target interpreter locate its sglang package
+GIT_TIMEOUT_S = 300.0  # seconds for one git command (worktree add on a large checkout)
+DEFAULT_EXPECT_BEFORE = "deadlock"
+DEFAULT_EXPECT_AFTER = "success"
+SIDES = ("before", "after")
+
+
+class CompareError(Exception):
+    """Bad input for ``repro compare`` found before any server started; ``str()`` is one line naming the fix."""
+
+
+# --------------------------------------------------------------------------------------------------------- REFs
+@dataclass(frozen=True)
+class Ref:
+    """A parsed REF.
+
+    Attributes:
+        kind: ``installed`` / ``patch`` / ``git`` / ``python``.
+        text: the REF as the user wrote it.
+        path: the patch file, the git checkout or the interpreter (None for ``installed``).
+        rev: the git revision (``git`` only).
+    """
+
+    kind: str
+    text: str
+    path: Optional[Path] = None
+    rev: Optional[str] = None
+
+
+def parse_ref(text: str) -> Ref:
+    """Parse ``installed`` | ``patch:FILE`` | ``git:PATH@REV`` | ``python:PATH`` (syntax only, no file access).
+
+    Raises:
+        CompareError: unknown kind, or an empty FILE / PATH / REV (the message lists the accepted forms).
+    """
+    forms = "installed, patch:FILE, git:PATH@REV or python:PATH"
+    t = (text or "").strip()
+    if t == "installed":
+        return Ref("installed", t)
+    kind, sep, rest = t.partition(":")
+    if not sep or kind not in REF_KINDS or kind == "installed":
+        return _bad_ref(t, f"unknown REF kind {kind!r}" if sep else "unknown REF", forms)
+    if kind == "git":
+        path, at, rev = rest.rpartition("@")
+        if not at or not path or not rev:
+            raise CompareError(f"REF {t!r}: expected git:PATH@REV (e.g. git:~/sglang@v0.5.23), got no {'REV' if path else 'PATH'}")
+        return Ref("git", t, Path(path).expanduser(), rev)
+    if not rest:
+        raise CompareError(f"REF {t!r}: expected {kind}:{'FILE' if kind == 'patch' else 'PATH'} after the colon")
+    return Ref(kind, t, Path(rest).expanduser())
+
+
+def _bad_ref(text: str, what: str, forms: str) -> Ref:
+    raise CompareError(f"REF {text!r}: {what}; expected one of {forms}")
+
+
+# ------------------------------------------------------------------------------------------- materialised REFs
+@dataclass
+class Materialized:
+    """A REF made runnable. Call :meth:`close` (idempotent) to remove what was created for it.
+
+    Attributes:
+        ref: the REF.
+        python: interpreter that runs the server (None: the runner's default choice).
+        pythonpath_prepend: folders to put first on the server's PYTHONPATH (overlay / worktree ``python/``).
+        description: one line for people: what code this side runs.
+        sglang_dir: the sglang package folder the server will import (for the record).
+        created: folders created by the harness (removed by ``close``).
+    """
+
+    ref: Ref
+    python: Optional[str]
+    pythonpath_prepend: tuple[str, ...] = ()
+    description: str = ""
+    sglang_dir: Optional[str] = None
+    created: list[Path] = field(default_factory=list)
+    _closers: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def close(self) -> None:
+        """Remove the overlay / worktree (never raises; safe to call twice)."""
+        while self._closers:
+            fn = self._closers.pop()
+            try:
+                fn()
+            except Exception:
+                pass
+
+
+def sglang_location(python: str, timeout_s: float = LOCATE_TIMEOUT_S) -> Path:
+    """The folder of the ``sglang`` package ``python`` would import, found without importing it.
+
+    Runs ``python -c`` with ``importlib.util.find_spec("sglang")`` (the package's ``__init__`` is not executed).
+
+    Raises:
+        CompareError: the interpreter cannot be run, or it has no sglang (names ``--python``).
+    """
+    code = ("import importlib.util as u, sys; s = u.find_spec('sglang'); "
+            "sys.stdout.write(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations else '')")
+    try:
+        r = subprocess.run([python, "-c", code], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise CompareError(f"cannot run {python} to locate its sglang ({e}); pass --python PATH of an interpreter with sglang") from None
+    loc = r.stdout.strip()
+    if r.returncode != 0 or not loc:
+        raise CompareError(f"{python} has no importable sglang package; pass --python PATH of an interpreter with sglang installed")
+    return Path(loc)
+
+
+_DIFF_TARGET = re.compile(r"^\+\+\+ (\S+)")
+_DIFF_SOURCE = re.compile(r"^--- (\S+)")
+
+
+def patch_files(patch_text: str) -> list[str]:
+    """The paths a unified diff changes, as written after ``+++`` (``/dev/null`` targets use the ``---`` path)."""
+    out: list[str] = []
+    last_src: Optional[str] = None
+    for line in patch_text.splitlines():
+        m = _DIFF_SOURCE.match(line)
+        if m:
+            last_src = m.group(1)
+            continue
+        m = _DIFF_TARGET.match(line)
+        if m:
+            p = m.group(1)
+            if p == "/dev/null" and last_src:
+                p = last_src
+            if p not in out:
+                out.append(p)
+    return out
+
+
+def patch_strip(patch_file: Path, patch_text: str) -> int:
+    """The ``-p`` level that maps every path of the diff onto the ``sglang/`` package folder.
+
+    ``a/python/sglang/srt/x.py`` → 2, ``a/sglang/srt/x.py`` → 1, ``sglang/srt/x.py`` → 0.
+
+    Raises:
+        CompareError: the file holds no diff, or a path does not contain a ``sglang`` folder, or the levels differ.
+    """
+    files = patch_files(patch_text)
+    if not files:
+        raise CompareError(f"{patch_file}: no unified diff found (expected '--- a/…' / '+++ b/…' lines); make it with `git diff` or `diff -u`")
+    levels = set()
+    for f in files:
+        parts = f.split("/")
+        if "sglang" not in parts[:-1]:
+            raise CompareError(f"{patch_file}: path {f!r} is not inside a sglang/ package folder; diff against sglang's sources (a/python/sglang/… or a/sglang/…)")
+        levels.add(parts.index("sglang"))
+    if len(levels) != 1:
+        raise CompareError(f"{patch_file}: its paths put sglang/ at different depths ({', '.join(files)}); use one layout for every file")
+    return levels.pop()
+
+
+_HUNK_FAILED = re.compile(r"Hunk #(\d+) FAILED at (\d+)")
+_CHECKING = re.compile(r"^checking file (.+)$")
+
+
+def check_patch_applies(patch_file: Path, root: Path, strip: int) -> None:
+    """Dry-run ``patch`` against ``root`` (the folder that holds ``sglang/``); writes nothing.
+
+    Raises:
+        CompareError: the patch does not apply: names the file and hunk (``Hunk #2 of sglang/…/scheduler.py failed
+            at line 4204``), or a file is missing, or ``patch`` is not installed.
+    """
+    exe = shutil.which("patch")
+    if exe is None:
+        raise CompareError("the `patch` program is not installed; install it (e.g. apt-get install patch) to use patch:FILE")
+    try:
+        r = subprocess.run([exe, "--dry-run", "--batch", "--force", f"-p{strip}", "-d", str(root), "-i", str(patch_file)],
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise CompareError(f"patch --dry-run of {patch_file} failed to run: {e}") from None
+    if r.returncode == 0 and "FAILED" not in r.stdout:
+        return
+    current = "?"
+    for line in (r.stdout + "\n" + r.stderr).splitlines():
+        m = _CHECKING.match(line.strip())
+        if m:
+            current = m.group(1)
+            continue
+        m = _HUNK_FAILED.search(line)
+        if m:
+            raise CompareError(
+                f"{patch_file} does not apply to {root / 'sglang'}: hunk #{m.group(1)} of {current} failed at line "
+                f"{m.group(2)}; make the patch for this sglang version (the installed files are what it must match)"
+            )
+        if "can't find file" in line or "No such file" in line:
+            raise CompareError(f"{patch_file} does not apply to {root}: {line.strip()}; check the paths in the diff")
+    detail = (r.stdout.strip().splitlines() or r.stderr.strip().splitlines() or ["unknown error"])[-1]
+    raise CompareError(f"{patch_file} does not apply to {root / 'sglang'}: {detail}")
+
+
+def make_overlay(sglang_dir: Path, patch_file: Path, patch_text: str, strip: int, parent: Optional[Path] = None) -> Path:
+    """Create the overlay folder: ``<tmp>/sglang`` mirrors ``sglang_dir`` with symlinks; patched files are copies.
+
+    Args:
+        sglang_dir: the installed package folder (read only).
+        patch_file / patch_text / strip: the checked patch and its ``-p`` level (see :func:`patch_strip`).
+        parent: where to create the temporary folder (default: the system temp dir).
+    Returns:
+        The overlay root, to be put first on PYTHONPATH. The caller removes it (``shutil.rmtree``).
+    Raises:
+        CompareError: applying the patch failed (the dry run passed, so only on I/O errors).
+    """
+    root = Path(tempfile.mkdtemp(prefix=OVERLAY_PREFIX, dir=str(parent) if parent else None))
+    try:
+        dst = root / "sglang"
+        shutil.copytree(sglang_dir, dst, symlinks=True, copy_function=lambda s, d: os.symlink(os.path.abspath(s), d))
+        for f in patch_files(patch_text):
+            rel = Path(*f.split("/")[strip:])
+            target = root / rel
+            if target.is_symlink():
+                real = Path(os.readlink(target))
+                target.unlink()
+                shutil.copy2(real, target)
+            pyc_dir = target.parent / "__pycache__"
+            if pyc_dir.is_dir():  # stale bytecode links of a patched module: let python recompile into the overlay
+                for pyc in pyc_dir.glob(target.stem + ".*.pyc"):
+                    pyc.unlink()
+        r = subprocess.run(["patch", "--batch", "--forward", f"-p{strip}", "-d", str(root), "-i", str(patch_file)],
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise CompareError(f"applying {patch_file} to the overlay failed: {(r.stdout + r.stderr).strip().splitlines()[-1:]}")
+        for junk in list(root.rglob("*.orig")) + list(root.rglob("*.rej")):
+            junk.unlink()
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return root
+
+
+def _git(repo: Path, *args: str, timeout_s: float = GIT_TIMEOUT_S) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(repo), *args], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s)
+
+
+def resolve_git_rev(repo: Path, rev: str) -> str:
+    """The full commit id of ``rev`` in ``repo``.
+
+    Raises:
+        CompareError: ``repo`` is not a git checkout, or ``rev`` names no commit there (one line, names both).
+    """
+    if shutil.which("git") is None:
+        raise CompareError("git is not installed; install it to use git:PATH@REV")
+    if not repo.is_dir():
+        raise CompareError(f"git:{repo}@{rev}: {repo} is not a folder; pass the path of an sglang source checkout")
+    r = _git(repo, "rev-parse", "--is-inside-work-tree")
+    if r.returncode != 0:
+        raise CompareError(f"git:{repo}@{rev}: {repo} is not a git checkout; pass the path of an sglang source checkout")
+    r = _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    if r.returncode != 0 or not r.stdout.strip():
+        raise CompareError(f"git:{repo}@{rev}: revision {rev!r} not found in {repo}; fetch it (git -C {repo} fetch) or pass an existing rev")
+    return r.stdout.strip()
+
+
+def make_worktree(repo: Path, commit: str, parent: Optional[Path] = None) -> Path:
+    """``git worktree add --detach`` of ``commit`` into a new temporary folder (the user's work tree is untouched).
+
+    Returns:
+        The worktree folder; remove it with :func:`remove_worktree`.
+    Raises:
+        CompareError: git refused (message names the repo and git's reason), or the tree has no ``python/sglang``.
+    """
+    base = Path(tempfile.mkdtemp(prefix=WORKTREE_PREFIX, dir=str(parent) if parent else None))
+    wt = base / "src"
+    r = _git(repo, "worktree", "add", "--detach", str(wt), commit)
+    if r.returncode != 0:
+        shutil.rmtree(base, ignore_errors=True)
+        _git(repo, "worktree", "prune")
+        last = (r.stderr.strip().splitlines() or ["unknown error"])[-1]
+        raise CompareError(f"git worktree add of {commit[:12]} in {repo} failed: {last}")
+    if not (wt / "python" / "sglang").is_dir():
+        remove_worktree(repo, wt)
+        raise CompareError(f"{repo}@{commit[:12]} has no python/sglang folder; pass the root of an sglang source checkout")
+    return wt
+
+
+def remove_worktree(repo: Path, wt: Path) -> None:
+    """Remove a worktree made by :func:`make_worktree` and its temporary parent; prune git's record of it."""
+    try:
+        _git(repo, "worktree", "remove", "--force", str(wt), timeout_s=120)
+    finally:
+        shutil.rmtree(wt.parent, ignore_errors=True)
+        try:
+            _git(repo, "worktree", "prune", timeout_s=60)
+        except Exception:
+            pass
+
+
+def materialize(ref: Ref, python: Optional[str], choose: Optional[Callable[[Optional[str]], str]] = None,
+                tmp_parent: Optional[Path] = None) -> Materialized:
+    """Check a REF and make it runnable, before any server starts.
+
+    Args:
+        ref: the parsed REF.
+        python: the ``--python`` given to compare (None: the runner's default choice).
+        choose: picks the interpreter from ``python`` (default ``repro.interpreter.choose_python``).
+        tmp_parent: where overlays/worktrees are created (default: system temp dir).
+    Returns:
+        A :class:`Materialized`; the caller must ``close()`` it (also on errors and interrupts).
+    Raises:
+        CompareError: the patch file is missing or does not apply; the git rev is missing; the interpreter has
+            no sglang. Nothing is left behind when it raises.
+    """
+    if choose is None:
+        from repro.interpreter import InterpreterError, choose_python
+
+        def choose(p: Optional[str]) -> str:
+            try:
+                return choose_python(p)
+            except InterpreterError as e:
+                raise CompareError(str(e)) from None
+
+    if ref.kind == "installed":
+        py = choose(python)
+        return Materialized(ref, python, (), f"installed sglang of {py}", str(sglang_location(py)))
+    if ref.kind == "python":
+        assert ref.path is not None
+        if not ref.path.exists():
+            raise CompareError(f"REF {ref.text!r}: {ref.path} does not exist; pass python:PATH of an interpreter (e.g. a venv's bin/python)")
+        loc = sglang_location(str(ref.path))
+        return Materialized(ref, str(ref.path), (), f"sglang of {ref.path}", str(loc))
+    if ref.kind == "patch":
+        assert ref.path is not None
+        pf = ref.path.resolve()
+        if not pf.is_file():
+            raise CompareError(f"REF {ref.text!r}: patch file {ref.path} not found; pass patch:FILE with a unified diff")
+        text = pf.read_text(encoding="utf-8", errors="replace")
+        strip = patch_strip(pf, text)
+        py = choose(python)
+        loc = sglang_location(py)
+        check_patch_applies(pf, loc.parent, strip)
+        root = make_overlay(loc, pf, text, strip, tmp_parent)
+        m = Materialized(ref, python, (str(root),), f"installed sglang of {py} + {pf.name} (overlay)", str(root / "sglang"), [root])
+        m._closers.append(lambda: shutil.rmtree(root, ignore_errors=True))
+        return m
+    if ref.kind == "git":
+        assert ref.path is not None and ref.rev is not None
+        repo = ref.path.resolve()
+        commit = resolve_git_rev(repo, ref.rev)
+        wt = make_worktree(repo, commit, tmp_parent)
+        m = Materialized(ref, python, (str(wt / "python"),), f"{repo} at {ref.rev} ({commit[:12]}, git worktree)",
+                         str(wt / "python" / "sglang"), [wt.parent])
+        m._closers.append(lambda: remove_worktree(repo, wt))
+        return m
+    raise CompareError(f"REF {ref.text!r}: unknown kind {ref.kind!r}")  # parse_ref prevents this
+
+
+# ------------------------------------------------------------------------------------------------- comparing
+@dataclass
+class CompareOptions:
+    """What ``repro compare`` was asked. ``expect_*`` are words of ``repro.verdict.EXPECT_WORDS``."""
+
+    scenario_path: Path
+    before: str
+    after: str
+    variant: Optional[str] = None
+    python: Optional[str] = None
+    model: Optional[str] = None
+    tp: Optional[int] = None
+    label: Optional[str] = None
+    evidence_root: Path = ev.DEFAULT_EVIDENCE_DIR
+    requests: Optional[int] = None
+    expect_before: str = DEFAULT_EXPECT_BEFORE
+    expect_after: str = DEFAULT_EXPECT_AFTER
+    native: bool = False
+    only: Optional[str] = None  # "before" / "after": run one side (the per-side reproduce command)
+    tmp_parent: Optional[Path] = None
+
+
+@dataclass(frozen=True)
+class RankFacts:
+    """One rank on one side: counts per injection id (entered, matched, fired) and where it was blocked."""
+
+    rank: int
+    counts: dict
+    where: str = ""
+    state: str = ""
+
+
+@dataclass(frozen=True)
+class SideResult:
+    """One side of a comparison.
+
+    Attributes:
+        side: ``before`` / ``after``; ref / description: what code ran; expect: the expected word.
+        verdict, reason, notes: from the run; exit_code: the run's verdict code (0/3/4);
+        matched: the verdict is the expected one; evidence: the run's folder;
+        to_verdict_s / healthy_s / last_progress_to_verdict_s / total_s: seconds (None if not reached);
+        requests_ok / requests_total: the burst; ranks: per-rank facts; command: reproduces this side alone.
+    """
+
+    side: str
+    ref: str
+    description: str
+    expect: str
+    verdict: str
+    reason: str
+    notes: tuple[str, ...]
+    matched: bool
+    evidence: Path
+    timings: dict
+    requests_ok: int
+    requests_total: int
+    ranks: tuple[RankFacts, ...]
+    injections: tuple[tuple[str, str], ...]  # (id, site)
+    versions: dict
+    command: str
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    """Both sides, the compare folder (COMPARISON.md, compare.json), the exit code and the wall time in seconds."""
+
+    sides: tuple[SideResult, ...]
+    folder: Path
+    exit_code: int
+    wall_s: float
+
+
+Observer = Callable[[str, dict], None]
+
+
+def _noop(event: str, data: dict) -> None:
+    pass
+
+
+def side_command(opts: CompareOptions, side: str) -> str:
+    """The command line that reproduces one side alone (``repro compare … --only SIDE``)."""
+    argv = ["repro", "compare", str(opts.scenario_path)]
+    if opts.variant:
+        argv += ["--variant", opts.variant]
+    argv += ["--before", opts.before, "--after", opts.after]
+    if opts.python:
+        argv += ["--python", opts.python]
+    if opts.model:
+        argv += ["--model", opts.model]
+    if opts.tp:
+        argv += ["--tp", str(opts.tp)]
+    if opts.requests:
+        argv += ["--requests", str(opts.requests)]
+    if opts.expect_before != DEFAULT_EXPECT_BEFORE:
+        argv += ["--expect-before", opts.expect_before]
+    if opts.expect_after != DEFAULT_EXPECT_AFTER:
+        argv += ["--expect-after", opts.expect_after]
+    argv += ["--only", side]
+    return shlex.join(argv)
+
+
+def compare_command(opts: CompareOptions) -> str:
+    """The command line that reproduces the whole comparison."""
+    return side_command(opts, "before").rsplit(" --only", 1)[0]
+
+
+def _validate(opts: CompareOptions) -> tuple[Any, Any]:
+    from repro.scenario import ScenarioError, load_scenario
+
+    for word, name in ((opts.expect_before, "--expect-before"), (opts.expect_after, "--expect-after")):
+        if word not in EXPECT_WORDS:
+            raise CompareError(f"{name} must be deadlock, success or inconclusive (got {word!r})")
+    if opts.only is not None and opts.only not in SIDES:
+        raise CompareError(f"--only must be before or after (got {opts.only!r})")
+    try:
+        scen = load_scenario(opts.scenario_path)
+        var = scen.variant(opts.variant)
+    except ScenarioError as e:
+        raise CompareError(str(e)) from None
+    return scen, var
+
+
+def default_run_side(run_opts: Any, observe: Observer) -> Any:
+    """Run one side with the real runner (``repro.runner.run``); tests may pass another callable."""
+    from repro.runner import run
+
+    return run(run_opts, observe)
+
+
+def run_compare(opts: CompareOptions, observe: Observer = _noop, run_side: Callable[[Any, Observer], Any] = default_run_side) -> CompareResult:
+    """Check both REFs, run before then after, write COMPARISON.md; remove every overlay/worktree on every outcome.
+
+    Args:
+        opts: the comparison.
+        observe: progress callback ``(event, data)``: ``side`` (``{"side", "ref", "description"}``) and the
+            runner's own events.
+        run_side: runs one ``repro.runner.RunOptions`` and returns a ``RunResult`` (default: the real runner).
+    Returns:
+        A :class:`CompareResult`; ``exit_code`` 0 iff every side run matched its expectation, else 5.
+    Raises:
+        CompareError: bad input (scenario, variant, REF, patch, rev, interpreter, expect word), before any launch.
+        repro.runner.RunError: a side could not be prepared (bad override), before its launch.
+        KeyboardInterrupt: after the running side tore its server down and every materialised REF was removed.
+    """
+    from repro.runner import RunOptions
+
+    t0 = time.time()
+    scen, var = _validate(opts)
+    refs = {"before": parse_ref(opts.before), "after": parse_ref(opts.after)}
+    wanted = [opts.only] if opts.only else list(SIDES)
+    expects = {"before": opts.expect_before, "after": opts.expect_after}
+    label = opts.label or var.name
+    results: list[SideResult] = []
+    with ExitStack() as stack:
+        mats: dict[str, Materialized] = {}
+        for side in wanted:  # every REF checked and materialised before the first server starts
+            m = materialize(refs[side], opts.python, tmp_parent=opts.tmp_parent)
+            stack.callback(m.close)
+            mats[side] = m
+        for side in wanted:
+            m = mats[side]
+            observe("side", {"side": side, "ref": m.ref.text, "description": m.description})
+            cmd = side_command(opts, side)
+            ro = RunOptions(scenario_path=opts.scenario_path, variant=var.name, python=m.python, model=opts.model, tp=opts.tp,
+                            label=f"{label}-{side}", evidence_root=opts.evidence_root, requests=opts.requests,
+                            expect=expects[side], native=opts.native, command_line=cmd,
+                            pythonpath_prepend=tuple(m.pythonpath_prepend))
+            res = run_side(ro, observe)
+            results.append(side_result(side, m, expects[side], res, var, cmd))
+    wall = time.time() - t0
+    exit_code = 0 if all(r.matched for r in results) else EXIT_MISMATCH
+    folder = _compare_folder(opts.evidence_root, scen.name, label)
+    result = CompareResult(tuple(results), folder, exit_code, wall)
+    write_comparison(result, opts, scen.name, var.name)
+    return result
+
+
+def _compare_folder(root: Path, scenario: str, label: str) -> Path:
+    base = Path(root) / ev._slug(scenario)
+    base.mkdir(parents=True, exist_ok=True)
+    name = f"{ev.utc_stamp()}-compare-{ev._slug(label)}"
+    path, n = base / name, 2
+    while True:
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            path = base / f"{name}-{n}"
+            n += 1
+
+
+def side_result(side: str, m: Materialized, expect: str, res: Any, variant: Any, command: str) -> SideResult:
+    """Collect one side's facts from its RunResult and evidence folder (fire logs, analysis, env.json)."""
+    from repro import injection_records
+
+    evdir = Path(res.evidence)
+    verdict = res.verdict.verdict
+    ranks: dict[int, dict] = {}
+    injections = tuple((i.id, i.site[0]) for i in variant.injections)
+    try:
+        rep = injection_records.read_injector_dir(evdir / "injector")
+        injections = tuple((i.id, rep.resolved_site(i.id) or i.site[0]) for i in variant.injections)
+        for inj in variant.injections:
+            c = rep.counts_by_rank(inj.id)
+            for key in ("entered", "matched", "fired"):
+                for rank, n in c[key].items():
+                    ranks.setdefault(rank, {}).setdefault(inj.id, {"entered": 0, "matched": 0, "fired": 0})[key] = n
+    except Exception:
+        pass
+    where: dict[int, tuple[str, str]] = {}
+    analysis = getattr(res, "analysis", None)
+    for r in getattr(analysis, "ranks", None) or []:
+        where[r.rank] = (r.where() if hasattr(r, "where") else "", getattr(r, "state", ""))
+        ranks.setdefault(r.rank, {})
+    facts = tuple(RankFacts(k, ranks[k], *where.get(k, ("", ""))) for k in sorted(ranks))
+    versions = ev.read_json(evdir / "env.json") or {}
+    return SideResult(
+        side=side, ref=m.ref.text, description=m.description, expect=expect, verdict=verdict, reason=res.verdict.reason,
+        notes=tuple(res.verdict.notes), matched=EXPECT_WORDS[expect] == verdict, evidence=evdir,
+        timings=dict(res.timings or {}), requests_ok=res.requests_ok, requests_total=res.requests_total, ranks=facts,
+        injections=injections, versions=versions if isinstance(versions, dict) else {}, command=command,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ COMPARISON.md
+def _s(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.1f} s"
+
+
+def _md(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def tick_injection(sides: Sequence[SideResult], tick_function: str) -> Optional[str]:
+    """The id of an injection whose site is the adapter's per-tick function (its entered count = scheduler ticks)."""
+    if not tick_function:
+        return None
+    for s in sides:
+        for iid, site in s.injections:
+            if site == tick_function:
+                return iid
+    return None
+
+
+def comparison_markdown(result: CompareResult, opts: CompareOptions, scenario: str, variant: str, tick_function: str = "") -> str:
+    """The text of COMPARISON.md: summary, per-side table, per-rank facts, collective counts, versions, commands."""
+    folder = result.folder
+    sides = result.sides
+    ok = result.exit_code == 0
+    lines = [f"# {scenario} / {variant}: {'as expected' if ok else 'MISMATCH'}", ""]
+    for s in sides:
+        mark = "as expected" if s.matched else f"expected {EXPECT_WORDS[s.expect]}"
+        lines.append(f"- **{s.side}** (`{s.ref}`): **{s.verdict}** ({mark}) — {_md(s.reason)}")
+    lines += ["", f"Exit code {result.exit_code}; whole compare wall time {result.wall_s:.1f} s.", ""]
+    lines += ["| | " + " | ".join(s.side for s in sides) + " |", "|---|" + "---|" * len(sides)]
+    rows = [
+        ("ref", lambda s: f"`{s.ref}`"),
+        ("code", lambda s: _md(s.description)),
+        ("verdict", lambda s: s.verdict),
+        ("expected", lambda s: EXPECT_WORDS[s.expect]),
+        ("time to verdict (from launch)", lambda s: _s(s.timings.get("to_verdict_s"))),
+        ("healthy after", lambda s: _s(s.timings.get("healthy_s"))),
+        ("last progress → verdict", lambda s: _s(s.timings.get("last_progress_to_verdict_s"))),
+        ("requests ok / stalled", lambda s: f"{s.requests_ok} / {s.requests_total - s.requests_ok} of {s.requests_total}"),
+        ("evidence", lambda s: f"[{s.evidence.name}]({os.path.relpath(s.evidence / 'REPORT.md', folder)})"),
+    ]
+    for name, fn in rows:
+        lines.append(f"| {name} | " + " | ".join(fn(s) for s in sides) + " |")
+    for s in sides:
+        if s.notes:
+            lines += ["", f"Notes ({s.side}):", ""] + [f"- {_md(n)}" for n in s.notes]
+
+    lines += ["", "## Per rank", ""]
+    for s in sides:
+        ids = [i for i, _ in s.injections]
+        lines += [f"### {s.side} (`{s.ref}`)", ""]
+        if s.injections:
+            lines += ["Injections: " + ", ".join(f"`{i}` at `{site}`" for i, site in s.injections), ""]
+        head = "| rank | " + " | ".join(f"`{i}` entered / matched / fired" for i in ids) + " | where it was (last capture) |"
+        lines += [head, "|---|" + "---|" * (len(ids) + 1)]
+        for r in s.ranks:
+            cells = []
+            for i in ids:
+                c = r.counts.get(i, {})
+                cells.append(f"{c.get('entered', 0)} / {c.get('matched', 0)} / {c.get('fired', 0)}")
+            where = _md(f"{r.state}: {r.where}") if r.where else "(not captured: no stall)"
+            lines.append(f"| TP{r.rank} | " + " | ".join(cells) + f" | {where} |")
+        if not s.ranks:
+            lines.append("| - | " + " | ".join("-" for _ in ids) + " | (no records) |")
+        lines.append("")
+
+    lines += ["## Collectives per rank per scheduler tick", ""]
+    tick_id = tick_injection(sides, tick_function)
+    lines += [
+        "Counted by the injector's fire logs (the collective ledger was not recorded for these runs): `entered` is the "
+        "number of calls of each injected site on each rank after arming. "
+        + (f"`{tick_id}` counts scheduler ticks (`{tick_function}` runs once per tick), so the other sites are also "
+           "shown per tick." if tick_id else "No per-tick site was counted, so counts are per run."),
+        "",
+    ]
+    lines += ["| side | rank | " + ("ticks | " if tick_id else "") + "site calls (entered" + (", per tick" if tick_id else "") + ") |",
+              "|---|---|" + ("---|" if tick_id else "") + "---|"]
+    for s in sides:
+        for r in s.ranks:
+            ticks = r.counts.get(tick_id, {}).get("entered", 0) if tick_id else 0
+            parts = []
+            for i, _site in s.injections:
+                if i == tick_id:
+                    continue
+                n = r.counts.get(i, {}).get("entered", 0)
+                parts.append(f"`{i}` {n}" + (f" ({n / ticks:.2f}/tick)" if tick_id and ticks else ""))
+            lines.append(f"| {s.side} | TP{r.rank} | " + (f"{ticks} | " if tick_id else "") + (", ".join(parts) or "-") + " |")
+    lines += ["", "## Versions", ""]
+    for s in sides:
+        v = s.versions
+        keys = ("sglang", "torch", "python", "target_python", "platform")
+        lines.append(f"- {s.side}: " + ", ".join(f"{k} {v[k]}" for k in keys if v.get(k)) + f"; code: {_md(s.description)}")
+    lines += ["", "## Reproduce", "", "Both sides:", "", "```", compare_command(opts), "```", ""]
+    for s in sides:
+        lines += [f"{s.side.capitalize()} only:", "", "```", s.command, "```", ""]
+    return "\n".join(lines)
+
+
+def write_comparison(result: CompareResult, opts: CompareOptions, scenario: str, variant: str) -> Path:
+    """Write ``COMPARISON.md`` and ``compare.json`` into ``result.folder``; returns the markdown's path."""
+    from repro.targets.sglang import SGLangAdapter
+
+    tick_function = getattr(SGLangAdapter, "tick_function", "")
+    md = comparison_markdown(result, opts, scenario, variant, tick_function)
+    path = result.folder / "COMPARISON.md"
+    ev.write_text_atomic(path, md + "\n")
+    ev.write_json_atomic(result.folder / "compare.json", compare_json(result))
+    return path
+
+
+def compare_json(result: CompareResult) -> dict:
+    """The comparison as plain JSON (what ``--json`` prints and ``compare.json`` holds)."""
+    return {
+        "exit_code": result.exit_code,
+        "wall_s": round(result.wall_s, 3),
+        "folder": str(result.folder),
+        "comparison": str(result.folder / "COMPARISON.md"),
+        "sides": [
+            {
+                "side": s.side, "ref": s.ref, "description": s.description, "expect": s.expect, "verdict": s.verdict,
+                "reason": s.reason, "notes": list(s.notes), "matched": s.matched, "evidence": str(s.evidence),
+                "timings": {k: round(v, 3) for k, v in s.timings.items() if isinstance(v, (int, float))},
+                "requests_ok": s.requests_ok, "requests_total": s.requests_total,
+                "ranks": [{"rank": r.rank, "counts": r.counts, "state": r.state, "where": r.where} for r in s.ranks],
+                "versions": s.versions, "command": s.command,
+            }
+            for s in result.sides
+        ],
+    }
+
+
+def dumps(result: CompareResult) -> str:
+    """``compare_json`` as a JSON string."""
+    return json.dumps(compare_json(result), indent=2)
