@@ -323,7 +323,7 @@ class RankState(BaseModel):
 
     def where(self) -> str:
         """Short human description: ``all_reduce via GroupCoordinator ← VocabParallelEmbedding.forward ← …``."""
-        chain = " ← ".join(self.caller_chain[:4])
+        chain = " ← ".join(self.caller_chain[:3])
         if self.state == "collective":
             via = f" via {self.via}" if self.via and self.via != "torch.distributed" else ""
             return f"{self.op}{via} ← {chain}" if chain else f"{self.op}{via}"
@@ -384,7 +384,7 @@ class Analysis(BaseModel):
 
     def to_markdown(self, captures: Sequence[RankCapture] = ()) -> str:
         """GitHub-flavoured markdown for an issue comment: summary, per-rank table, raw stacks in ``<details>``."""
-        out = [f"**{'DIVERGED' if self.diverged else 'NOT DIVERGED'}** — {self.summary}", ""]
+        out = [f"**Diagnosis:** {self.summary}", ""]
         out.append("| rank | state | blocked in | via | call site | caller chain |")
         out.append("|---|---|---|---|---|---|")
         for r in self.ranks:
@@ -558,16 +558,16 @@ def _summary(states: list[RankState], judged: list[RankGroup], busy: list[int], 
     if busy:
         bs = [s for s in states if s.state == "busy"]
         b = "; ".join(f"rank {s.rank} busy in {s.blocked_frame}" for s in bs[:3])
-        return (f"not diverged yet: {b} (a busy rank may still reach the collective), while "
+        return (f"Not diverged yet: {b} (a busy rank may still reach the collective), while "
                 + "; ".join(_group_text(g) for g in judged) + tail + ".")
     if len(judged) == 1:
         g = judged[0]
         if g.state == "collective":
-            return (f"not diverged: all {len(g.ranks)} ranks wait in {g.where} — the same collective from the "
+            return (f"Not diverged: all {len(g.ranks)} ranks wait in {g.where} — the same collective from the "
                     f"same call site (idle ranks look like this; not a hang by itself){tail}.")
-        return f"not diverged: all {len(g.ranks)} ranks {g.where}{tail}."
+        return f"Not diverged: all {len(g.ranks)} ranks {g.where}{tail}."
     if not diverged:
-        return "not diverged: " + "; ".join(_group_text(g) for g in judged) + f" ({reason}){tail}."
+        return "Not diverged: " + "; ".join(_group_text(g) for g in judged) + f" ({reason}){tail}."
     if even:
         sides = "; ".join(_group_text(g) for g in judged)
         n = " against ".join(str(len(g.ranks)) for g in judged)

@@ -457,6 +457,8 @@ def analyze(
 
     Exit 0 when analysed (diverged or not), 2 on bad input.
     """
+    from rich.markup import escape as rich_escape
+
     from repro.analysis import AnalyzeInputError, analyze as analyze_captures, load_captures
 
     try:
@@ -480,14 +482,13 @@ def analyze(
     for r in result.ranks:
         style = "bold red" if r.rank in odd else ("yellow" if r.state in ("busy", "unknown") else "")
         state = r.state if r.main_thread or not r.thread else f"{r.state} (thread {r.thread})"
-        table.add_row(str(r.rank), state, r.op or r.wait or r.error, r.via or "", r.blocked_frame or "",
-                      " \u2190 ".join(r.caller_chain[:5]), style=style)
+        cells = [str(r.rank), state, r.op or r.wait or r.error, r.via or "", r.blocked_frame or "",
+                 " \u2190 ".join(r.caller_chain[:4])]
+        table.add_row(*(rich_escape(c) for c in cells), style=style)
     out.print(table)
-    head = "[bold red]DIVERGED[/]" if result.diverged else "[bold green]NOT DIVERGED[/]"
-    out.print(f"{head} \u2014 ", end="")
-    out.print(result.summary, markup=False, highlight=False)
+    out.print(rich_escape(result.summary), style="bold red" if result.diverged else "bold green", highlight=False)
     for w in result.warnings:
-        console.print(f"[yellow]warning:[/] {w}", markup=True, highlight=False)
+        console.print(f"[yellow]warning:[/] {rich_escape(w)}", highlight=False)
     if markdown is not None:
         console.print(f"markdown written to {markdown}")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -74,7 +75,7 @@ def test_idle_ranks_in_broadcast_are_not_a_deadlock(dumps_dir):
         assert (r.state, r.op, r.via) == ("collective", "broadcast", "broadcast_pyobj")
         assert r.caller_chain[:2] == ["SchedulerRequestReceiver._broadcast_reqs_across_ranks",
                                       "SchedulerRequestReceiver.recv_requests"]
-    assert a.summary.startswith("not diverged") and "not a hang by itself" in a.summary
+    assert a.summary.startswith("Not diverged") and "not a hang by itself" in a.summary
 
 
 def test_tp4_prefetch_rank0_alone_in_the_cache_all_reduce(dumps_dir):
@@ -221,6 +222,26 @@ def test_unreadable_rank_is_reported_and_the_others_analysed(dumps_dir, tmp_path
 def test_markdown_has_the_summary_table_and_raw_stacks(dumps_dir):
     caps = load_captures([dumps_dir / "sglang_tp2_cpu_hang"])
     md = analyze(caps).to_markdown(caps)
-    assert md.startswith("**DIVERGED**")
+    assert md.startswith("**Diagnosis:** DIVERGED")
     assert "| rank | state | blocked in | via | call site | caller chain |" in md
     assert md.count("<details>") == 2 and "sglang::scheduler_TP1" in md
+
+
+def test_cli_analyze_prints_table_summary_json_and_markdown(dumps_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from repro.cli import EXIT_USAGE, app
+
+    runner = CliRunner()
+    md = tmp_path / "comment.md"
+    res = runner.invoke(app, ["analyze", str(dumps_dir / "gloo3_extra_allreduce"), "--markdown", str(md)])
+    assert res.exit_code == 0, res.output
+    assert "Where each rank is blocked" in res.output and "odd rank out: 0" in res.output
+    assert md.read_text().startswith("**Diagnosis:** DIVERGED")
+    res = runner.invoke(app, ["analyze", "--json", str(dumps_dir / "sglang_tp2_cpu_idle" / "rank0.txt"),
+                              str(dumps_dir / "sglang_tp2_cpu_idle" / "rank1.txt")])
+    assert res.exit_code == 0
+    data = json.loads(res.stdout)
+    assert data["diverged"] is False and [r["rank"] for r in data["ranks"]] == [0, 1]
+    res = runner.invoke(app, ["analyze", str(tmp_path / "missing")])
+    assert res.exit_code == EXIT_USAGE and "no such file or folder" in " ".join(res.output.split())
