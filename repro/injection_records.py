@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Union
 
-_TP_TITLE = re.compile(r"sglang::scheduler(?:_[A-Z]+\d+)*?_TP(\d+)")
+_TP_TITLE = re.compile(r"^sglang::scheduler(?:_[A-Z_]*?\d+)*?_TP(\d+)")
 
 
 class InjectorRecordsError(ValueError):
@@ -277,6 +277,10 @@ def read_injector_dir(path: Union[str, Path]) -> InjectorReport:
     for lg in logs:
         if lg.pid not in rank_of and lg.rank is not None:
             rank_of[lg.pid] = lg.rank
+    # a marker written before torch.distributed was up has no rank: take it from that process's fire log
+    from dataclasses import replace
+
+    markers = [replace(m, rank=rank_of[m.pid]) if m.rank is None and m.pid in rank_of else m for m in markers]
     err = p / "errors.log"
     errors_log = err.read_text(encoding="utf-8", errors="replace") if err.is_file() else ""
     markers.sort(key=lambda m: m.pid)

@@ -625,6 +625,18 @@ class Runtime:
                 self.error("background thread", e)
                 _sleep(1.0)
 
+    def flush(self) -> None:
+        """Write pending counts and marker now (also run at interpreter exit)."""
+        try:
+            if self.rank is None:
+                self.see_rank()
+            if self.dirty:
+                self.write_counts()
+            if self.marker_dirty:
+                self.write_marker()
+        except Exception:
+            pass
+
     def start_thread(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="repro-injector", daemon=True)
         self._thread.start()
@@ -728,6 +740,9 @@ def activate() -> Optional[Runtime]:
         rt.write_marker()
         rt.poll_arm(force=True)
         rt.start_thread()
+        import atexit
+
+        atexit.register(rt.flush)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=rt.after_fork)
         return rt
