@@ -48,6 +48,8 @@ class ProcInfo:
 def _info(p: psutil.Process) -> Optional[ProcInfo]:
     try:
         with p.oneshot():
+            if p.status() == psutil.STATUS_ZOMBIE:  # exited, only its exit status is left: nothing to stop
+                return None
             ct = p.create_time()
             name = p.name()
             try:
@@ -60,7 +62,7 @@ def _info(p: psutil.Process) -> Optional[ProcInfo]:
 
 
 def proc_info(pid: int) -> Optional[ProcInfo]:
-    """Snapshot one pid; None when it does not exist (or has exited)."""
+    """Snapshot one pid; None when it does not exist or has exited (zombie)."""
     try:
         return _info(psutil.Process(pid))
     except psutil.NoSuchProcess:
@@ -68,9 +70,9 @@ def proc_info(pid: int) -> Optional[ProcInfo]:
 
 
 def snapshot_tree(root_pid: int) -> list[ProcInfo]:
-    """Snapshot ``root_pid`` and all its live descendants (root first, then by pid).
+    """Snapshot ``root_pid`` and all its live descendants (root first, then by pid); zombies are left out.
 
-    Returns an empty list when the root no longer exists. Orphans already re-parented away from the tree are not
+    Returns an empty list when the root no longer exists (or is a zombie). Orphans already re-parented away from the tree are not
     found here: take snapshots while the tree is intact (the launcher snapshots before every stop).
     """
     try:

@@ -1,0 +1,161 @@
+"""Launcher: ports, start-up failures, health wait and whole-tree stop, on real processes (fast; no sglang server).
+
+Engine-independent behaviour is exercised with small stand-in server programs (an ``http.server`` that answers
+``/health``, a sleeper, a process tree); the start-up failure test uses the real SGLang adapter's command line.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from repro.launcher import LaunchError, pick_free_port, port_free, start_server
+from repro.procs import alive
+from repro.targets.base import LaunchSpec
+from repro.targets.sglang import SGLangAdapter
+
+
+class _CommandAdapter(SGLangAdapter):
+    """The SGLang adapter with the command replaced by a small program (``{port}`` is filled in)."""
+
+    def __init__(self, argv: list[str]):
+        self.argv = argv
+
+    def launch_command(self, spec: LaunchSpec) -> list[str]:
+        return [a.format(port=spec.port, nccl_port=spec.nccl_port) for a in self.argv]
+
+
+def _spec(**kw) -> LaunchSpec:
+    d = dict(python=sys.executable, model="/nonexistent/model", tp_size=2)
+    d.update(kw)
+    return LaunchSpec(**d)
+
+
+def _one_line(e: BaseException) -> str:
+    s = str(e)
+    assert "\n" not in s, f"error is not one line: {s!r}"
+    return s
+
+
+def test_pick_free_port_returns_a_bindable_port():
+    p = pick_free_port()
+    assert 1024 <= p <= 65535
+    assert port_free("127.0.0.1", p)
+    q = pick_free_port(exclude=(p,))
+    assert q != p
+
+
+@pytest.mark.parametrize("field, flag", [("port", "--port"), ("nccl_port", "--nccl-port")])
+def test_port_in_use_is_one_clear_line_naming_the_flag(tmp_path: Path, field: str, flag: str):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        with pytest.raises(LaunchError) as e:
+            start_server(SGLangAdapter(), _spec(**{field: busy}), tmp_path / "server.log")
+    msg = _one_line(e.value)
+    assert str(busy) in msg and "already in use" in msg and flag in msg
+
+
+def test_missing_interpreter_names_python_flag_and_setup(tmp_path: Path):
+    with pytest.raises(LaunchError) as e:
+        start_server(SGLangAdapter(), _spec(python=str(tmp_path / "no-python")), tmp_path / "server.log")
+    msg = _one_line(e.value)
+    assert "--python" in msg and "setup.sh" in msg
+
+
+def test_server_dying_at_startup_is_one_line_with_cause_and_log(tmp_path: Path):
+    # Real adapter command; it dies at once: this interpreter lacks sglang, or (if it has it) the flag is unknown.
+    log = tmp_path / "server.log"
+    with start_server(SGLangAdapter(), _spec(args=["--no-such-flag-for-repro-test"]), log) as server:
+        with pytest.raises(LaunchError) as e:
+            server.wait_healthy(60)
+        assert not server.is_running()
+    msg = _one_line(e.value)
+    assert "exited with code" in msg and str(log) in msg
+    assert ("sglang" in msg) or ("no-such-flag" in msg)
+    assert "sglang.launch_server" in log.read_text()  # the launch line is recorded first
+    assert e.value.log_tail
+
+
+def test_healthy_server_gets_free_ports_and_answers(tmp_path: Path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "health").write_text("ok")
+    adapter = _CommandAdapter([sys.executable, "-m", "http.server", "{port}", "--bind", "127.0.0.1", "--directory", str(site)])
+    with start_server(adapter, _spec(), tmp_path / "server.log") as server:
+        assert server.spec.port != 0 and server.spec.nccl_port != 0 and server.spec.port != server.spec.nccl_port
+        assert server.url == f"http://127.0.0.1:{server.spec.port}"
+        waited = server.wait_healthy(30)
+        assert waited >= 0 and server.health_ok()
+        snap = server.procs()
+        assert [p.pid for p in snap] == [server.pid]
+    assert not any(alive(p) for p in snap)
+
+
+def test_health_deadline_is_one_line_with_url_and_log(tmp_path: Path):
+    adapter = _CommandAdapter([sys.executable, "-c", "import time; print('loading weights', flush=True); time.sleep(3600)"])
+    with start_server(adapter, _spec(), tmp_path / "server.log") as server:
+        with pytest.raises(LaunchError) as e:
+            server.wait_healthy(1.0, poll_s=0.1)
+        assert server.is_running()
+    msg = _one_line(e.value)
+    assert "not healthy after" in msg and "/health" in msg and "loading weights" in msg
+    assert not server.is_running()
+
+
+# root -> child -> grandchild (own session). argv[1] == "ignore": the grandchild ignores SIGTERM (needs SIGKILL).
+TREE = textwrap.dedent(
+    """
+    import signal, subprocess, sys, time
+    mode = sys.argv[1]
+    role = sys.argv[2] if len(sys.argv) > 2 else "root"
+    if role == "root":
+        subprocess.Popen([sys.executable, __file__, mode, "child"])
+    elif role == "child":
+        subprocess.Popen([sys.executable, __file__, mode, "grandchild"], start_new_session=True)
+    elif mode == "ignore":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(3600)
+    """
+)
+
+
+def _wait_tree(server, n: int) -> list:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        snap = server.procs()
+        if len(snap) == n:
+            return snap
+        time.sleep(0.05)
+    raise AssertionError(f"expected {n} processes, saw {server.procs()}")
+
+
+def test_stop_ends_whole_tree_including_sigterm_ignoring_grandchild_and_is_idempotent(tmp_path: Path):
+    script = tmp_path / "tree.py"
+    script.write_text(TREE)
+    server = start_server(_CommandAdapter([sys.executable, str(script), "ignore"]), _spec(), tmp_path / "server.log")
+    try:
+        snap = _wait_tree(server, 3)
+    finally:
+        left = server.stop(grace_s=0.5)
+    assert left == []
+    assert not any(alive(p) for p in snap)
+    assert server.stop() == []
+    assert server.popen.poll() is not None
+
+
+def test_context_manager_stops_tree_on_keyboard_interrupt(tmp_path: Path):
+    script = tmp_path / "tree.py"
+    script.write_text(TREE)
+    snap = []
+    with pytest.raises(KeyboardInterrupt):
+        with start_server(_CommandAdapter([sys.executable, str(script), "obey"]), _spec(), tmp_path / "server.log") as server:
+            snap = _wait_tree(server, 3)
+            raise KeyboardInterrupt
+    assert len(snap) == 3 and not any(alive(p) for p in snap)

@@ -1,0 +1,261 @@
+"""CPU testbed: locations, the sgl_kernel stand-in, the tiny model, setup.sh error paths, interpreter choice."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+
+from repro import interpreter, testbed
+from repro.interpreter import InterpreterError, choose_python
+
+REPO = Path(__file__).resolve().parent.parent
+SETUP = REPO / "scripts" / "cpu_testbed" / "setup.sh"
+
+
+# ---- locations -------------------------------------------------------------------------------------------------
+def test_testbed_dir_default_env_and_xdg(monkeypatch, tmp_path: Path):
+    monkeypatch.delenv("REPRO_TESTBED_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert testbed.testbed_dir() == Path.home() / ".cache" / "tp-deadlock-repro" / "testbed" / f"sglang-{testbed.SGLANG_VERSION}"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert testbed.testbed_dir() == tmp_path / "xdg" / "tp-deadlock-repro" / "testbed" / f"sglang-{testbed.SGLANG_VERSION}"
+    monkeypatch.setenv("REPRO_TESTBED_DIR", str(tmp_path / "tb"))
+    assert testbed.testbed_dir() == tmp_path / "tb"
+
+
+def _fake_python(path: Path, body: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def test_is_set_up_needs_python_and_stamp(monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("REPRO_TESTBED_DIR", str(tmp_path))
+    assert testbed.testbed_python() is None and not testbed.is_set_up()
+    _fake_python(tmp_path / "venv" / "bin" / "python", "exit 0")
+    assert testbed.testbed_python() == tmp_path / "venv" / "bin" / "python"
+    assert not testbed.is_set_up()
+    (tmp_path / testbed.STAMP_NAME).write_text("sglang=x\n")
+    assert testbed.is_set_up()
+
+
+def test_setup_sh_and_testbed_py_pin_the_same_versions():
+    text = SETUP.read_text()
+    assert f'SGLANG_VERSION="{testbed.SGLANG_VERSION}"' in text
+    assert f'TORCH_VERSION="{testbed.TORCH_VERSION}"' in text
+
+
+# ---- tiny model ----------------------------------------------------------------------------------------------------
+def test_tiny_model_is_config_only_llama():
+    d = testbed.tiny_model_dir()
+    assert sorted(p.name for p in d.iterdir()) == ["config.json"]
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"]
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
+            cfg["vocab_size"], cfg["torch_dtype"]) == (64, 2, 4, 2, 1024, "float32")
+    # TP=2 must split heads and KV heads evenly.
+    assert cfg["num_attention_heads"] % 2 == 0 and cfg["num_key_value_heads"] % 2 == 0
+
+
+# ---- sgl_kernel stand-in (real torch, in the testbed interpreter) -----------------------------------------------------
+STAND_IN_CHECK = textwrap.dedent(
+    """
+    import ctypes, sys, torch
+    import sgl_kernel
+    assert sgl_kernel.__file__.startswith(sys.argv[1]), sgl_kernel.__file__
+    from sgl_kernel import assign_req_to_token_pool_cpu, copy_all_layer_kv_cache_cpu
+
+    # assign_req_to_token_pool_cpu: entries laid out back to back in out_cache_loc.
+    req_to_token = torch.zeros((4, 10), dtype=torch.int32)
+    assign_req_to_token_pool_cpu(torch.tensor([2, 0]), req_to_token, torch.tensor([1, 0]), torch.tensor([4, 2]),
+                                 torch.tensor([7, 8, 9, 5, 6], dtype=torch.int64), 10)
+    assert req_to_token[2, 1:4].tolist() == [7, 8, 9], req_to_token
+    assert req_to_token[0, 0:2].tolist() == [5, 6], req_to_token
+    assert int(req_to_token.sum()) == 7 + 8 + 9 + 5 + 6
+
+    # copy_all_layer_kv_cache_cpu: slot src -> tgt in every layer buffer.
+    bufs = [torch.arange(8 * 3, dtype=torch.float32).reshape(8, 3) + 100 * i for i in range(2)]
+    ref = [b.clone() for b in bufs]
+    ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.uint64)
+    strides = torch.tensor([b.stride(0) * b.element_size() for b in bufs], dtype=torch.int64)
+    copy_all_layer_kv_cache_cpu(ptrs, strides, torch.tensor([5, 6]), torch.tensor([1, 2]))
+    for b, r in zip(bufs, ref):
+        r[5], r[6] = r[1].clone(), r[2].clone()
+        assert torch.equal(b, r), (b, r)
+
+    # Unprovided names raise a clear error only when called.
+    for name in ("verify_tree_greedy_cpu", "fill_bonus_tokens_cpu"):
+        try:
+            getattr(sgl_kernel, name)()
+        except NotImplementedError as e:
+            assert "not provided by the CPU stand-in" in str(e), e
+        else:
+            raise AssertionError(name + " did not raise")
+    from sgl_kernel.mamba import causal_conv1d_update_cpu
+    try:
+        causal_conv1d_update_cpu()
+    except NotImplementedError:
+        pass
+    else:
+        raise AssertionError("mamba stand-in did not raise")
+
+    # No torch.ops.sgl_kernel ops: sglang's AMX detection stays off.
+    assert not hasattr(torch.ops.sgl_kernel, "convert_weight_packed")
+    print("stand-in ok")
+    """
+)
+
+
+def test_sgl_kernel_stand_in_implements_generate_path_ops_and_registers_no_torch_ops(torch_python: str, tmp_path: Path):
+    script = tmp_path / "check.py"
+    script.write_text(STAND_IN_CHECK)
+    env = {**os.environ, "PYTHONPATH": str(testbed.stub_dir())}
+    r = subprocess.run([torch_python, str(script), str(testbed.stub_dir())], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "stand-in ok" in r.stdout
+
+
+def _module_level_sgl_kernel_imports(sglang_dir: Path) -> dict[str, set[str]]:
+    """module ('sgl_kernel' / 'sgl_kernel.mamba') -> names imported at module level (not inside a function)."""
+    found: dict[str, set[str]] = {}
+
+    def visit(node, in_func: bool) -> None:
+        for ch in ast.iter_child_nodes(node):
+            if isinstance(ch, ast.ImportFrom) and not in_func and (ch.module or "").startswith("sgl_kernel"):
+                found.setdefault(ch.module, set()).update(a.name for a in ch.names)
+            visit(ch, in_func or isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    for f in sglang_dir.rglob("*.py"):
+        if "multimodal_gen" in f.parts or "test" in f.parts:
+            continue
+        try:
+            text = f.read_text(encoding="utf-8")
+            if "sgl_kernel" not in text:
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                visit(ast.parse(text), False)
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+    return found
+
+
+def test_stand_in_exports_every_module_level_cpu_import_of_the_installed_sglang():
+    py = testbed.testbed_python()
+    if py is None:
+        pytest.fail(f"CPU testbed not set up at {testbed.testbed_dir()}: run `{testbed.setup_command()}`")
+    # find_spec locates the package without importing it.
+    where = subprocess.run([str(py), "-c", "import importlib.util as u; print(u.find_spec('sglang').submodule_search_locations[0])"],
+                           capture_output=True, text=True, timeout=60)
+    assert where.returncode == 0, where.stderr
+    imports = _module_level_sgl_kernel_imports(Path(where.stdout.strip()))
+    cpu_names = {(m, n) for m, names in imports.items() for n in names if n.endswith("_cpu")}
+    assert ("sgl_kernel", "assign_req_to_token_pool_cpu") in cpu_names  # the scan itself works
+    stub = testbed.stub_dir()
+    exported = {
+        "sgl_kernel": set(_exports(stub / "sgl_kernel" / "__init__.py")),
+        "sgl_kernel.mamba": set(_exports(stub / "sgl_kernel" / "mamba.py")),
+    }
+    missing = sorted(f"{m}.{n}" for m, n in cpu_names if n not in exported.get(m, set()))
+    assert not missing, f"sglang imports these *_cpu names at module level but the stand-in lacks them: {missing}"
+
+
+def _exports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names.extend(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+# ---- setup.sh error paths (no install) --------------------------------------------------------------------------
+def _run_setup(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run(["bash", str(SETUP), *args], capture_output=True, text=True, timeout=120, env=env,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_setup_unknown_argument_is_usage_error():
+    r = _run_setup("--bogus")
+    assert r.returncode == 2
+    assert "unknown argument '--bogus'" in r.stderr and "--dir" in r.stderr
+
+
+def test_setup_reports_which_package_pip_could_not_install(tmp_path: Path):
+    # A venv whose pip fails the way an unreachable index does; setup.sh must say which package and how to fix.
+    _fake_python(
+        tmp_path / "venv" / "bin" / "python",
+        'case "$*" in\n'
+        '  *"-m pip"*) echo "ERROR: No matching distribution found for sglang==0.5.23" >&2; exit 1 ;;\n'
+        '  *) exit 0 ;;\n'
+        'esac',
+    )
+    r = _run_setup("--dir", str(tmp_path))
+    assert r.returncode == 1
+    assert "ERROR" in r.stderr and "sglang==0.5.23" in r.stderr and "package index" in r.stderr
+    assert not (tmp_path / testbed.STAMP_NAME).exists()
+
+
+def test_setup_with_missing_base_python_names_the_flag(tmp_path: Path):
+    r = _run_setup("--dir", str(tmp_path / "tb"), "--python", str(tmp_path / "nope"))
+    assert r.returncode == 1 and "--python" in r.stderr
+
+
+# ---- interpreter choice --------------------------------------------------------------------------------------------
+@pytest.fixture
+def no_testbed(monkeypatch, tmp_path: Path) -> Path:
+    d = tmp_path / "empty-testbed"
+    monkeypatch.setenv("REPRO_TESTBED_DIR", str(d))
+    return d
+
+
+def test_explicit_python_wins(no_testbed, tmp_path: Path):
+    py = _fake_python(tmp_path / "bin" / "python", "exit 1")
+    assert choose_python(str(py)) == str(py)
+
+
+def test_explicit_python_missing_is_clear_error(no_testbed, tmp_path: Path):
+    with pytest.raises(InterpreterError, match="--python"):
+        choose_python(str(tmp_path / "missing" / "python"))
+
+
+def test_current_interpreter_used_when_it_imports_sglang(monkeypatch, no_testbed, tmp_path: Path):
+    ok = _fake_python(tmp_path / "withsglang" / "python", "exit 0")  # `-c "import sglang"` succeeds
+    monkeypatch.setattr(sys, "executable", str(ok))
+    assert choose_python(None) == str(ok)
+
+
+def test_testbed_used_when_current_interpreter_lacks_sglang(monkeypatch, no_testbed, tmp_path: Path):
+    monkeypatch.setattr(sys, "executable", str(_fake_python(tmp_path / "plain" / "python", "exit 1")))
+    tb_py = _fake_python(no_testbed / "venv" / "bin" / "python", "exit 0")
+    (no_testbed / testbed.STAMP_NAME).write_text("ok\n")
+    assert choose_python(None) == str(tb_py)
+
+
+def test_no_sglang_and_no_testbed_is_one_line_naming_both_fixes(monkeypatch, no_testbed, tmp_path: Path):
+    monkeypatch.setattr(sys, "executable", str(_fake_python(tmp_path / "plain" / "python", "exit 1")))
+    with pytest.raises(InterpreterError) as e:
+        choose_python(None)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "--python" in msg and "scripts/cpu_testbed/setup.sh" in msg and str(no_testbed) in msg
+
+
+def test_import_check_runs_in_a_subprocess_not_here():
+    assert interpreter.can_import_sglang(sys.executable) == (
+        subprocess.run([sys.executable, "-c", "import sglang"], capture_output=True).returncode == 0
+    )
+    assert "sglang" not in sys.modules
