@@ -493,6 +493,69 @@ def analyze(
         console.print(f"markdown written to {markdown}")
 
 
+@app.command()
+def watch(
+    url: str = typer.Option(..., "--url", help="server base URL, e.g. http://127.0.0.1:30000"),
+    interval: float = typer.Option(10.0, "--interval", help="seconds between probe rounds (start to start)"),
+    probe_timeout: float = typer.Option(5.0, "--probe-timeout", help="seconds a 1-token generate probe may take"),
+    health_timeout: float = typer.Option(25.0, "--health-timeout", help="seconds a /health probe may take (above sglang's 20 s so its 503 is seen)"),
+    failures: int = typer.Option(3, "--failures", help="consecutive failed generate probes that declare a hang"),
+    pid_root: Optional[int] = typer.Option(None, "--pid-root", help="find rank processes under this pid (the server's launcher)"),
+    match: Optional[str] = typer.Option(None, "--match", help="rank processes are those whose title contains this (e.g. sglang::scheduler)"),
+    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
+    on_hang: Optional[str] = typer.Option(None, "--on-hang", help="shell command run AFTER the evidence is on disk, with REPRO_EVIDENCE_DIR set (e.g. a restart)"),
+    on_hang_timeout: float = typer.Option(600.0, "--on-hang-timeout", help="seconds before the --on-hang command's process group is ended"),
+    once: bool = typer.Option(False, "--once", help="probe once and exit: 0 healthy, 3 hung with deadlock evidence, 4 hung without, 6 unreachable"),
+    count: Optional[int] = typer.Option(None, "--count", help="stop after this many probe rounds"),
+    native: bool = typer.Option(False, "--native", help="py-spy --native stacks (slower; retried without on failure)"),
+) -> None:
+    """Probe a live server's generate path; on a hang keep the evidence (stacks ×2, diagnosis, /metrics), then run --on-hang.
+
+    One JSON line per probe round and per event on stdout. Runs until SIGINT/SIGTERM (exit 0); with --once exits
+    0 healthy, 3 hung with deadlock evidence, 4 hung without it, 6 unreachable; 2 on bad options.
+    """
+    from repro.watch import WatchConfigError, WatchOptions, Watcher
+
+    try:
+        opts = WatchOptions(url=url, interval_s=interval, probe_timeout_s=probe_timeout, health_timeout_s=health_timeout,
+                            failures=failures, pid_root=pid_root, match=match, evidence_root=evidence_dir,
+                            on_hang=on_hang, on_hang_timeout_s=on_hang_timeout, once=once, max_rounds=count,
+                            native=native).validate()
+    except WatchConfigError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(EXIT_USAGE)
+
+    notes = {
+        "hang": lambda e: f"[bold red]HANG[/] ({e['kind']}): {e['detail']}; capturing every rank …",
+        "evidence": lambda e: f"[{_verdict_style(e['verdict'])}]{e['verdict']}[/] {e['reason']}\n  evidence: {e['path']}",
+        "evidence_error": lambda e: f"[red]could not write[/] {e['path']}: {e['error']}"
+                                    + (f" (kept at {e['fallback']} instead)" if e.get("fallback") else ""),
+        "on_hang": lambda e: f"--on-hang exited {e.get('rc')}" + (" (timed out)" if e.get("timed_out") else ""),
+        "on_hang_skipped": lambda e: f"[yellow]--on-hang not run[/]: {e['reason']}",
+        "unreachable": lambda e: f"[yellow]unreachable[/]: {e['detail']}",
+        "recovered": lambda e: "[green]recovered[/]: a generate probe succeeded again",
+    }
+
+    def log(rec: dict) -> None:
+        sys.stdout.write(json.dumps(rec, default=str) + "\n")
+        sys.stdout.flush()
+        note = notes.get(rec["event"])
+        if note is not None:
+            from rich.markup import escape as rich_escape
+
+            console.print(note({k: rich_escape(v) if isinstance(v, str) else v for k, v in rec.items()}), highlight=False)
+
+    watcher = Watcher(opts, log)
+
+    def on_signal(signum, frame):  # noqa: ARG001
+        watcher.stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    code = watcher.run()
+    raise typer.Exit(code if once else 0)
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 
