@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The project's test command (README "Running the tests"; CI runs it from .ci/run).
+#
+#   bash scripts/test.sh [fast|sglang|hang ...] [-- extra pytest args]
+#
+# Runs the stages in order — fast (no SGLang server), sglang (real-SGLang tests sharing one healthy TP=2 server),
+# hang (tests that deliberately hang their own server) — each as its own pytest session, and prints each stage's
+# duration. A stage that collects no tests (pytest exit 5) fails: a marker nobody uses any more must not pass
+# silently. Stops at the first failing stage; exits with its code.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY="${PYTHON:-python3}"
+
+stages=()
+extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    fast|sglang|hang) stages+=("$1"); shift ;;
+    --) shift; extra=("$@"); break ;;
+    *) echo "test.sh: unknown stage '$1' (expected fast, sglang, hang; pytest args go after --)" >&2; exit 2 ;;
+  esac
+done
+[ ${#stages[@]} -eq 0 ] && stages=(fast sglang hang)
+
+marker() {
+  case "$1" in
+    fast) echo "not sglang and not hang" ;;
+    sglang) echo "sglang" ;;
+    hang) echo "hang" ;;
+  esac
+}
+
+summary=()
+total0=$(date +%s)
+for stage in "${stages[@]}"; do
+  echo "=== test stage '$stage': pytest -m \"$(marker "$stage")\" ==="
+  t0=$(date +%s)
+  "$PY" -m pytest -m "$(marker "$stage")" --durations=10 "${extra[@]}"
+  rc=$?
+  dt=$(( $(date +%s) - t0 ))
+  summary+=("$(printf '%-7s %5d s  exit %d' "$stage" "$dt" "$rc")")
+  if [ "$rc" -eq 5 ]; then
+    echo "test.sh: stage '$stage' collected no tests (pytest exit 5): that is a failure" >&2
+  fi
+  if [ "$rc" -ne 0 ]; then
+    printf '%s\n' "=== test durations ===" "${summary[@]}"
+    exit "$rc"
+  fi
+done
+printf '%s\n' "=== test durations ===" "${summary[@]}" "$(printf 'total   %5d s' $(( $(date +%s) - total0 )))"
