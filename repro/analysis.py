@@ -641,7 +641,13 @@ def _collect_files(paths: Iterable[Union[str, Path]], tag: Optional[str]) -> lis
             rank_files = [f for f in cands if re.match(r"rank\d+", f.name)]
             if rank_files:
                 tags = sorted({re.sub(r"^rank\d+", "", f.stem) for f in rank_files})
-                want = tag if tag is not None else ("" if "" in tags else tags[0])
+                if tag is not None:
+                    want = tag
+                elif "" in tags:
+                    want = ""
+                else:  # several tagged captures (repro run writes -1, -1b, -2, ...): the newest decided
+                    newest = max(rank_files, key=lambda f: (f.stat().st_mtime, f.name))
+                    want = re.sub(r"^rank\d+", "", newest.stem)
                 if want not in tags:
                     raise AnalyzeInputError(f"{folder}: no capture with tag {want!r}; found tags {tags}")
                 cands = [f for f in rank_files if re.sub(r"^rank\d+", "", f.stem) == want]
@@ -729,7 +735,8 @@ def analyze_paths(paths: Iterable[Union[str, Path]], tag: Optional[str] = None) 
 
     Args:
         paths: folders and/or files; one file per rank, or files holding several processes' dumps.
-        tag: which capture of an evidence folder (file suffix after ``rank<k>``); default the untagged one.
+        tag: which capture of an evidence folder (file suffix after ``rank<k>``, e.g. ``-1b``); default the
+            untagged one if present, else the newest (the confirming capture of ``repro run``).
     Raises:
         AnalyzeInputError: a path does not exist or holds no dump (message says what was expected).
     """

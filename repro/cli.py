@@ -451,7 +451,7 @@ def analyze(
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="also write the diagnosis as markdown "
                                                                      "(for an issue comment) to this file"),
     tag: Optional[str] = typer.Option(None, "--tag", help="which capture of an evidence folder: file suffix after "
-                                                          "rank<k> (default: the first, untagged one)"),
+                                                          "rank<k>, e.g. -1b (default: the untagged one, else the newest)"),
 ) -> None:
     """Explain where every rank is blocked from stack dumps; name the odd rank(s) out.
 

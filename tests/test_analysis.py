@@ -245,3 +245,19 @@ def test_cli_analyze_prints_table_summary_json_and_markdown(dumps_dir, tmp_path)
     assert data["diverged"] is False and [r["rank"] for r in data["ranks"]] == [0, 1]
     res = runner.invoke(app, ["analyze", str(tmp_path / "missing")])
     assert res.exit_code == EXIT_USAGE and "no such file or folder" in " ".join(res.output.split())
+
+
+def test_evidence_folder_without_untagged_capture_uses_the_newest(dumps_dir, tmp_path):
+    import os
+    import time
+
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    for k in range(2):
+        shutil.copy(dumps_dir / "sglang_tp2_cpu_idle" / f"rank{k}.txt", stacks / f"rank{k}-1.txt")
+        shutil.copy(dumps_dir / "sglang_tp2_cpu_hang" / f"rank{k}.txt", stacks / f"rank{k}-1b.txt")
+    old = time.time() - 100
+    for k in range(2):
+        os.utime(stacks / f"rank{k}-1.txt", (old, old))
+    assert analyze_paths([tmp_path]).diverged  # -1b is newest
+    assert not analyze_paths([tmp_path], tag="-1").diverged
