@@ -208,7 +208,7 @@ def check_patch_applies(patch_file: Path, root: Path, strip: int) -> None:
     if exe is None:
         raise CompareError("the `patch` program is not installed; install it (e.g. apt-get install patch) to use patch:FILE")
     try:
-        r = subprocess.run([exe, "--dry-run", "--batch", "--force", f"-p{strip}", "-d", str(root), "-i", str(patch_file)],
+        r = subprocess.run([exe, "--dry-run", "--batch", "--force", "--fuzz=0", f"-p{strip}", "-d", str(root), "-i", str(patch_file)],
                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise CompareError(f"patch --dry-run of {patch_file} failed to run: {e}") from None
@@ -259,7 +259,7 @@ def make_overlay(sglang_dir: Path, patch_file: Path, patch_text: str, strip: int
             if pyc_dir.is_dir():  # stale bytecode links of a patched module: let python recompile into the overlay
                 for pyc in pyc_dir.glob(target.stem + ".*.pyc"):
                     pyc.unlink()
-        r = subprocess.run(["patch", "--batch", "--forward", f"-p{strip}", "-d", str(root), "-i", str(patch_file)],
+        r = subprocess.run(["patch", "--batch", "--forward", "--fuzz=0", f"-p{strip}", "-d", str(root), "-i", str(patch_file)],
                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
         if r.returncode != 0:
             raise CompareError(f"applying {patch_file} to the overlay failed: {(r.stdout + r.stderr).strip().splitlines()[-1:]}")
