@@ -350,17 +350,26 @@ class HealthView:
         return asdict(self)
 
 
-def classify_health(answers: Sequence[ProbeResult], since: float, in_flight_s: Optional[float],
+def classify_health(answers: Sequence[ProbeResult], since_round: int, in_flight: Optional[tuple[int, float]],
                     probe_timeout_s: float) -> HealthView:
-    """Classify the hang by the newest /health answer that started at or after ``since`` (the first failed
-    generate probe's start, seconds since the epoch); a probe still in flight for ``probe_timeout_s`` or longer
-    counts as not answering; otherwise ``health-unknown``.
+    """Classify a hang by what /health said since the first failed generate probe.
+
+    Args:
+        answers: completed /health probes (``round`` = the probe round that started each).
+        since_round: probe round of the first failed generate probe; answers of earlier rounds do not count.
+        in_flight: (round, seconds waiting) of the /health probe still in flight, or None.
+        probe_timeout_s: a probe in flight at least this long (seconds) counts as not answering.
+    Returns:
+        The newest answer's kind (``silent`` for 200, ``health-error``, ``health-timeout``, ``health-unreachable``);
+        ``health-timeout`` when the newest probe is still in flight past ``probe_timeout_s``; else
+        ``health-unknown``.
     """
-    recent = [a for a in answers if a.started >= since - 1e-6]
-    last = max(recent, key=lambda a: a.started) if recent else None
-    if in_flight_s is not None and in_flight_s >= probe_timeout_s and (last is None or last.started < time.time() - in_flight_s):
-        return HealthView(HEALTH_TIMEOUT, f"/health has not answered for {in_flight_s:.1f} s while generate probes fail",
-                          None, round(in_flight_s, 3))
+    recent = [a for a in answers if a.round >= since_round]
+    last = max(recent, key=lambda a: a.round) if recent else None
+    if in_flight is not None and in_flight[0] >= since_round and in_flight[1] >= probe_timeout_s \
+            and (last is None or last.round < in_flight[0]):
+        return HealthView(HEALTH_TIMEOUT, f"/health has not answered for {in_flight[1]:.1f} s while generate probes "
+                                          "fail", None, round(in_flight[1], 3))
     if last is None:
         return HealthView(HEALTH_UNKNOWN, "no /health answer since the generate probes started failing")
     if last.outcome == OK:
@@ -539,6 +548,7 @@ class Watcher:
         self.failures = 0
         self.unreachable = 0
         self.first_failure_t: Optional[float] = None
+        self.first_failure_round = 0
         self.hangs: list[HangOutcome] = []
         self._on_hang_proc: Optional[subprocess.Popen] = None
 
@@ -646,6 +656,7 @@ class Watcher:
         self.failures += 1
         if self.first_failure_t is None:
             self.first_failure_t = gen.started
+            self.first_failure_round = gen.round
         if self.state == "hung":
             return None
         if self.failures >= need:
@@ -655,8 +666,8 @@ class Watcher:
         return None
 
     def _health_view(self) -> HealthView:
-        in_flight = time.monotonic() - self._health.started_mono if self._health.busy() else None
-        return classify_health(list(self.health_answers), self.first_failure_t or time.time(), in_flight,
+        in_flight = (self._health.round, time.monotonic() - self._health.started_mono) if self._health.busy() else None
+        return classify_health(list(self.health_answers), self.first_failure_round or self.round, in_flight,
                                self.opts.probe_timeout_s)
 
     # ---- loop --------------------------------------------------------------------------------------------------

@@ -235,18 +235,20 @@ def test_probes_never_overlap_and_a_timed_out_probe_is_abandoned(stub: Stub, tmp
     assert w._health.busy() is False or w._health.round <= len(probes)
 
 
-def classify(*answers: ProbeResult, since: float, in_flight_s=None) -> str:
-    return classify_health(list(answers), since, in_flight_s, probe_timeout_s=1.0).kind
+def classify(*answers: ProbeResult, since_round: int, in_flight=None) -> str:
+    return classify_health(list(answers), since_round, in_flight, probe_timeout_s=1.0).kind
 
 
 def test_health_classification_uses_the_newest_answer_since_the_first_failure() -> None:
-    t = time.time()
-    ok_before = ProbeResult("health", "ok", 200, 0.01, t - 10)
-    err_after = ProbeResult("health", "http_error", 503, 20.0, t - 1)
-    assert classify(ok_before, since=t - 5) == "health-unknown", "an answer from before the failures does not count"
-    assert classify(ok_before, err_after, since=t - 5) == HEALTH_ERROR
-    assert classify(ProbeResult("health", "ok", 200, 0.01, t - 1), since=t - 5) == SILENT
-    assert classify(since=t - 5, in_flight_s=4.0) == "health-timeout"
+    ok_before = ProbeResult("health", "ok", 200, 0.01, 0.0, round=3)
+    err_after = ProbeResult("health", "http_error", 503, 20.0, 0.0, round=5)
+    assert classify(ok_before, since_round=5) == "health-unknown", "an answer from before the failures does not count"
+    assert classify(ok_before, err_after, since_round=5) == HEALTH_ERROR
+    assert classify(ProbeResult("health", "ok", 200, 0.01, 0.0, round=6), since_round=5) == SILENT
+    assert classify(since_round=5, in_flight=(5, 4.0)) == "health-timeout"
+    assert classify(ProbeResult("health", "ok", 200, 0.01, 0.0, round=6), since_round=5, in_flight=(7, 4.0)) == \
+        "health-timeout", "a newer probe still waiting outranks an older 200"
+    assert classify(since_round=5, in_flight=(5, 0.2)) == "health-unknown", "not waiting long enough to tell"
 
 
 # ---------------------------------------------------------------------------------------------------------------
