@@ -70,6 +70,7 @@ class SiteCounts:
     last_entered: Optional[float] = None
     first_fired: Optional[float] = None
     last_fired: Optional[float] = None
+    entered_before_poll: int = 0  # of ``entered``: calls after the arm file was written, before this rank noticed it
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,7 @@ def _read_log(path: Path, pid: int) -> ProcessLog:
             for iid, c in (e.get("counts") or {}).items():
                 counts[iid] = SiteCounts(pid, e.get("rank"), iid, arm_seq, int(c.get("entered", 0)), int(c.get("matched", 0)),
                                          int(c.get("fired", 0)), c.get("first_entered"), c.get("last_entered"),
-                                         c.get("first_fired"), c.get("last_fired"))
+                                         c.get("first_fired"), c.get("last_fired"), int(c.get("entered_before_poll") or 0))
         elif kind == "fire" and int(e.get("arm_seq", -1)) == arm_seq:
             fires.append(e)
         elif kind == "fire_done":

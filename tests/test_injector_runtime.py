@@ -173,8 +173,13 @@ def test_faulthandler_signal_dumps_all_threads(target: Path):
     try:
         _wait(lambda: list((target / "out").glob(f"loaded-{p.pid}.json")), "loaded marker")
         dump = target / "out" / f"faulthandler-{p.pid}.txt"
-        os.kill(p.pid, signal.SIGUSR2)
-        text = _wait(lambda: dump.read_text() if dump.exists() and "parked" in dump.read_text() else "", "faulthandler dump")
+
+        def dumped() -> str:
+            os.kill(p.pid, signal.SIGUSR2)  # again until the program has reached parked() (start-up may be slow)
+            time.sleep(0.2)
+            return dump.read_text() if dump.exists() and "parked" in dump.read_text() else ""
+
+        text = _wait(dumped, "faulthandler dump")
         assert "Thread" in text and "parked" in text
         assert p.poll() is None  # not chained to SIG_DFL: the process lives on
     finally:
@@ -273,3 +278,25 @@ def test_sitecustomize_in_venv_without_user_site_runs_shadowed_one(tmp_path: Pat
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["False", "True", "5"]  # user site off in a venv; both sitecustomizes ran
     assert list((target / "out").glob("loaded-*.json"))
+
+
+def test_calls_between_arm_write_and_poll_count_as_entered(tmp_path: Path):
+    # Ranks notice the arm file up to arm_poll_s apart; a rank that passes the site after the write but before its
+    # poll must still show the site as entered (not matched, not fired) for this arming.
+    sys.path.insert(0, str(INJECTORS))
+    from repro_injector._runtime import Runtime
+
+    plan = json.loads(_plan(tmp_path, [_inj("a", "tmod:Worker.step", {"kind": "skip"})]).read_text())
+    (tmp_path / "out").mkdir()
+    rt = Runtime(plan, str(tmp_path / "plan.json"))
+    site = rt.sites[0]
+    site.recent.append(time.time() - 60)  # long before the arm file existed: not counted
+    (tmp_path / "arm").write_text("a\n")
+    written = (tmp_path / "arm").stat().st_mtime
+    site.recent.extend([written + 0.001, written + 0.002])
+    rt.poll_arm(force=True)
+    c = site.counts
+    assert (c.entered, c.entered_before_poll, c.matched, c.fired) == (2, 2, 0, 0)
+    rep = read_injector_dir(tmp_path / "out")
+    (lg,) = rep.logs
+    assert lg.counts["a"].entered == 2 and lg.counts["a"].entered_before_poll == 2

@@ -11,7 +11,8 @@ contract is ``repro.scenario.compile_plan``; this package never imports ``repro`
   ``scenario``, ``variant``, ``faulthandler``, ``time``.
 - ``fires-<pid>.jsonl``, one JSON object per line, flushed per line; every line has ``event``, ``time``, ``pid``,
   ``rank``: ``armed`` / ``disarmed`` (``ids``, ``arm_seq``), ``counts`` (``arm_seq``, ``counts`` = {id: {entered,
-  matched, fired, first_entered, last_entered, first_matched, last_matched, first_fired, last_fired}}), ``fire``
+  matched, fired, first_entered, last_entered, first_matched, last_matched, first_fired, last_fired,
+  entered_before_poll}}), ``fire``
   (``id``, ``arm_seq``, ``n``, ``action``, ``caller``, ``stack``), ``fire_done`` (``id``, ``duration_s``,
   ``error``), ``error`` (``id``, ``message``).
 - ``errors.log``: one line per exception inside the injector (also one line on stderr).
@@ -32,7 +33,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Optional
 
 from . import gate as _gate
 from .resolve import Target, resolve_in_module, split_site
@@ -105,10 +107,11 @@ class Counts:
     """Per injection, per arming: entered / matched / fired and first/last times (epoch seconds)."""
 
     __slots__ = ("entered", "matched", "fired", "first_entered", "last_entered", "first_matched", "last_matched",
-                 "first_fired", "last_fired")
+                 "first_fired", "last_fired", "entered_before_poll")
 
     def __init__(self) -> None:
         self.entered = self.matched = self.fired = 0
+        self.entered_before_poll = 0  # calls between the arm file's write (mtime) and this process noticing it
         self.first_entered = self.last_entered = self.first_matched = self.last_matched = None
         self.first_fired = self.last_fired = None
 
@@ -136,6 +139,7 @@ class Site:
         self.action: Dict[str, Any] = spec.get("action") or {"kind": "none"}
         self.kind: str = self.action.get("kind", "none")
         self.counts = Counts()
+        self.recent: Deque[float] = deque(maxlen=256)  # times of calls made while disarmed (arm-window accounting)
         self.lock = threading.Lock()
         self.patched: Optional[Target] = None
         self.wrapper: Optional[Callable] = None
@@ -168,38 +172,45 @@ class Site:
         return r in self.ranks
 
     def enter(self, self_obj: Any, caller: Any) -> bool:
-        """Count the call and evaluate the gate and occurrence. True = fire now."""
+        """Count the call and evaluate the gate and occurrence (one lock round). True = fire now."""
         now = _wall()
-        c = self.counts
-        with self.lock:
-            c.entered += 1
-            if c.first_entered is None:
-                c.first_entered = now
-            c.last_entered = now
-        self.rt.dirty = True
-        if not self._rank_ok(self_obj) or not self.gate.check(caller):
+        ok = False
+        fire = False
+        try:
+            ok = (not self.ranks or self._rank_ok(self_obj)) and self.gate.check(caller)
+        finally:
+            with self.lock:
+                c = self.counts
+                c.entered += 1
+                if c.first_entered is None:
+                    c.first_entered = now
+                c.last_entered = now
+                if ok:
+                    fire = self._matched(c, now)
+            self.rt.dirty = True
+        return fire
+
+    def _matched(self, c: Counts, now: float) -> bool:
+        c.matched += 1
+        if c.first_matched is None:
+            c.first_matched = now
+        c.last_matched = now
+        if self.kind == "none":
             return False
-        with self.lock:
-            c.matched += 1
-            if c.first_matched is None:
-                c.first_matched = now
-            c.last_matched = now
-            if self.kind == "none":
-                return False
-            if self.max_fires and c.fired >= self.max_fires:
-                return False
-            if self.mode == "first":
-                fire = c.matched == 1
-            elif self.mode == "nth":
-                fire = c.matched == self.nth
-            else:
-                fire = True
-            if fire:
-                c.fired += 1
-                if c.first_fired is None:
-                    c.first_fired = now
-                c.last_fired = now
-            return fire
+        if self.max_fires and c.fired >= self.max_fires:
+            return False
+        if self.mode == "first":
+            fire = c.matched == 1
+        elif self.mode == "nth":
+            fire = c.matched == self.nth
+        else:
+            fire = True
+        if fire:
+            c.fired += 1
+            if c.first_fired is None:
+                c.first_fired = now
+            c.last_fired = now
+        return fire
 
     # ---- action -----------------------------------------------------------------------------------------------
 
@@ -461,12 +472,22 @@ class Runtime:
             if ids:
                 if self.armed:
                     self.write_counts()
+                # Ranks notice the arm file up to arm_poll_s apart: calls made after it was written but before this
+                # process noticed count as entered (not matched/fired), so "entered after arming" holds on a rank
+                # that passed the site in the same tick its peer fired.
+                written = key[0] / 1e9
                 for s in self.sites:
+                    c = Counts()
+                    early = sorted(t for t in list(s.recent) if t >= written) if s.id in ids else []
+                    if early:
+                        c.entered = c.entered_before_poll = len(early)
+                        c.first_entered, c.last_entered = early[0], early[-1]
+                    s.recent.clear()
                     with s.lock:
-                        s.counts = Counts()
+                        s.counts = c
                 self.arm_seq += 1
                 self.armed = frozenset(ids)
-                self.event("armed", ids=ids, arm_seq=self.arm_seq)
+                self.event("armed", ids=ids, arm_seq=self.arm_seq, arm_file_mtime=key[0] / 1e9)
                 self.write_counts()
             elif self.armed:
                 self.write_counts()
@@ -484,16 +505,16 @@ class Runtime:
         else:
             orig = target.raw
         has_self = kind in ("function", "classmethod")
+        recent_append = site.recent.append
 
         def repro_injected(*args: Any, **kwargs: Any) -> Any:
             if _monotonic() >= rt._next_poll:
                 rt.poll_arm()
             if inj_id not in rt.armed:
+                recent_append(_wall())
                 return orig(*args, **kwargs)
             self_obj = args[0] if has_self and args else None
             try:
-                if rt.rank is None:
-                    rt.see_rank()
                 fire = site.enter(self_obj, sys._getframe(1))
             except Exception as e:
                 rt.error(f"{inj_id}: gate failed", e, inj_id)
@@ -501,6 +522,8 @@ class Runtime:
             if not fire:
                 return orig(*args, **kwargs)
             caller = sys._getframe(1)
+            if rt.rank is None:
+                rt.see_rank()
             rt.write_counts()  # synchronously: a fire is on disk before a hang
             rt.event("fire", id=inj_id, arm_seq=rt.arm_seq, n=site.counts.fired, action=site.action,
                      caller=site.gate.last_caller or _gate.frame_name(caller), stack=_gate.caller_chain(caller))

@@ -194,29 +194,39 @@ class Gate:
         if self.trivial:
             self.last_caller = None
             return True
+        cache = self._cache
         need = len(self.called_from)
-        found: List[Any] = [None] * need
-        missing = need
+        full = (1 << need) - 1
+        found_mask = 0
+        first = None
+        stop_early = not self.not_called_from
         depth = 0
+        max_depth = self.max_depth
         f = frame
-        while f is not None and depth < self.max_depth:
-            transparent, hits, block = self._info(f)
-            if not transparent:
-                depth += 1
-                if block:
-                    return False
+        while f is not None and depth < max_depth:
+            info = cache.get(f.f_code)
+            if info is None:
+                info = self._info(f)
+            if info[0]:
+                f = f.f_back
+                continue
+            depth += 1
+            if info[2]:
+                return False
+            hits = info[1]
+            if hits:
                 for i in hits:
-                    if found[i] is None:
-                        found[i] = f
-                        missing -= 1
-                if missing == 0 and not self.not_called_from:
+                    if i == 0 and first is None:
+                        first = f
+                    found_mask |= 1 << i
+                if stop_early and found_mask == full:
                     break
             f = f.f_back
-        if missing:
+        if found_mask != full:
             return False
-        if self.inside_loop and (not need or not self.in_loop(found[0])):
+        if self.inside_loop and (first is None or not self.in_loop(first)):
             return False
-        self.last_caller = frame_name(found[0], self.use_qualname) if need else None
+        self.last_caller = frame_name(first, self.use_qualname) if first is not None else None
         return True
 
 
