@@ -259,3 +259,102 @@ def test_import_check_runs_in_a_subprocess_not_here():
         subprocess.run([sys.executable, "-c", "import sglang"], capture_output=True).returncode == 0
     )
     assert "sglang" not in sys.modules
+
+
+# ---- HiCache compat layer (scripts/cpu_testbed/compat; loaded by the venv's .pth when REPRO_TESTBED_COMPAT=1) ------
+KVCACHEIO_CHECK = textwrap.dedent(
+    """
+    import sys, torch
+    sys.path.insert(0, sys.argv[1])
+    from repro_testbed_compat.kvcacheio import (
+        transfer_kv_direct, transfer_kv_per_layer_direct_pf_lf, transfer_kv_all_layer_direct_lf_pf)
+
+    L, S, H, D, PS = 2, 16, 2, 3, 4
+    dev_k = [torch.randn(S, H, D) for _ in range(L)]
+    dev_v = [torch.randn(S, H, D) for _ in range(L)]
+    # layer_first: host per layer [S, H, D]
+    host = [torch.zeros(S, H, D) for _ in range(2 * L)]
+    src, dst = torch.tensor([1, 2, 3, 9]), torch.tensor([4, 5, 6, 7])
+    transfer_kv_direct(src_layers=dev_k + dev_v, dst_layers=host, src_indices=src, dst_indices=dst, page_size=PS)
+    for h, d in zip(host, dev_k + dev_v):
+        assert torch.equal(h[dst], d[src])
+        assert int((h.abs().sum(dim=(1, 2)) != 0).sum()) == 4   # nothing else written
+    back = [torch.zeros(S, H, D) for _ in range(2 * L)]
+    transfer_kv_direct(src_layers=host, dst_layers=back, src_indices=dst, dst_indices=src, page_size=PS)
+    for b, d in zip(back, dev_k + dev_v):
+        assert torch.equal(b[src], d[src])
+
+    # page_first_direct: host [page_num, L, PS, H, D]; device -> host for all layers, then host -> device per layer.
+    hk, hv = torch.zeros(S // PS, L, PS, H, D), torch.zeros(S // PS, L, PS, H, D)
+    hidx = torch.tensor([4, 5, 6, 7])            # page 1, offsets 0..3
+    transfer_kv_all_layer_direct_lf_pf(src_ptrs=dev_k + dev_v, dst_ptrs=[hk, hv], src_indices=src, dst_indices=hidx, page_size=PS)
+    for layer in range(L):
+        assert torch.equal(hk[1, layer], dev_k[layer][src])
+        assert torch.equal(hv[1, layer], dev_v[layer][src])
+    assert hk[0].abs().sum() == 0 and hk[2:].abs().sum() == 0
+    for layer in range(L):
+        out_k, out_v = torch.zeros(S, H, D), torch.zeros(S, H, D)
+        transfer_kv_per_layer_direct_pf_lf(src_ptrs=[hk, hv], dst_ptrs=[out_k, out_v], src_indices=hidx,
+                                           dst_indices=src, layer_id=layer, page_size=PS)
+        assert torch.equal(out_k[src], dev_k[layer][src]) and torch.equal(out_v[src], dev_v[layer][src])
+    try:
+        transfer_kv_direct(src_layers=dev_k, dst_layers=host, src_indices=src, dst_indices=dst, page_size=PS)
+    except ValueError as e:
+        assert "layers" in str(e)
+    else:
+        raise AssertionError("mismatched layer lists accepted")
+    print("kvcacheio ok")
+    """
+)
+
+
+def test_compat_kv_copy_ops_move_the_right_slots(torch_python: str, tmp_path: Path):
+    script = tmp_path / "kv.py"
+    script.write_text(KVCACHEIO_CHECK)
+    r = subprocess.run([torch_python, str(script), str(testbed.compat_dir())], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "kvcacheio ok" in r.stdout
+
+
+COMPAT_STATE = (
+    "import sys, torch; m = sys.modules.get('repro_testbed_compat'); "
+    "print(m is not None, hasattr(torch.cpu.Stream, 'synchronize'), sorted(getattr(m, 'APPLIED', {})))"
+)
+
+
+def _testbed_python_or_fail() -> str:
+    py = testbed.testbed_python()
+    if py is None or not testbed.is_set_up():
+        pytest.fail(f"CPU testbed not set up at {testbed.testbed_dir()}: run `{testbed.setup_command()}`")
+    return str(py)
+
+
+def test_compat_layer_is_inert_without_the_env_switch():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REPRO_TESTBED_COMPAT")}
+    r = subprocess.run([_testbed_python_or_fail(), "-c", COMPAT_STATE], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["False", "False", "[]"]
+
+
+def test_compat_layer_loads_from_pth_and_patches_lazily_on_import():
+    env = {**os.environ, testbed.COMPAT_ENV: "1", testbed.COMPAT_DIR_ENV: str(testbed.compat_dir())}
+    r = subprocess.run([_testbed_python_or_fail(), "-c", COMPAT_STATE], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "True True ['torch']"
+    assert "repro testbed compat: torch: cpu.Stream.synchronize=no-op" in r.stderr
+
+
+@pytest.mark.sglang
+def test_compat_layer_binds_direct_ops_and_plain_cpu_alloc_into_the_installed_sglang():
+    code = (
+        "import sys, sglang.srt.mem_cache.pool_host.mha as mha, sglang.srt.mem_cache.pool_host.common as c; "
+        "import repro_testbed_compat.kvcacheio as k; "
+        "assert all(getattr(mha, n) is getattr(k, n) for n in k.__all__); "
+        "assert c.ALLOC_MEMORY_FUNCS['cpu'].__name__ == 'alloc_plain_cpu'; "
+        "assert c.ALLOC_MEMORY_FUNCS['cuda'] is c.alloc_with_host_register; print('bound')"
+    )
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(testbed.stub_dir()),
+           testbed.COMPAT_ENV: "1", testbed.COMPAT_DIR_ENV: str(testbed.compat_dir())}
+    r = subprocess.run([_testbed_python_or_fail(), "-W", "ignore", "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "bound" in r.stdout
