@@ -310,7 +310,7 @@ def serve(
         out.print(f"serving {server.url}  (ranks: {', '.join(f'TP{k}={v}' for k, v in sorted(ranks.items()))})")
         out.print(f"evidence: {p.evidence.path}")
         out.print(f"arm:      repro arm {p.evidence.path}   disarm: repro disarm {p.evidence.path}   stop: Ctrl-C")
-        while server.running():
+        while server.is_running():
             time.sleep(0.5)
         console.print("[red]the server exited[/]; log: " + str(p.evidence.file("server.log")))
         raise typer.Exit(EXIT_INTERNAL)

@@ -279,7 +279,7 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop) -> Ru
             observe("burst", {"state": st})
             if st.finished:
                 break
-            if not server.running():
+            if not server.is_running():
                 verdict = Verdict(INCONCLUSIVE, f"server died during the burst; log tail:\n{server.log_tail(20)}")
                 break
             if now - t_burst > scenario.budget_s:
