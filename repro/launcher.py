@@ -164,6 +164,7 @@ class Server:
         t0 = time.monotonic()
         deadline = t0 + timeout_s
         while True:
+            self.procs()  # remember every process seen, so stop() ends children even if the root dies first
             rc = self.popen.poll()
             if rc is not None:
                 tail = self.log_tail()

@@ -159,3 +159,21 @@ def test_context_manager_stops_tree_on_keyboard_interrupt(tmp_path: Path):
             snap = _wait_tree(server, 3)
             raise KeyboardInterrupt
     assert len(snap) == 3 and not any(alive(p) for p in snap)
+
+
+def test_stop_ends_children_seen_earlier_even_after_the_root_died(tmp_path: Path):
+    import os
+    import signal
+
+    script = tmp_path / "tree.py"
+    script.write_text(TREE)
+    server = start_server(_CommandAdapter([sys.executable, str(script), "obey"]), _spec(), tmp_path / "server.log")
+    try:
+        snap = _wait_tree(server, 3)
+        os.kill(server.pid, signal.SIGKILL)
+        server.popen.wait(timeout=10)
+        orphans = [p for p in snap if p.pid != server.pid]
+        assert all(alive(p) for p in orphans)
+    finally:
+        left = server.stop(grace_s=2.0)
+    assert left == [] and not any(alive(p) for p in snap)
