@@ -1,0 +1,5 @@
+"""``python -m repro`` = the ``repro`` console script."""
+
+from repro.cli import main
+
+main()
