@@ -355,9 +355,11 @@ class Analysis(BaseModel):
     Attributes:
         ranks: one :class:`RankState` per rank, in rank order.
         groups: ranks grouped by where they are blocked (largest group first; unknown ranks not grouped).
-        odd_ranks: ranks outside the unique largest group when the ranks disagree; empty on an even split.
+        odd_ranks: ranks outside the unique largest group when the ranks diverge; empty on an even split or
+            when not diverged.
         even_split: the two (or more) largest groups have the same size (TP=2 is always 1 against 1).
-        diverged: no rank busy, at least one rank in a collective, and the known ranks are not all at one place.
+        diverged: no rank busy, at least one rank in a collective, and the known ranks are not all at one place
+            (SGLang's idle tick -- some ranks in the idle sleep, the others in the request broadcast -- excepted).
         reason: ``different collective`` / ``same collective, different call sites`` / ``collective vs idle-wait``
             / ``all in the same collective`` / ``some rank busy`` / … (one phrase).
         busy_ranks / unknown_ranks: ranks in those states.
@@ -506,19 +508,60 @@ def analyze(captures: Sequence[RankCapture]) -> Analysis:
     unknown = [s.rank for s in states if s.state == "unknown"]
     judged = [g for g in groups if g.state != "busy"]
     in_coll = any(g.state == "collective" for g in judged)
-    diverged = bool(in_coll and len(judged) > 1 and not busy)
+    handshake = _idle_handshake(states, judged)
+    diverged = bool(in_coll and len(judged) > 1 and not busy and not handshake)
     odd: list[int] = []
     even = False
-    if len(judged) > 1:
+    if diverged:
         top = len(judged[0].ranks)
         if len(judged[1].ranks) == top:
             even = True
         else:
             odd = sorted(r for g in judged[1:] for r in g.ranks)
-    reason = _reason(judged, busy, unknown, in_coll)
-    summary = _summary(states, judged, busy, unknown, diverged, odd, even, reason)
+    if handshake and not busy:
+        reason = "idle: waiting for the next request"
+        summary = _handshake_summary(states, unknown)
+    else:
+        reason = _reason(judged, busy, unknown, in_coll)
+        summary = _summary(states, judged, busy, unknown, diverged, odd, even, reason)
     return Analysis(ranks=states, groups=groups, odd_ranks=odd, even_split=even, diverged=diverged, reason=reason,
                     busy_ranks=busy, unknown_ranks=unknown, summary=summary, warnings=warnings)
+
+
+# SGLang's idle tick (checked in sglang 0.5.23 managers/scheduler.py and scheduler_components/): the ranks that
+# already passed their idle sleep wait in the request broadcast for the rank that is still sleeping.
+REQUEST_BROADCAST_CALLERS = frozenset({"recv_requests", "_broadcast_reqs_across_ranks"})
+IDLE_LOOP_CALLERS = frozenset({"on_idle", "maybe_sleep_on_idle", "maybe_sleep"})
+
+
+def _chain_has(s: RankState, names: frozenset) -> bool:
+    return any(c.rsplit(".", 1)[-1] in names for c in s.caller_chain)
+
+
+def _idle_handshake(states: list[RankState], judged: list[RankGroup]) -> bool:
+    """Some ranks idle-sleep in the scheduler's idle path while the others wait in the request broadcast.
+
+    With ``--sleep-on-idle`` (IdleSleeper: zmq poll with a 1 s timeout) an idle SGLang server is captured like
+    this most of the time: it is the idle shape, not a divergence (seen on the CPU testbed, sglang 0.5.23).
+    """
+    if len(judged) < 2:
+        return False
+    known = [s for s in states if s.state in ("collective", "idle-wait")]
+    coll = [s for s in known if s.state == "collective"]
+    idle = [s for s in known if s.state == "idle-wait"]
+    if not coll or not idle:
+        return False
+    return all(s.op == "broadcast" and s.via in ("broadcast_pyobj",) and _chain_has(s, REQUEST_BROADCAST_CALLERS)
+               for s in coll) and all(_chain_has(s, IDLE_LOOP_CALLERS) for s in idle)
+
+
+def _handshake_summary(states: list[RankState], unknown: list[int]) -> str:
+    idle = [s.rank for s in states if s.state == "idle-wait"]
+    coll = [s.rank for s in states if s.state == "collective"]
+    tail = f" (no readable stack from {_ranks_text(unknown)})" if unknown else ""
+    return (f"Not diverged: {_ranks_text(idle)} {_is_are(idle)} idle-sleeping in the scheduler's idle path while "
+            f"{_ranks_text(coll)} {_is_are(coll)} in the request broadcast (broadcast_pyobj ← recv_requests) "
+            f"waiting for the next tick — an idle server, not a hang{tail}.")
 
 
 def _reason(judged: list[RankGroup], busy: list[int], unknown: list[int], in_coll: bool) -> str:

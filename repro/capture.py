@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import signal as _signal
 import subprocess
@@ -243,6 +244,11 @@ def _capture_one(rank: Optional[int], label: str, pid: int, out_dir: Path, *, ti
     return res
 
 
+def _safe_stem(label: str) -> str:
+    """A file-name stem from a label: path separators and spaces replaced, at most 60 characters."""
+    return re.sub(r"[^\w.:+-]+", "_", label).strip("._")[:60] or "process"
+
+
 def _cpu_times(pid: int) -> Optional[float]:
     try:
         t = psutil.Process(pid).cpu_times()
@@ -303,10 +309,11 @@ def capture_pids(pids: Mapping[str, int], out_dir: Union[str, Path], *, timeout_
         c0 = cpu0[lab]
         cpu = round(100.0 * (c1 - c0) / wall, 2) if c0 is not None and c1 is not None and wall > 0 else None
         text = res.get("text", "")
+        stem = _safe_stem(lab) + tag
         if text:
-            (out / f"{lab}{tag}.txt").write_text(text)
+            (out / f"{stem}.txt").write_text(text)
         if res.get("json"):
-            (out / f"{lab}{tag}.json").write_text(res["json"])
+            (out / f"{stem}.json").write_text(res["json"])
         cap = RankCapture(
             rank=res["rank"], pid=res["pid"], label=lab, ok=res["ok"], method=res["method"], error=res["error"],
             notice=res.get("notice", ""), text=text, threads=res["threads"], cpu_percent=cpu, title=res["title"],

@@ -261,3 +261,22 @@ def test_evidence_folder_without_untagged_capture_uses_the_newest(dumps_dir, tmp
         os.utime(stacks / f"rank{k}-1.txt", (old, old))
     assert analyze_paths([tmp_path]).diverged  # -1b is newest
     assert not analyze_paths([tmp_path], tag="-1").diverged
+
+
+def test_idle_sleep_beside_the_request_broadcast_is_not_a_divergence(dumps_dir):
+    """Seen on a real idle sglang 0.5.23 TP=2 server with --sleep-on-idle: TP0 sleeps in IdleSleeper's zmq poll
+    while TP1 already waits in the request broadcast for it."""
+    idle1 = (dumps_dir / "sglang_tp2_cpu_idle" / "rank1.txt").read_text()
+    sleeping0 = ("Process 8557: sglang::scheduler_TP0\n\nThread 8557 (idle): \"MainThread\"\n"
+                 "    Poller.poll (zmq/sugar/poll.py:106)\n"
+                 "    IdleSleeper.maybe_sleep (scheduler_components/idle_sleeper.py:37)\n"
+                 "    Scheduler.maybe_sleep_on_idle (scheduler.py:6162)\n"
+                 "    Scheduler.on_idle (scheduler.py:5328)\n"
+                 "    Scheduler.event_loop_normal (scheduler.py:2052)\n")
+    a = analyze([_cap(0, sleeping0), _cap(1, idle1)])
+    assert [r.state for r in a.ranks] == ["idle-wait", "collective"]
+    assert not a.diverged and a.odd_ranks == [] and a.reason == "idle: waiting for the next request"
+    assert "an idle server, not a hang" in a.summary
+    # the same idle sleep beside a collective that is not the request broadcast still diverges
+    hang1 = (dumps_dir / "sglang_tp2_cpu_hang" / "rank1.txt").read_text()
+    assert analyze([_cap(0, sleeping0), _cap(1, hang1)]).diverged

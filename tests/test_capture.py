@@ -171,3 +171,24 @@ def test_idle_job_ranks_agree_or_wait(torch_python, tmp_path):
     assert a.ranks[0].state == "idle-wait" and a.ranks[0].wait == "queue get"
     assert [(r.state, r.op) for r in a.ranks[1:]] == [("collective", "broadcast")] * 2
     assert a.odd_ranks == [0]
+
+
+@pytest.mark.sglang
+def test_idle_sglang_ranks_are_captured_and_not_diverged(sglang_server, tmp_path):
+    """Real SGLang TP=2 on CPU, healthy and idle: every rank captured by py-spy, the ranks agree."""
+    pids = sglang_server.rank_pids()
+    assert sorted(pids) == [0, 1]
+    caps = capture_ranks(pids, tmp_path, timeout_s=10)
+    for c in caps:
+        assert c.ok and c.method == "py-spy", c.error
+        assert c.title.startswith(f"sglang::scheduler_TP{c.rank}")
+        assert any(t.name == "MainThread" for t in c.threads)
+    a = analyze(caps)
+    assert not a.diverged, a.summary
+    # and the files analyse the same way, rank read from the process title
+    assert not analyze_paths([tmp_path / "rank0.json", tmp_path / "rank1.txt"]).diverged
+    others = {f"{p.name}-{p.pid}": p.pid for p in sglang_server.procs()
+              if p.pid not in pids.values() and "scheduler" not in p.title}
+    if others:
+        more = capture_pids(others, tmp_path / "others", timeout_s=10)
+        assert any(c.ok for c in more), [c.error for c in more]
