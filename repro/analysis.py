@@ -731,10 +731,15 @@ def load_captures(paths: Iterable[Union[str, Path]], tag: Optional[str] = None) 
         if r is None and d.title and "sglang::" in d.title:
             skipped.append(f"{f.name}: skipped {d.title!r} (not a scheduler rank)")
             continue
+        multi = sum(1 for e in entries if e[0] == f) > 1
         if r is None:
             r = rank_from_filename(d.label) if d.label else None
-        if r is None:
+        if r is None and not multi:
             r = rank_from_filename(f.name)
+        if r is None and multi:
+            # one of several processes in one file (py-spy --subprocesses, a compose log): not a scheduler rank
+            skipped.append(f"{f.name}: skipped pid {d.pid} {d.title[:60]!r} (no sglang::scheduler_TP<k> title)")
+            continue
         if r is None:
             unranked.append((f, d, text))
         else:

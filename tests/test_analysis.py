@@ -280,3 +280,17 @@ def test_idle_sleep_beside_the_request_broadcast_is_not_a_divergence(dumps_dir):
     # the same idle sleep beside a collective that is not the request broadcast still diverges
     hang1 = (dumps_dir / "sglang_tp2_cpu_hang" / "rank1.txt").read_text()
     assert analyze([_cap(0, sleeping0), _cap(1, hang1)]).diverged
+
+
+def test_subprocesses_dump_keeps_only_the_scheduler_ranks(dumps_dir, tmp_path):
+    http = ('Process 900: /opt/venv/bin/python -m sglang.launch_server --tp-size 2\nPython v3.11.7 (/usr/bin/python3)\n\n'
+            'Thread 900 (idle): "MainThread"\n    select (selectors.py:468)\n    <module> (launch_server.py:11)\n')
+    parts = [http] + [(dumps_dir / "sglang_tp2_cpu_hang" / f"rank{k}.txt").read_text() for k in (0, 1)]
+    parts.append('Process 903: sglang::detokenizer\n\nThread 903 (idle): "MainThread"\n    poll (zmq/sugar/poll.py:106)\n')
+    f = tmp_path / "all.txt"
+    f.write_text("\n".join(parts))
+    caps = load_captures([f])
+    assert [c.rank for c in caps] == [0, 1]
+    assert any("skipped pid 900" in w for w in caps[0].warnings)
+    assert any("sglang::detokenizer" in w for w in caps[0].warnings)
+    assert analyze(caps).diverged
