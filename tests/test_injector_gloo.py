@@ -83,12 +83,12 @@ PROGRAM = textwrap.dedent(
 )
 
 
-def _plan(tmp: Path, action: dict, ranks=(0,)) -> Path:
+def _plan(tmp: Path, action: dict, ranks=(0,), rank_group=None) -> Path:
     inj = {
         "id": "inj",
         "site": {"alternatives": ["gmod:Sched.step"], "aliases": []},
         "gate": {"called_from": ["gmod:loop"], "not_called_from": [], "max_depth": 4, "inside_loop": None,
-                 "ranks": list(ranks), "rank_group": None, "occurrence": {"mode": "first", "nth": 1, "max_fires": 0}},
+                 "ranks": list(ranks), "rank_group": rank_group, "occurrence": {"mode": "first", "nth": 1, "max_fires": 0}},
         "action": action,
     }
     plan = {"version": 1, "scenario": "gloo", "variant": "v", "out_dir": str(tmp / "out"), "arm_file": str(tmp / "arm"),
@@ -151,7 +151,8 @@ def test_extra_collective_by_method_of_self(torch_python: str, tmp_path: Path):
 
 
 def test_skip_does_not_call_the_original(torch_python: str, tmp_path: Path):
-    plan = _plan(tmp_path, {"kind": "skip", "value": ["skipped"]}, ranks=(1,))
+    # ranks counted in the group reached from self (here the same 2 ranks as the world)
+    plan = _plan(tmp_path, {"kind": "skip", "value": ["skipped"]}, ranks=(1,), rank_group="tp_cpu_group")
     r0, r1 = _run_pair(torch_python, tmp_path, plan, extra=False)
     assert r1["step"] == ["skipped"] and r1["original_calls"] == 0
     assert r0["step"] == "original" and r0["original_calls"] == 1

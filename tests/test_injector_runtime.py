@@ -300,3 +300,18 @@ def test_calls_between_arm_write_and_poll_count_as_entered(tmp_path: Path):
     rep = read_injector_dir(tmp_path / "out")
     (lg,) = rep.logs
     assert lg.counts["a"].entered == 2 and lg.counts["a"].entered_before_poll == 2
+
+
+def test_delay_runs_the_original_after_sleeping_and_max_fires_caps(target: Path):
+    plan = _plan(target, [_inj("slow", "tmod:Worker.step", {"kind": "delay", "delay_s": 0.3},
+                               occurrence={"mode": "every", "nth": 1, "max_fires": 2})])
+    (target / "arm").write_text("slow\n")
+    r = _run(sys.executable, "import tmod\nw = tmod.Worker()\nprint([w.step(i) for i in range(4)], w.calls)\n",
+             _env(target, plan), target)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("]")[0] == "[0, 1, 2, 3" and r.stdout.split()[-1] == "4"
+    rep = read_injector_dir(target / "out")
+    (lg,) = rep.logs
+    c = lg.counts["slow"]
+    assert (c.entered, c.matched, c.fired) == (4, 4, 2)  # max_fires caps the fires, not the matches
+    assert len(rep.fires("slow")) == 2
