@@ -93,7 +93,9 @@ def comm_layer(f: Frame) -> Optional[str]:
         return "native-wait" if _NATIVE_COMM_RE.search(f.function) else "native"
     path = f.module_or_file.replace("\\", "/")
     short = f.short_function
-    if short in ("broadcast_pyobj", "point_to_point_pyobj"):
+    if short.endswith("broadcast_pyobj"):  # also attn_cp_tp_broadcast_pyobj (communication_op.py, 0.5.23)
+        return "broadcast_pyobj"
+    if short == "point_to_point_pyobj":
         return short
     if "torch/distributed/" in path or path.startswith("distributed/distributed_c10d") or \
             f.basename in ("distributed_c10d.py", "c10d_logger.py"):
@@ -169,10 +171,6 @@ class ThreadReading(BaseModel):
     injected: bool = False
 
 
-_VIA_ORDER = ("broadcast_pyobj", "point_to_point_pyobj", "GroupCoordinator", "pynccl", "custom_all_reduce",
-              "device_communicator", "monitored_barrier", "torch.distributed", "native-wait")
-
-
 def read_thread(t: ThreadStack, max_chain: int = 8) -> ThreadReading:
     """Classify one thread: collective (op, via, layers), idle-wait (kind) or busy; find the call site.
 
@@ -223,12 +221,7 @@ def read_thread(t: ThreadStack, max_chain: int = 8) -> ThreadReading:
         if op is None:
             op = native_ops[0] if native_ops else (_norm_op(comm_frames[0].function) if comm_frames else "wait")
         outer_first = list(reversed(layers))
-        via = next((v for v in _VIA_ORDER if v in outer_first), outer_first[0])
-        # via = the outermost recognised wrapper
-        for lay in outer_first:
-            if lay in _VIA_ORDER:
-                via = lay
-                break
+        via = outer_first[0]  # the outermost communication wrapper
         site_idx, chain, injected = _call_site(frames, j, max_chain)
         return ThreadReading(state="collective", op=op, via=via, layers=outer_first, innermost=innermost,
                              blocked_frame=frames[site_idx] if site_idx is not None else None,
