@@ -514,6 +514,8 @@ class Runtime:
                 recent_append(_wall())
                 return orig(*args, **kwargs)
             self_obj = args[0] if has_self and args else None
+            if rt.rank is None:
+                rt.see_rank()  # the marker gets its rank as soon as a site runs under torch.distributed
             try:
                 fire = site.enter(self_obj, sys._getframe(1))
             except Exception as e:
