@@ -6,7 +6,8 @@
 # Runs the stages in order — fast (no SGLang server), sglang (real-SGLang tests sharing one healthy TP=2 server),
 # hang (tests that deliberately hang their own server) — each as its own pytest session, and prints each stage's
 # duration. A stage that collects no tests (pytest exit 5) fails: a marker nobody uses any more must not pass
-# silently. Stops at the first failing stage; exits with its code.
+# silently. Every requested stage runs (so one failure does not hide another); the exit code is the first failing
+# stage's.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -32,6 +33,7 @@ marker() {
 }
 
 summary=()
+first_rc=0
 total0=$(date +%s)
 for stage in "${stages[@]}"; do
   echo "=== test stage '$stage': pytest -m \"$(marker "$stage")\" ==="
@@ -43,9 +45,9 @@ for stage in "${stages[@]}"; do
   if [ "$rc" -eq 5 ]; then
     echo "test.sh: stage '$stage' collected no tests (pytest exit 5): that is a failure" >&2
   fi
-  if [ "$rc" -ne 0 ]; then
-    printf '%s\n' "=== test durations ===" "${summary[@]}"
-    exit "$rc"
+  if [ "$rc" -ne 0 ] && [ "$first_rc" -eq 0 ]; then
+    first_rc=$rc
   fi
 done
 printf '%s\n' "=== test durations ===" "${summary[@]}" "$(printf 'total   %5d s' $(( $(date +%s) - total0 )))"
+exit "$first_rc"
