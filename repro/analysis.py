@@ -255,15 +255,18 @@ def _call_site(frames: list[Frame], start: int, max_chain: int, skip_injector: b
         site = k
         break
     chain: list[str] = []
-    # injector frames just inside the call site are shown first
+    in_injector = False
     for f in frames[start:]:
         if len(chain) >= max_chain:
             break
         if f.native or _is_bootstrap(f):
             continue
         if is_injector_frame(f):
-            chain.append(_label(f))
+            if not in_injector:  # a run of injector frames is shown once, by its innermost frame
+                chain.append(_label(f))
+            in_injector = True
             continue
+        in_injector = False
         if _is_noise(f):
             continue
         chain.append(f.function)
@@ -374,8 +377,12 @@ class Analysis(BaseModel):
     warnings: list[str] = Field(default_factory=list)
 
     def to_json(self) -> str:
-        """The analysis as JSON (what ``analysis.json`` holds)."""
+        """The analysis as a JSON text (what ``analysis.json`` holds)."""
         return self.model_dump_json(indent=2)
+
+    def to_dict(self) -> dict:
+        """The analysis as plain JSON-able data (for writers that encode JSON themselves)."""
+        return self.model_dump(mode="json")
 
     def to_markdown(self, captures: Sequence[RankCapture] = ()) -> str:
         """GitHub-flavoured markdown for an issue comment: summary, per-rank table, raw stacks in ``<details>``."""

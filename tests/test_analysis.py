@@ -294,3 +294,18 @@ def test_subprocesses_dump_keeps_only_the_scheduler_ranks(dumps_dir, tmp_path):
     assert any("skipped pid 900" in w for w in caps[0].warnings)
     assert any("sglang::detokenizer" in w for w in caps[0].warnings)
     assert analyze(caps).diverged
+
+
+def test_a_run_of_injector_frames_shows_once_before_the_call_site():
+    text = ("Process 1: sglang::scheduler_TP0\n\nThread 1 (idle): \"MainThread\"\n"
+            "    all_reduce (torch/distributed/distributed_c10d.py:3913)\n"
+            "    _exception_logger.<locals>.wrapper (torch/distributed/c10d_logger.py:83)\n"
+            "    Site._collective (repro_injector/_runtime.py:245)\n"
+            "    Site.run (repro_injector/_runtime.py:265)\n"
+            "    Runtime._make_wrapper.<locals>.repro_injected (repro_injector/_runtime.py:534)\n"
+            "    Scheduler.event_loop_normal (scheduler.py:2048)\n")
+    a = analyze([_cap(0, text)])
+    r = a.ranks[0]
+    assert r.injected and r.blocked_frame == "Scheduler.event_loop_normal (scheduler.py:2048)"
+    assert r.caller_chain == ["[injected] Site._collective", "Scheduler.event_loop_normal"]
+    assert json.loads(a.to_json()) == a.to_dict()
