@@ -10,16 +10,21 @@ contract is ``repro.scenario.compile_plan``; this package never imports ``repro`
   ``sites`` {injection id: {resolved, patched, error, alternatives_tried}}, ``python``/``torch``/``sglang``,
   ``scenario``, ``variant``, ``faulthandler``, ``time``.
 - ``fires-<pid>.jsonl``, one JSON object per line, flushed per line; every line has ``event``, ``time``, ``pid``,
-  ``rank``: ``armed`` / ``disarmed`` (``ids``, ``arm_seq``), ``counts`` (``arm_seq``, ``counts`` = {id: {entered,
-  matched, fired, first_entered, last_entered, first_matched, last_matched, first_fired, last_fired,
-  entered_before_poll}}), ``fire``
-  (``id``, ``arm_seq``, ``n``, ``action``, ``caller``, ``stack``), ``fire_done`` (``id``, ``duration_s``,
-  ``error``), ``error`` (``id``, ``message``).
+  ``rank``: ``armed`` / ``disarmed`` (``ids``, ``arm_seq``; ``armed`` also ``arm_file_mtime``); ``counts``
+  (``arm_seq``, ``armed``, ``counts`` = {id: {entered, matched, fired, first_/last_entered, first_/last_matched,
+  first_/last_fired, entered_before_poll}}); ``fire`` (``id``, ``arm_seq``, ``n``, ``action``, ``caller``,
+  ``stack``), written before the action runs; ``fire_done`` (``id``, ``duration_s``, ``error``); ``error`` (``id``,
+  ``message``).
 - ``errors.log``: one line per exception inside the injector (also one line on stderr).
 - ``faulthandler-<pid>.txt``: all threads' stacks each time the plan's ``faulthandler_signal`` arrives (chained to a
   previous Python handler only; never to SIG_DFL, which would terminate the process).
 
-Counts restart at each arming (a new write of a non-empty arm file) and count only calls made while armed.
+Counts restart at each arming (a new write of a non-empty arm file) and count only calls made while armed, plus
+(as ``entered`` and ``entered_before_poll``) calls made after the arm file was written but before this process
+noticed it: ranks poll the file independently, up to ``arm_poll_s`` apart.
+
+The injector's frames in a py-spy dump: ``Runtime._make_wrapper.<locals>.repro_injected``, ``Site.run``,
+``Site._collective`` (file ``repro_injector/_runtime.py``).
 """
 
 from __future__ import annotations
@@ -148,6 +153,8 @@ class Site:
         self.tried: Dict[str, Dict[str, Any]] = {s: {"site": s, "status": "pending", "error": None} for s in self.alternatives}
 
     def record(self) -> Dict[str, Any]:
+        """The loaded marker's entry for this injection. An alternative whose module this process never imported
+        stays ``pending`` (e.g. the HiRadixCache alternative on sglang >= 0.5.21, or any site in the detokenizer)."""
         return {
             "resolved": self.patched.site if self.patched else None,
             "patched": self.patched is not None,
