@@ -16,7 +16,8 @@ One probe round every ``interval_s`` seconds (start to start; a round never over
   ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0`` it answers 200 at once, straight through a deadlock.
 
 ``failures`` consecutive generate probes that reached the server but failed (timeout, HTTP error, bad answer)
-declare a hang, reported by what ``/health`` said meanwhile: ``silent`` (200: a liveness check would not notice),
+declare a hang (with ``probe_timeout_s <= interval_s`` within ``failures × interval_s + probe_timeout_s`` seconds of
+its start; a timed-out round delays the next, so otherwise within ``interval_s + failures × probe_timeout_s``), reported by what ``/health`` said meanwhile: ``silent`` (200: a liveness check would not notice),
 ``health-error`` (e.g. 503), ``health-timeout`` (no answer yet) or ``health-unreachable``. Consecutive connection
 failures (refused, DNS, connect timeout) are reported as ``unreachable`` instead: a server that is down is not hung.
 
@@ -670,6 +671,16 @@ class Watcher:
         return classify_health(list(self.health_answers), self.first_failure_round or self.round, in_flight,
                                self.opts.probe_timeout_s)
 
+    def declare_bound_s(self) -> float:
+        """Seconds from a hang's start to its declaration, at most (before capture): ``failures × interval +
+        probe timeout`` when the probe timeout is at most the interval, else ``interval + failures × probe
+        timeout`` (a timed-out probe delays the next round: probes never overlap). Plus ~0.5 s of client grace."""
+        o = self.opts
+        k = 1 if o.once else o.failures
+        if o.probe_timeout_s <= o.interval_s:
+            return k * o.interval_s + o.probe_timeout_s
+        return o.interval_s + k * o.probe_timeout_s
+
     # ---- loop --------------------------------------------------------------------------------------------------
     def run(self) -> int:
         """Probe until stopped (or ``max_rounds``), handling hangs; with ``once`` one round.
@@ -681,7 +692,8 @@ class Watcher:
         o = self.opts
         self._log("start", interval_s=o.interval_s, probe_timeout_s=o.probe_timeout_s, health_timeout_s=o.health_timeout_s,
                   failures=1 if o.once else o.failures, once=o.once, evidence_root=str(o.evidence_root),
-                  on_hang=o.on_hang, pid_root=o.pid_root, match=o.match)
+                  on_hang=o.on_hang, pid_root=o.pid_root, match=o.match,
+                  declare_within_s=round(self.declare_bound_s(), 3))
         d = self.discover()
         self._log("discovery", method=d.method, rank_pids={str(k): v for k, v in d.rank_pids.items()},
                   **({"note": d.note} if d.note else {}))
