@@ -400,3 +400,64 @@ def test_real_gloo_deadlock_is_captured_before_on_hang(stub: Stub, tmp_path: Pat
     assert json.loads((evd / "verdict.json").read_text())["verdict"] == "DEADLOCKED"
     assert json.loads(marker.read_text())["verdict_env"] == "DEADLOCKED"
     assert "# DEADLOCKED — watch" in (evd / "REPORT.md").read_text().splitlines()[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# discovery of rank processes (titles as sglang sets them: argv[0] = "sglang::scheduler_TP<k>")
+
+_FAKE_SERVER = r"""
+import socket, subprocess, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+kids = [subprocess.Popen(["bash", "-c", f"exec -a sglang::scheduler_TP{k} sleep 120"]) for k in range(2)]
+kids.append(subprocess.Popen(["bash", "-c", "exec -a sglang::detokenizer sleep 120"]))
+print(s.getsockname()[1], " ".join(str(k.pid) for k in kids), flush=True)
+time.sleep(120)
+"""
+
+
+class FakeServerTree:
+    """A process listening on a port with children titled like sglang's scheduler ranks and detokenizer."""
+
+    def __enter__(self) -> "FakeServerTree":
+        self.p = subprocess.Popen([sys.executable, "-c", _FAKE_SERVER], stdout=subprocess.PIPE, text=True,
+                                  start_new_session=True)
+        assert self.p.stdout is not None
+        first = self.p.stdout.readline().split()
+        self.port, self.kids = int(first[0]), [int(x) for x in first[1:]]
+        deadline = time.time() + 10
+        while time.time() < deadline and not all(
+                Path(f"/proc/{k}/cmdline").read_bytes().startswith(b"sglang::") for k in self.kids):
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.killpg(self.p.pid, signal.SIGKILL)
+        self.p.wait(timeout=10)
+
+
+def test_discovery_under_pid_root_and_under_the_listener_of_the_url() -> None:
+    from repro.watch import discover_ranks
+
+    with FakeServerTree() as t:
+        url = f"http://127.0.0.1:{t.port}"
+        by_root = discover_ranks(SGLangAdapter(), url, pid_root=t.p.pid)
+        assert by_root.method == "pid-root" and by_root.rank_pids == {0: t.kids[0], 1: t.kids[1]}
+        by_listener = discover_ranks(SGLangAdapter(), url)
+        assert by_listener.method == "listener" and by_listener.rank_pids == {0: t.kids[0], 1: t.kids[1]}
+        only_tp1 = discover_ranks(SGLangAdapter(), url, pid_root=t.p.pid, match="scheduler_TP1")
+        assert only_tp1.rank_pids == {1: t.kids[1]}
+
+
+def test_two_servers_on_one_host_need_pid_root() -> None:
+    from repro.watch import DiscoveryError, discover_ranks
+
+    with FakeServerTree() as a, FakeServerTree():
+        with pytest.raises(DiscoveryError, match="--pid-root"):
+            discover_ranks(SGLangAdapter(), f"http://127.0.0.1:{a.port}", match="sglang::scheduler")
+
+
+def test_no_rank_process_is_a_note_naming_the_flags(tmp_path: Path) -> None:
+    from repro.watch import discover_ranks
+
+    d = discover_ranks(SGLangAdapter(), _closed_port_url(), pid_root=os.getpid(), match="sglang::scheduler")
+    assert d.rank_pids == {} and "--pid-root" in d.note
