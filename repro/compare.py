@@ -417,6 +417,7 @@ class RankFacts:
     counts: dict
     where: str = ""
     state: str = ""
+    caller_chain: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -447,6 +448,7 @@ class SideResult:
     injections: tuple[tuple[str, str], ...]  # (id, site)
     versions: dict
     command: str
+    fires: tuple[tuple[Optional[int], str, str, Optional[bool]], ...] = ()  # (rank, injection id, caller, completed)
 
 
 @dataclass(frozen=True)
@@ -586,9 +588,11 @@ def side_result(side: str, m: Materialized, expect: str, res: Any, variant: Any,
     verdict = res.verdict.verdict
     ranks: dict[int, dict] = {}
     injections = tuple((i.id, i.site[0]) for i in variant.injections)
+    fires: tuple = ()
     try:
         rep = injection_records.read_injector_dir(evdir / "injector")
         injections = tuple((i.id, rep.resolved_site(i.id) or i.site[0]) for i in variant.injections)
+        fires = tuple((rep.rank_of(f.pid), f.injection_id, f.caller, f.completed) for f in rep.fires())
         for inj in variant.injections:
             c = rep.counts_by_rank(inj.id)
             for key in ("entered", "matched", "fired"):
@@ -596,19 +600,30 @@ def side_result(side: str, m: Materialized, expect: str, res: Any, variant: Any,
                     ranks.setdefault(rank, {}).setdefault(inj.id, {"entered": 0, "matched": 0, "fired": 0})[key] = n
     except Exception:
         pass
-    where: dict[int, tuple[str, str]] = {}
+    where: dict[int, tuple[str, str, tuple[str, ...]]] = {}
     analysis = getattr(res, "analysis", None)
     for r in getattr(analysis, "ranks", None) or []:
-        where[r.rank] = (r.where() if hasattr(r, "where") else "", getattr(r, "state", ""))
+        chain = tuple(c for c in (getattr(r, "caller_chain", None) or []) if not c.startswith("[injected]"))
+        where[r.rank] = (_where(r, chain), getattr(r, "state", ""), chain)
         ranks.setdefault(r.rank, {})
-    facts = tuple(RankFacts(k, ranks[k], *where.get(k, ("", ""))) for k in sorted(ranks))
+    facts = tuple(RankFacts(k, ranks[k], *where.get(k, ("", "", ()))) for k in sorted(ranks))
     versions = ev.read_json(evdir / "env.json") or {}
     return SideResult(
         side=side, ref=m.ref.text, description=m.description, expect=expect, verdict=verdict, reason=res.verdict.reason,
         notes=tuple(res.verdict.notes), matched=EXPECT_WORDS[expect] == verdict, evidence=evdir,
         timings=dict(res.timings or {}), requests_ok=res.requests_ok, requests_total=res.requests_total, ranks=facts,
-        injections=injections, versions=versions if isinstance(versions, dict) else {}, command=command,
+        injections=injections, versions=versions if isinstance(versions, dict) else {}, command=command, fires=fires,
     )
+
+
+def _where(r: Any, chain: Sequence[str], depth: int = 6) -> str:
+    """``all_reduce via X ← f ← g …`` with up to ``depth`` callers (injector wrapper frames left out)."""
+    state = getattr(r, "state", "")
+    head = {"collective": f"{r.op}" + (f" via {r.via}" if r.via and r.via != "torch.distributed" else ""),
+            "idle-wait": f"idle ({getattr(r, 'wait', '')})"}.get(state)
+    if head is None:
+        return r.where() if hasattr(r, "where") else state
+    return " ← ".join([head, *chain[:depth]])
 
 
 # ------------------------------------------------------------------------------------------------ COMPARISON.md
@@ -677,6 +692,11 @@ def comparison_markdown(result: CompareResult, opts: CompareOptions, scenario: s
         if not s.ranks:
             lines.append("| - | " + " | ".join("-" for _ in ids) + " | (no records) |")
         lines.append("")
+        if s.fires:
+            done = {True: "action completed", False: "action raised", None: "action never returned (blocked)"}
+            lines += ["Fired (fire log): " + "; ".join(
+                f"TP{rank if rank is not None else '?'} `{iid}` called from `{caller}` ({done[c]})" for rank, iid, caller, c in s.fires[:10])
+                + (f"; … {len(s.fires) - 10} more" if len(s.fires) > 10 else ""), ""]
 
     lines += ["## Collectives per rank per scheduler tick", ""]
     tick_id = tick_injection(sides, tick_function)
@@ -735,8 +755,10 @@ def compare_json(result: CompareResult) -> dict:
                 "reason": s.reason, "notes": list(s.notes), "matched": s.matched, "evidence": str(s.evidence),
                 "timings": {k: round(v, 3) for k, v in s.timings.items() if isinstance(v, (int, float))},
                 "requests_ok": s.requests_ok, "requests_total": s.requests_total,
-                "ranks": [{"rank": r.rank, "counts": r.counts, "state": r.state, "where": r.where} for r in s.ranks],
+                "ranks": [{"rank": r.rank, "counts": r.counts, "state": r.state, "where": r.where,
+                           "caller_chain": list(r.caller_chain)} for r in s.ranks],
                 "versions": s.versions, "command": s.command,
+                "fires": [{"rank": f[0], "injection": f[1], "caller": f[2], "completed": f[3]} for f in s.fires],
             }
             for s in result.sides
         ],
