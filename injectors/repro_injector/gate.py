@@ -26,6 +26,9 @@ HAS_QUALNAME = sys.version_info >= (3, 11)
 # ``scheduler_stage_method`` / ``rank_consensus`` wrappers). Such frames are transparent for the gate.
 DECORATOR_NAMES = frozenset({"wrapper", "wrapped", "inner", "_inner", "_wrapper", "decorate_context", "wrapper_func", "_fn", "wrapped_fn"})
 
+_PLAIN = (False, (), False)
+_TRANSPARENT = (True, (), False)
+
 # Code objects of the injector's own wrappers: always transparent.
 OWN_CODES: set = set()
 
@@ -154,35 +157,39 @@ class Gate:
         self.inside_loop = inside_loop or None
         self.use_qualname = use_qualname
         self.trivial = not self.called_from and not self.not_called_from
-        # code -> (transparent, tuple of called_from hits, any not_called_from hit)
-        self._cache: Dict[Any, Tuple[bool, Tuple[int, ...], bool]] = {}
-        self._loops: Dict[Any, Tuple[Tuple[int, int], ...]] = {}
+        # id(code) -> (transparent, tuple of called_from hits, any not_called_from hit)
+        self._cache: Dict[int, Tuple[bool, Tuple[int, ...], bool]] = {}
+        self._keep: List[Any] = []
+        self._loops: Dict[int, Tuple[Any, Tuple[Tuple[int, int], ...]]] = {}
         self.last_caller: Optional[str] = None
 
     def _info(self, frame: Any) -> Tuple[bool, Tuple[int, ...], bool]:
+        """(transparent, called_from hits, not_called_from hit) for a frame; cached by ``id(code)``.
+
+        Cached code objects are kept alive in ``_keep`` so an id is never reused while it is a key.
+        """
         code = frame.f_code
-        info = self._cache.get(code)
-        if info is not None:
-            return info
         if is_decorator_frame(frame, self.use_qualname):
-            info = (True, (), False)
+            info = _TRANSPARENT
         else:
             name = frame_name(frame, self.use_qualname)
             qual = name.split(":", 1)[1]
             hits = tuple(i for i, (full, rx) in enumerate(self.called_from) if rx.match(name if full else qual))
             block = any(rx.match(name if full else qual) for full, rx in self.not_called_from)
-            info = (False, hits, block)
+            info = (False, hits, block) if (hits or block) else _PLAIN
         if self.use_qualname:  # the fallback name can depend on self's class; cache only the exact path
-            self._cache[code] = info
+            self._keep.append(code)
+            self._cache[id(code)] = info
         return info
 
     def in_loop(self, frame: Any) -> bool:
         """Is ``frame`` currently executing inside its ``for <inside_loop>`` loop (by ``f_lasti``)?"""
         code = frame.f_code
-        spans = self._loops.get(code)
-        if spans is None:
-            spans = loop_ranges(code, self.inside_loop or "")
-            self._loops[code] = spans
+        got = self._loops.get(id(code))
+        if got is None or got[0] is not code:
+            got = (code, loop_ranges(code, self.inside_loop or ""))
+            self._loops[id(code)] = got
+        spans = got[1]
         lasti = frame.f_lasti
         for a, b in spans:
             if a <= lasti < b:
@@ -204,9 +211,13 @@ class Gate:
         max_depth = self.max_depth
         f = frame
         while f is not None and depth < max_depth:
-            info = cache.get(f.f_code)
+            info = cache.get(id(f.f_code))  # keyed by id: hashing a code object hashes its whole bytecode
             if info is None:
                 info = self._info(f)
+            if info is _PLAIN:  # the common case: a frame that is neither a match nor a decorator
+                depth += 1
+                f = f.f_back
+                continue
             if info[0]:
                 f = f.f_back
                 continue
