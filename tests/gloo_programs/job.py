@@ -56,6 +56,8 @@ class GlooJob:
 
     def start(self) -> "GlooJob":
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        for stale in self.out_dir.glob("ready-*"):
+            stale.unlink()
         port = free_port()
         env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
         for r in range(self.world_size):
@@ -77,10 +79,19 @@ class GlooJob:
             RuntimeError: a rank exited or the job was not ready in ``timeout_s`` (message has the rank's log).
         """
         deadline = time.monotonic() + timeout_s
+        restarts = 0
         while time.monotonic() < deadline:
-            for r, p in self.procs.items():
+            for r, p in list(self.procs.items()):
                 if p.poll() is not None:
-                    raise RuntimeError(f"rank {r} exited with {p.returncode}: {self.log(r)[-2000:]}")
+                    log = self.log(r)
+                    if restarts < 2 and "address already in use" in log.lower():  # free_port() raced someone
+                        restarts += 1
+                        self.stop()
+                        self.procs = {}
+                        self.start()
+                        break
+                    logs = "\n".join(f"--- rank {k} (exit {q.poll()}):\n{self.log(k)[-1500:]}" for k, q in self.procs.items())
+                    raise RuntimeError(f"rank {r} exited with {p.returncode}:\n{logs}")
             if all((self.out_dir / f"ready-{r}").exists() for r in self.procs):
                 time.sleep(settle_s)
                 return
