@@ -148,6 +148,49 @@ def sglang_location(python: str, timeout_s: float = LOCATE_TIMEOUT_S) -> Path:
     return Path(loc)
 
 
+OWNER_FILE = ".repro-owner.json"
+
+
+def _write_owner(folder: Path, repo: Optional[Path] = None) -> None:
+    """Record which harness process owns a temporary folder (pid + create time), for :func:`sweep_stale`."""
+    import psutil
+
+    me = psutil.Process()
+    data = {"pid": me.pid, "create_time": me.create_time(), "repo": str(repo) if repo else None}
+    (folder / OWNER_FILE).write_text(json.dumps(data), encoding="utf-8")
+
+
+def sweep_stale(parent: Optional[Path] = None) -> list[Path]:
+    """Remove overlays/worktrees left by a harness that was SIGKILLed (its recorded pid + create time is gone).
+
+    Folders of a live harness, and folders without an owner record, are left alone. Returns the removed folders.
+    """
+    import psutil
+
+    base = Path(parent) if parent else Path(tempfile.gettempdir())
+    removed: list[Path] = []
+    for d in base.glob(f"{OVERLAY_PREFIX}*"), base.glob(f"{WORKTREE_PREFIX}*"):
+        for folder in d:
+            try:
+                owner = json.loads((folder / OWNER_FILE).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            try:
+                alive = abs(psutil.Process(int(owner["pid"])).create_time() - float(owner["create_time"])) < 1.0
+            except (psutil.Error, KeyError, TypeError, ValueError):
+                alive = False
+            if alive:
+                continue
+            shutil.rmtree(folder, ignore_errors=True)
+            if owner.get("repo"):
+                try:
+                    _git(Path(owner["repo"]), "worktree", "prune", timeout_s=60)
+                except Exception:
+                    pass
+            removed.append(folder)
+    return removed
+
+
 _DIFF_TARGET = re.compile(r"^\+\+\+ (\S+)")
 _DIFF_SOURCE = re.compile(r"^--- (\S+)")
 
@@ -246,6 +289,7 @@ def make_overlay(sglang_dir: Path, patch_file: Path, patch_text: str, strip: int
     """
     root = Path(tempfile.mkdtemp(prefix=OVERLAY_PREFIX, dir=str(parent) if parent else None))
     try:
+        _write_owner(root)
         dst = root / "sglang"
         shutil.copytree(sglang_dir, dst, symlinks=True, copy_function=lambda s, d: os.symlink(os.path.abspath(s), d))
         for f in patch_files(patch_text):
@@ -303,6 +347,7 @@ def make_worktree(repo: Path, commit: str, parent: Optional[Path] = None) -> Pat
         CompareError: git refused (message names the repo and git's reason), or the tree has no ``python/sglang``.
     """
     base = Path(tempfile.mkdtemp(prefix=WORKTREE_PREFIX, dir=str(parent) if parent else None))
+    _write_owner(base, repo)
     wt = base / "src"
     r = _git(repo, "worktree", "add", "--detach", str(wt), commit)
     if r.returncode != 0:
@@ -538,6 +583,7 @@ def run_compare(opts: CompareOptions, observe: Observer = _noop, run_side: Calla
     t0 = time.time()
     scen, var = _validate(opts)
     refs = {"before": parse_ref(opts.before), "after": parse_ref(opts.after)}
+    sweep_stale(opts.tmp_parent)
     wanted = [opts.only] if opts.only else list(SIDES)
     expects = {"before": opts.expect_before, "after": opts.expect_after}
     label = opts.label or var.name

@@ -337,3 +337,17 @@ def test_bad_expect_word_and_bad_variant_fail_before_materialising(tmp_path: Pat
         run_compare(CompareOptions(SCENARIO, "installed", "installed", expect_after="pass"), run_side=_FakeRun([]))
     with pytest.raises(CompareError, match="nope"):
         run_compare(CompareOptions(SCENARIO, "installed", "installed", variant="nope"), run_side=_FakeRun([]))
+
+
+def test_folders_of_a_killed_harness_are_swept_at_the_next_compare(on_site: Path, tmp_path: Path) -> None:
+    import json as _json
+
+    m = materialize(parse_ref(f"patch:{PATCH}"), sys.executable, choose=lambda p: p, tmp_parent=tmp_path)
+    root = Path(m.pythonpath_prepend[0])
+    assert cmp.sweep_stale(tmp_path) == [] and root.exists()  # our own (live) overlay is kept
+    owner = root / cmp.OWNER_FILE
+    data = _json.loads(owner.read_text())
+    data["create_time"] -= 1000.0  # as if the pid had been reused by another process: the owner is gone
+    owner.write_text(_json.dumps(data))
+    assert cmp.sweep_stale(tmp_path) == [root] and not root.exists()
+    m.close()
