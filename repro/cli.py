@@ -112,7 +112,7 @@ def _render_result(res, as_json: bool) -> None:
             "exit_code": res.exit_code, "evidence": str(res.evidence), "expected": res.expected,
             "requests_ok": res.requests_ok, "requests_total": res.requests_total,
             "timings": {k: round(v, 3) for k, v in res.timings.items()},
-            "analysis": res.analysis.to_json() if res.analysis is not None else None,
+            "analysis": res.analysis.to_dict() if res.analysis is not None else None,
         }))
         return
     out.print(f"[{_verdict_style(res.verdict.verdict)}]{res.verdict.verdict}[/]  {res.verdict.reason}")

@@ -65,17 +65,23 @@ def stacks_details(stacks_dir: Path) -> list[str]:
     return out or ["(no stacks were captured: no stall was detected)"]
 
 
-def write_report(p: Any, opts: Any, verdict: Any, analysis: Any, state: Any, rank_pids: dict, checks: Sequence[Any],
-                 timings: dict) -> Path:
-    """Write ``REPORT.md`` into the run's evidence folder and return its path."""
-    evd = p.evidence
+def write_report(p: Any, opts: Any, variant: Any, evd: Any, verdict: Any, analysis: Any, state: Any, rank_pids: dict,
+                 checks: Sequence[Any], timings: dict) -> Path:
+    """Write ``REPORT.md`` into ``evd`` (the run's evidence folder) and return its path.
+
+    Args:
+        p: the ``repro.runner.Prepared`` run (scenario, spec); ``variant`` the variant this run drove.
+        analysis: ``repro.analysis.Analysis`` of the deciding (or last) capture, or None when none was taken.
+        state: the driver's final ``DriverState`` (None when no burst was sent).
+        checks: ``repro.verdict.InjectionCheck`` per injection; ``timings`` seconds by phase.
+    """
     ranks = sorted(rank_pids) or list(range(p.spec.tp_size))
     env = read_json(evd.file("env.json")) or {}
-    lines = [f"# {verdict.verdict} — {p.scenario.name} / {p.variant.name}", ""]
+    lines = [f"# {verdict.verdict} — {p.scenario.name} / {variant.name}", ""]
     lines += [f"**Reason:** {verdict.reason}", ""]
     if p.scenario.mirrors or p.scenario.description:
         lines += [f"Scenario mirrors {p.scenario.mirrors or '-'}: {p.scenario.description.strip()}", ""]
-    lines += [f"Variant `{p.variant.name}` expects **{p.variant.expect}**. {p.variant.description.strip()}", ""]
+    lines += [f"Variant `{variant.name}` expects **{variant.expect}**. {variant.description.strip()}", ""]
     if getattr(analysis, "summary", None):
         lines += ["## Diagnosis", "", str(analysis.summary), ""]
         lines += rank_table(analysis) + [""]
@@ -87,6 +93,6 @@ def write_report(p: Any, opts: Any, verdict: Any, analysis: Any, state: Any, ran
     lines += ["## Requests", ""] + requests_summary(state) + [""]
     lines += ["## Timings (seconds)", "", ", ".join(f"{k} {v:.1f}" for k, v in timings.items()) or "-", ""]
     lines += ["## Versions", ""] + [f"- {k}: `{v}`" for k, v in env.items()] + [""]
-    lines += ["## Reproduce", "", "```", (opts.command_line or f"repro run {shlex.quote(str(opts.scenario_path))} --variant {p.variant.name}"), "```", ""]
+    lines += ["## Reproduce", "", "```", (opts.command_line or f"repro run {shlex.quote(str(opts.scenario_path))} --variant {variant.name}"), "```", ""]
     lines += ["## Raw stacks", ""] + stacks_details(evd.stacks_dir)
     return evd.write_text("REPORT.md", "\n".join(lines) + "\n")

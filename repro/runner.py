@@ -103,9 +103,12 @@ class Prepared:
     temp_dirs: list = field(default_factory=list)
 
 
-def prepare(opts: RunOptions, *, label_default: Optional[str] = None) -> Prepared:
+def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: Optional[Sequence[str]] = None) -> Prepared:
     """Validate inputs, create the evidence folder and compile the plan. Launches nothing.
 
+    Args:
+        variants: load the injections of all these variants into one plan (a session that drives them in turn);
+            default: only ``opts.variant``. Injection ids must be unique across them.
     Raises:
         RunError: bad scenario/variant/override or interpreter (message names the fix).
     """
@@ -117,9 +120,15 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None) -> Prepare
 
     try:
         scenario = load_scenario(opts.scenario_path)
-        variant = scenario.variant(opts.variant)
+        variant = scenario.variant(opts.variant if not variants else variants[0])
+        loaded = [scenario.variant(v) for v in variants] if variants else [variant]
     except ScenarioError as e:
         raise RunError(str(e)) from None
+    all_ids = [i.id for v in loaded for i in v.injections]
+    dup = sorted({i for i in all_ids if all_ids.count(i) > 1})
+    if dup:
+        raise RunError(f"{opts.scenario_path}: injection id(s) {', '.join(dup)} appear in several of the variants "
+                       f"{', '.join(v.name for v in loaded)}; give each injection its own id to run them on one server")
     if opts.tp is not None and opts.tp < 1:
         raise RunError(f"--tp must be ≥ 1 (got {opts.tp})")
     if opts.requests is not None and opts.requests < 1:
@@ -143,6 +152,9 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None) -> Prepare
     arm_file = evd.path / ARM_FILE_NAME
     adapter = SGLangAdapter()
     plan = compile_plan(scenario, variant, evd.injector_dir, arm_file, tick_function=getattr(adapter, "tick_function", ""))
+    for extra in loaded[1:]:
+        plan["injections"] += compile_plan(scenario, extra, evd.injector_dir, arm_file)["injections"]
+    plan["variant"] = ",".join(v.name for v in loaded)
     evd.write_json("plan.json", plan)
     shutil.copyfile(opts.scenario_path, evd.file("scenario.toml"))
 
@@ -162,8 +174,12 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None) -> Prepare
 
 
 def write_arm_file(arm_file: Path, injection_ids: Sequence[str]) -> None:
-    """Arm (ids non-empty) or disarm (empty) a running server's injector: one injection id per line, atomically."""
-    ev.write_text_atomic(Path(arm_file), "".join(f"{i}\n" for i in injection_ids))
+    """Arm (ids non-empty) or disarm (empty) a running server's injector: one injection id per line, atomically.
+
+    Every write replaces the file (new inode), so writing the same ids again re-arms: occurrence counters restart.
+    """
+    head = f"# written by repro at {time.time():.3f}\n"
+    ev.write_text_atomic(Path(arm_file), head + "".join(f"{i}\n" for i in injection_ids))
 
 
 def _cpu_times(pids: dict[int, int]) -> dict[int, float]:
@@ -177,7 +193,7 @@ def _cpu_times(pids: dict[int, int]) -> dict[int, float]:
     return out
 
 
-def _versions(evd: ev.EvidenceDir, python: str) -> dict:
+def _versions(injector_dir: Path, python: str) -> dict:
     from repro import injection_records
 
     info: dict[str, Any] = {
@@ -186,7 +202,7 @@ def _versions(evd: ev.EvidenceDir, python: str) -> dict:
         "target_python": python,
     }
     try:
-        rep = injection_records.read_injector_dir(evd.injector_dir)
+        rep = injection_records.read_injector_dir(injector_dir)
         for m in rep.markers:
             for key in ("python", "torch", "sglang"):
                 val = getattr(m, key, None)
@@ -199,11 +215,11 @@ def _versions(evd: ev.EvidenceDir, python: str) -> dict:
     return info
 
 
-def _injection_checks(evd: ev.EvidenceDir, variant: Variant, rank_pids: dict[int, int]) -> tuple[list[int], list[int], list[InjectionCheck], Any]:
-    """Read the injector records: ranks loaded, ranks armed, per-injection counts by rank."""
+def _injection_checks(injector_dir: Path, variant: Variant, rank_pids: dict[int, int]) -> tuple[list[int], list[int], list[InjectionCheck], Any]:
+    """Read the injector records: ranks loaded, ranks armed, per-injection counts by rank (after the last arming)."""
     from repro import injection_records
 
-    rep = injection_records.read_injector_dir(evd.injector_dir)
+    rep = injection_records.read_injector_dir(injector_dir)
     ranks = sorted(rank_pids)
     loaded = rep.ranks_loaded(ranks)
     armed = rep.ranks_armed(ranks)
@@ -215,152 +231,279 @@ def _injection_checks(evd: ev.EvidenceDir, variant: Variant, rank_pids: dict[int
     return loaded, armed, checks, rep
 
 
+@dataclass
+class Outcome:
+    """What driving one variant on a live server produced (before evidence is written)."""
+
+    verdict: Verdict
+    analysis: Any = None
+    state: Optional[DriverState] = None
+    timings: dict = field(default_factory=dict)
+    clean: bool = True  # the server is still usable for another variant (no hang, no crash, nothing outstanding)
+
+
+class Session:
+    """One launched server with the injector loaded for a plan (one or more variants' injections), unarmed.
+
+    ``start`` launches and waits for health; ``drive`` arms one variant's injections, sends the burst, detects and
+    judges, then disarms; ``stop`` ends the whole tree. A session can drive several variants in turn (tests that do
+    not hang a server, ``hunt``); after a hang or a crash it must be restarted (``restart``).
+
+    Args:
+        p: the prepared run (its evidence folder holds the server log, process list and injector records).
+        observe: progress callback ``(event, data)``.
+    """
+
+    def __init__(self, p: Prepared, observe: Observer = _noop) -> None:
+        self.p = p
+        self.observe = observe
+        self.server: Any = None
+        self.rank_pids: dict[int, int] = {}
+        self.healthy_s: Optional[float] = None
+
+    def start(self) -> Optional[Verdict]:
+        """Launch and wait healthy. Returns None when healthy, else the INCONCLUSIVE verdict saying why."""
+        from repro.launcher import LaunchError, start_server
+
+        p, t0 = self.p, time.time()
+        write_arm_file(p.arm_file, [])
+        self.observe("launch", {"evidence": str(p.evidence.path)})
+        try:
+            self.server = start_server(p.adapter, p.spec, p.evidence.file("server.log"))
+        except LaunchError as e:
+            return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
+        _save_procs(p.evidence, self.server)
+        self.observe("wait_healthy", {"url": self.server.url, "pid": self.server.pid})
+        try:
+            self.server.wait_healthy(p.scenario.server.startup_timeout_s)
+        except LaunchError as e:
+            return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
+        self.healthy_s = time.time() - t0
+        self.rank_pids = self.server.rank_pids()
+        _save_procs(p.evidence, self.server)
+        expected = list(range(p.spec.tp_size))
+        if sorted(self.rank_pids) != expected:
+            return Verdict(INCONCLUSIVE, f"expected scheduler ranks {expected}, found {sorted(self.rank_pids)} among the server's processes")
+        return None
+
+    def stop(self) -> list:
+        """End the whole server tree (idempotent); records what was left in ``teardown.json``."""
+        if self.server is None:
+            return []
+        self.observe("teardown", {})
+        left = self.server.stop()
+        self.p.evidence.write_json("teardown.json", {"left_running": [getattr(x, "pid", x) for x in left], "time": time.time()})
+        self.server = None
+        return left
+
+    def restart(self) -> Optional[Verdict]:
+        """Stop and start again (after a hang or a crash)."""
+        self.stop()
+        return self.start()
+
+    def drive(self, variant: Variant, run_dir: ev.EvidenceDir, n_requests: Optional[int] = None, native: bool = False) -> Outcome:
+        """Arm ``variant``'s injections, send the burst, watch for a stall, capture and judge, disarm.
+
+        Args:
+            variant: one of the variants whose injections are in this session's plan.
+            run_dir: where this variant's requests.jsonl, stacks/ and stalls.json go.
+            n_requests: override of the burst's request count.
+            native: py-spy ``--native``.
+        Returns:
+            The Outcome; ``clean`` is False after a deadlock, a crash, or requests left outstanding.
+        Raises:
+            KeyboardInterrupt: passed through (the caller tears down); the driver is abandoned first.
+        """
+        from repro.analysis import analyze
+        from repro.capture import capture_ranks, frames_unchanged
+
+        p, server, rank_pids = self.p, self.server, self.rank_pids
+        scenario, burst = p.scenario, p.scenario.burst
+        expected = list(range(p.spec.tp_size))
+        timings: dict[str, float] = {}
+        ids = [i.id for i in variant.injections]
+        write_arm_file(p.arm_file, ids)
+        self.observe("armed", {"injections": ids, "ranks": rank_pids})
+        prompts = make_prompts(n_requests or burst.requests, burst.input_len, burst.seed)
+        driver = BurstDriver(p.adapter, server.url, prompts, burst.max_new_tokens, burst.concurrency,
+                             run_dir.file("requests.jsonl"), burst.request_timeout_s)
+        verdict: Optional[Verdict] = None
+        deciding = last_analysis = None
+        stall_history: list[dict] = []
+        t_burst = time.time()
+        driver.start()
+        last_capture_t = 0.0
+        captures = 0
+        try:
+            while True:
+                time.sleep(POLL_S)
+                now = time.time()
+                st = driver.state()
+                self.observe("burst", {"state": st})
+                if st.finished:
+                    break
+                if not server.is_running():
+                    verdict = Verdict(INCONCLUSIVE, f"server died during the burst; log tail:\n{server.log_tail(20)}")
+                    break
+                if now - t_burst > scenario.budget_s:
+                    why = stall_history[-1]["reason"] if stall_history else "requests still outstanding"
+                    verdict = Verdict(INCONCLUSIVE, f"budget of {scenario.budget_s:.0f} s ended without a verdict: {why}")
+                    break
+                stalled = st.stalled_for(now)
+                if stalled < scenario.stall_s or now - last_capture_t < scenario.stall_s:
+                    continue
+                captures += 1
+                tag = f"-{captures}"
+                self.observe("capture", {"n": captures, "stalled_s": stalled})
+                kw = dict(native=native, injector_dir=p.evidence.injector_dir, fallback_signal=p.plan["faulthandler_signal"])
+                cpu0, c0t = _cpu_times(rank_pids), time.time()
+                first = capture_ranks(rank_pids, run_dir.stacks_dir, tag=tag, **kw)
+                time.sleep(CONFIRM_GAP_S)
+                second = capture_ranks(rank_pids, run_dir.stacks_dir, tag=tag + "b", **kw)
+                cpu1, c1t = _cpu_times(rank_pids), time.time()
+                cpu_pct = {k: 100.0 * (cpu1[k] - cpu0[k]) / max(1e-3, c1t - c0t) for k in cpu0 if k in cpu1}
+                a1, a2 = analyze(first), analyze(second)
+                last_analysis = a2
+                j: StallJudgement = judge_stall(a1, a2, frames_unchanged(first, second), cpu_pct, expected)
+                last_capture_t = time.time()
+                stall_history.append(
+                    {"capture": captures, "tag": tag, "stalled_s": round(stalled, 2), "deadlocked": j.deadlocked,
+                     "reason": j.reason, "cpu_percent": {str(k): round(v, 1) for k, v in cpu_pct.items()}, "time": last_capture_t}
+                )
+                run_dir.write_json("stalls.json", stall_history)
+                self.observe("judged", {"judgement": j, "analysis": a2})
+                if j.deadlocked:
+                    deciding = a2
+                    timings["last_progress_to_verdict_s"] = time.time() - (st.last_progress_t or t_burst)
+                    verdict = Verdict(DEADLOCKED, j.reason)
+                    break
+        except BaseException:
+            driver.abandon()
+            raise
+        timings["burst_s"] = time.time() - t_burst
+        timings["captures"] = float(captures)
+        if verdict is None:
+            time.sleep(0.5)  # let the injectors' counters reach disk (they flush every ~0.2 s)
+            loaded, armed, checks, _ = _injection_checks(p.evidence.injector_dir, variant, rank_pids)
+            verdict = judge_completion(driver.state().requests, expected, loaded, armed, checks)
+        write_arm_file(p.arm_file, [])
+        final = driver.state()
+        clean = final.finished and verdict.verdict != DEADLOCKED and server.is_running()
+        driver.abandon()
+        if clean:
+            driver.close(wait_s=0.5)
+        else:
+            self._open_drivers = getattr(self, "_open_drivers", []) + [driver]
+        return Outcome(verdict, deciding or last_analysis, final, timings, clean)
+
+    def close_drivers(self) -> None:
+        """Close the history files of drivers whose requests were still outstanding (after the server stopped)."""
+        for d in getattr(self, "_open_drivers", []):
+            d.close(wait_s=2.0)
+        self._open_drivers = []
+
+
 def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop) -> RunResult:
     """Launch, arm, drive, detect, capture, judge, write evidence, tear down. Never leaves the server running.
 
     Raises:
         KeyboardInterrupt: re-raised after teardown and after the evidence folder was marked ``interrupted``.
     """
-    from repro.analysis import analyze
-    from repro.capture import capture_ranks, frames_unchanged
-    from repro.launcher import LaunchError, start_server
-
-    evd, scenario, variant = p.evidence, p.scenario, p.variant
-    burst = scenario.burst
-    n_requests = opts.requests or burst.requests
+    evd = p.evidence
     t0 = time.time()
-    timings: dict[str, float] = {}
     evd.write_text("command.txt", (opts.command_line or "repro run " + str(opts.scenario_path)) + "\n")
-    server = None
-    driver: Optional[BurstDriver] = None
-    verdict: Optional[Verdict] = None
-    deciding: Any = None
-    last_analysis: Any = None
-    captures_taken = 0
-    stall_history: list[dict] = []
-    rank_pids: dict[int, int] = {}
+    session = Session(p, observe)
+    outcome: Optional[Outcome] = None
     interrupted = False
     try:
-        observe("launch", {"evidence": str(evd.path)})
-        try:
-            server = start_server(p.adapter, p.spec, evd.file("server.log"))
-        except LaunchError as e:
-            verdict = Verdict(INCONCLUSIVE, f"server failed to start: {e}")
-            raise _Done()
-        _save_procs(evd, server)
-        observe("wait_healthy", {"url": server.url, "pid": server.pid})
-        try:
-            server.wait_healthy(scenario.server.startup_timeout_s)
-        except LaunchError as e:
-            verdict = Verdict(INCONCLUSIVE, f"server failed to start: {e}")
-            raise _Done()
-        timings["healthy_s"] = time.time() - t0
-        rank_pids = server.rank_pids()
-        _save_procs(evd, server)
-        ranks = sorted(rank_pids)
-        expected = list(range(p.spec.tp_size))
-        if ranks != expected:
-            verdict = Verdict(INCONCLUSIVE, f"expected scheduler ranks {expected}, found {ranks} among the server's processes")
-            raise _Done()
-        ids = [i.id for i in variant.injections]
-        write_arm_file(p.arm_file, ids)
-        observe("armed", {"injections": ids, "ranks": rank_pids})
-        prompts = make_prompts(n_requests, burst.input_len, burst.seed)
-        driver = BurstDriver(
-            p.adapter, server.url, prompts, burst.max_new_tokens, burst.concurrency, evd.file("requests.jsonl"), burst.request_timeout_s
-        )
-        t_burst = time.time()
-        driver.start()
-        last_capture_t = 0.0
-        while True:
-            time.sleep(POLL_S)
-            now = time.time()
-            st = driver.state()
-            observe("burst", {"state": st})
-            if st.finished:
-                break
-            if not server.is_running():
-                verdict = Verdict(INCONCLUSIVE, f"server died during the burst; log tail:\n{server.log_tail(20)}")
-                break
-            if now - t_burst > scenario.budget_s:
-                why = stall_history[-1]["reason"] if stall_history else "requests still outstanding"
-                verdict = Verdict(INCONCLUSIVE, f"budget of {scenario.budget_s:.0f} s ended without a verdict: {why}")
-                break
-            stalled = st.stalled_for(now)
-            if stalled < scenario.stall_s or now - last_capture_t < scenario.stall_s:
-                continue
-            captures_taken += 1
-            tag = f"-{captures_taken}"
-            observe("capture", {"n": captures_taken, "stalled_s": stalled})
-            cpu0, c0t = _cpu_times(rank_pids), time.time()
-            first = capture_ranks(rank_pids, evd.stacks_dir, tag=tag, native=opts.native, injector_dir=evd.injector_dir,
-                                  fallback_signal=p.plan["faulthandler_signal"])
-            time.sleep(CONFIRM_GAP_S)
-            second = capture_ranks(rank_pids, evd.stacks_dir, tag=tag + "b", native=opts.native, injector_dir=evd.injector_dir,
-                                   fallback_signal=p.plan["faulthandler_signal"])
-            cpu1, c1t = _cpu_times(rank_pids), time.time()
-            cpu_pct = {k: 100.0 * (cpu1[k] - cpu0[k]) / max(1e-3, c1t - c0t) for k in cpu0 if k in cpu1}
-            a1, a2 = analyze(first), analyze(second)
-            last_analysis = a2
-            unchanged = frames_unchanged(first, second)
-            j: StallJudgement = judge_stall(a1, a2, unchanged, cpu_pct, expected)
-            last_capture_t = time.time()
-            stall_history.append(
-                {"capture": captures_taken, "tag": tag, "stalled_s": round(stalled, 2), "deadlocked": j.deadlocked,
-                 "reason": j.reason, "cpu_percent": {str(k): round(v, 1) for k, v in cpu_pct.items()}, "time": last_capture_t}
-            )
-            evd.write_json("stalls.json", stall_history)
-            observe("judged", {"judgement": j, "analysis": a2})
-            if j.deadlocked:
-                deciding = a2
-                timings["last_progress_to_verdict_s"] = time.time() - (st.last_progress_t or t_burst)
-                verdict = Verdict(DEADLOCKED, j.reason)
-                break
-        timings["burst_s"] = time.time() - t_burst
-        if verdict is None:
-            time.sleep(0.5)  # let the injectors' counters reach disk (they flush every ~0.2 s)
-            loaded, armed, checks, _ = _injection_checks(evd, variant, rank_pids)
-            verdict = judge_completion(driver.state().requests, expected, loaded, armed, checks)
+        failed = session.start()
+        if failed is not None:
+            outcome = Outcome(failed, clean=False)
         else:
-            _, _, checks, _ = _injection_checks(evd, variant, rank_pids)
-            if verdict.verdict == INCONCLUSIVE and not any(sum(c.entered.values()) for c in checks) and checks:
-                verdict = Verdict(verdict.verdict, verdict.reason + f"; note: site {checks[0].site} was never entered")
-    except _Done:
-        pass
+            outcome = session.drive(p.variant, evd, opts.requests, opts.native)
+            outcome.timings["healthy_s"] = session.healthy_s or 0.0
     except KeyboardInterrupt:
         interrupted = True
-        verdict = Verdict(INCONCLUSIVE, "interrupted by the user (Ctrl-C/SIGTERM) before a verdict; evidence is partial")
+        outcome = Outcome(Verdict(INCONCLUSIVE, "interrupted by the user (Ctrl-C/SIGTERM) before a verdict; evidence is partial"), clean=False)
     finally:
-        t_end = time.time()
-        timings["to_verdict_s"] = t_end - t0
+        if outcome is None:
+            outcome = Outcome(Verdict(INCONCLUSIVE, "internal error before a verdict (see the console)"), clean=False)
+        outcome.timings["to_verdict_s"] = time.time() - t0
         try:
-            if verdict is None:
-                verdict = Verdict(INCONCLUSIVE, "internal error before a verdict (see errors in the console)")
-            _finish_evidence(p, opts, verdict, deciding or last_analysis, driver, rank_pids, timings, interrupted)
+            _finish_evidence(p, opts, p.variant, evd, outcome, session.rank_pids, interrupted)
         finally:
-            if driver is not None:
-                driver.abandon()
-            if server is not None:
-                observe("teardown", {})
-                left = server.stop()
-                evd.write_json("teardown.json", {"left_running": [getattr(x, "pid", x) for x in left], "time": time.time()})
-            if driver is not None:
-                driver.close(wait_s=2.0)
+            session.stop()
+            session.close_drivers()
             for d in p.temp_dirs:
                 shutil.rmtree(d, ignore_errors=True)
-            timings["total_s"] = time.time() - t0
-            evd.set_status("interrupted" if interrupted else "complete", timings=timings)
+            outcome.timings["total_s"] = time.time() - t0
+            evd.set_status("interrupted" if interrupted else "complete", timings=outcome.timings)
     if interrupted:
         raise KeyboardInterrupt
-    st = driver.state() if driver else None
-    return RunResult(
-        verdict, exit_code_for(verdict.verdict, opts.expect), evd.path, opts.expect, deciding or last_analysis, timings,
-        st.ok if st else 0, st.total if st else 0,
-    )
+    return _result(outcome, opts.expect, evd.path)
 
 
-class _Done(Exception):
-    """Internal: leave the pipeline early with the verdict already set."""
+def _result(outcome: Outcome, expect: Optional[str], path: Path) -> RunResult:
+    st = outcome.state
+    return RunResult(outcome.verdict, exit_code_for(outcome.verdict.verdict, expect), path, expect, outcome.analysis,
+                     outcome.timings, st.ok if st else 0, st.total if st else 0)
+
+
+def run_many(opts: RunOptions, variants: Sequence[str], observe: Observer = _noop) -> list[RunResult]:
+    """Drive several variants of one scenario on ONE server, each with its own evidence folder.
+
+    The plan holds every listed variant's injections (ids must be unique across them); each variant is armed in
+    turn, so counts restart per variant. After a variant leaves the server unusable (deadlock, crash, requests
+    outstanding) the server is restarted before the next one. Each run folder gets a copy of the injector
+    records and the server log taken when its variant ended, and ``session.json`` naming the session folder.
+
+    Raises:
+        RunError: bad input, before anything was launched.
+        KeyboardInterrupt: after teardown.
+    """
+    p = prepare(opts, label_default="session", variants=variants)
+    session = Session(p, observe)
+    results: list[RunResult] = []
+    interrupted = False
+    try:
+        failed = session.start()
+        for name in variants:
+            variant = p.scenario.variant(name)
+            run_dir = ev.EvidenceDir(p.evidence.root, p.scenario.name, name)
+            run_dir.write_json("session.json", {"session": str(p.evidence.path), "rank_pids": {str(k): v for k, v in session.rank_pids.items()}})
+            run_dir.write_text("command.txt", (opts.command_line or f"repro run {opts.scenario_path} --variant {name}") + "\n")
+            t0 = time.time()
+            if failed is not None:
+                outcome = Outcome(failed, clean=False)
+            else:
+                outcome = session.drive(variant, run_dir, opts.requests, opts.native)
+            outcome.timings["to_verdict_s"] = time.time() - t0
+            _snapshot_session(p, run_dir)
+            _finish_evidence(p, opts, variant, run_dir, outcome, session.rank_pids, False)
+            run_dir.set_status("complete", timings=outcome.timings)
+            results.append(_result(outcome, variant.expect if opts.expect is None else opts.expect, run_dir.path))
+            if failed is None and not outcome.clean:
+                failed = session.restart()
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        session.stop()
+        session.close_drivers()
+        for d in p.temp_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+        p.evidence.set_status("interrupted" if interrupted else "complete")
+    if interrupted:
+        raise KeyboardInterrupt
+    return results
+
+
+def _snapshot_session(p: Prepared, run_dir: ev.EvidenceDir) -> None:
+    """Copy the session's injector records and server log into a run folder (self-contained evidence)."""
+    shutil.copytree(p.evidence.injector_dir, run_dir.injector_dir, dirs_exist_ok=True)
+    for name in ("server.log", "plan.json", "scenario.toml", "processes.json"):
+        src = p.evidence.file(name)
+        if src.exists():
+            shutil.copyfile(src, run_dir.file(name))
 
 
 def _save_procs(evd: ev.EvidenceDir, server: Any) -> None:
@@ -372,31 +515,33 @@ def _save_procs(evd: ev.EvidenceDir, server: Any) -> None:
         pass
 
 
-def _finish_evidence(p: Prepared, opts: RunOptions, verdict: Verdict, analysis: Any, driver: Optional[BurstDriver],
-                     rank_pids: dict[int, int], timings: dict, interrupted: bool) -> None:
+def _finish_evidence(p: Prepared, opts: RunOptions, variant: Variant, evd: ev.EvidenceDir, outcome: Outcome,
+                     rank_pids: dict[int, int], interrupted: bool) -> None:
+    """Write analysis.json, env.json, REPORT.md and, last and atomically, verdict.json into ``evd``."""
     from repro.report import write_report
 
-    evd = p.evidence
+    verdict, analysis = outcome.verdict, outcome.analysis
     if analysis is not None:
-        evd.write_json("analysis.json", analysis.to_json())
-    evd.write_json("env.json", _versions(evd, p.python))
-    try:
-        _, _, checks, rep = _injection_checks(evd, p.variant, rank_pids) if rank_pids else ([], [], [], None)
-    except Exception:
-        checks, rep = [], None
-    write_report(p, opts, verdict, analysis, driver.state() if driver else None, rank_pids, checks, timings)
-    expected_word = opts.expect
+        evd.write_json("analysis.json", analysis.to_dict())
+    evd.write_json("env.json", _versions(p.evidence.injector_dir, p.python))
+    checks: list = []
+    if rank_pids:
+        try:
+            _, _, checks, _ = _injection_checks(p.evidence.injector_dir, variant, rank_pids)
+        except Exception:
+            checks = []
+    write_report(p, opts, variant, evd, verdict, analysis, outcome.state, rank_pids, checks, outcome.timings)
     evd.write_json(
         "verdict.json",
         {
             **verdict.to_json(),
             "scenario": p.scenario.name,
-            "variant": p.variant.name,
-            "variant_expects": p.variant.expect,
-            "expect": expected_word,
-            "exit_code": exit_code_for(verdict.verdict, expected_word),
+            "variant": variant.name,
+            "variant_expects": variant.expect,
+            "expect": opts.expect,
+            "exit_code": exit_code_for(verdict.verdict, opts.expect),
             "partial": interrupted,
-            "timings": {k: round(v, 3) for k, v in timings.items()},
+            "timings": {k: round(v, 3) for k, v in outcome.timings.items()},
             "rank_pids": {str(k): v for k, v in rank_pids.items()},
             "evidence": str(evd.path),
         },

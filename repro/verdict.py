@@ -84,7 +84,9 @@ def judge_stall(
     first_states = {r.rank: r.state for r in first.ranks}
     busy = sorted(k for k, r in states.items() if r.state == "busy" or first_states.get(k) == "busy")
     if busy:
-        return StallJudgement(False, f"rank(s) {_ranks(busy)} busy (on CPU or sleeping outside a collective)", tuple(busy), dict(cpu_percent))
+        where = "; ".join(f"TP{k} {states[k].where()}" for k in busy if callable(getattr(states[k], "where", None)))
+        return StallJudgement(False, f"rank(s) {_ranks(busy)} busy (on CPU or sleeping outside a collective)"
+                              + (f": {where}" if where else ""), tuple(busy), dict(cpu_percent))
     hot = sorted(k for k, pct in cpu_percent.items() if pct >= IDLE_CPU_PERCENT)
     if hot:
         detail = ", ".join(f"TP{k} {cpu_percent[k]:.0f}%" for k in hot)
