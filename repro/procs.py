@@ -161,8 +161,10 @@ def stop_procs(procs: Iterable[ProcInfo], grace_s: float = 10.0, kill_wait_s: fl
     Returns:
         The processes still alive at the end (should be empty; e.g. uninterruptible sleep in the kernel).
     """
+    procs = list(procs)
     todo = [p for p in procs if alive(p)]
     if not todo:
+        _reap(procs)
         return []
     # Children first, root last, so a parent that restarts workers does not see them die one by one first.
     for p in reversed(todo):
@@ -170,7 +172,11 @@ def stop_procs(procs: Iterable[ProcInfo], grace_s: float = 10.0, kill_wait_s: fl
     left = _wait_gone(todo, grace_s)
     for p in left:
         _signal(p, signal.SIGKILL)
-    return _wait_gone(left, kill_wait_s)
+    still = _wait_gone(left, kill_wait_s)
+    # Reap every ended process that is our child: orphans re-parented to us (e.g. when the caller is a child
+    # subreaper, as the test session is) would otherwise stay as zombies until we exit.
+    _reap(procs)
+    return still
 
 
 def save_procs(path: Union[str, Path], procs: Iterable[ProcInfo]) -> None:

@@ -129,3 +129,16 @@ def test_load_procs_bad_file_names_file_and_expected_shape(tmp_path: Path):
         load_procs(bad)
     msg = str(e.value)
     assert str(bad) in msg and "pid, create_time" in msg
+
+
+def test_stop_reaps_ended_children_so_no_zombie_is_left():
+    import psutil
+
+    kid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    info = proc_info(kid.pid)
+    os.kill(kid.pid, 9)
+    _wait_for(lambda: psutil.Process(kid.pid).status() == psutil.STATUS_ZOMBIE, what="zombie")
+    assert not alive(info)
+    assert stop_procs([info], grace_s=0.1) == []
+    # Reaped by stop_procs itself: the pid no longer exists (no zombie waiting for its parent).
+    assert not psutil.pid_exists(kid.pid)
