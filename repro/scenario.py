@@ -144,11 +144,13 @@ class Skip(_Strict):
 
 
 class ReturnValue(_Strict):
-    """Call the original, then replace its result on the chosen ranks (per-rank state divergence)."""
+    """Call the original, then replace its result on the chosen ranks (per-rank state divergence); with ``offset``,
+    return the original's result plus ``offset`` instead (a drift of ±1 slot, a clock jump in seconds)."""
 
     kind: Literal["return_value"]
     value: Any = None
     call_original: bool = True
+    offset: Optional[Union[int, float]] = Field(None, description="return the original's result plus this number instead of value (drift, e.g. -1)")
 
 
 class Delay(_Strict):
@@ -162,6 +164,7 @@ class Observe(_Strict):
     """Control: the site stays patched and counted (entered/matched) but nothing ever fires."""
 
     kind: Literal["none"]
+    record_callers: bool = Field(False, description="write one 'seen' fire-log event per distinct call place (repro hunt's baseline)")
 
 
 Action = Union[ExtraCollective, Skip, ReturnValue, Delay, Observe]

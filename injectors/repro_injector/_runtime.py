@@ -13,7 +13,8 @@ contract is ``repro.scenario.compile_plan``; this package never imports ``repro`
   ``rank``: ``armed`` / ``disarmed`` (``ids``, ``arm_seq``; ``armed`` also ``arm_file_mtime``); ``counts``
   (``arm_seq``, ``armed``, ``counts`` = {id: {entered, matched, fired, first_/last_entered, first_/last_matched,
   first_/last_fired, entered_before_poll}}); ``fire`` (``id``, ``arm_seq``, ``n``, ``action``, ``caller``,
-  ``stack``), written before the action runs; ``fire_done`` (``id``, ``duration_s``, ``error``); ``error`` (``id``,
+  ``stack``), written before the action runs; ``seen`` (observe mode: ``id``, ``caller``, ``line``, ``stack``,
+  ``loops``; see ``Runtime.record_caller``); ``fire_done`` (``id``, ``duration_s``, ``error``); ``error`` (``id``,
   ``message``).
 - ``errors.log``: one line per exception inside the injector (also one line on stderr).
 - ``faulthandler-<pid>.txt``: all threads' stacks each time the plan's ``faulthandler_signal`` arrives (chained to a
@@ -144,6 +145,9 @@ class Site:
         self.action: Dict[str, Any] = spec.get("action") or {"kind": "none"}
         self.kind: str = self.action.get("kind", "none")
         self.counts = Counts()
+        # observe mode (action none + record_callers): one ``seen`` event per distinct (caller code, offset)
+        self.record_callers: bool = self.kind == "none" and bool(self.action.get("record_callers"))
+        self.seen_keys: set = set()
         self.recent: Deque[float] = deque(maxlen=256)  # times of calls made while disarmed (arm-window accounting)
         self.lock = threading.Lock()
         self.patched: Optional[Target] = None
@@ -195,6 +199,8 @@ class Site:
                 if ok:
                     fire = self._matched(c, now)
             self.rt.dirty = True
+        if ok and self.record_callers:
+            self.rt.record_caller(self, caller)
         return fire
 
     def _matched(self, c: Counts, now: float) -> bool:
@@ -274,6 +280,8 @@ class Site:
         if kind == "skip":
             return copy.deepcopy(a.get("value"))
         if kind == "return_value":
+            if a.get("offset") is not None:  # drift: the original's result plus a number (e.g. -1, +3600 s)
+                return call() + a["offset"]
             if a.get("call_original", True):
                 call()
             return copy.deepcopy(a.get("value"))
@@ -392,6 +400,36 @@ class Runtime:
                 sys.stderr.write(f"repro injector (pid {os.getpid()}): cannot write fire log: {e}\n")
             except Exception:
                 pass
+
+    def record_caller(self, site: Site, frame: Any) -> None:
+        """Observe mode: write a ``seen`` event the first time ``site`` is called from this (code, offset).
+
+        The event has ``id``, ``arm_seq``, ``caller`` (first non-decorator frame), ``line``, ``stack`` (up to 8 frame
+        names), and ``loops``: for each of the first 3 frames of ``stack``, the ``for`` targets enclosing the call
+        (outermost first). Costs one set lookup per call once a place was seen.
+        """
+        f = frame
+        while f is not None and _gate.is_decorator_frame(f):
+            f = f.f_back
+        if f is None:
+            return
+        key = (id(f.f_code), f.f_lasti)
+        if key in site.seen_keys:
+            return
+        site.seen_keys.add(key)
+        if self.rank is None:
+            self.see_rank()
+        try:
+            loops = []
+            g = f
+            while g is not None and len(loops) < 3:
+                if not _gate.is_decorator_frame(g):
+                    loops.append(_gate.enclosing_loops(g.f_code, g.f_lasti))
+                g = g.f_back
+            self.event("seen", id=site.id, arm_seq=self.arm_seq, caller=_gate.frame_name(f), line=f.f_lineno,
+                       stack=_gate.caller_chain(f), loops=loops)
+        except Exception as e:
+            self.error(f"{site.id}: recording the caller failed", e, site.id)
 
     def write_counts(self) -> None:
         with self._io_lock:

@@ -139,6 +139,32 @@ def loop_ranges(code: Any, target: str) -> Tuple[Tuple[int, int], ...]:
     return tuple(merged)
 
 
+def loop_targets(code: Any) -> Tuple[str, ...]:
+    """Names stored by each ``for`` loop of ``code`` (first stored name per ``FOR_ITER``), in bytecode order."""
+    instrs = list(dis.get_instructions(code))
+    out: List[str] = []
+    for i, ins in enumerate(instrs):
+        if ins.opname != "FOR_ITER":
+            continue
+        j = i + 1
+        while j < len(instrs) and instrs[j].opname in ("EXTENDED_ARG", "NOP", "CACHE", "UNPACK_SEQUENCE", "UNPACK_EX"):
+            j += 1
+        if j < len(instrs) and instrs[j].opname.startswith("STORE_") and instrs[j].argval not in out:
+            out.append(instrs[j].argval)
+    return tuple(out)
+
+
+def enclosing_loops(code: Any, lasti: int) -> List[str]:
+    """Targets of the ``for`` loops of ``code`` whose range (``loop_ranges``) holds offset ``lasti``, outermost first."""
+    hits = []
+    for t in loop_targets(code):
+        spans = loop_ranges(code, t)
+        inside = [(a, b) for a, b in spans if a <= lasti < b]
+        if inside:
+            hits.append((min(a for a, _ in inside), t))
+    return [t for _, t in sorted(hits)]
+
+
 class Gate:
     """Compiled stack gate of one injection (the plan's ``gate`` object, caller-frame part).
 
@@ -257,5 +283,6 @@ def caller_chain(frame: Any, limit: int = 8) -> List[str]:
     return out
 
 
-__all__ = ["Gate", "gate_from_plan", "frame_name", "is_decorator_frame", "loop_ranges", "caller_chain", "OWN_CODES",
+__all__ = ["Gate", "gate_from_plan", "frame_name", "is_decorator_frame", "loop_ranges", "caller_chain",
+           "loop_targets", "enclosing_loops", "OWN_CODES",
            "DECORATOR_NAMES", "HAS_QUALNAME"]
