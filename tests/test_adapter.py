@@ -209,3 +209,11 @@ def test_user_storage_dir_is_never_owned(tmp_path: Path):
 def test_tick_function_names_the_scheduler_method():
     mod, qual = A.tick_function.split(":")
     assert mod == "sglang.srt.managers.scheduler" and qual == "Scheduler.get_next_batch_to_run"
+
+
+def test_tick_function_follows_the_disaggregation_mode():
+    assert A.tick_function_for([]) == A.tick_function
+    assert A.tick_function_for(["--disaggregation-mode", "prefill"]).endswith(
+        "SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run")
+    assert A.tick_function_for(["--disaggregation-mode=decode"]).startswith("sglang.srt.disaggregation.decode:")
+    assert A.tick_function_for(["--disaggregation-mode", "null"]) == A.tick_function

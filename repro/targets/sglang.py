@@ -132,6 +132,17 @@ class SGLangAdapter:
     health_path = "/health"
     generate_path = "/generate"
     tick_function = "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run"
+    # PD disaggregation replaces the event loop (sglang 0.5.23 srt/disaggregation/{prefill,decode}.py): its loops
+    # call these once per tick instead (mixin methods of Scheduler), and never get_next_batch_to_run.
+    disagg_tick_functions = {
+        "prefill": "sglang.srt.disaggregation.prefill:SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run",
+        "decode": "sglang.srt.disaggregation.decode:SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run",
+    }
+
+    def tick_function_for(self, args: Sequence[str]) -> str:
+        """The per-tick function for a server started with ``args`` (``--disaggregation-mode`` picks the loop)."""
+        mode = _flag_value(args, "--disaggregation-mode")
+        return self.disagg_tick_functions.get(mode or "", self.tick_function)
 
     # ---- launching -------------------------------------------------------------------------------------------
     def launch_command(self, spec: LaunchSpec) -> list[str]:
