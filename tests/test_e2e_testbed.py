@@ -7,7 +7,9 @@ verified gone. These tests must not hang it.
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -70,9 +72,7 @@ def test_server_runs_the_cpu_stand_in_and_tiny_model(sglang_server):
 
 
 def test_session_leak_check_sees_this_sessions_servers(sglang_server):
-    """The end-of-session check is not vacuous: while the shared server runs, it is found by its tag."""
-    import os
-
+    """The end-of-session check is not vacuous: while the shared server runs, it is found."""
     left = session_leftovers(os.environ[SESSION_ENV])
     pids = {int(x.split()[0]) for x in left}
     assert sglang_server.pid in pids
@@ -80,8 +80,7 @@ def test_session_leak_check_sees_this_sessions_servers(sglang_server):
 
 
 def test_real_server_failing_at_startup_gives_one_line_with_cause(tmp_path: Path):
-    spec = make_testbed_spec()
-    bad = type(spec)(**{**spec.__dict__, "model": str(tmp_path / "no-such-model")})
+    bad = replace(make_testbed_spec(), model=str(tmp_path / "no-such-model"))
     with start_server(ADAPTER, bad, tmp_path / "server.log") as server:
         snap = server.procs()
         with pytest.raises(LaunchError) as e:
