@@ -16,6 +16,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(
@@ -98,7 +99,7 @@ class _Progress:
             console.print(f"stall: no progress for {data['stalled_s']:.1f} s → capturing every rank (round {data['n']})")
         elif event == "judged":
             j = data["judgement"]
-            console.print(("  deadlock confirmed: " if j.deadlocked else "  not a deadlock yet: ") + j.reason)
+            console.print(("  deadlock confirmed: " if j.deadlocked else "  not a deadlock yet: ") + escape(j.reason))
         elif event == "teardown":
             self.progress.update(self.task, description="tearing down the server tree", total=None)
 
@@ -115,16 +116,16 @@ def _render_result(res, as_json: bool) -> None:
             "analysis": res.analysis.to_dict() if res.analysis is not None else None,
         }))
         return
-    out.print(f"[{_verdict_style(res.verdict.verdict)}]{res.verdict.verdict}[/]  {res.verdict.reason}")
+    out.print(f"[{_verdict_style(res.verdict.verdict)}]{res.verdict.verdict}[/]  {escape(res.verdict.reason)}")
     for n in res.verdict.notes:
-        out.print(f"  - {n}")
+        out.print(f"  - {escape(n)}")
     if res.analysis is not None and getattr(res.analysis, "ranks", None):
         t = Table(title="where each rank is")
         for col in ("rank", "state", "blocked in", "via", "caller chain"):
             t.add_column(col)
         for r in res.analysis.ranks:
-            t.add_row(f"TP{r.rank}", r.state, str(getattr(r, "op", "") or "-"), str(getattr(r, "via", "") or "-"),
-                      " ← ".join(getattr(r, "caller_chain", [])[:4]))
+            t.add_row(f"TP{r.rank}", r.state, escape(str(getattr(r, "op", "") or "-")), escape(str(getattr(r, "via", "") or "-")),
+                      escape(" ← ".join(getattr(r, "caller_chain", [])[:4])))
         out.print(t)
     out.print(f"requests: {res.requests_ok}/{res.requests_total} succeeded")
     out.print(f"evidence: {res.evidence}  (REPORT.md)")
