@@ -396,7 +396,7 @@ class Discovery:
     Attributes:
         rank_pids: rank → pid (empty when none was found: then ``note`` says why).
         method: ``pid-root``, ``match``, ``listener`` (tree of the process listening on the URL's port),
-            ``default-title`` or ``given`` (a callable supplied by the caller).
+            ``default-title``, ``none`` (the URL is another host's) or ``given`` (a callable supplied by the caller).
         procs: the processes considered (root first for tree methods).
         note: why nothing (or something unexpected) was found, naming the flag that fixes it.
     """
@@ -427,6 +427,21 @@ def _listener_pid(url: str) -> Optional[int]:
     return None
 
 
+def _is_local_host(host: str) -> bool:
+    """True when ``host`` resolves to a loopback address or to an address of one of this host's interfaces."""
+    try:
+        addrs = {ai[4][0] for ai in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    local = {"127.0.0.1", "::1"}
+    try:
+        for nic in psutil.net_if_addrs().values():
+            local.update(a.address.split("%", 1)[0] for a in nic)
+    except OSError:
+        pass
+    return any(a in local or a.startswith("127.") for a in addrs)
+
+
 def _all_procs() -> list[ProcInfo]:
     out = []
     for p in psutil.process_iter():
@@ -440,7 +455,8 @@ def discover_ranks(adapter: Any, url: str, pid_root: Optional[int] = None, match
     """Find the rank processes of the server at ``url`` on this host.
 
     Order: ``pid_root`` (its tree, filtered by ``match`` when given); else ``match`` over every process; else the
-    tree of the process listening on the URL's port; else every process titled :data:`DEFAULT_MATCH`. Ranks come
+    tree of the process listening on the URL's port (and nothing else when that tree has no rank); else, when the
+    URL's host is this host, every process titled :data:`DEFAULT_MATCH` (never another host's server). Ranks come
     from the titles (``adapter.rank_pids``: ``sglang::scheduler_TP{k}`` → k).
 
     Returns:
@@ -475,8 +491,14 @@ def discover_ranks(adapter: Any, url: str, pid_root: Optional[int] = None, match
     lp = _listener_pid(url)
     if lp is not None:
         d = ranks_of(_procs.snapshot_tree(lp), "listener", f"under pid {lp} (listening on {url})")
-        if d.rank_pids:
-            return d
+        if not d.rank_pids:
+            d = replace(d, note=d.note + "; pass --pid-root PID (the launcher of the rank processes) or --match TITLE")
+        return d
+    host = urlsplit(url).hostname or ""
+    if not _is_local_host(host):
+        return Discovery({}, "none", [], f"{host} is not an address of this host, so its rank processes cannot be "
+                                          "captured from here: run the watch on the server's host, or pass --pid-root "
+                                          "PID / --match TITLE")
     match = DEFAULT_MATCH
     d = ranks_of(_all_procs(), "default-title", "on this host")
     if not d.rank_pids:

@@ -433,6 +433,16 @@ class FakeServerTree:
     def __exit__(self, *exc) -> None:
         os.killpg(self.p.pid, signal.SIGKILL)
         self.p.wait(timeout=10)
+        deadline = time.time() + 10  # the children are re-parented; wait until they are gone (or zombies)
+        while time.time() < deadline and any(_running(k) for k in self.kids):
+            time.sleep(0.02)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_discovery_under_pid_root_and_under_the_listener_of_the_url() -> None:
@@ -461,3 +471,28 @@ def test_no_rank_process_is_a_note_naming_the_flags(tmp_path: Path) -> None:
 
     d = discover_ranks(SGLangAdapter(), _closed_port_url(), pid_root=os.getpid(), match="sglang::scheduler")
     assert d.rank_pids == {} and "--pid-root" in d.note
+
+
+def test_a_listener_without_rank_children_is_not_replaced_by_some_other_server() -> None:
+    from repro.watch import discover_ranks
+
+    # The listener runs in its own process (a stub in this process would have the fake server as a descendant).
+    web = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1"], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        assert web.stdout is not None
+        port = int(web.stdout.readline().split(" port ")[1].split()[0])
+        with FakeServerTree():  # another "server" on this host: must not be picked for the listener's URL
+            d = discover_ranks(SGLangAdapter(), f"http://127.0.0.1:{port}")
+        assert d.method == "listener" and d.rank_pids == {} and "--pid-root" in d.note
+    finally:
+        os.killpg(web.pid, signal.SIGKILL)
+        web.wait(timeout=10)
+
+
+def test_a_remote_url_is_never_matched_to_local_processes() -> None:
+    from repro.watch import discover_ranks
+
+    with FakeServerTree():
+        d = discover_ranks(SGLangAdapter(), "http://192.0.2.10:30000")  # TEST-NET-1: never a local address
+    assert d.rank_pids == {} and d.method == "none" and "this host" in d.note
