@@ -402,30 +402,30 @@ class Runtime:
                 pass
 
     def record_caller(self, site: Site, frame: Any) -> None:
-        """Observe mode: write a ``seen`` event the first time ``site`` is called from this (code, offset).
+        """Observe mode: write a ``seen`` event the first time ``site`` is called from this place: the (code, offset)
+        of its first 3 non-decorator frames, so one caller reached from two places of its own caller counts twice.
 
         The event has ``id``, ``arm_seq``, ``caller`` (first non-decorator frame), ``line``, ``stack`` (up to 8 frame
         names), and ``loops``: for each of the first 3 frames of ``stack``, the ``for`` targets enclosing the call
-        (outermost first). Costs one set lookup per call once a place was seen.
+        (outermost first). Costs a 3-frame walk and one set lookup per call once a place was seen.
         """
-        f = frame
-        while f is not None and _gate.is_decorator_frame(f):
-            f = f.f_back
-        if f is None:
+        frames = []
+        g = frame
+        while g is not None and len(frames) < 3:
+            if not _gate.is_decorator_frame(g):
+                frames.append(g)
+            g = g.f_back
+        if not frames:
             return
-        key = (id(f.f_code), f.f_lasti)
+        f = frames[0]
+        key = tuple((id(x.f_code), x.f_lasti) for x in frames)
         if key in site.seen_keys:
             return
         site.seen_keys.add(key)
         if self.rank is None:
             self.see_rank()
         try:
-            loops = []
-            g = f
-            while g is not None and len(loops) < 3:
-                if not _gate.is_decorator_frame(g):
-                    loops.append(_gate.enclosing_loops(g.f_code, g.f_lasti))
-                g = g.f_back
+            loops = [_gate.enclosing_loops(x.f_code, x.f_lasti) for x in frames]
             self.event("seen", id=site.id, arm_seq=self.arm_seq, caller=_gate.frame_name(f), line=f.f_lineno,
                        stack=_gate.caller_chain(f), loops=loops)
         except Exception as e:
