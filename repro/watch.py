@@ -662,12 +662,12 @@ class Watcher:
         if gen.ok:
             was = self.state
             self.failures = self.unreachable = 0
-            self.first_failure_t = None
+            self.first_failure_t, self.first_failure_round = None, 0
             self.state = "healthy"
             return "recovered" if was in ("hung", "unreachable") else None
         if gen.outcome == REFUSED:
             self.failures = 0
-            self.first_failure_t = None
+            self.first_failure_t, self.first_failure_round = None, 0
             self.unreachable += 1
             if self.unreachable >= need and self.state != "unreachable":
                 self.state = "unreachable"
