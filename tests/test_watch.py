@@ -23,7 +23,6 @@ import pytest
 
 from repro.targets.sglang import SGLangAdapter
 from repro.watch import (
-    EVIDENCE_ENV,
     HEALTH_ERROR,
     SILENT,
     WatchConfigError,
