@@ -24,8 +24,12 @@ Counts restart at each arming (a new write of a non-empty arm file) and count on
 (as ``entered`` and ``entered_before_poll``) calls made after the arm file was written but before this process
 noticed it: ranks poll the file independently, up to ``arm_poll_s`` apart.
 
-The injector's frames in a py-spy dump: ``Runtime._make_wrapper.<locals>.repro_injected``, ``Site.run``,
-``Site._collective`` (file ``repro_injector/_runtime.py``).
+- ``ledger-<pid>.jsonl`` (+ ``ledger-<pid>.1.jsonl``): the collective ledger when the plan enables it (``_ledger``).
+
+The injector's frames in a py-spy dump: ``repro_injected[<patched site qualname>]`` (e.g.
+``repro_injected[Scheduler.run_batch]``: the wrapper's code object carries the site's name), ``Site.run``,
+``Site._collective`` (file ``repro_injector/_runtime.py``); the ledger's wrappers read ``repro_ledger[<api>]`` and
+``repro_tick[<tick function>]`` (file ``repro_injector/_ledger.py``).
 """
 
 from __future__ import annotations
@@ -299,7 +303,8 @@ class _HookFinder:
         self.busy: set = set()
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname not in self.rt.watched or fullname in self.busy:
+        if fullname in self.busy or (fullname not in self.rt.watched and not (
+                self.rt.watch_prefixes and fullname.startswith(self.rt.watch_prefixes))):
             return None
         self.busy.add(fullname)
         try:
@@ -361,6 +366,9 @@ class Runtime:
         self.fh_file: Any = None
         self.fh_signal: Optional[str] = None
         self.watched: Dict[str, List[Any]] = {}
+        self.watch_prefixes: tuple = ()  # post-import hook also for every module under these prefixes
+        self.prefix_callbacks: List[Any] = []
+        self.ledger: Any = None  # _ledger.Ledger when the plan enables it
         self._fires: Any = None
         self._thread: Optional[threading.Thread] = None
 
@@ -583,7 +591,16 @@ class Runtime:
             rt.event("fire_done", id=inj_id, duration_s=_monotonic() - t0, error=None)
             return res
 
+        site_name = target.site.partition(":")[2] or target.site
+        try:  # stack dumps read repro_injected[Scheduler.run_batch], not the generic closure name
+            name = f"repro_injected[{site_name}]"
+            repro_injected.__code__ = repro_injected.__code__.replace(co_name=name, co_qualname=name)
+        except (TypeError, ValueError, AttributeError):
+            pass
         _gate.OWN_CODES.add(repro_injected.__code__)
+        from . import _ledger
+
+        _ledger.INJECTED_CODES[repro_injected.__code__] = (inj_id, target.site)
         for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
             try:
                 setattr(repro_injected, attr, getattr(orig, attr))
@@ -611,12 +628,19 @@ class Runtime:
                 self.error(f"patching in {modname} failed", e)
 
     def on_module(self, module: Any) -> None:
-        """Post-import hook: a watched module finished executing."""
-        for cb in list(self.watched.get(getattr(module, "__name__", ""), [])):
+        """Post-import hook: a watched module (or one under a watched prefix) finished executing."""
+        name = getattr(module, "__name__", "") or ""
+        for cb in list(self.watched.get(name, [])):
             try:
                 cb(module)
             except Exception as e:
                 self.error(f"patching in {module.__name__} failed", e)
+        if self.watch_prefixes and name.startswith(self.watch_prefixes):
+            for cb in list(self.prefix_callbacks):
+                try:
+                    cb(module)
+                except Exception as e:
+                    self.error(f"prefix hook in {name} failed", e)
 
     def _try_patch(self, site: Site, alt: str, module: Any) -> None:
         if site.patched is not None:
@@ -652,8 +676,18 @@ class Runtime:
             self.marker_dirty = True
 
     def install(self) -> None:
-        """Register post-import hooks for every site alternative (patching now those already imported)."""
+        """Register post-import hooks for every site alternative (patching now those already imported), and the
+        collective ledger's hooks when the plan enables it."""
         sys.meta_path.insert(0, _HookFinder(self))
+        spec = self.plan.get("ledger") or {}
+        if spec.get("enabled"):
+            from ._ledger import Ledger
+
+            try:
+                self.ledger = Ledger(self, spec)
+                self.ledger.install()
+            except Exception as e:
+                self.error("ledger install failed", e)
         for site in self.sites:
             for alt in site.alternatives:
                 try:
@@ -706,6 +740,11 @@ class Runtime:
                 self.write_marker()
         except Exception:
             pass
+        try:
+            if self.ledger is not None:
+                self.ledger.drain()
+        except Exception:
+            pass
 
     def start_thread(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="repro-injector", daemon=True)
@@ -740,6 +779,17 @@ class Runtime:
             self.error("faulthandler in fork child", e)
         self.write_marker()
         self.start_thread()
+        if self.ledger is not None:
+            self.ledger.after_fork()
+
+
+def _register_action_codes() -> None:
+    from . import _ledger
+
+    _ledger.ACTION_CODES.add(Site._collective.__code__)
+
+
+_register_action_codes()
 
 
 def load_plan(path: str) -> Dict[str, Any]:

@@ -1,0 +1,562 @@
+"""The collective ledger: every collective this process enters and leaves, as JSON lines (``ledger-<pid>.jsonl``).
+
+Enabled by the plan's ``ledger`` key (``{"enabled": bool, "max_records": int, "tick_function": "module:qualname"}``,
+``repro.scenario.compile_plan``); when disabled nothing is patched and nothing runs (zero cost).
+
+Where collectives are recorded (checked against sglang 0.5.23 and torch 2.14):
+
+- ``torch.distributed``: the package attributes ``all_reduce``, ``broadcast``, ``all_gather``,
+  ``all_gather_into_tensor``, ``reduce_scatter``, ``reduce_scatter_tensor``, ``all_to_all_single``, ``barrier``,
+  ``monitored_barrier``, ``gather``, ``broadcast_object_list``, ``all_gather_object``, ``send``, ``recv`` are
+  rebound to recording wrappers. sglang calls them as module attributes (``torch.distributed.all_reduce`` in
+  ``distributed/parallel_state.py``, ``dist.broadcast`` in ``utils/common.py`` ``broadcast_pyobj``); copies made by
+  ``from torch.distributed import all_reduce, barrier`` (``managers/scheduler_components/request_receiver.py``,
+  ``managers/scheduler.py``) are rebound in every ``sglang.*`` module after it is imported (post-import hook).
+  Calls inside torch itself (``broadcast_object_list`` → ``broadcast``) use ``distributed_c10d``'s own globals and
+  are not seen twice.
+- sglang's ``GroupCoordinator`` methods (``all_reduce``, ``broadcast``, ``all_gather``, ``all_gather_into_tensor``,
+  ``reduce_scatter``, ``reduce_scatter_tensor``, ``broadcast_object``, ``broadcast_object_list``,
+  ``all_gather_object``, ``broadcast_tensor_dict``, ``barrier``, ``gather`` — those present): the outer call is the
+  record; the torch-level call it makes is not counted again (thread-local depth) but names the record's process
+  group, wire op, reduce op and tensors. A coordinator call that reaches no torch.distributed function (pynccl,
+  custom all-reduce, shm all-reduce, message-queue broadcaster) is recorded when it returns, on the coordinator's
+  ``device_group`` (``cpu_group`` for the object ops and barrier), with ``"bypass": true``: such a call that hangs
+  is visible in the stacks only. ``GroupCoordinator.__init__`` is wrapped to name its groups (``tp/cpu``,
+  ``tp/device``).
+- The scheduler tick: each call of the plan's ``tick_function`` increments this process's tick counter; each record
+  carries the tick in which it was entered.
+
+File format (one JSON object per line; ``e`` says which):
+
+- ``{"e": "header", "pid", "rank", "part", "dropped", "max_records", "time"}``: first line of every file part;
+  ``dropped`` = enter records discarded so far by rotation.
+- ``{"e": "group", "g", "name", "ranks", "backend", "label", "rank_in_group"}``: a process group, written before
+  the first record on it (and again when its sglang label becomes known; read the last one). ``g`` is torch's group
+  name, the same on every rank.
+- ``{"e": "enter", "g", "seq", "op", "api", "red", "shapes", "dtypes", "site", "tick", "t", "inj", "thread",
+  "bypass"}``: ``seq`` counts collectives per group in this process from 1; ``op`` is the torch-level (wire) op;
+  ``api`` the outermost API called (``GroupCoordinator.broadcast_object``, ``torch.distributed.all_reduce``);
+  ``red`` the reduce op or null; ``shapes``/``dtypes`` of the tensors passed (a list of tensors counts as
+  ``[n, *shape]``); ``site`` up to 4 caller frames outside the communication layers (``module:qualname``, innermost
+  first; an injected collective's first frame is the patched site); ``inj`` the injection id when the injector's
+  own action issued it; ``t`` epoch seconds.
+- ``{"e": "exit", "g", "seq", "t", "err"}``: the call returned (for ``async_op=True``, when the call returned, not
+  when the work completed).
+
+Timing: the hot path appends a tuple to a deque; a writer thread (``repro-ledger``) serialises and flushes every
+``FLUSH_INTERVAL_S`` (50 ms). A blocked gloo collective releases the GIL, so the record of the collective a rank hangs
+in is on disk within ~100 ms (tests/test_ledger_gloo.py). Bounded: the file rotates after ``max_records // 2``
+enter records into ``ledger-<pid>.1.jsonl`` (replacing the previous part), so between ``max_records // 2`` and
+``max_records`` of the most recent records are kept (~250 bytes each: 20,000 records ≈ 5 MB per rank); the header's
+``dropped`` says how many were discarded.
+
+The wrappers' code objects are named ``repro_ledger[torch.distributed.all_reduce]`` (and
+``repro_tick[Scheduler.get_next_batch_to_run]``) so stack dumps show what they are; the stack gate and the harness's
+stack analysis treat them as transparent.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+
+from . import gate as _gate
+
+FLUSH_INTERVAL_S = 0.05
+SITE_FRAMES = 4
+MAX_WALK = 40
+
+TORCH_OPS = (
+    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+    "all_to_all_single", "barrier", "monitored_barrier", "gather", "broadcast_object_list", "all_gather_object",
+    "send", "recv",
+)
+# GroupCoordinator method -> the coordinator attribute holding the group used when no torch call is seen (0.5.23).
+COORDINATOR_METHODS = {
+    "all_reduce": "device_group", "broadcast": "device_group", "all_gather": "device_group",
+    "all_gather_into_tensor": "device_group", "reduce_scatter": "device_group",
+    "reduce_scatter_tensor": "device_group", "gather": "device_group", "broadcast_tensor_dict": "device_group",
+    "broadcast_object": "cpu_group", "broadcast_object_list": "device_group", "all_gather_object": "cpu_group",
+    "barrier": "cpu_group",
+}
+DEFAULT_COORDINATORS = ("sglang.srt.distributed.parallel_state:GroupCoordinator",)
+ALIAS_PREFIXES = ("sglang.",)
+# Modules whose frames are the communication layers (never a call site).
+COMM_MODULE_PREFIXES = ("torch.distributed", "sglang.srt.distributed", "repro_injector", "torch.utils._contextlib",
+                        "contextlib")
+
+_wall = time.time
+_sleep = time.sleep
+_tls = threading.local()
+
+# Code objects of the injector's site wrappers -> (injection id, patched site ``module:qualname``); filled by
+# ``Runtime._make_wrapper`` so a collective issued by an injection names the site it was injected at.
+INJECTED_CODES: Dict[Any, Tuple[str, str]] = {}
+# Code objects of the injector's actions (``Site._collective``): a collective under one of them was issued by the
+# injection whose wrapper is further out; one without is the site's own (original) collective.
+ACTION_CODES: set = set()
+
+
+class _Pending:
+    """An outer (coordinator-level) call whose record is written at its first torch-level call."""
+
+    __slots__ = ("api", "coord", "method", "site", "inj", "t", "key", "seq", "bypass_attr")
+
+    def __init__(self, api: str, coord: Any, method: str, site: Tuple[str, ...], inj: Optional[str], t: float) -> None:
+        self.api, self.coord, self.method, self.site, self.inj, self.t = api, coord, method, site, inj, t
+        self.key: Optional[str] = None
+        self.seq = 0
+
+
+def _rename(fn: Callable, name: str) -> Callable:
+    try:
+        fn.__code__ = fn.__code__.replace(co_name=name, co_qualname=name)
+    except (TypeError, ValueError, AttributeError):
+        try:
+            fn.__code__ = fn.__code__.replace(co_name=name)
+        except Exception:
+            pass
+    _gate.OWN_CODES.add(fn.__code__)
+    return fn
+
+
+def _arg_index(fn: Callable, name: str) -> int:
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return -1
+    return params.index(name) if name in params else -1
+
+
+class Ledger:
+    """Per-process collective recorder (see the module docstring). Created by ``Runtime`` when the plan enables it.
+
+    Args:
+        rt: the process's ``_runtime.Runtime`` (for ``out_dir``, ``pid``, ``error`` and ``_watch``).
+        spec: the plan's ``ledger`` dict.
+    """
+
+    def __init__(self, rt: Any, spec: Dict[str, Any]) -> None:
+        self.rt = rt
+        self.max_records = max(2, int(spec.get("max_records") or 20_000))
+        self.tick_function: str = spec.get("tick_function") or ""
+        self.coordinators: List[str] = list(spec.get("coordinators") or DEFAULT_COORDINATORS)
+        self.tick = 0
+        self.q: Deque[tuple] = deque()
+        self.lock = threading.Lock()  # sequence numbers and group table
+        self.seqs: Dict[str, int] = {}
+        self.groups: Dict[int, Tuple[Any, Dict[str, Any]]] = {}  # id(pg) -> (pg, info)
+        self.labels: Dict[int, List[str]] = {}
+        self.originals: Dict[int, Tuple[Callable, Callable]] = {}  # id(original) -> (original, wrapper)
+        self._names: Dict[int, Tuple[Any, str, int]] = {}  # id(code) -> (code, name, kind): 0 site, 1 skip, 2 injector wrapper, 3 injector action
+        self.rank: Optional[int] = None
+        self.fh: Any = None
+        self.part = 0
+        self.in_part = 0
+        self.dropped = 0
+        self.prev_part_records = 0
+        self.total = 0
+        self._thread: Optional[threading.Thread] = None
+        self._wlock = threading.Lock()
+
+    # ---- install ----------------------------------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Watch torch.distributed, the coordinator classes, the tick function and sglang modules (aliases)."""
+        self.rt._watch("torch.distributed", self._patch_torch)
+        for c in self.coordinators:
+            mod, _, cls = c.partition(":")
+            self.rt._watch(mod, lambda m, cls=cls: self._patch_coordinator(m, cls))
+        if self.tick_function:
+            mod, _, _q = self.tick_function.partition(":")
+            self.rt._watch(mod, self._patch_tick)
+        self.rt.watch_prefixes = tuple(self.rt.watch_prefixes) + ALIAS_PREFIXES
+        self.rt.prefix_callbacks.append(self._rebind_aliases)
+        self.start_thread()
+
+    def _patch_torch(self, dist: Any) -> None:
+        for op in TORCH_OPS:
+            orig = getattr(dist, op, None)
+            if orig is None or id(orig) in self.originals or getattr(orig, "__repro_ledger__", False):
+                continue
+            w = self._torch_wrapper(op, orig)
+            setattr(dist, op, w)
+            self.originals[id(orig)] = (orig, w)
+        for name, mod in list(sys.modules.items()):
+            if name.startswith(ALIAS_PREFIXES) and mod is not None:
+                self._rebind_aliases(mod)
+
+    def _rebind_aliases(self, module: Any) -> None:
+        """Rebind ``from torch.distributed import all_reduce`` copies in one module to the recording wrappers."""
+        if not self.originals:
+            return
+        try:
+            items = list(vars(module).items())
+        except TypeError:
+            return
+        for k, v in items:
+            hit = self.originals.get(id(v))
+            if hit is not None and hit[0] is v:
+                try:
+                    setattr(module, k, hit[1])
+                except Exception:
+                    pass
+
+    def _patch_coordinator(self, module: Any, cls_name: str) -> None:
+        cls = getattr(module, cls_name, None)
+        if cls is None:
+            self.rt.error(f"ledger: {module.__name__}:{cls_name} not found; coordinator-level records disabled")
+            return
+        for meth, attr in COORDINATOR_METHODS.items():
+            orig = cls.__dict__.get(meth)
+            if orig is None or not callable(orig) or getattr(orig, "__repro_ledger__", False):
+                continue
+            setattr(cls, meth, self._coord_wrapper(f"{cls_name}.{meth}", meth, attr, orig))
+        init = cls.__dict__.get("__init__")
+        if init is not None and not getattr(init, "__repro_ledger__", False):
+            led = self
+
+            def repro_ledger_init(coord: Any, *args: Any, **kwargs: Any) -> None:
+                init(coord, *args, **kwargs)
+                try:
+                    led.name_groups(coord)
+                except Exception as e:
+                    led.rt.error("ledger: naming coordinator groups failed", e)
+
+            repro_ledger_init.__repro_ledger__ = True  # type: ignore[attr-defined]
+            repro_ledger_init.__wrapped__ = init  # type: ignore[attr-defined]
+            setattr(cls, "__init__", _rename(repro_ledger_init, f"repro_ledger[{cls_name}.__init__]"))
+
+    def _patch_tick(self, module: Any) -> None:
+        from .resolve import resolve_in_module
+
+        try:
+            target = resolve_in_module(module, self.tick_function)
+        except (AttributeError, TypeError) as e:
+            self.rt.error(f"ledger: tick_function {self.tick_function} not found: {e}")
+            return
+        orig = target.raw
+        if getattr(orig, "__repro_ledger__", False):
+            return
+        led = self
+
+        def repro_tick(*args: Any, **kwargs: Any) -> Any:
+            led.tick += 1
+            return orig(*args, **kwargs)
+
+        repro_tick.__repro_ledger__ = True  # type: ignore[attr-defined]
+        repro_tick.__wrapped__ = orig  # type: ignore[attr-defined]
+        short = self.tick_function.partition(":")[2]
+        setattr(target.owner, target.name, _rename(repro_tick, f"repro_tick[{short}]"))
+
+    def name_groups(self, coord: Any) -> None:
+        """Label a coordinator's process groups ``<group_name>/cpu`` and ``<group_name>/device``."""
+        name = str(getattr(coord, "group_name", None) or getattr(coord, "unique_name", "group"))
+        for attr, tag in (("cpu_group", "cpu"), ("device_group", "device")):
+            pg = getattr(coord, attr, None)
+            if pg is None:
+                continue
+            labels = self.labels.setdefault(id(pg), [])
+            lab = f"{name}/{tag}"
+            if lab not in labels:
+                labels.append(lab)
+                with self.lock:
+                    hit = self.groups.get(id(pg))
+                    if hit is not None and hit[0] is pg:
+                        hit[1]["label"] = " = ".join(labels)
+                        self.q.append(("g", dict(hit[1])))
+
+    # ---- hot path ---------------------------------------------------------------------------------------------
+
+    def _group(self, pg: Any) -> Tuple[str, Dict[str, Any]]:
+        hit = self.groups.get(id(pg))
+        if hit is not None and hit[0] is pg:
+            return hit[1]["g"], hit[1]
+        import torch.distributed as dist
+
+        real = pg
+        if real is None:
+            real = dist.distributed_c10d._get_default_group()
+        hit = self.groups.get(id(real))
+        if hit is not None and hit[0] is real:
+            info = hit[1]
+        else:
+            info = {"g": None, "name": None, "ranks": None, "backend": None, "label": None, "rank_in_group": None}
+            try:
+                info["name"] = dist.distributed_c10d._get_process_group_name(real)
+            except Exception:
+                info["name"] = getattr(real, "group_name", None)
+            try:
+                info["ranks"] = list(dist.get_process_group_ranks(real))
+            except Exception:
+                pass
+            try:
+                info["backend"] = str(dist.get_backend(real))
+            except Exception:
+                pass
+            try:
+                info["rank_in_group"] = int(dist.get_rank(real))
+            except Exception:
+                pass
+            info["g"] = str(info["name"]) if info["name"] is not None else \
+                f"ranks:{','.join(map(str, info['ranks'] or []))}|{info['backend']}"
+            labels = self.labels.get(id(real))
+            if labels:
+                info["label"] = " = ".join(labels)
+            with self.lock:
+                self.groups[id(real)] = (real, info)
+                self.q.append(("g", dict(info)))
+            if self.rank is None:
+                try:
+                    self.rank = int(dist.get_rank())
+                except Exception:
+                    pass
+        if pg is None:
+            with self.lock:
+                self.groups[id(pg)] = (pg, info)
+        return info["g"], info
+
+    def _site(self, frame: Any) -> Tuple[Tuple[str, ...], Optional[str]]:
+        """Up to SITE_FRAMES caller names outside the communication layers, and the injection id if injected."""
+        out: List[str] = []
+        inj: Optional[str] = None
+        action = False
+        f = frame
+        n = 0
+        names = self._names
+        while f is not None and len(out) < SITE_FRAMES and n < MAX_WALK:
+            n += 1
+            code = f.f_code
+            hit = names.get(id(code))
+            if hit is None or hit[0] is not code:
+                hit = self._classify(f)
+            kind = hit[2]
+            if kind == 0:
+                out.append(hit[1])
+            elif kind == 2:
+                if action and not out:
+                    inj = INJECTED_CODES[code][0]
+                    out.append(hit[1])
+            elif kind == 3:
+                action = True
+            f = f.f_back
+        return tuple(out), inj
+
+    def _classify(self, f: Any) -> Tuple[Any, str, int]:
+        code = f.f_code
+        if code in INJECTED_CODES:
+            res = (code, INJECTED_CODES[code][1], 2)
+        elif code in ACTION_CODES:
+            res = (code, "", 3)
+        else:
+            mod = f.f_globals.get("__name__", "?") or "?"
+            if code in _gate.OWN_CODES or mod.startswith(COMM_MODULE_PREFIXES) or _gate.is_decorator_frame(f):
+                res = (code, "", 1)
+            else:
+                res = (code, _gate.frame_name(f), 0)
+        self._names[id(code)] = res
+        return res
+
+    def _next_seq(self, key: str) -> int:
+        with self.lock:
+            n = self.seqs.get(key, 0) + 1
+            self.seqs[key] = n
+            return n
+
+    def _torch_wrapper(self, op: str, orig: Callable) -> Callable:
+        led = self
+        gi = _arg_index(orig, "group")
+        ri = _arg_index(orig, "op") if op in ("all_reduce", "reduce_scatter", "reduce_scatter_tensor") else -1
+        api = f"torch.distributed.{op}"
+        tls = _tls
+        wall = _wall
+        q = self.q
+
+        def repro_ledger(*args: Any, **kwargs: Any) -> Any:
+            if getattr(tls, "d", 0):
+                p = getattr(tls, "p", None)
+                if p is not None and p.key is None:
+                    led._emit_pending(p, op, args, kwargs, gi, ri)
+                return orig(*args, **kwargs)
+            tls.d = 1
+            try:
+                pg = kwargs.get("group") if "group" in kwargs else (args[gi] if 0 <= gi < len(args) else None)
+                key, _info = led._group(pg)
+                seq = led._next_seq(key)
+                site, inj = led._site(sys._getframe(1))
+                red = kwargs.get("op") if "op" in kwargs else (args[ri] if 0 <= ri < len(args) else None)
+                if ri >= 0 and red is None:
+                    red = "SUM"
+                q.append(("n", key, seq, op, api, red, args[:2], site, led.tick, wall(), inj,
+                          threading.current_thread().name, False))
+                try:
+                    res = orig(*args, **kwargs)
+                except BaseException as e:
+                    q.append(("x", key, seq, wall(), f"{type(e).__name__}: {e}"))
+                    raise
+                q.append(("x", key, seq, wall(), None))
+                return res
+            finally:
+                tls.d = 0
+
+        repro_ledger.__repro_ledger__ = True  # type: ignore[attr-defined]
+        repro_ledger.__wrapped__ = orig  # type: ignore[attr-defined]
+        for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+            try:
+                setattr(repro_ledger, attr, getattr(orig, attr))
+            except Exception:
+                pass
+        return _rename(repro_ledger, f"repro_ledger[{api}]")
+
+    def _emit_pending(self, p: _Pending, op: str, args: tuple, kwargs: dict, gi: int, ri: int) -> None:
+        pg = kwargs.get("group") if "group" in kwargs else (args[gi] if 0 <= gi < len(args) else None)
+        key, _ = self._group(pg)
+        p.key = key
+        p.seq = self._next_seq(key)
+        red = kwargs.get("op") if "op" in kwargs else (args[ri] if 0 <= ri < len(args) else None)
+        if ri >= 0 and red is None:
+            red = "SUM"
+        self.q.append(("n", key, p.seq, op, p.api, red, args[:2], p.site, self.tick, p.t, p.inj,
+                       threading.current_thread().name, False))
+
+    def _coord_wrapper(self, api: str, meth: str, attr: str, orig: Callable) -> Callable:
+        led = self
+        tls = _tls
+        wall = _wall
+
+        def repro_ledger(coord: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(tls, "d", 0) or getattr(coord, "world_size", 2) == 1:
+                return orig(coord, *args, **kwargs)
+            site, inj = led._site(sys._getframe(1))
+            p = _Pending(api, coord, meth, site, inj, wall())
+            tls.d = 1
+            tls.p = p
+            err: Optional[str] = None
+            try:
+                return orig(coord, *args, **kwargs)
+            except BaseException as e:
+                err = f"{type(e).__name__}: {e}"
+                raise
+            finally:
+                tls.d = 0
+                tls.p = None
+                if p.key is None:  # no torch.distributed call: pynccl / custom all-reduce / shm / mq broadcaster
+                    try:
+                        key, _ = led._group(getattr(coord, attr, None))
+                        p.key, p.seq = key, led._next_seq(key)
+                        led.q.append(("n", key, p.seq, meth, api, "SUM" if meth == "all_reduce" else None,
+                                      args[:2], site, led.tick, p.t, inj, threading.current_thread().name, True))
+                    except Exception as e:
+                        led.rt.error(f"ledger: {api} bypass record failed", e)
+                if p.key is not None:
+                    led.q.append(("x", p.key, p.seq, wall(), err))
+
+        repro_ledger.__repro_ledger__ = True  # type: ignore[attr-defined]
+        repro_ledger.__wrapped__ = orig  # type: ignore[attr-defined]
+        for a in ("__module__", "__name__", "__qualname__", "__doc__"):
+            try:
+                setattr(repro_ledger, a, getattr(orig, a))
+            except Exception:
+                pass
+        return _rename(repro_ledger, f"repro_ledger[{api}]")
+
+    # ---- writer -----------------------------------------------------------------------------------------------
+
+    def path(self, part: int = 0) -> str:
+        """``<out_dir>/ledger-<pid>.jsonl`` (current part) or ``ledger-<pid>.1.jsonl`` (previous part)."""
+        base = f"ledger-{self.rt.pid}"
+        return os.path.join(self.rt.out_dir, f"{base}.jsonl" if part == 0 else f"{base}.{part}.jsonl")
+
+    def _open(self) -> None:
+        self.fh = open(self.path(), "a", encoding="utf-8")
+        self.in_part = 0
+        self._line({"e": "header", "pid": self.rt.pid, "rank": self.rank, "part": self.part, "dropped": self.dropped,
+                    "max_records": self.max_records, "time": _wall()})
+        for _pg, info in list(self.groups.values()):
+            if info.get("g") is not None:
+                self._line({"e": "group", **info})
+
+    def _line(self, rec: Dict[str, Any]) -> None:
+        self.fh.write(json.dumps(rec, default=repr, separators=(",", ":")) + "\n")
+
+    def _rotate(self) -> None:
+        self.fh.close()
+        self.fh = None
+        self.dropped += self.prev_part_records
+        self.prev_part_records = self.in_part
+        os.replace(self.path(0), self.path(1))
+        self.part += 1
+        self._open()
+
+    @staticmethod
+    def _tensor_meta(objs: tuple) -> Tuple[List[Any], List[str]]:
+        shapes: List[Any] = []
+        dtypes: List[str] = []
+        for o in objs:
+            shape = getattr(o, "shape", None)
+            if shape is not None and hasattr(o, "dtype"):
+                shapes.append(list(shape))
+                dtypes.append(str(o.dtype).replace("torch.", ""))
+            elif isinstance(o, (list, tuple)) and o and hasattr(o[0], "shape") and hasattr(o[0], "dtype"):
+                shapes.append([len(o)] + list(o[0].shape))
+                dtypes.append(str(o[0].dtype).replace("torch.", ""))
+        return shapes, dtypes
+
+    def drain(self) -> None:
+        """Write everything queued so far and flush (writer thread, atexit, tests)."""
+        with self._wlock:
+            if not self.q:
+                return
+            if self.fh is None:
+                self._open()
+            q = self.q
+            while q:
+                item = q.popleft()
+                kind = item[0]
+                if kind == "x":
+                    self._line({"e": "exit", "g": item[1], "seq": item[2], "t": item[3], "err": item[4]})
+                elif kind == "n":
+                    _, key, seq, op, api, red, objs, site, tick, t, inj, thread, bypass = item
+                    shapes, dtypes = self._tensor_meta(objs)
+                    if red is not None and not isinstance(red, str):
+                        red = str(red).rsplit(".", 1)[-1]
+                    rec = {"e": "enter", "g": key, "seq": seq, "op": op, "api": api, "red": red, "shapes": shapes,
+                           "dtypes": dtypes, "site": list(site), "tick": tick, "t": t, "inj": inj, "thread": thread}
+                    if bypass:
+                        rec["bypass"] = True
+                    if self.in_part >= self.max_records // 2:
+                        self._rotate()
+                    self._line(rec)
+                    self.in_part += 1
+                    self.total += 1
+                elif kind == "g":
+                    self._line({"e": "group", **item[1]})
+            self.fh.flush()
+
+    def _loop(self) -> None:
+        while True:
+            _sleep(FLUSH_INTERVAL_S)
+            try:
+                self.drain()
+            except Exception as e:
+                self.rt.error("ledger writer", e)
+                _sleep(1.0)
+
+    def start_thread(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="repro-ledger", daemon=True)
+        self._thread.start()
+
+    def after_fork(self) -> None:
+        """In a forked child: a fresh file and writer thread; sequence numbers carry over (same groups)."""
+        self.fh = None
+        self.part = self.in_part = self.dropped = self.prev_part_records = 0
+        self.q.clear()
+        self._wlock = threading.Lock()
+        self.lock = threading.Lock()
+        self.start_thread()

@@ -1,0 +1,460 @@
+"""Collective ledgers: typed records, per-group alignment across ranks, the first divergent collective.
+
+The injector writes one ``ledger-<pid>.jsonl`` per process (format in ``injectors/repro_injector/_ledger.py``);
+this module reads them into :class:`RankLedger` records (like PyTorch Flight Recorder's ``types``/``builder``
+split: no analysis in the collector) and aligns them.
+
+Alignment (:func:`align`): for each process group, the ranks' records are lined up by per-group **sequence
+number** (the Nth collective a rank entered on that group). The **first divergence** is the earliest point where
+the ranks disagree:
+
+- ``missing``: some ranks of the group entered sequence N, others never did and are blocked in another
+  collective (their oldest record entered and not left, on any group, reported beside it). When a missing rank is
+  not blocked in any collective (idle between ticks, or still on its way) the sequence is *in flight*, not a
+  divergence: a healthy idle server looks like that.
+- ``mismatch``: all ranks entered N but with different op / reduce op / shapes / dtypes; the culprit is the rank(s)
+  outside the majority (gloo pairs some of these, so they complete with wrong values instead of hanging).
+
+Only sequence numbers present in every rank's kept window are compared (rotation drops the oldest records). When
+several groups diverge, the divergence whose first record carries an injection id comes first (the nemesis' own
+collective explains the others), then the earliest entered.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional, Sequence, Union
+
+LEDGER_RE = re.compile(r"^ledger-(\d+)(?:\.(\d+))?\.jsonl$")
+
+
+class LedgerError(ValueError):
+    """A ledger file cannot be read (message names the file and line)."""
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """A process group as one rank saw it: ``key`` = torch's group name (same on every rank)."""
+
+    key: str
+    ranks: tuple[int, ...] = ()
+    backend: Optional[str] = None
+    label: Optional[str] = None
+
+    def display(self) -> str:
+        """``TP CPU group (gloo, ranks 0,1)`` from sglang's label ``tp/cpu``; else ``group 3 (gloo, ranks 0,1)``."""
+        rk = ",".join(map(str, self.ranks))
+        tail = f" ({self.backend}, ranks {rk})" if self.backend else f" (ranks {rk})"
+        if self.label:
+            first = self.label.split(" = ")[0]
+            name, _, kind = first.partition("/")
+            return f"{name.upper()} {kind.upper() if kind == 'cpu' else kind} group{tail}"
+        return f"group {self.key}{tail}"
+
+    def short(self) -> str:
+        """``tp/cpu`` (sglang label) or ``pg3``."""
+        return self.label.split(" = ")[0] if self.label else f"pg{self.key}"
+
+
+@dataclass(frozen=True)
+class Record:
+    """One collective one rank entered (and maybe left).
+
+    Attributes:
+        rank: global rank; group: group key; seq: per-group sequence number (from 1).
+        op: torch-level (wire) op; api: outermost API called; red: reduce op or None.
+        shapes / dtypes: of the tensors passed; site: caller frames outside the communication layers,
+            innermost first (``module:qualname``); tick: scheduler tick when entered.
+        t_enter / t_exit: epoch seconds; t_exit None = never left (blocked there, or the process died).
+        inj: injection id when the injector's action issued it; err: exception text when the call raised.
+    """
+
+    rank: int
+    group: str
+    seq: int
+    op: str
+    api: str = ""
+    red: Optional[str] = None
+    shapes: tuple = ()
+    dtypes: tuple = ()
+    site: tuple[str, ...] = ()
+    tick: int = 0
+    t_enter: float = 0.0
+    t_exit: Optional[float] = None
+    inj: Optional[str] = None
+    err: Optional[str] = None
+    bypass: bool = False
+    thread: str = ""
+
+    @property
+    def open(self) -> bool:
+        """Entered and never left."""
+        return self.t_exit is None
+
+    def signature(self) -> tuple:
+        """What must agree across ranks for one sequence number: op, reduce op, shapes, dtypes."""
+        return (self.op, self.red, self.shapes, self.dtypes)
+
+    def call_site(self, n: int = 2) -> str:
+        """``check_prefetch_progress ← _get_new_batch_prefill_raw`` (qualnames' last parts, ``n`` frames)."""
+        return " ← ".join(short_name(s) for s in self.site[:n]) or "?"
+
+
+def short_name(frame: str) -> str:
+    """``sglang.srt.managers.scheduler:Scheduler.run_batch`` → ``Scheduler.run_batch``."""
+    return frame.rpartition(":")[2] or frame
+
+
+@dataclass
+class RankLedger:
+    """All kept records of one rank process, in file order, plus what was dropped.
+
+    Attributes:
+        rank / pid; groups: key → :class:`GroupInfo`; records: enter order; dropped: enter records discarded by
+        rotation (the oldest); max_records: the bound the injector used; files: the files read.
+    """
+
+    rank: int
+    pid: int
+    groups: dict[str, GroupInfo] = field(default_factory=dict)
+    records: list[Record] = field(default_factory=list)
+    dropped: int = 0
+    max_records: int = 0
+    files: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def by_group(self) -> dict[str, dict[int, Record]]:
+        """group → seq → record."""
+        out: dict[str, dict[int, Record]] = {}
+        for r in self.records:
+            out.setdefault(r.group, {})[r.seq] = r
+        return out
+
+    def open_records(self) -> list[Record]:
+        """Records entered and never left, oldest first (where this rank is blocked)."""
+        return [r for r in self.records if r.open]
+
+    def last_time(self) -> float:
+        return max((r.t_exit or r.t_enter for r in self.records), default=0.0)
+
+
+def _tuple(x) -> tuple:
+    return tuple(_tuple(i) if isinstance(i, list) else i for i in (x or ()))
+
+
+def read_ledger_files(files: Sequence[Union[str, Path]]) -> RankLedger:
+    """Read one process's ledger parts (``ledger-<pid>.1.jsonl`` then ``ledger-<pid>.jsonl``) into a RankLedger.
+
+    Garbage or truncated lines (a process killed mid-write) are skipped with a warning.
+    Raises:
+        LedgerError: no file has a header naming the rank (not a ledger file).
+    """
+    def part(p: Path) -> int:
+        m = LEDGER_RE.match(p.name)
+        return int(m.group(2)) if m and m.group(2) else 0
+
+    paths = sorted((Path(f) for f in files), key=lambda p: (-part(p), p.name))  # older part (.1) first
+    rank: Optional[int] = None
+    pid = 0
+    groups: dict[str, GroupInfo] = {}
+    enters: dict[tuple[str, int], dict] = {}
+    order: list[tuple[str, int]] = []
+    exits: dict[tuple[str, int], dict] = {}
+    dropped = 0
+    max_records = 0
+    warnings: list[str] = []
+    for p in paths:
+        for i, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except ValueError:
+                warnings.append(f"{p.name}:{i}: not JSON (truncated write?); skipped")
+                continue
+            e = d.get("e")
+            if e == "header":
+                pid = int(d.get("pid") or pid)
+                if d.get("rank") is not None:
+                    rank = int(d["rank"])
+                dropped = max(dropped, int(d.get("dropped") or 0))
+                max_records = int(d.get("max_records") or max_records)
+            elif e == "group":
+                key = str(d.get("g"))
+                old = groups.get(key)
+                groups[key] = GroupInfo(key=key, ranks=tuple(d.get("ranks") or (old.ranks if old else ())),
+                                        backend=d.get("backend") or (old.backend if old else None),
+                                        label=d.get("label") or (old.label if old else None))
+            elif e == "enter":
+                k = (str(d.get("g")), int(d.get("seq", 0)))
+                if k not in enters:
+                    order.append(k)
+                enters[k] = d
+            elif e == "exit":
+                exits[(str(d.get("g")), int(d.get("seq", 0)))] = d
+    if rank is None:
+        raise LedgerError(f"{', '.join(str(p) for p in paths)}: no header with a rank; expected a ledger-<pid>.jsonl "
+                          "written by the repro injector")
+    recs: list[Record] = []
+    for k in order:
+        d = enters[k]
+        x = exits.get(k)
+        recs.append(Record(rank=rank, group=k[0], seq=k[1], op=str(d.get("op") or "?"), api=str(d.get("api") or ""),
+                           red=d.get("red"), shapes=_tuple(d.get("shapes")), dtypes=_tuple(d.get("dtypes")),
+                           site=tuple(d.get("site") or ()), tick=int(d.get("tick") or 0),
+                           t_enter=float(d.get("t") or 0.0), t_exit=float(x["t"]) if x else None,
+                           inj=d.get("inj"), err=x.get("err") if x else None, bypass=bool(d.get("bypass")),
+                           thread=str(d.get("thread") or "")))
+    return RankLedger(rank=rank, pid=pid, groups=groups, records=recs, dropped=dropped, max_records=max_records,
+                      files=[str(p) for p in paths], warnings=warnings)
+
+
+def load_ledgers(folder: Union[str, Path], pids: Optional[Iterable[int]] = None) -> dict[int, RankLedger]:
+    """Read every rank's ledger in an injector folder (``<evidence>/injector`` or a folder holding it).
+
+    Args:
+        folder: the injector out_dir, or an evidence folder (its ``injector/`` is used).
+        pids: only these processes (the rank pids of the server that ran); default all. When several processes
+            claim one rank (a restarted server), the one with the newest record wins.
+    Returns:
+        rank → :class:`RankLedger`; empty when there is no ledger file.
+    """
+    d = Path(folder)
+    if (d / "injector").is_dir():
+        d = d / "injector"
+    if not d.is_dir():
+        return {}
+    by_pid: dict[int, list[Path]] = {}
+    for f in d.iterdir():
+        m = LEDGER_RE.match(f.name)
+        if m:
+            by_pid.setdefault(int(m.group(1)), []).append(f)
+    want = set(pids) if pids is not None else None
+    out: dict[int, RankLedger] = {}
+    for pid, files in sorted(by_pid.items()):
+        if want is not None and pid not in want:
+            continue
+        try:
+            led = read_ledger_files(files)
+        except LedgerError:
+            continue
+        old = out.get(led.rank)
+        if old is None or led.last_time() > old.last_time():
+            out[led.rank] = led
+    return out
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first point where the ranks of one group disagree.
+
+    Attributes:
+        kind: ``missing`` (some ranks never entered ``seq``) or ``mismatch`` (op/reduce op/shape/dtype differ),
+            or ``none`` (the ledgers agree; then ``group`` is None).
+        group: the group's :class:`GroupInfo`; seq: the sequence number.
+        entered: rank → its record at ``seq``; missing: ranks of the group that never entered ``seq``.
+        culprits: the odd rank(s): for ``missing`` the ranks that entered when they are fewer than the missing
+            ones (else the missing ranks), for ``mismatch`` the ranks outside the majority signature (on an even
+            split the side whose record was injected, else none).
+        waits: rank → the collective it is blocked in now (its oldest open record, any group) for every rank of
+            the group that has one.
+        fields: for ``mismatch``, which of ``op``/``red``/``shapes``/``dtypes`` differ.
+        summary: one sentence for people.
+    """
+
+    kind: str
+    group: Optional[GroupInfo] = None
+    seq: int = 0
+    entered: dict = field(default_factory=dict)
+    missing: tuple[int, ...] = ()
+    culprits: tuple[int, ...] = ()
+    waits: dict = field(default_factory=dict)
+    fields: tuple[str, ...] = ()
+    summary: str = ""
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able data (for analysis.json / compare)."""
+        def rec(r: Optional[Record]) -> Optional[dict]:
+            if r is None:
+                return None
+            return {"rank": r.rank, "group": r.group, "seq": r.seq, "op": r.op, "api": r.api, "red": r.red,
+                    "shapes": r.shapes, "dtypes": r.dtypes, "site": list(r.site), "tick": r.tick,
+                    "t_enter": r.t_enter, "t_exit": r.t_exit, "inj": r.inj}
+        return {"kind": self.kind, "group": self.group.key if self.group else None,
+                "group_label": self.group.short() if self.group else None, "seq": self.seq,
+                "entered": {str(k): rec(v) for k, v in self.entered.items()}, "missing": list(self.missing),
+                "culprits": list(self.culprits), "waits": {str(k): rec(v) for k, v in self.waits.items()},
+                "fields": list(self.fields), "summary": self.summary}
+
+
+def _group_info(ledgers: dict[int, RankLedger], key: str) -> GroupInfo:
+    best: Optional[GroupInfo] = None
+    for led in ledgers.values():
+        g = led.groups.get(key)
+        if g is not None and (best is None or (g.label and not best.label)):
+            best = g
+    return best or GroupInfo(key=key)
+
+
+def _desc(r: Record, groups: dict[int, RankLedger]) -> str:
+    inj = "the injected " if r.inj else ""
+    g = _group_info(groups, r.group)
+    return f"{inj}{r.op} #{r.seq} on the {g.display().split(' (')[0]} from {r.call_site()}"
+
+
+def align(ledgers: dict[int, RankLedger]) -> Divergence:
+    """Align the ranks' ledgers per group and return the first divergence (``kind='none'`` when they agree).
+
+    Args:
+        ledgers: rank → :class:`RankLedger` (e.g. from :func:`load_ledgers`).
+    Returns:
+        A :class:`Divergence` (see the module docstring for the rules and the order between groups).
+    """
+    if not ledgers:
+        return Divergence(kind="none", summary="no ledger recorded")
+    per = {rank: led.by_group() for rank, led in ledgers.items()}
+    keys = sorted({k for g in per.values() for k in g})
+    waits_all = {rank: led.open_records()[0] for rank, led in ledgers.items() if led.open_records()}
+    found: list[Divergence] = []
+    for key in keys:
+        info = _group_info(ledgers, key)
+        members = [r for r in (info.ranks or sorted(ledgers)) if r in ledgers]
+        if len(members) < 2:
+            continue
+        seqs = {r: per[r].get(key, {}) for r in members}
+        lo = max((min(s) if s else 1) for s in seqs.values())
+        hi = max((max(s) if s else 0) for s in seqs.values())
+        for n in range(lo, hi + 1):
+            at = {r: seqs[r][n] for r in members if n in seqs[r]}
+            miss = tuple(r for r in members if r not in at)
+            if miss and any(r not in waits_all for r in miss):
+                break  # in flight: a missing rank is not blocked in any collective (idle, or on its way): no desync
+            if miss:
+                culprits = tuple(sorted(at)) if len(at) < len(miss) else miss
+                found.append(Divergence(kind="missing", group=info, seq=n, entered=at, missing=miss, culprits=culprits,
+                                        waits={r: w for r, w in waits_all.items() if r in members}))
+                break
+            sigs = Counter(r.signature() for r in at.values())
+            if len(sigs) > 1:
+                top, cnt = sigs.most_common(1)[0]
+                if list(sigs.values()).count(cnt) > 1:  # even split: the injected side if any, else undecided
+                    culprits = tuple(sorted(r for r, rec in at.items() if rec.inj))
+                else:
+                    culprits = tuple(sorted(r for r, rec in at.items() if rec.signature() != top))
+                names = ("op", "red", "shapes", "dtypes")
+                diff = tuple(nm for i, nm in enumerate(names) if len({rec.signature()[i] for rec in at.values()}) > 1)
+                found.append(Divergence(kind="mismatch", group=info, seq=n, entered=at, culprits=culprits,
+                                        waits={r: w for r, w in waits_all.items() if r in members}, fields=diff))
+                break
+    if not found:
+        return Divergence(kind="none", summary=_agree_summary(ledgers))
+
+    def order(d: Divergence) -> tuple:
+        inj = any(r.inj for r in d.entered.values())
+        return (0 if inj else 1, min((r.t_enter for r in d.entered.values()), default=0.0))
+
+    found.sort(key=order)
+    d = found[0]
+    return Divergence(kind=d.kind, group=d.group, seq=d.seq, entered=d.entered, missing=d.missing,
+                      culprits=d.culprits, waits=d.waits, fields=d.fields, summary=_summary(d, ledgers))
+
+
+def _ranks(rs: Sequence[int]) -> str:
+    return ("rank " if len(rs) == 1 else "ranks ") + ",".join(map(str, rs))
+
+
+def _summary(d: Divergence, ledgers: dict[int, RankLedger]) -> str:
+    gname = d.group.display().split(" (")[0] if d.group else "?"
+    if d.kind == "missing":
+        ent = sorted(d.entered)
+        first = d.entered[ent[0]]
+        parts = [f"{_ranks(ent)} entered {_desc(first, ledgers)}"]
+        waits = []
+        for r in d.missing:
+            w = d.waits.get(r)
+            never = f"{_ranks([r])} never did"
+            if w is not None:
+                waits.append(f"{never} and waits in {_desc(w, ledgers)}")
+            else:
+                waits.append(f"{never} (it is not blocked in any recorded collective)")
+        return "; ".join(parts + waits) + "."
+    if d.kind == "mismatch":
+        recs = sorted(d.entered.values(), key=lambda r: r.rank)
+        if d.culprits:
+            culprit = [r for r in recs if r.rank in d.culprits]
+            others = [r for r in recs if r.rank not in d.culprits]
+        else:  # an even split: no majority to call one side odd
+            sig0 = recs[0].signature()
+            culprit = [r for r in recs if r.signature() == sig0]
+            others = [r for r in recs if r.signature() != sig0]
+
+        def what(r: Record) -> str:
+            return f"{r.op}({r.red or ''}) {list(r.shapes)} {','.join(r.dtypes)} from {r.call_site()}"
+        return (f"{gname} #{d.seq}: {_ranks([r.rank for r in culprit])} entered {what(culprit[0])} while "
+                f"{_ranks([r.rank for r in others])} entered {what(others[0])} ({', '.join(d.fields)} differ).")
+    return d.summary
+
+
+def _agree_summary(ledgers: dict[int, RankLedger]) -> str:
+    per = {rank: led.by_group() for rank, led in ledgers.items()}
+    keys = sorted({k for g in per.values() for k in g})
+    parts = []
+    for key in keys:
+        n = {rank: len(g.get(key, {})) for rank, g in per.items() if key in g}
+        parts.append(f"{_group_info(ledgers, key).short()}: {min(n.values())} collectives")
+    return "The ranks' ledgers agree (" + "; ".join(parts) + ")."
+
+
+def per_tick_counts(ledgers: dict[int, RankLedger], group: Optional[str] = None) -> dict[int, dict[int, int]]:
+    """Collectives entered per rank per scheduler tick.
+
+    Args:
+        ledgers: rank → RankLedger; group: only this group (key ``"3"`` or sglang label ``tp/cpu``); None = all.
+    Returns:
+        rank → {tick: number of collectives entered in that tick} (ticks without collectives left out).
+    """
+    out: dict[int, dict[int, int]] = {}
+    for rank, led in sorted(ledgers.items()):
+        keys = None
+        if group is not None:
+            keys = {k for k, g in led.groups.items() if k == group or (g.label and group in g.label.split(" = "))}
+            keys.add(group)
+        c: Counter = Counter(r.tick for r in led.records if keys is None or r.group in keys)
+        out[rank] = dict(sorted(c.items()))
+    return out
+
+
+def check_consistent(ledgers: dict[int, RankLedger]) -> list[str]:
+    """Problems that make a healthy run's ledgers inconsistent (empty list = consistent).
+
+    Checks, per group: every member rank has > 0 records, equal sequence totals, the same op sequence, and no
+    rank dropped records.
+    """
+    problems: list[str] = []
+    if not ledgers:
+        return ["no ledger files"]
+    for rank, led in sorted(ledgers.items()):
+        if not led.records:
+            problems.append(f"rank {rank}: no records")
+        if led.dropped:
+            problems.append(f"rank {rank}: {led.dropped} records dropped by rotation (max_records {led.max_records})")
+    per = {rank: led.by_group() for rank, led in ledgers.items()}
+    keys = sorted({k for g in per.values() for k in g})
+    for key in keys:
+        info = _group_info(ledgers, key)
+        members = [r for r in (info.ranks or sorted(ledgers)) if r in ledgers]
+        totals = {r: len(per[r].get(key, {})) for r in members}
+        if len(set(totals.values())) > 1:
+            problems.append(f"group {info.short()}: sequence totals differ {totals}")
+        ops = {r: [per[r][key][n].op for n in sorted(per[r].get(key, {}))] for r in members}
+        if len({tuple(v) for v in ops.values()}) > 1:
+            problems.append(f"group {info.short()}: op sequences differ")
+    return problems
+
+
+__all__ = ["GroupInfo", "Record", "RankLedger", "Divergence", "LedgerError", "read_ledger_files", "load_ledgers",
+           "align", "per_tick_counts", "check_consistent", "short_name"]

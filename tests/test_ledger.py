@@ -1,0 +1,144 @@
+"""Alignment of collective ledgers on synthetic records: first divergence (missing ranks / mismatch), in-flight
+sequences are not a desync, rotation windows, per-tick counts, the reader's tolerance of garbage lines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from repro.ledger import (
+    GroupInfo, LedgerError, RankLedger, Record, align, check_consistent, load_ledgers, per_tick_counts,
+)
+
+CPU = GroupInfo(key="1", ranks=(0, 1), backend="gloo", label="tp/cpu")
+DEV = GroupInfo(key="2", ranks=(0, 1), backend="gloo", label="tp/device")
+BCAST_SITE = ("sglang.srt.utils.common:broadcast_pyobj", "m:_broadcast_reqs_across_ranks")
+
+
+def rec(rank, group, seq, op="broadcast", *, red=None, shapes=((1,),), dtypes=("int64",), site=BCAST_SITE, tick=1,
+        t=None, open_=False, inj=None) -> Record:
+    t0 = t if t is not None else seq * 1.0 + (0.1 if group == "2" else 0.0)
+    return Record(rank=rank, group=group, seq=seq, op=op, red=red, shapes=shapes, dtypes=dtypes, site=site, tick=tick,
+                  t_enter=t0, t_exit=None if open_ else t0 + 0.01, inj=inj)
+
+
+def ledger(rank, records, dropped=0) -> RankLedger:
+    return RankLedger(rank=rank, pid=100 + rank, groups={"1": CPU, "2": DEV}, records=list(records), dropped=dropped,
+                      max_records=100)
+
+
+def healthy(rank, n=3):
+    out = []
+    for i in range(1, n + 1):
+        out.append(rec(rank, "1", i, tick=i))
+        out.append(rec(rank, "2", i, "all_reduce", red="SUM", shapes=((4, 64),), dtypes=("float32",),
+                       site=("m:VocabParallelEmbedding.forward",), tick=i))
+    return out
+
+
+def test_identical_ledgers_agree_and_are_consistent():
+    leds = {0: ledger(0, healthy(0)), 1: ledger(1, healthy(1))}
+    d = align(leds)
+    assert d.kind == "none" and "agree" in d.summary
+    assert check_consistent(leds) == []
+
+
+def test_extra_all_reduce_on_rank0_is_the_first_divergence_with_both_call_sites():
+    extra = rec(0, "1", 4, "all_reduce", red="MAX", shapes=((1,),), dtypes=("int32",),
+                site=("m:UnifiedRadixCache.check_prefetch_progress", "m:Scheduler._get_new_batch_prefill_raw"),
+                tick=4, open_=True)
+    r1_wait = rec(1, "1", 4, tick=4, open_=True, t=4.5)
+    leds = {0: ledger(0, healthy(0) + [extra]), 1: ledger(1, healthy(1) + [r1_wait])}
+    d = align(leds)
+    assert d.kind == "mismatch" and d.seq == 4 and d.group.label == "tp/cpu"
+    assert d.fields == ("op", "red", "dtypes") and d.culprits == ()  # 1 against 1: no majority
+    assert d.summary.startswith("TP CPU group #4: rank 0 entered all_reduce(MAX) [(1,)] int32 from "
+                                "UnifiedRadixCache.check_prefetch_progress") and "rank 1 entered broadcast" in d.summary
+
+
+def test_rank_that_never_entered_is_missing_and_its_wait_is_named():
+    extra = rec(0, "1", 4, "all_reduce", red="MAX", shapes=((1,),), dtypes=("int32",),
+                site=("m:UnifiedRadixCache.check_prefetch_progress", "m:Scheduler._get_new_batch_prefill_raw"),
+                tick=4, open_=True, t=10.0)
+    r1_wait = rec(1, "2", 4, "all_reduce", red="SUM", shapes=((4, 64),), dtypes=("float32",),
+                  site=("m:VocabParallelEmbedding.forward", "m:LlamaModel.forward"), tick=4, open_=True, t=10.1)
+    leds = {0: ledger(0, healthy(0) + [extra]), 1: ledger(1, healthy(1) + [r1_wait])}
+    d = align(leds)
+    assert d.kind == "missing" and d.seq == 4 and d.group.key == "1"
+    assert list(d.entered) == [0] and d.missing == (1,)
+    assert d.waits[1].group == "2" and d.waits[1].seq == 4
+    assert d.summary.startswith("rank 0 entered all_reduce #4 on the TP CPU group from "
+                                "UnifiedRadixCache.check_prefetch_progress ← Scheduler._get_new_batch_prefill_raw")
+    assert "rank 1 never did and waits in all_reduce #4 on the TP device group from VocabParallelEmbedding.forward" \
+        in d.summary
+
+
+def test_injected_divergence_is_reported_before_a_simultaneous_one():
+    inj = rec(0, "1", 4, "all_reduce", red="SUM", shapes=((1,),), dtypes=("int32",), site=("m:Scheduler.run_batch",),
+              open_=True, t=10.2, inj="extra")
+    r1 = rec(1, "2", 4, "all_reduce", red="SUM", shapes=((4, 64),), dtypes=("float32",), site=("m:Scheduler.run_batch",),
+             open_=True, t=10.0)
+    d = align({0: ledger(0, healthy(0) + [inj]), 1: ledger(1, healthy(1) + [r1])})
+    assert d.kind == "missing" and d.group.key == "1" and 0 in d.entered and "the injected all_reduce" in d.summary
+
+
+def test_idle_rank_between_ticks_is_in_flight_not_a_divergence():
+    # rank 1 already waits in the next request broadcast; rank 0 sleeps in the idle path (no open record)
+    leds = {0: ledger(0, healthy(0)), 1: ledger(1, healthy(1) + [rec(1, "1", 4, open_=True)])}
+    assert align(leds).kind == "none"
+
+
+def test_reduce_op_mismatch_names_the_culprit_of_three():
+    recs = {r: healthy(r) + [rec(r, "3", 1, "all_reduce", red="MIN" if r == 2 else "MAX", shapes=((1,),),
+                                 dtypes=("int32",), site=("m:check",))] for r in range(3)}
+    leds = {r: ledger(r, v) for r, v in recs.items()}
+    for led in leds.values():
+        led.groups["3"] = GroupInfo(key="3", ranks=(0, 1, 2), backend="gloo")
+    d = align(leds)
+    assert d.kind == "mismatch" and d.culprits == (2,) and d.fields == ("red",) and d.group.key == "3"
+
+
+def test_rotation_window_compares_only_common_sequences():
+    r0 = [x for x in healthy(0, 6) if x.seq > 2]  # rank 0 dropped its oldest records
+    leds = {0: ledger(0, r0, dropped=4), 1: ledger(1, healthy(1, 6))}
+    assert align(leds).kind == "none"
+    assert any("dropped" in p for p in check_consistent(leds))
+
+
+def test_per_tick_counts_by_group_key_or_label():
+    leds = {0: ledger(0, healthy(0)), 1: ledger(1, healthy(1))}
+    assert per_tick_counts(leds) == {0: {1: 2, 2: 2, 3: 2}, 1: {1: 2, 2: 2, 3: 2}}
+    assert per_tick_counts(leds, "tp/cpu") == {0: {1: 1, 2: 1, 3: 1}, 1: {1: 1, 2: 1, 3: 1}}
+    assert per_tick_counts(leds, "2")[0] == {1: 1, 2: 1, 3: 1}
+
+
+def _write(folder: Path, pid: int, rank: int, lines: list, part: str = "") -> None:
+    head = {"e": "header", "pid": pid, "rank": rank, "part": 0, "dropped": 0, "max_records": 10, "time": 0}
+    grp = {"e": "group", "g": "1", "name": "1", "ranks": [0, 1], "backend": "gloo", "label": "tp/cpu"}
+    body = [json.dumps(head), json.dumps(grp)] + [l if isinstance(l, str) else json.dumps(l) for l in lines]
+    (folder / f"ledger-{pid}{part}.jsonl").write_text("\n".join(body) + "\n")
+
+
+def test_reader_skips_garbage_lines_merges_parts_and_keeps_the_newest_process_per_rank(tmp_path: Path):
+    enter = lambda seq, t: {"e": "enter", "g": "1", "seq": seq, "op": "broadcast", "api": "x", "red": None,
+                            "shapes": [[1]], "dtypes": ["int64"], "site": ["m:f"], "tick": 1, "t": t, "inj": None}
+    _write(tmp_path, 10, 0, [enter(1, 1.0), {"e": "exit", "g": "1", "seq": 1, "t": 1.1, "err": None}], ".1")
+    _write(tmp_path, 10, 0, [enter(2, 2.0), '{"e": "enter", "g": "1", "se'])  # truncated last line
+    _write(tmp_path, 11, 1, [enter(1, 1.0)])
+    _write(tmp_path, 12, 1, [enter(1, 5.0), enter(2, 6.0)])  # a restarted server's rank 1: newer
+    leds = load_ledgers(tmp_path)
+    assert [r.seq for r in leds[0].records] == [1, 2] and leds[0].records[0].t_exit == 1.1
+    assert leds[0].records[1].open and any("not JSON" in w for w in leds[0].warnings)
+    assert leds[1].pid == 12
+    assert load_ledgers(tmp_path, pids=[10, 11])[1].pid == 11
+
+
+def test_file_without_header_is_not_a_ledger(tmp_path: Path):
+    (tmp_path / "ledger-5.jsonl").write_text('{"e": "enter", "g": "1", "seq": 1}\n')
+    from repro.ledger import read_ledger_files
+
+    with pytest.raises(LedgerError, match="no header"):
+        read_ledger_files([tmp_path / "ledger-5.jsonl"])
+    assert load_ledgers(tmp_path) == {}

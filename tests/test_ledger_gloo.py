@@ -1,0 +1,154 @@
+"""The collective ledger on real gloo jobs (tests/gloo_programs/ledger_sched.py under the injector): records on
+both ranks, nested coordinator calls counted once, scheduler ticks, a hung rank's record on disk while it is blocked
+(the writer thread runs while gloo holds no GIL), the injected collective named at its site, reduce-op mismatch,
+rotation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from repro.ledger import align, check_consistent, load_ledgers, per_tick_counts
+
+REPO = Path(__file__).resolve().parent.parent
+INJECTORS = REPO / "injectors"
+PROG = REPO / "tests" / "gloo_programs" / "ledger_sched.py"
+WAIT_S = 90.0  # generous bound for slow CI; not a speed assertion
+
+
+def _plan(tmp: Path, max_records: int = 1000, inject: bool = False) -> Path:
+    out = tmp / "out"
+    out.mkdir()
+    injections = []
+    if inject:
+        injections = [{
+            "id": "extra", "site": {"alternatives": ["ledger_sched:Scheduler.run_batch"], "aliases": []},
+            "gate": {"called_from": [], "not_called_from": [], "max_depth": 8, "inside_loop": None, "ranks": [0],
+                     "rank_group": None, "occurrence": {"mode": "nth", "nth": 4, "max_fires": 1}},
+            "action": {"kind": "extra_collective", "op": "all_reduce", "group": "tp_cpu_group", "method": None,
+                       "when": "before"}}]
+        (tmp / "arm").write_text("extra\n")
+    plan = {"version": 1, "scenario": "gloo", "variant": "v", "out_dir": str(out), "arm_file": str(tmp / "arm"),
+            "arm_poll_s": 0.1, "injections": injections,
+            "ledger": {"enabled": True, "max_records": max_records,
+                       "tick_function": "ledger_sched:Scheduler.get_next_batch_to_run",
+                       "coordinators": ["ledger_sched:GroupCoordinator"]}}
+    p = tmp / "plan.json"
+    p.write_text(json.dumps(plan))
+    return p
+
+
+def _start(python: str, tmp: Path, plan: Path, mode: str, world: int = 2, ticks: int = 5, odd: int = 0) -> list:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "REPRO_PLAN")}
+    env.update(PYTHONPATH=str(INJECTORS), REPRO_PLAN=str(plan), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    return [subprocess.Popen([python, str(PROG), str(r), str(world), str(tmp / "init"), str(tmp / "out"), "--mode", mode,
+                              "--ticks", str(ticks), "--odd-rank", str(odd), "--lifetime-s", "120"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+            for r in range(world)]
+
+
+def _end(procs: list) -> list[str]:
+    errs = []
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        _, err = p.communicate()
+        errs.append(err)
+    return errs
+
+
+def _finish(procs: list) -> None:
+    try:
+        for p in procs:
+            p.wait(timeout=WAIT_S)
+    finally:
+        errs = _end(procs)
+    for p, err in zip(procs, errs):
+        assert p.returncode == 0, err[-3000:]
+
+
+def test_healthy_job_ledgers_agree_with_ticks_and_coordinator_calls_counted_once(torch_python: str, tmp_path: Path):
+    procs = _start(torch_python, tmp_path, _plan(tmp_path), "ok", ticks=6)
+    _finish(procs)
+    leds = load_ledgers(tmp_path / "out")
+    assert sorted(leds) == [0, 1]
+    assert check_consistent(leds) == [] and align(leds).kind == "none"
+    led = leds[0]
+    labels = {g.label for g in led.groups.values()}
+    assert {"tp/cpu", "tp/device"} <= labels
+    by_label = {led.groups[r.group].label: r for r in led.records}
+    # 6 ticks: 2 broadcasts each on tp/cpu (+ all_gather_object on ticks 3, 6), one coordinator all_reduce on tp/device
+    dev = [r for r in led.records if led.groups[r.group].label == "tp/device"]
+    cpu = [r for r in led.records if led.groups[r.group].label == "tp/cpu"]
+    assert [r.op for r in dev] == ["all_reduce"] * 6 and {r.api for r in dev} == {"GroupCoordinator.all_reduce"}
+    assert [r.op for r in cpu].count("broadcast") == 12 and [r.op for r in cpu].count("all_gather_object") == 2
+    assert [r.seq for r in cpu] == list(range(1, 15))
+    assert dev[0].shapes == ((4,),) and dev[0].dtypes == ("float32",) and dev[0].red == "SUM"
+    assert cpu[0].site[0] == "ledger_sched:broadcast_pyobj" and dev[0].site[0] == "ledger_sched:Scheduler.run_batch"
+    assert [r.tick for r in dev] == [1, 2, 3, 4, 5, 6] and by_label
+    assert per_tick_counts(leds, "tp/device") == {0: {t: 1 for t in range(1, 7)}, 1: {t: 1 for t in range(1, 7)}}
+    assert all(r.t_exit is not None and r.t_exit >= r.t_enter for r in led.records)
+
+
+def _wait_for(pred, what: str):
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_hung_injected_collective_is_on_disk_while_blocked_and_is_the_first_divergence(torch_python: str,
+                                                                                         tmp_path: Path):
+    procs = _start(torch_python, tmp_path, _plan(tmp_path, inject=True), "inject", ticks=3)
+    try:
+        _wait_for(lambda: all((tmp_path / "out" / f"ready-{r}").exists() for r in (0, 1)), "both ranks ready")
+
+        def hung():
+            leds = load_ledgers(tmp_path / "out")
+            return leds if len(leds) == 2 and all(l.open_records() for l in leds.values()) else None
+
+        leds = _wait_for(hung, "both ranks' open records on disk")
+        assert all(p.poll() is None for p in procs)  # still blocked: the writer thread flushed during the collective
+        d = align(leds)
+        assert d.kind == "missing" and d.group.label == "tp/cpu" and list(d.entered) == [0] and d.missing == (1,)
+        inj = d.entered[0]
+        assert inj.inj == "extra" and inj.op == "all_reduce" and inj.site[0] == "ledger_sched:Scheduler.run_batch"
+        assert inj.shapes == ((1,),) and inj.dtypes == ("int32",) and inj.tick == 4
+        w = d.waits[1]
+        assert leds[1].groups[w.group].label == "tp/device" and w.op == "all_reduce" and w.inj is None
+        assert w.api == "GroupCoordinator.all_reduce" and w.site[0] == "ledger_sched:Scheduler.run_batch"
+        assert d.summary.startswith("rank 0 entered the injected all_reduce #")
+        assert "rank 1 never did and waits in all_reduce #4 on the TP device group from Scheduler.run_batch" in d.summary
+        fires = [json.loads(l) for f in (tmp_path / "out").glob("fires-*.jsonl") for l in f.read_text().splitlines()]
+        assert [f["rank"] for f in fires if f["event"] == "fire"] == [0]
+    finally:
+        _end(procs)
+
+
+def test_reduce_op_mismatch_completes_but_the_ledger_names_the_culprit(torch_python: str, tmp_path: Path):
+    procs = _start(torch_python, tmp_path, _plan(tmp_path), "mismatch-red", world=3, ticks=3, odd=2)
+    _finish(procs)
+    leds = load_ledgers(tmp_path / "out")
+    d = align(leds)
+    assert d.kind == "mismatch" and d.fields == ("red",) and d.culprits == (2,) and d.group.label == "tp/device"
+    assert d.seq == 2 and d.entered[2].red == "MIN" and d.entered[0].red == "SUM"
+
+
+def test_rotation_keeps_the_newest_records_and_says_how_many_were_dropped(torch_python: str, tmp_path: Path):
+    procs = _start(torch_python, tmp_path, _plan(tmp_path, max_records=20), "ok", ticks=30)
+    _finish(procs)
+    out = tmp_path / "out"
+    assert len(list(out.glob("ledger-*.1.jsonl"))) == 2
+    leds = load_ledgers(out)
+    for led in leds.values():
+        assert led.dropped > 0 and 10 <= len(led.records) <= 20
+        assert led.records[-1].tick == 30
+    assert align(leds).kind == "none"
+    assert any("dropped" in p for p in check_consistent(leds))
