@@ -557,6 +557,101 @@ def watch(
     raise typer.Exit(code if once else 0)
 
 
+@app.command()
+def hunt(
+    scenario: Path = typer.Argument(..., help="base scenario: its server and burst (variants ignored), e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
+    budget_min: float = typer.Option(30.0, "--budget-min", help="wall-clock budget in minutes; trials not started in time are reported NOT RUN"),
+    only: Optional[List[str]] = typer.Option(None, "--only", help="decision point(s) to hunt (repeatable; default: the whole catalogue)"),
+    perturbation: Optional[List[str]] = typer.Option(None, "--perturbation", help="perturbation(s) to try (repeatable; default: all that apply)"),
+    rank: Optional[List[int]] = typer.Option(None, "--rank", help="rank(s) to perturb, one at a time (repeatable; default: every rank)"),
+    sites: bool = typer.Option(False, "--sites", help="also skip/duplicate every collective call site the ledger saw (needs the ledger)"),
+    catalogue: Optional[Path] = typer.Option(None, "--catalogue", help="hunt catalogue TOML (default: scenarios/sglang/hunt_catalogue.toml)"),
+    ref: str = typer.Option("installed", "--ref", help="code to hunt in: installed | patch:FILE | git:PATH@REV | python:PATH (as in compare)"),
+    python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: as `repro run`)"),
+    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
+    requests_: Optional[int] = typer.Option(None, "--requests", help="requests per burst (default: the scenario's)"),
+    confirm: bool = typer.Option(False, "--confirm", help="re-run each new scheduling/cache finding from its scenario file on a fresh server"),
+    as_json: bool = typer.Option(False, "--json", help="print the results as JSON on stdout"),
+) -> None:
+    """Search a live server for collective-desync hazards: perturb each rank-local decision point once, on one rank
+    at a time, and report which perturbations deadlock and in which collective (HUNT.md, hunt.jsonl).
+
+    Exit codes: 3 if any trial DEADLOCKED in a scheduling/cache collective, 0 otherwise (also when only the model's
+    forward deadlocked), 2 bad input or a failed baseline, 130 interrupted (results so far kept), 1 internal error.
+    """
+    from rich.markup import escape as rich_escape
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+
+    from repro.hunt import DEFAULT_CATALOGUE, FAMILY_SCHED, HuntError, HuntOptions, hunt as run_hunt
+    from repro.runner import RunError
+
+    _sigterm_to_interrupt()
+    opts = HuntOptions(scenario_path=scenario, catalogue_path=catalogue or DEFAULT_CATALOGUE, only=tuple(only or ()),
+                       perturbations=tuple(perturbation or ()), ranks=tuple(rank or ()), budget_min=budget_min,
+                       evidence_root=evidence_dir, python=python, ref=ref, sites=sites, confirm=confirm,
+                       requests=requests_, command_line=shlex.join(["repro", *sys.argv[1:]]))
+    prog = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[left]}"), console=console, transient=True, disable=as_json)
+    state: dict = {"task": None, "folder": None}
+
+    def observe(event: str, data: dict) -> None:
+        if as_json:
+            return
+        if event == "hunt_folder":
+            state["folder"] = data["folder"]
+            console.print(f"hunt folder: {data['folder']}  (HUNT.md, hunt.jsonl)")
+        elif event == "baseline":
+            state["task"] = prog.add_task("baseline burst (observe-only probes)", total=None, left="")
+        elif event == "rows":
+            console.print(f"baseline: {len(data['rows'])} row(s) (decision point × caller × loop)"
+                          + (f"; not reached: {', '.join(data['not_seen'])}" if data["not_seen"] else ""))
+        elif event == "trial_start" and state["task"] is not None:
+            t = data["trial"]
+            prog.update(state["task"], description=rich_escape(f"{t.name}"), total=data["total"], completed=data["n"] - 1,
+                        left=f"{data['remaining_s'] / 60:.1f} min left")
+        elif event == "trial":
+            r = data["result"]
+            console.print(f"[{_verdict_style(r.verdict)}]{r.verdict}[/] {rich_escape(r.trial.name)}: {rich_escape(r.hazard or r.reason)}",
+                          highlight=False)
+        elif event == "confirm":
+            console.print(f"confirming {rich_escape(data['trial'].name)} from {rich_escape(data['scenario'])}")
+
+    try:
+        with prog:
+            res = run_hunt(opts, observe)
+    except (HuntError, RunError) as e:
+        console.print(f"[red]error:[/] {rich_escape(str(e))}", soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: server tree torn down; results so far kept"
+                      + (f" in {state['folder']}/HUNT.md" if state["folder"] else ""))
+        raise typer.Exit(130)
+    sched = [r for r in res.deadlocks if r.diagnosis and r.diagnosis.family == FAMILY_SCHED]
+    if as_json:
+        out.print_json(json.dumps({
+            "folder": str(res.folder), "hunt_md": str(res.folder / "HUNT.md"), "baseline": str(res.baseline),
+            "wall_s": round(res.wall_s, 1), "budget_exhausted": res.budget_exhausted,
+            "rows": [{"point": r.point, "caller": r.caller, "loop_frame": r.loop_frame, "loop_var": r.loop_var,
+                      "where": r.where, "ranks": list(r.ranks)} for r in res.rows],
+            "results": [r.to_json() for r in res.results],
+        }, default=str))
+    else:
+        t = Table(title="deadlocks found (scheduling/cache first)")
+        for col in ("trial", "family", "diverged in", "known", "scenario"):
+            t.add_column(col)
+        from repro.hunt import rank_key
+
+        for r in sorted(res.deadlocks, key=rank_key):
+            d = r.diagnosis
+            t.add_row(r.trial.name, d.family if d else "?", d.collective if d else "?", (d.known or "") if d else "",
+                      str(r.scenario_file or ""))
+        out.print(t)
+        out.print(f"{len(res.results)} trial(s), {len(res.deadlocks)} deadlock(s), {len(sched)} in scheduling/cache "
+                  f"collectives; wall time {res.wall_s / 60:.1f} min" + ("; budget ended early" if res.budget_exhausted else ""))
+        out.print(f"report: {res.folder / 'HUNT.md'}")
+    raise typer.Exit(EXIT_DEADLOCKED if sched else EXIT_SUCCESS)
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

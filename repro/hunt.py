@@ -1,0 +1,961 @@
+"""``repro hunt``: search a live server for collective-desync hazards nobody has reported yet (issue 8).
+
+Every desync bug of this family has one shape: a value local to one rank (free slots, a transfer's completion, a
+clock, the emptiness of a local list) steers control flow around a collective. The engine adapter contributes a
+*catalogue* of such rank-local decision points (data: ``scenarios/sglang/hunt_catalogue.toml``), each with the
+perturbations that make sense for it. The hunt then:
+
+1. **baseline** — launches the base scenario's server with an observe-only probe on every decision point (action
+   ``none`` + ``record_callers``: the injector writes one ``seen`` event per distinct call place, with the caller
+   chain and the ``for`` loops enclosing the call), sends one clean burst, and splits each point into **rows**, one per
+   (caller, enclosing loop) seen — so "inside the admission loop" and "before it" are different rows;
+2. **trials** — relaunches with one injection per row × perturbation × rank in a single plan (all unarmed) and, on
+   that one healthy server, arms each trial in turn (re-arming, no restart), runs the burst, records verdict and
+   evidence, disarms; the server is restarted only after a hang or a crash;
+3. **results** stream to ``hunt.jsonl`` and ``HUNT.md`` as they come (an interrupted hunt keeps what it found): per
+   trial the verdict, time to verdict, the collective that diverged, whether it is in the model's forward or in a
+   scheduling/cache collective (the family we hunt, ranked first), a one-line hazard statement and, for each
+   deadlock, a ready-to-run scenario file (a finding becomes a regression scenario in one step).
+
+The module renders nothing: progress goes to an optional observer ``(event, data)``. No sglang import here.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from repro import evidence as ev
+from repro.verdict import DEADLOCKED, INCONCLUSIVE, SUCCEEDED, Verdict
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CATALOGUE = REPO_ROOT / "scenarios" / "sglang" / "hunt_catalogue.toml"
+FAMILY_SCHED = "scheduling/cache"
+FAMILY_FORWARD = "model forward"
+FAMILY_UNCLEAR = "unclear"
+NOT_RUN = "NOT RUN"
+MAX_RESTART_FAILURES = 2  # consecutive failed (re)starts before the hunt gives up
+
+Observer = Callable[[str, dict], None]
+
+
+def _noop(event: str, data: dict) -> None:
+    pass
+
+
+class HuntError(Exception):
+    """The hunt could not be prepared or its baseline failed; the message names the file/flag and the fix."""
+
+
+# ----------------------------------------------------------------------------------------------------- catalogue
+@dataclass(frozen=True)
+class Perturbation:
+    """A way to perturb a decision point once: ``action`` is a scenario injection action (``repro.scenario``)."""
+
+    name: str
+    action: dict
+    says: str
+
+
+@dataclass(frozen=True)
+class DecisionPoint:
+    """A rank-local decision point: ``sites`` (``module:Class.method`` alternatives), what its value means, the
+    perturbations that apply, and (for functions read everywhere, like clocks) caller globs that keep a row."""
+
+    name: str
+    sites: tuple[str, ...]
+    what: str
+    perturbations: tuple[str, ...]
+    callers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NamedCollective:
+    """A collective we can name: a blocked rank whose caller chain matches any of ``frames`` is in it."""
+
+    frames: tuple[str, ...]
+    name: str
+
+
+@dataclass(frozen=True)
+class KnownIssue:
+    """An upstream issue: a deadlock whose divergent chain matches all ``frames`` is that issue, not a finding."""
+
+    issue: str
+    frames: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """The adapter's hunt catalogue (see ``scenarios/sglang/hunt_catalogue.toml``)."""
+
+    path: Path
+    points: tuple[DecisionPoint, ...]
+    perturbations: dict
+    forward_frames: tuple[str, ...] = ()
+    idle_frames: tuple[str, ...] = ()
+    named: tuple[NamedCollective, ...] = ()
+    known: tuple[KnownIssue, ...] = ()
+
+    def point(self, name: str) -> DecisionPoint:
+        for p in self.points:
+            if p.name == name:
+                return p
+        raise HuntError(f"{self.path}: no decision point {name!r}; known: {', '.join(p.name for p in self.points)}")
+
+
+def _tuple(v: Any) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    return (v,) if isinstance(v, str) else tuple(str(x) for x in v)
+
+
+def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
+    """Read and check a hunt catalogue TOML file.
+
+    Each perturbation's action is validated as a scenario action (``repro.scenario.Injection``), so a typo fails here,
+    before any launch.
+
+    Raises:
+        HuntError: missing file, bad TOML, or a bad field (named as ``points[i].field`` with what was expected).
+    """
+    from pydantic import ValidationError
+
+    from repro.scenario import Injection
+
+    p = Path(path)
+    if not p.is_file():
+        raise HuntError(f"{p}: hunt catalogue not found (expected a TOML file like {DEFAULT_CATALOGUE.relative_to(REPO_ROOT)})")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise HuntError(f"{p}: not valid TOML: {e}") from None
+    perts: dict[str, Perturbation] = {}
+    for name, spec in (data.get("perturbations") or {}).items():
+        if not isinstance(spec, dict) or not isinstance(spec.get("action"), dict):
+            raise HuntError(f"{p}: perturbations.{name}: expected a table with an 'action' table, e.g. action = {{ kind = \"return_value\", value = 0 }}")
+        try:
+            Injection.model_validate({"id": "check", "site": "m:f", "action": spec["action"]})
+        except ValidationError as e:
+            raise HuntError(f"{p}: perturbations.{name}.action is not a valid injection action: {e.errors()[0]['msg']}") from None
+        perts[name] = Perturbation(name, dict(spec["action"]), str(spec.get("says", name)))
+    points = []
+    for i, spec in enumerate(data.get("points") or []):
+        where = f"{p}: points[{i}]"
+        if not isinstance(spec, dict) or not spec.get("name") or not spec.get("site"):
+            raise HuntError(f"{where}: expected 'name' and 'site' ('module:Class.method' or a list of alternatives)")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", spec["name"]):
+            raise HuntError(f"{where}.name: {spec['name']!r} must use letters, digits, '_', '.', '-' only")
+        unknown = [x for x in _tuple(spec.get("perturbations")) if x not in perts]
+        if unknown:
+            raise HuntError(f"{where}.perturbations: unknown {unknown}; defined: {sorted(perts)}")
+        try:
+            Injection.model_validate({"id": "check", "site": list(_tuple(spec["site"])), "action": {"kind": "none"}})
+        except ValidationError as e:
+            raise HuntError(f"{where}.site: {e.errors()[0]['msg']}") from None
+        points.append(DecisionPoint(spec["name"], _tuple(spec["site"]), str(spec.get("what", "")),
+                                    _tuple(spec.get("perturbations")), _tuple(spec.get("callers"))))
+    if not points:
+        raise HuntError(f"{p}: no [[points]]: the catalogue must list at least one decision point")
+    names = [x.name for x in points]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise HuntError(f"{p}: decision point names must be unique, repeated: {dup}")
+    cl = data.get("classify") or {}
+    named = tuple(NamedCollective(_tuple(n.get("frames")), str(n.get("name", ""))) for n in cl.get("named") or [])
+    known = tuple(KnownIssue(str(k.get("issue", "")), _tuple(k.get("frames"))) for k in data.get("known") or [])
+    return Catalogue(p, tuple(points), perts, _tuple(cl.get("forward_frames")), _tuple(cl.get("idle_frames")), named, known)
+
+
+# ---------------------------------------------------------------------------------------------------------- rows
+@dataclass(frozen=True)
+class Row:
+    """One decision point at one call place seen in the baseline burst.
+
+    Attributes:
+        point: decision point name.
+        caller: ``module:qualname`` of the site's direct (non-decorator) caller.
+        loop_frame: the nearest frame (caller or up to 2 above it) executing inside a ``for`` loop, or None.
+        loop_var: that loop's target name (innermost loop of that frame), or None (the call is in no loop).
+        stack: caller chain seen (up to 8 frame names, innermost first).
+        ranks: ranks on which the baseline saw this call place.
+    """
+
+    point: str
+    caller: str
+    loop_frame: Optional[str]
+    loop_var: Optional[str]
+    stack: tuple[str, ...] = ()
+    ranks: tuple[int, ...] = ()
+
+    @property
+    def key(self) -> tuple:
+        return (self.point, self.caller, self.loop_frame, self.loop_var)
+
+    @property
+    def where(self) -> str:
+        """``Scheduler._get_new_batch_prefill_raw, in `for req`'' (short, for tables)."""
+        caller = _short(self.caller)
+        if not self.loop_var:
+            return f"{caller}, outside loops"
+        if self.loop_frame == self.caller:
+            return f"{caller}, in `for {self.loop_var}`"
+        return f"{caller} ← {_short(self.loop_frame or '')} in `for {self.loop_var}`"
+
+    def gate(self, rank: int) -> dict:
+        """Scenario gate for this row on one rank: direct caller (and loop frame) named, first matching call only."""
+        if self.loop_var and self.loop_frame:
+            frames = [self.loop_frame] if self.loop_frame == self.caller else [self.loop_frame, self.caller]
+            depth = 1 if self.loop_frame == self.caller else 3
+            return {"called_from": frames, "inside_loop": self.loop_var, "max_depth": depth, "ranks": [rank],
+                    "occurrence": {"mode": "first"}}
+        return {"called_from": [self.caller], "max_depth": 1, "ranks": [rank], "occurrence": {"mode": "first"}}
+
+
+def _short(frame: str) -> str:
+    return frame.split(":", 1)[-1]
+
+
+def _glob_any(names: Sequence[str], patterns: Sequence[str]) -> bool:
+    """Does any name match any glob? A pattern with ':' matches ``module:qual``; without, the part after ':'."""
+    for pat in patterns:
+        for n in names:
+            target = n if ":" in pat else _short(n)
+            if fnmatch.fnmatchcase(target, pat):
+                return True
+    return False
+
+
+def rows_from_seen(catalogue: Catalogue, seen: Sequence[dict], probe_points: dict[str, str]) -> list[Row]:
+    """Turn the baseline's ``seen`` events into rows, one per (point, caller, loop frame, loop variable).
+
+    Args:
+        seen: fire-log ``seen`` events (``id``, ``rank``, ``caller``, ``stack``, ``loops``) of scheduler ranks.
+        probe_points: probe injection id -> decision point name.
+    Returns:
+        Rows in catalogue order, then by first sighting. Points with ``callers`` keep only rows whose first three
+        stack frames match one of those globs.
+    """
+    rows: dict[tuple, dict] = {}
+    for e in seen:
+        point = probe_points.get(e.get("id", ""))
+        if point is None or e.get("rank") is None:
+            continue
+        p = catalogue.point(point)
+        stack = tuple(e.get("stack") or (e.get("caller", "?"),))
+        if p.callers and not _glob_any(stack[:3], p.callers):
+            continue
+        loops = e.get("loops") or []
+        loop_frame = loop_var = None
+        for i, names in enumerate(loops[:3]):
+            if names and i < len(stack):
+                loop_frame, loop_var = stack[i], names[-1]
+                break
+        caller = e.get("caller") or stack[0]
+        key = (point, caller, loop_frame, loop_var)
+        r = rows.setdefault(key, {"stack": stack, "ranks": set()})
+        r["ranks"].add(int(e["rank"]))
+    order = {p.name: i for i, p in enumerate(catalogue.points)}
+    out = [Row(k[0], k[1], k[2], k[3], v["stack"], tuple(sorted(v["ranks"]))) for k, v in rows.items()]
+    return sorted(out, key=lambda r: order[r.point])  # stable: first sighting order within a point
+
+
+# -------------------------------------------------------------------------------------------------------- trials
+@dataclass(frozen=True)
+class Trial:
+    """One perturbation of one row on one rank (``n``: 1-based index in the hunt)."""
+
+    n: int
+    row: Row
+    perturbation: Perturbation
+    rank: int
+
+    @property
+    def name(self) -> str:
+        """Variant / injection id: ``t007-get_num_allocatable_reqs-zero_once-r0``."""
+        return f"t{self.n:03d}-{self.row.point}-{self.perturbation.name}-r{self.rank}"
+
+    def injection(self, sites: Sequence[str]) -> dict:
+        """The scenario injection (TOML-able dict) of this trial."""
+        return {"id": self.name, "site": list(sites), "action": dict(self.perturbation.action), "gate": self.row.gate(self.rank)}
+
+
+def plan_trials(catalogue: Catalogue, rows: Sequence[Row], ranks: Sequence[int], perturbations: Sequence[str] = ()) -> list[Trial]:
+    """Every row × its point's perturbations (or only those named) × each rank, in that order.
+
+    Raises:
+        HuntError: a name in ``perturbations`` is not in the catalogue.
+    """
+    unknown = [x for x in perturbations if x not in catalogue.perturbations]
+    if unknown:
+        raise HuntError(f"--perturbation {', '.join(unknown)}: not in {catalogue.path}; defined: {', '.join(sorted(catalogue.perturbations))}")
+    out: list[Trial] = []
+    for row in rows:
+        point = catalogue.point(row.point)
+        for pname in point.perturbations:
+            if perturbations and pname not in perturbations:
+                continue
+            for rank in ranks:
+                out.append(Trial(len(out) + 1, row, catalogue.perturbations[pname], rank))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------- diagnosis
+@dataclass(frozen=True)
+class Diagnosis:
+    """Which collective diverged and in which family.
+
+    Attributes:
+        family: ``scheduling/cache`` (a collective issued by the scheduler or the cache: the family we hunt),
+            ``model forward`` (only the model's own collectives), or ``unclear``.
+        collective: name of the divergent collective (catalogue name, else ``op ← caller ← …``).
+        in_ranks: ranks blocked in that collective; other ranks are elsewhere.
+        where: rank -> one-line place (``RankState.where`` style).
+        chain: caller chain of the divergent collective (innermost first).
+        known: the upstream issue it matches, if any.
+    """
+
+    family: str
+    collective: str
+    in_ranks: tuple[int, ...] = ()
+    where: dict = field(default_factory=dict)
+    chain: tuple[str, ...] = ()
+    known: Optional[str] = None
+
+
+def _rank_where(r: dict) -> str:
+    chain = " ← ".join([c for c in r.get("caller_chain") or [] if not c.startswith("[injected]")][:3])
+    st = r.get("state", "")
+    if st == "collective":
+        return f"{r.get('op')} ← {chain}" if chain else str(r.get("op"))
+    if st == "idle-wait":
+        return f"idle ({r.get('wait')}) ← {chain}"
+    if st == "busy":
+        return f"busy in {r.get('blocked_frame')}"
+    return st or "unknown"
+
+
+def diagnose(analysis: Optional[dict], catalogue: Catalogue) -> Diagnosis:
+    """Name the divergent collective of a deadlock from its analysis (``Analysis.to_dict()``).
+
+    The divergent collective is the one of a rank blocked in a collective that is neither the idle request
+    broadcast (``idle_frames``) nor under the model forward (``forward_frames``); failing that, a forward one.
+    """
+    if not analysis or not analysis.get("ranks"):
+        return Diagnosis(FAMILY_UNCLEAR, "no stacks")
+    where = {int(r["rank"]): _rank_where(r) for r in analysis["ranks"]}
+    sched, fwd = [], []
+    for r in analysis["ranks"]:
+        if r.get("state") != "collective":
+            continue
+        chain = [c for c in r.get("caller_chain") or [] if not c.startswith("[injected]")]
+        if _glob_any(chain, catalogue.idle_frames):
+            continue
+        (fwd if _glob_any(chain, catalogue.forward_frames) else sched).append((r, tuple(chain)))
+    pick, family = (sched, FAMILY_SCHED) if sched else ((fwd, FAMILY_FORWARD) if fwd else ([], FAMILY_UNCLEAR))
+    if not pick:
+        return Diagnosis(FAMILY_UNCLEAR, "no rank blocked in a non-idle collective", (), where)
+    r, chain = pick[0]
+    name = next((n.name for n in catalogue.named if _glob_any(chain, n.frames)), "")
+    if not name:
+        name = f"{r.get('op')} ← " + " ← ".join(chain[:3])
+    in_ranks = tuple(sorted(int(x["rank"]) for x, c in pick if c == chain))
+    known = next((k.issue for k in catalogue.known if k.frames and all(_glob_any(chain, (f,)) for f in k.frames)), None)
+    return Diagnosis(family, name, in_ranks, where, chain, known)
+
+
+def hazard_statement(trial: Trial, verdict: str, diag: Optional[Diagnosis], matched: int, fired: int, world: int) -> str:
+    """One line a reviewer can act on (what was perturbed, where, and what followed)."""
+    t = trial
+    head = f"rank-local `{t.row.point}` {t.perturbation.says} on rank {t.rank} ({t.row.where})"
+    if matched == 0:
+        return f"{head}: the gated call was not reached during the burst (not exercised)"
+    if verdict == DEADLOCKED and diag is not None:
+        others = [k for k in range(world) if k not in diag.in_ranks]
+        who = f"rank(s) {', '.join(map(str, diag.in_ranks))} wait in it, rank(s) {', '.join(map(str, others))} never issue it"
+        kind = "a scheduling/cache collective" if diag.family == FAMILY_SCHED else (
+            "the model's own forward collective" if diag.family == FAMILY_FORWARD else "a collective")
+        known = f" (known: {diag.known})" if diag.known else ""
+        return f"{head} → {diag.collective}: {who} → deadlock in {kind}{known}"
+    if verdict == SUCCEEDED:
+        return f"{head} → tolerated: every request answered, ranks stayed in step"
+    return f"{head} → {verdict.lower()}"
+
+
+# -------------------------------------------------------------------------------------------------------- results
+@dataclass
+class TrialResult:
+    """The outcome of one trial (one row of HUNT.md, one line of hunt.jsonl).
+
+    ``to_verdict_s``: seconds from arming to the verdict; ``evidence``/``scenario_file``: paths (scenario only for
+    DEADLOCKED); ``entered/matched/fired``: rank -> count after arming; ``confirmed``: the scenario file was re-run
+    on a fresh server and deadlocked again (None: not re-run).
+    """
+
+    trial: Trial
+    verdict: str
+    reason: str
+    to_verdict_s: float = 0.0
+    diagnosis: Optional[Diagnosis] = None
+    hazard: str = ""
+    evidence: Optional[Path] = None
+    scenario_file: Optional[Path] = None
+    entered: dict = field(default_factory=dict)
+    matched: dict = field(default_factory=dict)
+    fired: dict = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    confirmed: Optional[bool] = None
+
+    def to_json(self) -> dict:
+        t = self.trial
+        return {
+            "n": t.n, "trial": t.name, "point": t.row.point, "caller": t.row.caller, "loop_frame": t.row.loop_frame,
+            "loop_var": t.row.loop_var, "row": t.row.where, "perturbation": t.perturbation.name, "rank": t.rank,
+            "action": t.perturbation.action, "verdict": self.verdict, "reason": self.reason,
+            "to_verdict_s": round(self.to_verdict_s, 2),
+            "diagnosis": asdict(self.diagnosis) if self.diagnosis else None, "hazard": self.hazard,
+            "evidence": str(self.evidence) if self.evidence else None,
+            "scenario_file": str(self.scenario_file) if self.scenario_file else None,
+            "entered": {str(k): v for k, v in self.entered.items()}, "matched": {str(k): v for k, v in self.matched.items()},
+            "fired": {str(k): v for k, v in self.fired.items()}, "notes": list(self.notes), "confirmed": self.confirmed,
+            "time": time.time(),
+        }
+
+
+def rank_key(r: TrialResult) -> tuple:
+    """Sort order of HUNT.md: scheduling/cache deadlocks first, then forward ones, other deadlocks, the rest."""
+    d = r.diagnosis
+    if r.verdict == DEADLOCKED:
+        fam = 0 if d and d.family == FAMILY_SCHED else (1 if d and d.family == FAMILY_FORWARD else 2)
+        return (0, fam, 1 if d and d.known else 0, r.trial.n)
+    order = {INCONCLUSIVE: 1, SUCCEEDED: 2, NOT_RUN: 3}
+    return (order.get(r.verdict, 4), 0, 0, r.trial.n)
+
+
+def _md(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _rel(path: Optional[Path], base: Path) -> str:
+    if path is None:
+        return ""
+    try:
+        return str(Path(path).resolve().relative_to(base.resolve(), walk_up=True))  # type: ignore[call-arg]
+    except TypeError:  # python < 3.12
+        import os
+
+        return os.path.relpath(Path(path).resolve(), base.resolve())
+    except ValueError:
+        return str(path)
+
+
+class HuntLog:
+    """Streams results to ``hunt.jsonl`` (appended per trial) and ``HUNT.md`` (rewritten atomically per trial).
+
+    Args:
+        folder: the hunt folder. header: facts for the top of HUNT.md (scenario, versions, ref, budget…).
+    """
+
+    def __init__(self, folder: Path, header: dict) -> None:
+        self.folder = Path(folder)
+        self.header = dict(header)
+        self.rows: list[Row] = []
+        self.results: list[TrialResult] = []
+        self.status = "running"
+        self.jsonl = self.folder / "hunt.jsonl"
+        self.md = self.folder / "HUNT.md"
+        self._write_md()
+
+    def event(self, kind: str, **data: Any) -> None:
+        """Append a non-trial line (``baseline``, ``rows``, ``end``) to hunt.jsonl."""
+        with open(self.jsonl, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"event": kind, "time": time.time(), **data}, default=str) + "\n")
+
+    def set_rows(self, rows: Sequence[Row]) -> None:
+        self.rows = list(rows)
+        self.event("rows", rows=[{**asdict(r), "where": r.where} for r in rows])
+        self._write_md()
+
+    def add(self, r: TrialResult) -> None:
+        self.results.append(r)
+        with open(self.jsonl, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"event": "trial", **r.to_json()}, default=str) + "\n")
+        self._write_md()
+
+    def finish(self, status: str, **data: Any) -> None:
+        self.status = status
+        self.header.update(data)
+        self.event("end", status=status, **data)
+        self._write_md()
+
+    def markdown(self) -> str:
+        """HUNT.md: header, findings (scheduling/cache deadlocks first), the full trial table, the rows."""
+        h = self.header
+        out = ["# repro hunt", ""]
+        for k in ("scenario", "catalogue", "ref", "sglang", "torch", "python", "ranks", "budget_min", "command"):
+            if h.get(k) not in (None, ""):
+                out.append(f"- **{k}**: {_md(h[k])}")
+        done = [r for r in self.results if r.verdict != NOT_RUN]
+        out.append(f"- **status**: {self.status}; {len(done)} trial(s) run"
+                   + (f" of {h['trials_total']}" if h.get("trials_total") else "")
+                   + (f"; wall time {h['wall_s']:.0f} s" if h.get("wall_s") else ""))
+        out.append("")
+        res = sorted(self.results, key=rank_key)
+        dl = [r for r in res if r.verdict == DEADLOCKED]
+        out += ["## Deadlocks", ""]
+        if not dl:
+            out.append("None so far." if self.status == "running" else "None.")
+        for r in dl:
+            d = r.diagnosis
+            tag = d.family if d else FAMILY_UNCLEAR
+            known = f" — known issue {d.known}" if d and d.known else (" — **not a known issue**" if tag == FAMILY_SCHED else "")
+            conf = {True: " — reproduced again from its scenario file", False: " — NOT reproduced by its scenario file",
+                    None: ""}[r.confirmed]
+            out.append(f"- **[{tag}]** {_md(r.hazard)}{known}{conf}. Evidence: [{_rel(r.evidence, self.folder)}]"
+                       f"({_rel(r.evidence, self.folder)}/REPORT.md); scenario: [`{_rel(r.scenario_file, self.folder)}`]"
+                       f"({_rel(r.scenario_file, self.folder)})")
+        out += ["", "## Trials", "",
+                "| # | decision point | row (caller, loop) | perturbation | rank | verdict | s to verdict | diverged in | family | hazard | evidence |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in res:
+            t, d = r.trial, r.diagnosis
+            div = d.collective if (d and r.verdict == DEADLOCKED) else ""
+            fam = d.family if (d and r.verdict == DEADLOCKED) else ""
+            evl = f"[{r.evidence.name}]({_rel(r.evidence, self.folder)}/REPORT.md)" if r.evidence else ""
+            if r.scenario_file:
+                evl += f" · [scenario]({_rel(r.scenario_file, self.folder)})"
+            secs = f"{r.to_verdict_s:.1f}" if r.verdict != NOT_RUN else ""
+            out.append(f"| {t.n} | `{t.row.point}` | {_md(t.row.where)} | {t.perturbation.name} | {t.rank} | {r.verdict} | "
+                       f"{secs} | {_md(div)} | {fam} | {_md(r.hazard or r.reason)} | {evl} |")
+        if self.rows:
+            out += ["", "## Rows seen in the baseline burst", "", "| decision point | caller | loop | ranks | stack |", "|---|---|---|---|---|"]
+            for row in self.rows:
+                loop = f"{_short(row.loop_frame or '')} `for {row.loop_var}`" if row.loop_var else "—"
+                out.append(f"| `{row.point}` | `{_short(row.caller)}` | {loop} | {', '.join(map(str, row.ranks))} | "
+                           f"{_md(' ← '.join(_short(s) for s in row.stack[:4]))} |")
+        unseen = h.get("points_not_seen") or []
+        if unseen:
+            out += ["", f"Decision points not reached by the baseline burst (no rows, nothing tried): {', '.join(f'`{u}`' for u in unseen)}."]
+        return "\n".join(out) + "\n"
+
+    def _write_md(self) -> None:
+        ev.write_text_atomic(self.md, self.markdown())
+
+
+# ------------------------------------------------------------------------------------------------ scenario files
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items() if x is not None) + " }"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def _toml_key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+
+
+def scenario_toml(base: Any, name: str, description: str, variants: Sequence[tuple[str, str, str, Sequence[dict]]],
+                  mirrors: str = "", comment: str = "") -> str:
+    """A scenario file with ``base``'s server, burst and times and the given variants.
+
+    Args:
+        base: the base ``repro.scenario.Scenario``.
+        variants: (name, expect, description, injections as dicts with id/site/action/gate).
+    Returns:
+        TOML text that ``repro.scenario.load_scenario`` accepts.
+    """
+    s = base
+    lines = [f"# {line}" for line in comment.splitlines()] if comment else []
+    lines += [f"name = {_toml_value(name)}", f"description = {_toml_value(description)}"]
+    if mirrors:
+        lines.append(f"mirrors = {_toml_value(mirrors)}")
+    lines += [f"stall_s = {s.stall_s!r}", f"budget_s = {s.budget_s!r}", f"ledger = {_toml_value(s.ledger)}", "", "[server]"]
+    srv = s.server.model_dump()
+    for k in ("adapter", "model", "tp_size", "args", "startup_timeout_s"):
+        lines.append(f"{k} = {_toml_value(srv[k])}")
+    if srv.get("env"):
+        lines.append(f"env = {_toml_value(srv['env'])}")
+    lines += ["", "[burst]"]
+    for k, v in s.burst.model_dump().items():
+        lines.append(f"{k} = {_toml_value(v)}")
+    for vname, expect, desc, injections in variants:
+        lines += ["", "[[variants]]", f"name = {_toml_value(vname)}", f"expect = {_toml_value(expect)}",
+                  f"description = {_toml_value(desc)}"]
+        for inj in injections:
+            lines += ["", "[[variants.injections]]", f"id = {_toml_value(inj['id'])}", f"site = {_toml_value(inj['site'])}",
+                      f"action = {_toml_value(inj['action'])}"]
+            if inj.get("gate"):
+                lines += ["", "[variants.injections.gate]"]
+                for k, v in inj["gate"].items():
+                    if v is not None:
+                        lines.append(f"{k} = {_toml_value(v)}")
+    return "\n".join(lines) + "\n"
+
+
+def finding_scenario(base: Any, base_path: Path, catalogue: Catalogue, trial: Trial, diag: Optional[Diagnosis]) -> str:
+    """The ready-to-run regression scenario of one DEADLOCKED trial (variant ``finding``, expect deadlock)."""
+    point = catalogue.point(trial.row.point)
+    inj = trial.injection(point.sites)
+    inj["id"] = f"{trial.row.point}-{trial.perturbation.name}"
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"hunt_{trial.row.point}_{trial.perturbation.name}_r{trial.rank}")
+    hazard = hazard_statement(trial, DEADLOCKED, diag, 1, 1, base.server.tp_size)
+    comment = (f"Written by `repro hunt` from {base_path} (trial {trial.name}).\n{hazard}\n"
+               f"Run: repro run <this file>   (expects DEADLOCKED; a fix makes it ALL REQUESTS SUCCEEDED)")
+    return scenario_toml(base, name, f"repro hunt finding: {hazard}",
+                         [("finding", "deadlock", f"rank {trial.rank}: {point.name} {trial.perturbation.says} at {trial.row.where}", [inj])],
+                         mirrors=(diag.known if diag and diag.known else ""), comment=comment)
+
+
+# --------------------------------------------------------------------------------------------------------- hunt
+@dataclass
+class HuntOptions:
+    """What ``repro hunt`` was asked.
+
+    Attributes:
+        scenario_path: base scenario (server + burst; its variants are ignored).
+        catalogue_path: hunt catalogue (default: the SGLang adapter's).
+        only: decision point names to hunt (default all). perturbations: perturbation names (default all that apply).
+        ranks: ranks to perturb one at a time (default every rank of the TP group).
+        budget_min: wall-clock budget in minutes for the whole hunt; trials not started in time are NOT RUN.
+        ref: code to hunt in, a ``repro compare`` REF (``installed``, ``patch:FILE``, ``git:PATH@REV``, ``python:PATH``).
+        sites: also perturb every collective call site the ledger saw (needs the ledger).
+        confirm: re-run each new scheduling/cache finding from its scenario file on a fresh server.
+    """
+
+    scenario_path: Path
+    catalogue_path: Path = DEFAULT_CATALOGUE
+    only: Sequence[str] = ()
+    perturbations: Sequence[str] = ()
+    ranks: Sequence[int] = ()
+    budget_min: float = 30.0
+    evidence_root: Path = ev.DEFAULT_EVIDENCE_DIR
+    python: Optional[str] = None
+    ref: str = "installed"
+    sites: bool = False
+    confirm: bool = False
+    requests: Optional[int] = None
+    command_line: str = ""
+
+
+@dataclass
+class HuntResult:
+    """What a hunt produced: its folder (HUNT.md, hunt.jsonl, scenarios/), rows, results, timings (seconds)."""
+
+    folder: Path
+    rows: list
+    results: list
+    interrupted: bool = False
+    budget_exhausted: bool = False
+    wall_s: float = 0.0
+    baseline: Optional[Path] = None
+
+    @property
+    def deadlocks(self) -> list:
+        return [r for r in self.results if r.verdict == DEADLOCKED]
+
+
+def read_seen(injector_dir: Path) -> list[dict]:
+    """All ``seen`` events of an injector folder, each with the rank of its process (None if not a rank)."""
+    from repro import injection_records
+
+    rep = injection_records.read_injector_dir(injector_dir)
+    out = []
+    for f in sorted(Path(injector_dir).glob("fires-*.jsonl")):
+        for line in f.read_text(encoding="utf-8", errors="replace").splitlines():
+            if '"seen"' not in line:
+                continue
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if e.get("event") != "seen":
+                continue
+            if e.get("rank") is None and e.get("pid") is not None:
+                e["rank"] = rep.rank_of(int(e["pid"]))
+            out.append(e)
+    return out
+
+
+def _check_sites_option(sites: bool) -> None:
+    if not sites:
+        return
+    try:
+        import repro.ledger  # noqa: F401
+    except ImportError:
+        raise HuntError("--sites needs the collective ledger (repro/ledger.py, per-rank ledger-<pid>.jsonl), which this "
+                        "checkout does not have yet; run without --sites (decision points only)") from None
+    raise HuntError("--sites: perturbing the ledger's collective call sites is not implemented yet in repro hunt; run "
+                    "without --sites (decision points only)")
+
+
+class _Clock:
+    def __init__(self, budget_s: float) -> None:
+        self.t0 = time.time()
+        self.budget_s = budget_s
+
+    @property
+    def elapsed(self) -> float:
+        return time.time() - self.t0
+
+    @property
+    def remaining(self) -> float:
+        return max(0.0, self.budget_s - self.elapsed)
+
+
+def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) -> HuntResult:
+    """Run a hunt: baseline burst → rows → one trial per row × perturbation × rank on a shared server.
+
+    Args:
+        opts: see :class:`HuntOptions`.
+        observe: progress callback ``(event, data)``: ``hunt_folder``, ``baseline``, ``rows``, ``trial_start``,
+            ``trial``, ``progress`` (``done``, ``total``, ``remaining_s``), plus the runner's own events.
+        runner: the module providing ``prepare``, ``Session``, ``RunOptions`` and evidence helpers (default
+            ``repro.runner``; tests pass a stand-in).
+    Returns:
+        The :class:`HuntResult`; results also stream to ``HUNT.md`` / ``hunt.jsonl`` in ``result.folder``.
+    Raises:
+        HuntError: bad scenario/catalogue/option, or the baseline burst failed (message says why and where).
+        KeyboardInterrupt: after the server tree was torn down, the overlay removed and HUNT.md marked interrupted.
+    """
+    from repro.scenario import ScenarioError, load_scenario
+
+    if runner is None:
+        from repro import runner as runner_mod
+
+        runner = runner_mod
+    _check_sites_option(opts.sites)
+    if opts.budget_min <= 0:
+        raise HuntError(f"--budget-min must be > 0 (got {opts.budget_min})")
+    try:
+        base = load_scenario(opts.scenario_path)
+    except ScenarioError as e:
+        raise HuntError(str(e)) from None
+    cat = load_catalogue(opts.catalogue_path)
+    points = [cat.point(n) for n in opts.only] if opts.only else list(cat.points)
+    tp = base.server.tp_size
+    ranks = list(opts.ranks) if opts.ranks else list(range(tp))
+    bad = [r for r in ranks if not 0 <= r < tp]
+    if bad:
+        raise HuntError(f"--rank {bad}: the base scenario's TP size is {tp}; ranks are 0..{tp - 1}")
+    if opts.perturbations:
+        plan_trials(cat, [], ranks, opts.perturbations)  # validates the names
+    clock = _Clock(opts.budget_min * 60.0)
+    mat = _materialize(opts.ref, opts.python)
+    folder = ev.EvidenceDir(opts.evidence_root, base.name, "hunt")
+    hf = folder.path
+    (hf / "scenarios").mkdir(exist_ok=True)
+    header = {"scenario": str(opts.scenario_path), "catalogue": str(cat.path), "ref": f"{opts.ref} ({mat.description})" if mat else opts.ref,
+              "ranks": ", ".join(map(str, ranks)), "budget_min": opts.budget_min, "command": opts.command_line}
+    log = HuntLog(hf, header)
+    observe("hunt_folder", {"folder": str(hf)})
+    result = HuntResult(hf, [], log.results)
+    python = mat.python if mat else opts.python
+    prepend = tuple(mat.pythonpath_prepend) if mat else ()
+    interrupted = False
+    try:
+        # ---- 1. baseline: observe-only probes record every call place of every decision point
+        probes = {f"probe-{p.name}": p.name for p in points}
+        probe_file = hf / "scenarios" / "baseline.toml"
+        probe_file.write_text(scenario_toml(
+            base, base.name, "repro hunt baseline: observe-only probes on every decision point",
+            [("baseline", "success", "record callers of every decision point",
+              [{"id": pid, "site": list(cat.point(pn).sites), "action": {"kind": "none", "record_callers": True},
+                "gate": {"occurrence": {"mode": "every"}}} for pid, pn in probes.items()])]), encoding="utf-8")
+        ro = runner.RunOptions(scenario_path=probe_file, variant="baseline", python=python, evidence_root=opts.evidence_root,
+                               label="hunt-baseline", requests=opts.requests, pythonpath_prepend=prepend,
+                               command_line=opts.command_line)
+        try:
+            p0 = runner.prepare(ro)
+        except runner.RunError as e:
+            raise HuntError(str(e)) from None
+        result.baseline = p0.evidence.path
+        observe("baseline", {"evidence": str(p0.evidence.path)})
+        s0 = runner.Session(p0, observe)
+        try:
+            failed = s0.start()
+            if failed is not None:
+                raise HuntError(f"baseline server: {failed.reason} (evidence: {p0.evidence.path})")
+            oc = s0.drive(p0.variant, p0.evidence, opts.requests)
+        finally:
+            s0.stop()
+            s0.close_drivers()
+        st = oc.state
+        versions = runner._versions(p0.evidence.injector_dir, p0.python)
+        log.header.update({k: versions.get(k) for k in ("sglang", "torch", "python")})
+        p0.evidence.set_status("complete", timings=oc.timings)
+        if oc.verdict.verdict == DEADLOCKED or st is None or st.ok != st.total:
+            raise HuntError(f"the clean baseline burst did not succeed ({oc.verdict.verdict}: {oc.verdict.reason}); "
+                            f"a hunt needs a healthy base scenario. Evidence: {p0.evidence.path}")
+        seen = read_seen(p0.evidence.injector_dir)
+        rows = rows_from_seen(cat, seen, probes)
+        result.rows = rows
+        seen_points = {r.point for r in rows}
+        log.header["points_not_seen"] = [p.name for p in points if p.name not in seen_points]
+        log.set_rows(rows)
+        log.event("baseline", evidence=str(p0.evidence.path), seen=len(seen), rows=len(rows), healthy_s=s0.healthy_s,
+                  burst_s=oc.timings.get("burst_s"))
+        observe("rows", {"rows": rows, "not_seen": log.header["points_not_seen"]})
+        trials = plan_trials(cat, rows, ranks, opts.perturbations)
+        log.header["trials_total"] = len(trials)
+        if not trials:
+            log.finish("complete", wall_s=clock.elapsed)
+            return result
+        # ---- 2. trials: one plan with every trial's injection, armed one at a time
+        trial_file = hf / "scenarios" / "trials.toml"
+        trial_file.write_text(scenario_toml(
+            base, base.name, "repro hunt trials (generated)",
+            [(t.name, "success", t.perturbation.says, [t.injection(cat.point(t.row.point).sites)]) for t in trials]),
+            encoding="utf-8")
+        ro = runner.RunOptions(scenario_path=trial_file, python=python, evidence_root=opts.evidence_root, label="hunt-session",
+                               requests=opts.requests, pythonpath_prepend=prepend, command_line=opts.command_line)
+        try:
+            p = runner.prepare(ro, label_default="hunt-session", variants=[t.name for t in trials])
+        except runner.RunError as e:
+            raise HuntError(str(e)) from None
+        _run_trials(runner, p, ro, base, cat, trials, log, clock, observe, opts)
+        result.budget_exhausted = any(r.verdict == NOT_RUN for r in log.results)
+        if opts.confirm:
+            _confirm(runner, log, python, prepend, opts, clock, observe)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        if mat is not None:
+            mat.close()
+        result.wall_s = clock.elapsed
+        result.interrupted = interrupted
+        status = "interrupted" if interrupted else "complete"
+        if log.status == "running":
+            log.finish(status, wall_s=result.wall_s)
+        folder.set_status(status, wall_s=result.wall_s)
+    if interrupted:
+        raise KeyboardInterrupt
+    return result
+
+
+def _materialize(ref: str, python: Optional[str]) -> Any:
+    """``installed`` → None (the interpreter as given); other REFs → a ``repro.compare.Materialized`` (close it)."""
+    if not ref or ref == "installed":
+        return None
+    from repro.compare import CompareError, materialize, parse_ref
+
+    try:
+        return materialize(parse_ref(ref), python)
+    except CompareError as e:
+        raise HuntError(f"--ref {ref}: {e}") from None
+
+
+def _counts(check: Any) -> tuple[dict, dict, dict]:
+    if check is None:
+        return {}, {}, {}
+    return dict(check.entered), dict(check.matched), dict(check.fired)
+
+
+def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials: Sequence[Trial], log: HuntLog,
+                clock: _Clock, observe: Observer, opts: HuntOptions) -> None:
+    """Drive every trial on one session; restart after a hang/crash; mark the rest NOT RUN when the budget ends."""
+    session = runner.Session(p, observe)
+    failures = 0
+    need_restart = False  # lazily, before the next trial: no restart after the last one
+    try:
+        failed = session.start()
+        for i, t in enumerate(trials):
+            if clock.remaining <= 0:
+                for rest in trials[i:]:
+                    log.add(TrialResult(rest, NOT_RUN, f"budget of {opts.budget_min:g} min ended before this trial"))
+                break
+            if need_restart:
+                failed = session.restart()
+                need_restart = False
+            while failed is not None:
+                failures += 1
+                if failures > MAX_RESTART_FAILURES:
+                    for rest in trials[i:]:
+                        log.add(TrialResult(rest, NOT_RUN, f"server could not be (re)started: {failed.reason}"))
+                    return
+                failed = session.restart()
+            failures = 0
+            observe("trial_start", {"trial": t, "n": i + 1, "total": len(trials), "remaining_s": clock.remaining})
+            variant = p.scenario.variant(t.name)
+            run_dir = ev.EvidenceDir(p.evidence.root, p.scenario.name, t.name)
+            run_dir.write_json("session.json", {"session": str(p.evidence.path), "hunt": str(log.folder),
+                                                "rank_pids": {str(k): v for k, v in session.rank_pids.items()}})
+            run_dir.write_text("command.txt", (opts.command_line or f"repro hunt {opts.scenario_path}") + f"  # trial {t.name}\n")
+            t0 = time.time()
+            outcome = session.drive(variant, run_dir, opts.requests)
+            outcome.timings["to_verdict_s"] = time.time() - t0
+            runner._snapshot_session(p, run_dir)
+            runner._finish_evidence(p, ro, variant, run_dir, outcome, session.rank_pids, False)
+            run_dir.set_status("complete", timings=outcome.timings)
+            tr = _trial_result(runner, p, base, cat, t, variant, outcome, run_dir.path, session.rank_pids, log.folder, opts)
+            log.add(tr)
+            observe("trial", {"result": tr, "n": i + 1, "total": len(trials), "remaining_s": clock.remaining})
+            if not outcome.clean:
+                need_restart = True
+    finally:
+        session.stop()
+        session.close_drivers()
+        p.evidence.set_status("complete")
+
+
+def _trial_result(runner: Any, p: Any, base: Any, cat: Catalogue, t: Trial, variant: Any, outcome: Any, run_dir: Path,
+                  rank_pids: dict, hunt_folder: Path, opts: HuntOptions) -> TrialResult:
+    v: Verdict = outcome.verdict
+    check = None
+    if rank_pids:
+        try:
+            _, _, checks, _ = runner._injection_checks(p.evidence.injector_dir, variant, rank_pids)
+            check = checks[0] if checks else None
+        except Exception:
+            check = None
+    entered, matched, fired = _counts(check)
+    diag = None
+    if v.verdict == DEADLOCKED:
+        a = outcome.analysis
+        diag = diagnose(a.to_dict() if hasattr(a, "to_dict") else a, cat)
+    world = base.server.tp_size
+    verdict = v.verdict
+    hazard = hazard_statement(t, verdict, diag, sum(matched.values()), sum(fired.values()), world)
+    tr = TrialResult(t, verdict, v.reason, float(outcome.timings.get("burst_s", outcome.timings.get("to_verdict_s", 0.0))),
+                     diag, hazard, run_dir, None, entered, matched, fired, tuple(v.notes))
+    if verdict == DEADLOCKED:
+        f = hunt_folder / "scenarios" / f"{t.name}.toml"
+        f.write_text(finding_scenario(base, opts.scenario_path, cat, t, diag), encoding="utf-8")
+        tr.scenario_file = f
+    return tr
+
+
+def _confirm(runner: Any, log: HuntLog, python: Optional[str], prepend: tuple, opts: HuntOptions, clock: _Clock,
+             observe: Observer) -> None:
+    """Re-run each new scheduling/cache finding from its scenario file on a fresh server (a finding must reproduce)."""
+    for r in list(log.results):
+        d = r.diagnosis
+        if r.verdict != DEADLOCKED or r.scenario_file is None or not d or d.family != FAMILY_SCHED or d.known:
+            continue
+        if clock.remaining <= 0:
+            break
+        observe("confirm", {"trial": r.trial, "scenario": str(r.scenario_file)})
+        ro = runner.RunOptions(scenario_path=r.scenario_file, python=python, evidence_root=opts.evidence_root,
+                               label=f"confirm-{r.trial.name}", pythonpath_prepend=prepend)
+        res = runner.run(ro, observe)
+        r.confirmed = res.verdict.verdict == DEADLOCKED
+        log.event("confirm", trial=r.trial.name, verdict=res.verdict.verdict, evidence=str(res.evidence))
+        log._write_md()

@@ -1,0 +1,327 @@
+"""repro hunt without a server: catalogue, rows from the baseline's ``seen`` events, gates, diagnosis, generated
+scenario files, and the hunt loop's bookkeeping (streaming, restarts, budget, interrupt) with a stand-in runner."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from repro import evidence as ev
+from repro import hunt as H
+from repro import runner as real_runner
+from repro.driver import DriverState
+from repro.scenario import compile_plan, load_scenario
+from repro.verdict import DEADLOCKED, INCONCLUSIVE, SUCCEEDED, InjectionCheck, Verdict
+
+REPO = Path(__file__).resolve().parent.parent
+BASE = REPO / "scenarios" / "sglang" / "hicache_prefetch_30760.toml"
+PREFILL = "sglang.srt.managers.scheduler:Scheduler._get_new_batch_prefill_raw"
+GNAR = "sglang.srt.managers.scheduler:Scheduler.get_num_allocatable_reqs"
+
+
+def _seen(point: str, stack: list[str], loops: list[list[str]], rank: Optional[int] = 0) -> dict:
+    return {"event": "seen", "id": f"probe-{point}", "rank": rank, "caller": stack[0], "stack": stack, "loops": loops}
+
+
+# ---------------------------------------------------------------------------------------------------- catalogue
+def test_shipped_catalogue_loads_and_names_the_issue_points() -> None:
+    cat = H.load_catalogue()
+    names = {p.name for p in cat.points}
+    for needed in ("get_num_allocatable_reqs", "req_to_token_available_size", "kv_available_size", "pop_bootstrapped",
+                   "perf_counter", "check_hicache_events"):
+        assert needed in names
+    assert cat.point("get_num_allocatable_reqs").perturbations[0] == "zero_once"
+    assert any("_can_terminate_prefetch" in f for n in cat.named for f in n.frames)
+
+
+def test_catalogue_errors_name_the_field_and_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(H.HuntError, match="hunt catalogue not found"):
+        H.load_catalogue(tmp_path / "nope.toml")
+    bad = tmp_path / "c.toml"
+    bad.write_text('[perturbations.z]\naction = { kind = "return_value", value = 0 }\n'
+                   '[[points]]\nname = "p"\nsite = "m:C.f"\nperturbations = ["zero"]\n')
+    with pytest.raises(H.HuntError, match=r"points\[0\].perturbations: unknown \['zero'\]; defined: \['z'\]"):
+        H.load_catalogue(bad)
+    bad.write_text('[perturbations.z]\naction = { kind = "explode" }\n[[points]]\nname = "p"\nsite = "m:C.f"\n')
+    with pytest.raises(H.HuntError, match="perturbations.z.action is not a valid injection action"):
+        H.load_catalogue(bad)
+    bad.write_text('[perturbations.z]\naction = { kind = "skip" }\n[[points]]\nname = "p"\nsite = "not a site"\n')
+    with pytest.raises(H.HuntError, match=r"points\[0\].site"):
+        H.load_catalogue(bad)
+    with pytest.raises(H.HuntError, match="no decision point 'nope'; known: "):
+        H.load_catalogue().point("nope")
+
+
+# --------------------------------------------------------------------------------------------------------- rows
+def test_a_point_called_before_and_inside_the_admission_loop_gives_two_rows() -> None:
+    cat = H.load_catalogue()
+    seen = [
+        _seen("get_num_allocatable_reqs", [PREFILL, "m:Scheduler.get_new_batch_prefill"], [[], []]),
+        _seen("get_num_allocatable_reqs", [PREFILL, "m:Scheduler.get_new_batch_prefill"], [["req"], []]),
+        _seen("get_num_allocatable_reqs", [PREFILL, "m:Scheduler.get_new_batch_prefill"], [["req"], []], rank=1),
+        _seen("get_num_allocatable_reqs", [PREFILL], [["req"]], rank=None),  # HTTP server / detokenizer: ignored
+    ]
+    rows = H.rows_from_seen(cat, seen, {"probe-get_num_allocatable_reqs": "get_num_allocatable_reqs"})
+    assert [(r.loop_var, r.ranks) for r in rows] == [(None, (0,)), ("req", (0, 1))]
+    before, inside = rows
+    assert before.where == "Scheduler._get_new_batch_prefill_raw, outside loops"
+    assert inside.where == "Scheduler._get_new_batch_prefill_raw, in `for req`"
+    assert inside.gate(0) == {"called_from": [PREFILL], "inside_loop": "req", "max_depth": 1, "ranks": [0],
+                              "occurrence": {"mode": "first"}}
+    assert before.gate(1) == {"called_from": [PREFILL], "max_depth": 1, "ranks": [1], "occurrence": {"mode": "first"}}
+
+
+def test_a_loop_in_the_callers_caller_names_both_frames_in_the_gate() -> None:
+    cat = H.load_catalogue()
+    pool = "sglang.srt.mem_cache.memory_pool:ReqToTokenPool.available_size"
+    seen = [_seen("req_to_token_available_size", [GNAR, PREFILL, "m:x"], [[], ["req"], []])]
+    (row,) = H.rows_from_seen(cat, seen, {"probe-req": "req_to_token_available_size"} | {"probe-req_to_token_available_size": "req_to_token_available_size"})
+    assert row.caller == GNAR and row.loop_frame == PREFILL and row.loop_var == "req"
+    g = row.gate(0)
+    assert g["called_from"] == [PREFILL, GNAR] and g["inside_loop"] == "req" and g["max_depth"] == 3
+    assert "Scheduler.get_num_allocatable_reqs ← Scheduler._get_new_batch_prefill_raw in `for req`" == row.where
+    assert pool  # the site itself is the catalogue's, not part of the row
+
+
+def test_clock_rows_are_kept_only_for_timeout_like_callers() -> None:
+    cat = H.load_catalogue()
+    seen = [
+        _seen("perf_counter", ["sglang.srt.managers.scheduler:Scheduler.log_stats", "m:y"], [[], []]),
+        _seen("perf_counter", ["sglang.srt.utils.poll_timer:PollTimer.elapsed",
+                               "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache._prefetch_deadline_expired"], [[], []]),
+    ]
+    rows = H.rows_from_seen(cat, seen, {"probe-perf_counter": "perf_counter"})
+    assert [r.caller for r in rows] == ["sglang.srt.utils.poll_timer:PollTimer.elapsed"]
+
+
+def test_trials_are_row_by_perturbation_by_rank_and_unknown_perturbations_fail() -> None:
+    cat = H.load_catalogue()
+    rows = [H.Row("get_num_allocatable_reqs", PREFILL, PREFILL, "req")]
+    trials = H.plan_trials(cat, rows, [0, 1])
+    assert [t.name for t in trials[:3]] == ["t001-get_num_allocatable_reqs-zero_once-r0",
+                                             "t002-get_num_allocatable_reqs-zero_once-r1",
+                                             "t003-get_num_allocatable_reqs-minus_one-r0"]
+    assert len(trials) == 2 * len(cat.point("get_num_allocatable_reqs").perturbations)
+    assert [t.name for t in H.plan_trials(cat, rows, [0], ["zero_once"])] == ["t001-get_num_allocatable_reqs-zero_once-r0"]
+    with pytest.raises(H.HuntError, match="--perturbation zero: not in"):
+        H.plan_trials(cat, rows, [0], ["zero"])
+
+
+# ---------------------------------------------------------------------------------------------------- diagnosis
+def _rank(rank: int, state: str, chain: list[str], op: Optional[str] = "all_reduce") -> dict:
+    return {"rank": rank, "state": state, "op": op if state == "collective" else None, "caller_chain": chain,
+            "wait": "zmq poll" if state == "idle-wait" else None}
+
+
+def test_30760_shape_is_a_known_scheduling_cache_deadlock_in_the_prefetch_all_reduce() -> None:
+    cat = H.load_catalogue()
+    analysis = {"ranks": [
+        _rank(0, "collective", ["VocabParallelEmbedding.forward", "LlamaModel.forward", "ModelRunner.forward"]),
+        _rank(1, "collective", ["UnifiedRadixCache._can_terminate_prefetch", "UnifiedRadixCache.check_prefetch_progress",
+                                "Scheduler._get_new_batch_prefill_raw"]),
+    ]}
+    d = H.diagnose(analysis, cat)
+    assert d.family == H.FAMILY_SCHED
+    assert d.collective.startswith("prefetch all_reduce")
+    assert d.in_ranks == (1,) and d.known == "sglang#30760"
+    t = H.Trial(1, H.Row("get_num_allocatable_reqs", PREFILL, PREFILL, "req"), cat.perturbations["zero_once"], 0)
+    s = H.hazard_statement(t, DEADLOCKED, d, 1, 1, 2)
+    assert s.startswith("rank-local `get_num_allocatable_reqs` returns 0 once on rank 0 (Scheduler._get_new_batch_prefill_raw, in `for req`)")
+    assert "rank(s) 1 wait in it, rank(s) 0 never issue it" in s and "scheduling/cache" in s and "sglang#30760" in s
+
+
+def test_forward_only_deadlock_and_idle_broadcast_are_told_apart() -> None:
+    cat = H.load_catalogue()
+    fwd = {"ranks": [_rank(0, "collective", ["VocabParallelEmbedding.forward", "ModelRunner.forward"]),
+                     _rank(1, "collective", ["broadcast_pyobj", "Scheduler.recv_requests"], op="broadcast")]}
+    d = H.diagnose(fwd, cat)
+    assert d.family == H.FAMILY_FORWARD and d.in_ranks == (0,) and d.known is None
+    sched_vs_fwd = {"ranks": [_rank(0, "collective", ["UnifiedRadixCache.check_hicache_events", "Scheduler.get_next_batch_to_run"]),
+                              _rank(1, "collective", ["LlamaModel.forward"])]}
+    d2 = H.diagnose(sched_vs_fwd, cat)
+    assert d2.family == H.FAMILY_SCHED and d2.collective.startswith("per-tick HiCache event all_reduce") and d2.known is None
+    assert H.diagnose(None, cat).family == H.FAMILY_UNCLEAR
+
+
+# ----------------------------------------------------------------------------------------------- scenario files
+def test_finding_scenario_is_ready_to_run(tmp_path: Path) -> None:
+    cat = H.load_catalogue()
+    base = load_scenario(BASE)
+    t = H.Trial(4, H.Row("get_num_allocatable_reqs", PREFILL, PREFILL, "req"), cat.perturbations["minus_one"], 1)
+    d = H.Diagnosis(H.FAMILY_SCHED, "prefetch all_reduce", (0,), known="sglang#30760")
+    f = tmp_path / "finding.toml"
+    f.write_text(H.finding_scenario(base, BASE, cat, t, d))
+    s = load_scenario(f)
+    assert s.mirrors == "sglang#30760" and s.server == base.server and s.burst == base.burst
+    (v,) = s.variants
+    assert v.name == "finding" and v.expect == "deadlock"
+    inj = v.injections[0]
+    assert inj.site == list(cat.point("get_num_allocatable_reqs").sites)
+    assert inj.action.kind == "return_value" and inj.action.offset == -1
+    assert inj.gate.called_from == [PREFILL] and inj.gate.inside_loop == "req" and inj.gate.ranks == [1]
+    plan = compile_plan(s, v, tmp_path / "out", tmp_path / "ARM")
+    assert plan["injections"][0]["action"]["offset"] == -1
+
+
+# ------------------------------------------------------------------------------------------ hunt loop bookkeeping
+class FakeRunner:
+    """Stand-in for repro.runner: real scenario files, prepare and evidence folders; a scripted Session."""
+
+    RunOptions = real_runner.RunOptions
+    RunError = real_runner.RunError
+
+    def __init__(self, script: dict[str, str], interrupt_at: Optional[str] = None) -> None:
+        self.script = script  # trial name substring -> verdict
+        self.interrupt_at = interrupt_at
+        self.sessions: list["FakeSession"] = []
+        self.driven: list[str] = []
+        runner = self
+
+        class FakeSession:
+            def __init__(self, p: Any, observe: Any) -> None:
+                self.p, self.rank_pids, self.healthy_s = p, {}, 1.0
+                self.starts = self.stops = 0
+                self.running = False
+                runner.sessions.append(self)
+
+            def start(self) -> None:
+                self.starts += 1
+                self.running = True
+                self.rank_pids = {0: 100, 1: 101}
+                return None
+
+            def restart(self) -> None:
+                self.stop()
+                return self.start()
+
+            def stop(self) -> list:
+                if self.running:
+                    self.stops += 1
+                self.running = False
+                return []
+
+            def close_drivers(self) -> None:
+                pass
+
+            def drive(self, variant: Any, run_dir: Any, n: Any = None, native: bool = False) -> Any:
+                assert self.running, "drive on a stopped server"
+                runner.driven.append(variant.name)
+                if runner.interrupt_at and runner.interrupt_at in variant.name:
+                    raise KeyboardInterrupt
+                st = DriverState(8, 0, 0, 8, 0, 1.0, True)
+                if variant.name == "baseline":
+                    inj = self.p.evidence.injector_dir
+                    lines = [_seen("get_num_allocatable_reqs", [PREFILL, "m:a"], [[], []]),
+                             _seen("get_num_allocatable_reqs", [PREFILL, "m:a"], [["req"], []])]
+                    (inj / "fires-100.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+                    return real_runner.Outcome(Verdict(INCONCLUSIVE, "probe never entered"), None, st, {"burst_s": 1.0}, True)
+                verdict = next((v for k, v in runner.script.items() if k in variant.name), SUCCEEDED)
+                if verdict == DEADLOCKED:
+                    analysis = types.SimpleNamespace(to_dict=lambda: {"ranks": [
+                        _rank(0, "collective", ["LlamaModel.forward"]),
+                        _rank(1, "collective", ["UnifiedRadixCache._can_terminate_prefetch", "Scheduler._get_new_batch_prefill_raw"])]})
+                    return real_runner.Outcome(Verdict(DEADLOCKED, "ranks disagree"), analysis, st, {"burst_s": 12.0}, False)
+                return real_runner.Outcome(Verdict(verdict, "ok"), None, st, {"burst_s": 2.0}, True)
+
+        self.Session = FakeSession
+
+    def prepare(self, opts: Any, label_default: Optional[str] = None, variants: Any = None) -> Any:
+        scen = load_scenario(opts.scenario_path)
+        variant = scen.variant(opts.variant if not variants else variants[0])
+        evd = ev.EvidenceDir(opts.evidence_root, scen.name, opts.label or label_default or variant.name)
+        return types.SimpleNamespace(scenario=scen, variant=variant, evidence=evd, python="py", plan={})
+
+    def _versions(self, injector_dir: Path, python: str) -> dict:
+        return {"sglang": "0.5.23", "torch": "2.14.1", "python": "3.11"}
+
+    def _snapshot_session(self, p: Any, run_dir: Any) -> None:
+        pass
+
+    def _finish_evidence(self, p: Any, opts: Any, variant: Any, evd: Any, outcome: Any, rank_pids: Any, interrupted: bool) -> None:
+        evd.write_json("verdict.json", outcome.verdict.to_json())
+
+    def _injection_checks(self, injector_dir: Path, variant: Any, rank_pids: Any) -> tuple:
+        fired = {0: 1, 1: 0} if variant.name.endswith("r0") else {0: 0, 1: 1}
+        return [0, 1], [0, 1], [InjectionCheck(variant.injections[0].id, "s", {0: 5, 1: 5}, fired, fired)], None
+
+
+def _opts(tmp_path: Path, **kw: Any) -> H.HuntOptions:
+    return H.HuntOptions(scenario_path=BASE, evidence_root=tmp_path / "ev", only=("get_num_allocatable_reqs",),
+                         perturbations=("zero_once", "delay_once"), **kw)
+
+
+def _lines(folder: Path) -> list[dict]:
+    return [json.loads(x) for x in (folder / "hunt.jsonl").read_text().splitlines()]
+
+
+def test_hunt_streams_every_trial_restarts_only_after_a_hang_and_writes_a_scenario_per_deadlock(tmp_path: Path) -> None:
+    fr = FakeRunner({"-zero_once-r0": DEADLOCKED})
+    res = H.hunt(_opts(tmp_path), runner=fr)
+    # 2 rows × 2 perturbations × 2 ranks
+    assert len(res.rows) == 2 and len(res.results) == 8
+    assert fr.driven[0] == "baseline" and len(fr.driven) == 9
+    base_s, trial_s = fr.sessions
+    assert base_s.stops == 1 and not base_s.running
+    # two trials deadlocked (zero_once on rank 0, both rows): two restarts, the session ends stopped
+    assert trial_s.starts == 3 and not trial_s.running  # t001 and t005 hung; both are followed by more trials
+    dl = res.deadlocks
+    assert len(dl) == 2 and all(r.scenario_file and r.scenario_file.is_file() for r in dl)
+    assert all(r.diagnosis.known == "sglang#30760" for r in dl)
+    trials = [x for x in _lines(res.folder) if x["event"] == "trial"]
+    assert [t["trial"] for t in trials] == [r.trial.name for r in res.results]
+    md = (res.folder / "HUNT.md").read_text()
+    assert "status**: complete; 8 trial(s) run of 8" in md
+    assert md.index("zero_once") < md.index("delay_once")  # deadlocks first
+    assert "in `for req`" in md and "[scheduling/cache]" in md
+
+
+def test_interrupted_hunt_keeps_what_it_found_and_stops_the_server(tmp_path: Path) -> None:
+    fr = FakeRunner({"-zero_once-r0": DEADLOCKED}, interrupt_at="t003")
+    with pytest.raises(KeyboardInterrupt):
+        H.hunt(_opts(tmp_path), runner=fr)
+    (folder,) = [p for p in (tmp_path / "ev" / "hicache_prefetch_30760").iterdir() if p.name.endswith("-hunt")]
+    trials = [x for x in _lines(folder) if x["event"] == "trial"]
+    assert [t["verdict"] for t in trials] == [DEADLOCKED, SUCCEEDED]
+    assert _lines(folder)[-1] == {**_lines(folder)[-1], "event": "end", "status": "interrupted"}
+    assert "status**: interrupted" in (folder / "HUNT.md").read_text()
+    assert all(not s.running for s in fr.sessions)
+    assert json.loads((folder / "run.json").read_text())["status"] == "interrupted"
+
+
+def test_budget_end_marks_the_rest_not_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fr = FakeRunner({})
+    clock = iter([0.0] + [0.0] * 6 + [10_000.0] * 100)
+    real_time = H.time.time
+    monkeypatch.setattr(H._Clock, "elapsed", property(lambda self: next(clock, 10_000.0)))
+    res = H.hunt(_opts(tmp_path, budget_min=1.0), runner=fr)
+    assert res.budget_exhausted
+    assert any(r.verdict == H.NOT_RUN for r in res.results) and any(r.verdict == SUCCEEDED for r in res.results)
+    assert all(not s.running for s in fr.sessions)
+    assert real_time() > 0
+
+
+def test_sites_option_says_it_needs_the_ledger_or_is_not_there_yet(tmp_path: Path) -> None:
+    with pytest.raises(H.HuntError, match="--sites"):
+        H.hunt(_opts(tmp_path, sites=True), runner=FakeRunner({}))
+
+
+def test_bad_options_fail_before_anything_starts(tmp_path: Path) -> None:
+    fr = FakeRunner({})
+    with pytest.raises(H.HuntError, match="no decision point 'nope'"):
+        H.hunt(H.HuntOptions(scenario_path=BASE, evidence_root=tmp_path, only=("nope",)), runner=fr)
+    with pytest.raises(H.HuntError, match=r"--rank \[5\]: the base scenario's TP size is 2"):
+        H.hunt(H.HuntOptions(scenario_path=BASE, evidence_root=tmp_path, ranks=(5,)), runner=fr)
+    with pytest.raises(H.HuntError, match="scenario file not found"):
+        H.hunt(H.HuntOptions(scenario_path=tmp_path / "x.toml", evidence_root=tmp_path), runner=fr)
+    assert fr.sessions == []
+
+
+def test_a_hang_in_the_last_trial_does_not_restart_the_server(tmp_path: Path) -> None:
+    fr = FakeRunner({"t008-": DEADLOCKED})
+    res = H.hunt(_opts(tmp_path), runner=fr)
+    assert [r.verdict for r in res.results].count(DEADLOCKED) == 1 and res.results[-1].verdict == DEADLOCKED
+    assert fr.sessions[1].starts == 1 and not fr.sessions[1].running
