@@ -108,6 +108,7 @@ class Catalogue:
     idle_frames: tuple[str, ...] = ()
     named: tuple[NamedCollective, ...] = ()
     known: tuple[KnownIssue, ...] = ()
+    crash_forward_functions: tuple[str, ...] = ()
 
     def point(self, name: str) -> DecisionPoint:
         for p in self.points:
@@ -176,7 +177,8 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
     cl = data.get("classify") or {}
     named = tuple(NamedCollective(_tuple(n.get("frames")), str(n.get("name", ""))) for n in cl.get("named") or [])
     known = tuple(KnownIssue(str(k.get("issue", "")), _tuple(k.get("frames"))) for k in data.get("known") or [])
-    return Catalogue(p, tuple(points), perts, _tuple(cl.get("forward_frames")), _tuple(cl.get("idle_frames")), named, known)
+    return Catalogue(p, tuple(points), perts, _tuple(cl.get("forward_frames")), _tuple(cl.get("idle_frames")), named, known,
+                     _tuple(cl.get("crash_forward_functions")))
 
 
 # ---------------------------------------------------------------------------------------------------------- rows
@@ -376,6 +378,39 @@ def diagnose(analysis: Optional[dict], catalogue: Catalogue) -> Diagnosis:
     return Diagnosis(family, name, in_ranks, where, chain, known)
 
 
+_MISMATCH_RE = re.compile(r"collective mismatch|Received data size doesn't match|doesn't match expected size")
+_THREAD_RE = re.compile(r"(?m)^(?:Current thread|Thread) 0x[0-9a-fA-F]+ .*$")
+_FRAME_RE = re.compile(r'File "([^"]+)", line \d+ in (\S+)')
+_OPS = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter", "barrier", "broadcast_object_list")
+
+
+def crash_diagnosis(log_text: str, catalogue: Catalogue) -> Optional[Diagnosis]:
+    """A desync the backend caught: gloo aborts a rank whose peer sent a collective of another size.
+
+    Reads the server log written during one trial (faulthandler's ``Fatal Python error`` thread dumps, innermost
+    frame first) and names the collective the aborted rank was in. Returns None when the log shows no mismatch.
+    ``family`` is ``model forward`` when a frame is one of the catalogue's ``crash_forward_functions``.
+    """
+    if not _MISMATCH_RE.search(log_text):
+        return None
+    start = log_text.find("Fatal Python error")
+    text = log_text[start:] if start >= 0 else log_text
+    bounds = [m.start() for m in _THREAD_RE.finditer(text)] + [len(text)]
+    for a, b in zip(bounds, bounds[1:]):
+        frames = _FRAME_RE.findall(text[a:b])
+        names = [fn for _, fn in frames]
+        op = next((n for n in names if n in _OPS), None)
+        if op is None:
+            continue
+        chain = tuple(fn for path, fn in frames
+                      if "/torch/" not in path and "repro_injector" not in path and fn not in _OPS and fn != "wrapper")
+        fwd = bool(set(chain) & set(catalogue.crash_forward_functions))
+        name = next((n.name for n in catalogue.named if _glob_any(chain, tuple(f.rsplit(".", 1)[-1] for f in n.frames))), "")
+        coll = f"gloo size mismatch in {name or op + ' ← ' + ' ← '.join(chain[:3])}"
+        return Diagnosis(FAMILY_FORWARD if fwd else FAMILY_SCHED, coll, (), {}, chain)
+    return Diagnosis(FAMILY_UNCLEAR, "gloo size mismatch (no stack of the aborted rank in the log)")
+
+
 def hazard_statement(trial: Trial, verdict: str, diag: Optional[Diagnosis], matched: int, fired: int, world: int) -> str:
     """One line a reviewer can act on (what was perturbed, where, and what followed)."""
     t = trial
@@ -391,6 +426,10 @@ def hazard_statement(trial: Trial, verdict: str, diag: Optional[Diagnosis], matc
         return f"{head} → {diag.collective}: {who} → deadlock in {kind}{known}"
     if verdict == SUCCEEDED:
         return f"{head} → tolerated: every request answered, ranks stayed in step"
+    if diag is not None and diag.collective.startswith("gloo size mismatch"):
+        kind = "the model's own forward collective" if diag.family == FAMILY_FORWARD else "a scheduling/cache collective"
+        return (f"{head} → ranks issued mismatched collectives; gloo aborted a rank ({diag.collective}, {kind}): "
+                f"a desync crash here, a hang or silent corruption where the backend does not check sizes")
     return f"{head} → {verdict.lower()}"
 
 
@@ -418,6 +457,11 @@ class TrialResult:
     notes: tuple[str, ...] = ()
     confirmed: Optional[bool] = None
 
+    @property
+    def desync_crash(self) -> bool:
+        """The backend caught the desync and aborted a rank (INCONCLUSIVE verdict, mismatch in the server log)."""
+        return self.verdict != DEADLOCKED and self.diagnosis is not None and self.diagnosis.collective.startswith("gloo size mismatch")
+
     def to_json(self) -> dict:
         t = self.trial
         return {
@@ -430,6 +474,7 @@ class TrialResult:
             "scenario_file": str(self.scenario_file) if self.scenario_file else None,
             "entered": {str(k): v for k, v in self.entered.items()}, "matched": {str(k): v for k, v in self.matched.items()},
             "fired": {str(k): v for k, v in self.fired.items()}, "notes": list(self.notes), "confirmed": self.confirmed,
+            "desync_crash": self.desync_crash,
             "time": time.time(),
         }
 
@@ -440,8 +485,10 @@ def rank_key(r: TrialResult) -> tuple:
     if r.verdict == DEADLOCKED:
         fam = 0 if d and d.family == FAMILY_SCHED else (1 if d and d.family == FAMILY_FORWARD else 2)
         return (0, fam, 1 if d and d.known else 0, r.trial.n)
-    order = {INCONCLUSIVE: 1, SUCCEEDED: 2, NOT_RUN: 3}
-    return (order.get(r.verdict, 4), 0, 0, r.trial.n)
+    if r.desync_crash:
+        return (1, 0 if d and d.family == FAMILY_SCHED else 1, 0, r.trial.n)
+    order = {INCONCLUSIVE: 2, SUCCEEDED: 3, NOT_RUN: 4}
+    return (order.get(r.verdict, 5), 0, 0, r.trial.n)
 
 
 def _md(text: Any) -> str:
@@ -526,13 +573,20 @@ class HuntLog:
             out.append(f"- **[{tag}]** {_md(r.hazard)}{known}{conf}. Evidence: [{_rel(r.evidence, self.folder)}]"
                        f"({_rel(r.evidence, self.folder)}/REPORT.md); scenario: [`{_rel(r.scenario_file, self.folder)}`]"
                        f"({_rel(r.scenario_file, self.folder)})")
+        crashes = [r for r in res if r.desync_crash]
+        if crashes:
+            out += ["", "## Desync crashes (gloo caught the mismatch and aborted a rank)", ""]
+            for r in crashes:
+                fam = r.diagnosis.family if r.diagnosis else FAMILY_UNCLEAR
+                out.append(f"- **[{fam}]** {_md(r.hazard)}. Evidence: [{_rel(r.evidence, self.folder)}]"
+                           f"({_rel(r.evidence, self.folder)}/server.log)")
         out += ["", "## Trials", "",
                 "| # | decision point | row (caller, loop) | perturbation | rank | verdict | s to verdict | diverged in | family | hazard | evidence |",
                 "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in res:
             t, d = r.trial, r.diagnosis
-            div = d.collective if (d and r.verdict == DEADLOCKED) else ""
-            fam = d.family if (d and r.verdict == DEADLOCKED) else ""
+            div = d.collective if (d and (r.verdict == DEADLOCKED or r.desync_crash)) else ""
+            fam = d.family if (d and (r.verdict == DEADLOCKED or r.desync_crash)) else ""
             evl = f"[{r.evidence.name}]({_rel(r.evidence, self.folder)}/REPORT.md)" if r.evidence else ""
             if r.scenario_file:
                 evl += f" · [scenario]({_rel(r.scenario_file, self.folder)})"
@@ -899,13 +953,16 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
             run_dir.write_json("session.json", {"session": str(p.evidence.path), "hunt": str(log.folder),
                                                 "rank_pids": {str(k): v for k, v in session.rank_pids.items()}})
             run_dir.write_text("command.txt", (opts.command_line or f"repro hunt {opts.scenario_path}") + f"  # trial {t.name}\n")
+            log_path = p.evidence.file("server.log")
+            log_off = log_path.stat().st_size if log_path.exists() else 0
             t0 = time.time()
             outcome = session.drive(variant, run_dir, opts.requests)
             outcome.timings["to_verdict_s"] = time.time() - t0
             runner._snapshot_session(p, run_dir)
             runner._finish_evidence(p, ro, variant, run_dir, outcome, session.rank_pids, False)
             run_dir.set_status("complete", timings=outcome.timings)
-            tr = _trial_result(runner, p, base, cat, t, variant, outcome, run_dir.path, session.rank_pids, log.folder, opts)
+            tr = _trial_result(runner, p, base, cat, t, variant, outcome, run_dir.path, session.rank_pids, log.folder, opts,
+                               _log_since(log_path, log_off) if not outcome.clean else "")
             log.add(tr)
             observe("trial", {"result": tr, "n": i + 1, "total": len(trials), "remaining_s": clock.remaining})
             if not outcome.clean:
@@ -916,8 +973,19 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
         p.evidence.set_status("complete")
 
 
+def _log_since(path: Path, offset: int, max_bytes: int = 4_000_000) -> str:
+    """The server log written since ``offset`` (bytes), at most the last ``max_bytes``."""
+    try:
+        with open(path, "rb") as fh:
+            size = path.stat().st_size
+            fh.seek(max(offset, size - max_bytes))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 def _trial_result(runner: Any, p: Any, base: Any, cat: Catalogue, t: Trial, variant: Any, outcome: Any, run_dir: Path,
-                  rank_pids: dict, hunt_folder: Path, opts: HuntOptions) -> TrialResult:
+                  rank_pids: dict, hunt_folder: Path, opts: HuntOptions, log_text: str = "") -> TrialResult:
     v: Verdict = outcome.verdict
     check = None
     if rank_pids:
@@ -931,6 +999,8 @@ def _trial_result(runner: Any, p: Any, base: Any, cat: Catalogue, t: Trial, vari
     if v.verdict == DEADLOCKED:
         a = outcome.analysis
         diag = diagnose(a.to_dict() if hasattr(a, "to_dict") else a, cat)
+    elif log_text:
+        diag = crash_diagnosis(log_text, cat)
     world = base.server.tp_size
     verdict = v.verdict
     hazard = hazard_statement(t, verdict, diag, sum(matched.values()), sum(fired.values()), world)

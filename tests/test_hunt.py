@@ -325,3 +325,38 @@ def test_a_hang_in_the_last_trial_does_not_restart_the_server(tmp_path: Path) ->
     res = H.hunt(_opts(tmp_path), runner=fr)
     assert [r.verdict for r in res.results].count(DEADLOCKED) == 1 and res.results[-1].verdict == DEADLOCKED
     assert fr.sessions[1].starts == 1 and not fr.sessions[1].running
+
+
+CRASH_LOG = """[TP0] Prefill batch, #new-seq: 2
+terminate called after throwing an instance of 'gloo::EnforceNotMet'
+  what():  [enforce fail at pair.cc:464] op.preamble.length <= op.nbytes. 12288 vs 64. Received data size doesn't match expected size. Is there a distributed collective mismatch in your code?
+Fatal Python error: Aborted
+
+Thread 0x00007f7687ff46c0 (most recent call first):
+  File "/usr/lib/python3.11/queue.py", line 180 in get
+  File "/v/sglang/srt/managers/cache_controller.py", line 1253 in prefetch_io_aux_func
+Thread 0x00007f78e6c49b80 (most recent call first):
+  File "/v/torch/distributed/distributed_c10d.py", line 3913 in all_reduce
+  File "/work/main/injectors/repro_injector/_ledger.py", line 386 in repro_ledger[torch.distributed.all_reduce]
+  File "/v/sglang/srt/distributed/parallel_state.py", line 699 in all_reduce
+  File "/v/sglang/srt/distributed/communication_op.py", line 23 in tensor_model_parallel_all_reduce
+  File "/v/sglang/srt/layers/vocab_parallel_embedding.py", line 533 in forward
+  File "/v/sglang/srt/model_executor/model_runner.py", line 1860 in forward
+  File "/v/sglang/srt/managers/scheduler.py", line 4870 in run_batch
+"""
+
+
+def test_a_desync_gloo_caught_is_a_crash_in_the_forward_not_a_success() -> None:
+    cat = H.load_catalogue()
+    d = H.crash_diagnosis(CRASH_LOG, cat)
+    assert d is not None and d.family == H.FAMILY_FORWARD
+    assert d.collective == "gloo size mismatch in all_reduce ← tensor_model_parallel_all_reduce ← forward ← forward"
+    assert H.crash_diagnosis("[TP0] Connection reset by peer\n", cat) is None
+    sched = CRASH_LOG.replace("line 533 in forward", "line 1 in _can_terminate_prefetch").replace(
+        "line 1860 in forward", "line 2 in check_prefetch_progress")
+    d2 = H.crash_diagnosis(sched, cat)
+    assert d2.family == H.FAMILY_SCHED and d2.collective.startswith("gloo size mismatch in prefetch all_reduce")
+    t = H.Trial(2, H.Row("get_num_allocatable_reqs", PREFILL, None, None), cat.perturbations["zero_once"], 0)
+    r = H.TrialResult(t, INCONCLUSIVE, "requests errored", diagnosis=d)
+    assert r.desync_crash and H.rank_key(r) < H.rank_key(H.TrialResult(t, SUCCEEDED, "ok"))
+    assert "gloo aborted a rank" in H.hazard_statement(t, INCONCLUSIVE, d, 1, 1, 2)
