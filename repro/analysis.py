@@ -75,11 +75,33 @@ def _norm_op(name: str) -> str:
     return n
 
 
+_LEDGER_FRAME_RE = re.compile(r"repro_(?:ledger|tick)\[")
+_INJECTED_SITE_RE = re.compile(r"repro_injected\[([^\]]+)\]")
+
+
+def is_ledger_frame(f: Frame) -> bool:
+    """A recording wrapper of the injector's collective ledger (``repro_ledger[...]``, ``repro_tick[...]``):
+    transparent, never a call site and not an injection."""
+    return not f.native and bool(_LEDGER_FRAME_RE.search(f.function))
+
+
 def is_injector_frame(f: Frame) -> bool:
-    """A frame of the repro injector (``sitecustomize.py``/``usercustomize.py`` entry files, ``repro_injector``)."""
+    """A frame of the repro injector (``sitecustomize.py``/``usercustomize.py`` entry files, ``repro_injector``),
+    except the ledger's recording wrappers."""
     return not f.native and (
         f.basename in ("sitecustomize.py", "usercustomize.py") or "repro_injector" in f.module_or_file
-    )
+    ) and not is_ledger_frame(f)
+
+
+def injected_site(frames: Sequence[Frame]) -> Optional[str]:
+    """The patched site named by an injector wrapper frame (``repro_injected[Scheduler.run_batch]`` →
+    ``Scheduler.run_batch``), innermost first; None without one."""
+    for f in frames:
+        if not f.native:
+            m = _INJECTED_SITE_RE.search(f.function)
+            if m:
+                return m.group(1)
+    return None
 
 
 def comm_layer(f: Frame) -> Optional[str]:
@@ -91,6 +113,8 @@ def comm_layer(f: Frame) -> Optional[str]:
     """
     if f.native:
         return "native-wait" if _NATIVE_COMM_RE.search(f.function) else "native"
+    if is_ledger_frame(f):
+        return "native"  # transparent like a native frame
     path = f.module_or_file.replace("\\", "/")
     short = f.short_function
     if short.endswith("broadcast_pyobj"):  # also attn_cp_tp_broadcast_pyobj (communication_op.py, 0.5.23)
@@ -144,7 +168,7 @@ def idle_kind(f: Frame) -> Optional[str]:
 
 
 def _is_noise(f: Frame) -> bool:
-    return f.short_function in _NOISE_FUNCS or f.function.endswith(".<locals>.wrapper")
+    return f.short_function in _NOISE_FUNCS or f.function.endswith(".<locals>.wrapper") or is_ledger_frame(f)
 
 
 def _is_bootstrap(f: Frame) -> bool:
@@ -169,6 +193,7 @@ class ThreadReading(BaseModel):
     innermost: Optional[Frame] = None
     caller_chain: list[str] = Field(default_factory=list)
     injected: bool = False
+    injected_site: Optional[str] = None
 
 
 def read_thread(t: ThreadStack, max_chain: int = 8) -> ThreadReading:
@@ -225,7 +250,8 @@ def read_thread(t: ThreadStack, max_chain: int = 8) -> ThreadReading:
         site_idx, chain, injected = _call_site(frames, j, max_chain)
         return ThreadReading(state="collective", op=op, via=via, layers=outer_first, innermost=innermost,
                              blocked_frame=frames[site_idx] if site_idx is not None else None,
-                             caller_chain=chain, injected=injected)
+                             caller_chain=chain, injected=injected,
+                             injected_site=injected_site(frames[j:site_idx]) if injected and site_idx else None)
     kind = idle_kind(innermost)
     if kind is not None:
         j = i
@@ -264,6 +290,10 @@ def _call_site(frames: list[Frame], start: int, max_chain: int, skip_injector: b
         if is_injector_frame(f):
             if not in_injector:  # a run of injector frames is shown once, by its innermost frame
                 chain.append(_label(f))
+            else:
+                m = _INJECTED_SITE_RE.search(f.function)
+                if m and chain:  # the run's wrapper names the patched site: show that instead
+                    chain[-1] = f"[injected at {m.group(1)}]"
             in_injector = True
             continue
         in_injector = False
@@ -293,6 +323,8 @@ class RankState(BaseModel):
         caller_chain: the call site and its callers (function names), innermost first.
         thread: name (or id) of the thread the state was read from; ``main_thread``: whether it is the main one.
         injected: an injector frame sits between the op and the call site.
+        injected_site: the patched site whose injected action issued the collective (from the wrapper frame
+            ``repro_injected[<site>]``), when known.
         process_group: always None from stacks (py-spy shows no process groups; the ledger fills it).
         cpu_percent: CPU use during capture (percent of one core), when known.
         error: why the state is unknown.
@@ -312,6 +344,7 @@ class RankState(BaseModel):
     thread: str = ""
     main_thread: bool = True
     injected: bool = False
+    injected_site: Optional[str] = None
     process_group: Optional[str] = None
     cpu_percent: Optional[float] = None
     error: str = ""
@@ -320,6 +353,9 @@ class RankState(BaseModel):
     def where(self) -> str:
         """Short human description: ``all_reduce via GroupCoordinator ← VocabParallelEmbedding.forward ← …``."""
         chain = " ← ".join(self.caller_chain[:3])
+        if self.state == "collective" and self.injected_site:
+            callers = [c for c in self.caller_chain if not c.startswith("[injected")][:2]
+            return f"the injected {self.op} at " + " ← ".join([self.injected_site] + callers)
         if self.state == "collective":
             via = f" via {self.via}" if self.via and self.via != "torch.distributed" else ""
             return f"{self.op}{via} ← {chain}" if chain else f"{self.op}{via}"
@@ -466,7 +502,8 @@ def rank_state(c: RankCapture) -> RankState:
     return RankState(
         rank=rank, pid=c.pid, state=r.state, op=r.op, via=r.via, layers=r.layers, wait=r.wait,
         blocked_frame=r.blocked_frame.render() if r.blocked_frame else None, caller_chain=r.caller_chain,
-        thread=t.name or t.thread_id, main_thread=t.is_main, injected=r.injected, cpu_percent=c.cpu_percent,
+        thread=t.name or t.thread_id, main_thread=t.is_main, injected=r.injected, injected_site=r.injected_site,
+        cpu_percent=c.cpu_percent,
         error=note, location_key=_location_key(r),
     )
 

@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 from rich.console import Console
@@ -444,6 +444,36 @@ def sites(
     raise typer.Exit(EXIT_SUCCESS if rep.ok else EXIT_USAGE)
 
 
+def _ledger_of(paths: List[Path]) -> Any:
+    """The ledger diagnosis of the first evidence/injector folder among ``paths`` that holds ledger files (rank
+    pids from its verdict.json / session.json when present), else None."""
+    import json as _json
+
+    from repro.ledger import diagnose
+
+    for p in paths:
+        if not p.is_dir():
+            continue
+        pids = None
+        for name in ("verdict.json", "session.json"):
+            f = p / name
+            if f.exists():
+                try:
+                    rp = _json.loads(f.read_text()).get("rank_pids") or {}
+                    pids = [int(v) for v in rp.values()] or None
+                except (ValueError, AttributeError):
+                    pids = None
+                if pids:
+                    break
+        try:
+            diag = diagnose(p, pids)
+        except Exception:
+            diag = None
+        if diag is not None:
+            return diag
+    return None
+
+
 @app.command()
 def analyze(
     paths: List[Path] = typer.Argument(..., help="evidence folder (its stacks/), stacks folder, or dump files "
@@ -454,7 +484,8 @@ def analyze(
     tag: Optional[str] = typer.Option(None, "--tag", help="which capture of an evidence folder: file suffix after "
                                                           "rank<k>, e.g. -1b (default: the untagged one, else the newest)"),
 ) -> None:
-    """Explain where every rank is blocked from stack dumps; name the odd rank(s) out.
+    """Explain where every rank is blocked from stack dumps; name the odd rank(s) out. An evidence folder whose
+    injector recorded collective ledgers also gets the ledger's first divergent collective (``repro.ledger``).
 
     Exit 0 when analysed (diverged or not), 2 on bad input.
     """
@@ -462,20 +493,42 @@ def analyze(
 
     from repro.analysis import AnalyzeInputError, analyze as analyze_captures, load_captures
 
+    ledger_diag = _ledger_of(paths)
     try:
         caps = load_captures(paths, tag=tag)
     except AnalyzeInputError as e:
-        console.print(f"[red]error:[/] {e}")
-        raise typer.Exit(EXIT_USAGE)
-    if not caps:
+        if ledger_diag is None:
+            console.print(f"[red]error:[/] {e}")
+            raise typer.Exit(EXIT_USAGE)
+        caps = []
+        console.print(f"[yellow]warning:[/] {rich_escape(str(e))}; showing the collective ledger only", highlight=False)
+    if not caps and ledger_diag is None:
         console.print("[red]error:[/] no rank dump found in " + ", ".join(str(p) for p in paths))
         raise typer.Exit(EXIT_USAGE)
+    if not caps:
+        if markdown is not None:
+            markdown.write_text("\n".join(ledger_diag.markdown_lines(None)) + "\n")
+        if as_json:
+            out.print_json(data={"ledger": ledger_diag.to_dict()})
+            return
+        out.print(rich_escape(ledger_diag.divergence.summary), style="bold", highlight=False)
+        return
     result = analyze_captures(caps)
     if markdown is not None:
-        markdown.write_text(result.to_markdown(caps))
+        head = "\n".join(ledger_diag.markdown_lines(None)) + "\n" if ledger_diag is not None else ""
+        markdown.write_text(head + result.to_markdown(caps))
     if as_json:
-        out.print_json(result.to_json())
+        if ledger_diag is None:
+            out.print_json(result.to_json())
+        else:
+            out.print_json(data={**result.to_dict(), "ledger": ledger_diag.to_dict()})
         return
+    if ledger_diag is not None:
+        d = ledger_diag.divergence
+        out.print("Collective ledger: " + rich_escape(d.summary), style="bold red" if d.kind != "none" else "bold green",
+                  highlight=False)
+        for p in ledger_diag.problems:
+            console.print(f"[yellow]ledger:[/] {rich_escape(p)}", highlight=False)
     table = Table(title="Where each rank is blocked")
     for col in ("rank", "state", "blocked in", "via", "call site", "caller chain"):
         table.add_column(col, overflow="fold")

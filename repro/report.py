@@ -65,8 +65,22 @@ def stacks_details(stacks_dir: Path) -> list[str]:
     return out or ["(no stacks were captured: no stall was detected)"]
 
 
+def diagnosis_lines(analysis: Any, ledger_diag: Any = None, timeline: Optional[str] = "timeline.svg") -> list[str]:
+    """The "Diagnosis" section: the ledger's first divergence (sentence, aligned table, timeline) when a ledger
+    was recorded, then the stack analysis' summary and per-rank table (the fallback without a ledger)."""
+    out: list[str] = []
+    if ledger_diag is not None:
+        out += ledger_diag.markdown_lines(timeline)
+    if getattr(analysis, "summary", None):
+        out += [("**Stacks:** " if ledger_diag is not None else "") + str(analysis.summary), ""]
+        out += rank_table(analysis) + [""]
+    if not out:
+        return []
+    return ["## Diagnosis", ""] + out
+
+
 def write_report(p: Any, opts: Any, variant: Any, evd: Any, verdict: Any, analysis: Any, state: Any, rank_pids: dict,
-                 checks: Sequence[Any], timings: dict) -> Path:
+                 checks: Sequence[Any], timings: dict, ledger_diag: Any = None) -> Path:
     """Write ``REPORT.md`` into ``evd`` (the run's evidence folder) and return its path.
 
     Args:
@@ -74,17 +88,18 @@ def write_report(p: Any, opts: Any, variant: Any, evd: Any, verdict: Any, analys
         analysis: ``repro.analysis.Analysis`` of the deciding (or last) capture, or None when none was taken.
         state: the driver's final ``DriverState`` (None when no burst was sent).
         checks: ``repro.verdict.InjectionCheck`` per injection; ``timings`` seconds by phase.
+        ledger_diag: ``repro.ledger.LedgerDiagnosis`` of the run (None: no ledger recorded); the Diagnosis
+            section comes first after the verdict line and links ``timeline.svg`` when that file exists.
     """
     ranks = sorted(rank_pids) or list(range(p.spec.tp_size))
     env = read_json(evd.file("env.json")) or {}
     lines = [f"# {verdict.verdict} — {p.scenario.name} / {variant.name}", ""]
+    timeline = "timeline.svg" if evd.file("timeline.svg").exists() else None
+    lines += diagnosis_lines(analysis, ledger_diag, timeline)
     lines += [f"**Reason:** {verdict.reason}", ""]
     if p.scenario.mirrors or p.scenario.description:
         lines += [f"Scenario mirrors {p.scenario.mirrors or '-'}: {p.scenario.description.strip()}", ""]
     lines += [f"Variant `{variant.name}` expects **{variant.expect}**. {variant.description.strip()}", ""]
-    if getattr(analysis, "summary", None):
-        lines += ["## Diagnosis", "", str(analysis.summary), ""]
-        lines += rank_table(analysis) + [""]
     for n in getattr(verdict, "notes", ()):
         lines.append(f"- {n}")
     if getattr(verdict, "notes", ()):

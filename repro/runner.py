@@ -515,6 +515,27 @@ def _save_procs(evd: ev.EvidenceDir, server: Any) -> None:
         pass
 
 
+def _ledger_evidence(evd: ev.EvidenceDir, rank_pids: dict[int, int]) -> Any:
+    """Align the rank processes' collective ledgers (``repro.ledger``); write ``ledger.json`` and ``timeline.svg``.
+
+    Returns the ``LedgerDiagnosis`` or None when no ledger was recorded (or it could not be read: the error goes
+    into ``ledger.json``, the report falls back to the stack analysis).
+    """
+    from repro.ledger import diagnose
+    from repro.timeline import render_timeline
+
+    try:
+        diag = diagnose(evd.injector_dir, list(rank_pids.values()) or None)
+    except Exception as e:  # a broken ledger must not cost the verdict
+        evd.write_json("ledger.json", {"error": f"{type(e).__name__}: {e}"})
+        return None
+    if diag is None:
+        return None
+    evd.write_json("ledger.json", diag.to_dict())
+    evd.write_text("timeline.svg", render_timeline(diag.ledgers, diag.divergence))
+    return diag
+
+
 def _finish_evidence(p: Prepared, opts: RunOptions, variant: Variant, evd: ev.EvidenceDir, outcome: Outcome,
                      rank_pids: dict[int, int], interrupted: bool) -> None:
     """Write analysis.json, env.json, REPORT.md and, last and atomically, verdict.json into ``evd``."""
@@ -523,6 +544,7 @@ def _finish_evidence(p: Prepared, opts: RunOptions, variant: Variant, evd: ev.Ev
     verdict, analysis = outcome.verdict, outcome.analysis
     if analysis is not None:
         evd.write_json("analysis.json", analysis.to_dict())
+    ledger_diag = _ledger_evidence(evd, rank_pids)
     evd.write_json("env.json", _versions(p.evidence.injector_dir, p.python))
     checks: list = []
     if rank_pids:
@@ -530,7 +552,8 @@ def _finish_evidence(p: Prepared, opts: RunOptions, variant: Variant, evd: ev.Ev
             _, _, checks, _ = _injection_checks(p.evidence.injector_dir, variant, rank_pids)
         except Exception:
             checks = []
-    write_report(p, opts, variant, evd, verdict, analysis, outcome.state, rank_pids, checks, outcome.timings)
+    write_report(p, opts, variant, evd, verdict, analysis, outcome.state, rank_pids, checks, outcome.timings,
+                 ledger_diag=ledger_diag)
     evd.write_json(
         "verdict.json",
         {

@@ -142,3 +142,77 @@ def test_file_without_header_is_not_a_ledger(tmp_path: Path):
     with pytest.raises(LedgerError, match="no header"):
         read_ledger_files([tmp_path / "ledger-5.jsonl"])
     assert load_ledgers(tmp_path) == {}
+
+
+def test_stack_analysis_names_the_injected_site_and_ignores_ledger_wrappers():
+    from repro.analysis import analyze
+    from repro.stacks import RankCapture, parse_pyspy_text
+
+    text = ("Process 1: sglang::scheduler_TP0\n\nThread 1 (idle): \"MainThread\"\n"
+            "    all_reduce (torch/distributed/distributed_c10d.py:3913)\n"
+            "    _exception_logger.<locals>.wrapper (torch/distributed/c10d_logger.py:83)\n"
+            "    repro_ledger[torch.distributed.all_reduce] (repro_injector/_ledger.py:300)\n"
+            "    Site._collective (repro_injector/_runtime.py:245)\n"
+            "    Site.run (repro_injector/_runtime.py:265)\n"
+            "    repro_injected[Scheduler.run_batch] (repro_injector/_runtime.py:534)\n"
+            "    Scheduler.event_loop_normal (scheduler.py:2048)\n"
+            "    repro_tick[Scheduler.get_next_batch_to_run] (repro_injector/_ledger.py:250)\n")
+    text1 = ("Process 2: sglang::scheduler_TP1\n\nThread 1 (idle): \"MainThread\"\n"
+             "    all_reduce (torch/distributed/distributed_c10d.py:3913)\n"
+             "    repro_ledger[torch.distributed.all_reduce] (repro_injector/_ledger.py:300)\n"
+             "    GroupCoordinator.all_reduce (sglang/srt/distributed/parallel_state.py:700)\n"
+             "    repro_ledger[GroupCoordinator.all_reduce] (repro_injector/_ledger.py:400)\n"
+             "    VocabParallelEmbedding.forward (sglang/srt/layers/vocab_parallel_embedding.py:480)\n")
+    caps = []
+    for rank, t in ((0, text), (1, text1)):
+        d = parse_pyspy_text(t)[0]
+        caps.append(RankCapture(rank=rank, pid=d.pid, label=f"rank{rank}", ok=True, method="file", text=t,
+                                threads=d.threads, title=d.title))
+    a = analyze(caps)
+    r0, r1 = a.ranks
+    assert r0.injected and r0.injected_site == "Scheduler.run_batch"
+    assert r0.caller_chain[:2] == ["[injected at Scheduler.run_batch]", "Scheduler.event_loop_normal"]
+    assert r0.where().startswith("the injected all_reduce at Scheduler.run_batch ← Scheduler.event_loop_normal")
+    assert not r1.injected and r1.via == "GroupCoordinator" and r1.caller_chain[0] == "VocabParallelEmbedding.forward"
+    assert "rank 0 is in the injected all_reduce at Scheduler.run_batch" in a.summary
+
+
+def test_timeline_svg_marks_the_divergence_and_is_valid_xml():
+    import xml.etree.ElementTree as ET
+
+    from repro.timeline import render_timeline
+
+    extra = rec(0, "1", 4, "all_reduce", red="MAX", shapes=((1,),), dtypes=("int32",), site=("m:check",), open_=True,
+                t=10.0, inj="x")
+    r1 = rec(1, "2", 4, "all_reduce", red="SUM", shapes=((4, 64),), dtypes=("float32",), site=("m:fwd",), open_=True,
+             t=10.1)
+    leds = {0: ledger(0, healthy(0) + [extra]), 1: ledger(1, healthy(1) + [r1])}
+    d = align(leds)
+    svg = render_timeline(leds, d)
+    root = ET.fromstring(svg)
+    assert root.tag.endswith("svg")
+    assert "first divergence: missing at tp/cpu #4" in svg and "never entered tp/cpu #4" in svg
+    assert svg.count('stroke="#b30000"') == 2  # rank 0's injected all_reduce and rank 1's wait
+    assert "AR*" in svg and "tp/device" in svg
+
+
+def test_report_diagnosis_section_comes_first_with_the_ledger_sentence_table_and_timeline():
+    from repro.ledger import LedgerDiagnosis, check_consistent, per_tick_counts
+    from repro.report import diagnosis_lines
+
+    extra = rec(0, "1", 4, "all_reduce", red="MAX", shapes=((1,),), dtypes=("int32",), site=("m:check", "m:loop"),
+                open_=True, t=10.0)
+    r1 = rec(1, "2", 4, "all_reduce", red="SUM", shapes=((4, 64),), dtypes=("float32",), site=("m:fwd",), open_=True,
+             t=10.1)
+    leds = {0: ledger(0, healthy(0) + [extra]), 1: ledger(1, healthy(1) + [r1])}
+    diag = LedgerDiagnosis(leds, align(leds), per_tick_counts(leds), check_consistent(leds))
+    lines = diagnosis_lines(None, diag, "timeline.svg")
+    text = "\n".join(lines)
+    assert lines[0] == "## Diagnosis"
+    assert "**Collective ledger:** rank 0 entered all_reduce #4 on the TP CPU group from check ← loop; rank 1 never " \
+           "did and waits in all_reduce #4 on the TP device group from fwd." in text
+    assert "| 0 | #4 | all_reduce | MAX | [(1,)] | int32 | check ← loop | 1 | blocked (never left) |" in text
+    assert "| 1 | - | - | - | - | - | never entered; waits in all_reduce #4 on tp/device from fwd | - | - |" in text
+    assert "![per-rank collective timeline](timeline.svg)" in text
+    d = diag.to_dict()
+    assert d["divergence"]["kind"] == "missing" and d["records_per_group"]["tp/cpu"] == {"0": 4, "1": 3}

@@ -87,8 +87,9 @@ COORDINATOR_METHODS = {
 }
 DEFAULT_COORDINATORS = ("sglang.srt.distributed.parallel_state:GroupCoordinator",)
 ALIAS_PREFIXES = ("sglang.",)
-# Modules whose frames are the communication layers (never a call site).
+# Modules whose frames are never a call site: the communication layers, context-manager and nn.Module plumbing.
 COMM_MODULE_PREFIXES = ("torch.distributed", "sglang.srt.distributed", "repro_injector", "torch.utils._contextlib",
+                        "torch.nn.modules.module",
                         "contextlib")
 
 _wall = time.time

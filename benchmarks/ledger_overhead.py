@@ -1,0 +1,109 @@
+"""Added cost per collective of the collective ledger (goal: <= 10 us per collective).
+
+One process, a world-size-1 gloo group (the collective itself is as cheap as gloo gets, so the ledger's share is
+not hidden in network time). Timings, each the median of ``--repeats`` runs of ``--calls`` calls:
+
+- baseline: ``torch.distributed.all_reduce`` on a 1-element tensor, no ledger;
+- ledger: the same call with the ledger installed (record queued, frames walked for the call site, exit queued;
+  the writer thread serialises in the background, outside the calling thread);
+- coordinator: a GroupCoordinator-shaped method that calls ``torch.distributed.all_reduce`` on its group, with the
+  ledger recording the outer call once (nested rule) vs the same method unpatched.
+
+Reported per call in microseconds: wall and the calling thread's CPU time (``time.thread_time``). Disabled
+ledger = nothing patched: cost zero by construction (the plan key is read once at activation).
+
+Usage: ``python benchmarks/ledger_overhead.py [--calls 5000] [--repeats 7]`` with an interpreter that has torch
+(the CPU testbed's venv python).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "injectors"))
+
+
+class GroupCoordinator:
+    def __init__(self, dist, pg) -> None:
+        self.dist = dist
+        self.device_group = self.cpu_group = pg
+        self.world_size = 2  # the ledger skips world_size == 1 coordinators (no communication); pretend TP=2
+        self.group_name = "tp"
+
+    def all_reduce(self, t):
+        self.dist.all_reduce(t, group=self.device_group)
+        return t
+
+
+def scheduler_tick(fn, t, calls: int) -> None:
+    for _ in range(calls):
+        fn(t)
+
+
+def _run(fn, t, calls: int, repeats: int) -> tuple[float, float]:
+    walls, cpus = [], []
+    for _ in range(repeats):
+        w0, c0 = time.perf_counter(), time.thread_time()
+        scheduler_tick(fn, t, calls)
+        walls.append((time.perf_counter() - w0) / calls)
+        cpus.append((time.thread_time() - c0) / calls)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=5000)
+    ap.add_argument("--repeats", type=int, default=7)
+    args = ap.parse_args()
+    import torch
+    import torch.distributed as dist
+
+    tmp = Path(tempfile.mkdtemp(prefix="ledger-bench-"))
+    dist.init_process_group("gloo", init_method=f"file://{tmp / 'init'}", rank=0, world_size=1)
+    t = torch.ones(1)
+    pg = dist.new_group(backend="gloo")
+    coord = GroupCoordinator(dist, pg)
+    raw_ar = lambda x: dist.all_reduce(x)  # noqa: E731  (looks dist.all_reduce up at call time, like sglang)
+    base = _run(raw_ar, t, args.calls, args.repeats)
+    base_c = _run(coord.all_reduce, t, args.calls, args.repeats)
+
+    out = tmp / "out"
+    out.mkdir()
+    plan = {"version": 1, "scenario": "bench", "variant": "v", "out_dir": str(out), "arm_file": str(tmp / "arm"),
+            "injections": [], "ledger": {"enabled": True, "max_records": 10_000_000, "tick_function": "",
+                                         "coordinators": ["__main__:GroupCoordinator"]}}
+    (tmp / "plan.json").write_text(json.dumps(plan))
+    os.environ["REPRO_PLAN"] = str(tmp / "plan.json")
+    from repro_injector import _runtime
+
+    rt = _runtime.activate()
+    assert rt is not None and rt.ledger is not None, "ledger not active"
+    rt.ledger._patch_coordinator(sys.modules["__main__"], "GroupCoordinator")
+    led = _run(raw_ar, t, args.calls, args.repeats)
+    led_c = _run(coord.all_reduce, t, args.calls, args.repeats)
+    w0 = time.perf_counter()
+    rt.ledger.drain()
+    drain_s = time.perf_counter() - w0
+    n = rt.ledger.total
+    rows = [("dist.all_reduce (1 float, world 1)", base, led), ("GroupCoordinator.all_reduce (nested)", base_c, led_c)]
+    print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {args.calls} calls x {args.repeats} repeats")
+    print("| call | baseline wall us | ledger wall us | added wall us | baseline CPU us | ledger CPU us | added CPU us |")
+    print("|---|---|---|---|---|---|---|")
+    for name, b, l in rows:
+        print(f"| {name} | {b[0]*1e6:.1f} | {l[0]*1e6:.1f} | {(l[0]-b[0])*1e6:.1f} | {b[1]*1e6:.1f} | {l[1]*1e6:.1f} | "
+              f"{(l[1]-b[1])*1e6:.1f} |")
+    print(f"records written: {n}; final drain of the remaining queue {drain_s*1e3:.1f} ms; file "
+          f"{sum(f.stat().st_size for f in out.glob('ledger-*.jsonl')) / max(n, 1):.0f} bytes per record")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

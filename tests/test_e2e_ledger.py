@@ -1,0 +1,71 @@
+"""The collective ledger end to end on real SGLang TP=2 (CPU testbed): one server, driven by
+``repro.runner.run_many`` through the smoke scenario's ``control`` variant (healthy: the ledgers must agree) and
+then its ``extra_collective`` variant (deadlock: REPORT.md's Diagnosis must name the injected collective as the
+first divergence, with the rank, the group and both call sites). Marked ``hang``: it hangs real rank processes
+and owns its server; the run tears the tree down and the test checks nothing of it is left.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from repro.evidence import read_json
+from repro.ledger import check_consistent, load_ledgers
+from repro.procs import alive, load_procs
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = REPO / "scenarios" / "sglang" / "smoke_extra_allreduce.toml"
+
+
+@pytest.mark.hang
+def test_control_ledgers_agree_and_the_smoke_deadlock_report_names_the_injected_collective(tmp_path):
+    from repro.runner import RunOptions, run_many
+
+    names = ["control", "extra_collective"]
+    results = dict(zip(names, run_many(RunOptions(scenario_path=SMOKE, evidence_root=tmp_path), names)))
+    session = Path(read_json(results["control"].evidence / "session.json")["session"])
+    procs = load_procs(session / "processes.json")
+    assert procs and not [p for p in procs if alive(p)], "server processes left running"
+
+    # control: > 0 records per rank and per group, equal totals and op sequences, nothing dropped
+    control = results["control"]
+    assert control.verdict.verdict == "ALL REQUESTS SUCCEEDED", control.verdict.reason
+    pids = [int(v) for v in read_json(control.evidence / "session.json")["rank_pids"].values()]
+    leds = load_ledgers(control.evidence / "injector", pids)
+    assert sorted(leds) == [0, 1]
+    assert check_consistent(leds) == []
+    for led in leds.values():
+        assert led.dropped == 0 and led.records
+        labels = {led.groups[r.group].label for r in led.records}
+        assert {"tp:0/cpu", "tp:0/device"} <= labels
+        assert any(r.op == "all_reduce" and r.api == "GroupCoordinator.all_reduce" for r in led.records)
+        assert any(r.site and r.site[0] == "sglang.srt.utils.common:broadcast_pyobj" for r in led.records)
+        assert max(r.tick for r in led.records) > 0
+    ledger_json = read_json(control.evidence / "ledger.json")
+    assert ledger_json["divergence"]["kind"] == "none" and ledger_json["consistency_problems"] == []
+    for group, per_rank in ledger_json["records_per_group"].items():
+        assert set(per_rank) == {"0", "1"} and all(n > 0 for n in per_rank.values()), group
+
+    # the deadlock: the injected all_reduce on the TP CPU group, rank 0 only; rank 1 waits in the model's all_reduce
+    dead = results["extra_collective"]
+    assert dead.verdict.verdict == "DEADLOCKED", dead.verdict.reason
+    div = read_json(dead.evidence / "ledger.json")["divergence"]
+    assert div["kind"] == "missing" and div["group_label"] == "tp:0/cpu" and div["missing"] == [1]
+    r0 = div["entered"]["0"]
+    assert r0["op"] == "all_reduce" and r0["inj"] == "extra_allreduce_before_run_batch" and r0["t_exit"] is None
+    assert r0["site"][0] == "sglang.srt.managers.scheduler:Scheduler.run_batch"
+    w1 = div["waits"]["1"]
+    assert w1["op"] == "all_reduce" and w1["site"][0].endswith("VocabParallelEmbedding.forward")
+    report = (dead.evidence / "REPORT.md").read_text()
+    lines = report.splitlines()
+    assert lines[0].startswith("# DEADLOCKED") and lines[2] == "## Diagnosis"
+    sentence = next(l for l in lines if l.startswith("**Collective ledger:**"))
+    assert "rank 0 entered the injected all_reduce #" in sentence and "on the TP CPU group from Scheduler.run_batch" in sentence
+    assert "rank 1 never did and waits in all_reduce #" in sentence and "on the TP device group from " \
+        "VocabParallelEmbedding.forward" in sentence
+    assert "![per-rank collective timeline](timeline.svg)" in report
+    svg = (dead.evidence / "timeline.svg").read_text()
+    assert ET.fromstring(svg).tag.endswith("svg") and "first divergence: missing at tp:0/cpu" in svg
