@@ -141,6 +141,7 @@ class Skip(_Strict):
 
     kind: Literal["skip"]
     value: Any = None
+    return_arg: Optional[int] = Field(None, ge=0, description="return this positional argument instead of value (0 = self for methods): a skipped in-place collective hands back its input")
 
 
 class ReturnValue(_Strict):

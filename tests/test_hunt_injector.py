@@ -84,3 +84,17 @@ def test_return_value_offset_drifts_the_original_result(tmp_path: Path) -> None:
     plan = _plan(tmp_path, {"kind": "return_value", "value": None, "call_original": True, "offset": -1})
     out = _run(tmp_path, plan, "import hunt_target as t\nprint(repr(t.Pool().free()), repr(t.Pool().free()))\n")
     assert out.split() == ["6", "6"]  # every call (occurrence every), int stays int
+
+
+def test_skip_with_return_arg_hands_back_the_argument_without_calling_the_original(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, {"kind": "skip", "value": None, "return_arg": 1})
+    (tmp_path / "hunt_target.py").write_text(textwrap.dedent(TARGET) + textwrap.dedent("""
+        class Coord:
+            def all_reduce(self, t):
+                raise AssertionError("the original must not run")
+        """))
+    plan_data = json.loads(plan.read_text())
+    plan_data["injections"][0]["site"]["alternatives"] = ["hunt_target:Coord.all_reduce"]
+    plan.write_text(json.dumps(plan_data))
+    out = _run(tmp_path, plan, "import hunt_target as t\nx = [1]\nprint(t.Coord().all_reduce(x) is x)\n")
+    assert out.split() == ["True"]

@@ -270,8 +270,8 @@ class Site:
         else:
             raise ValueError(f"{self.id}: unknown collective op {op!r}")
 
-    def run(self, self_obj: Any, call: Callable[[], Any]) -> Any:
-        """Run the action around ``call`` (which calls the original)."""
+    def run(self, self_obj: Any, call: Callable[[], Any], args: tuple = ()) -> Any:
+        """Run the action around ``call`` (which calls the original); ``args``: the call's positional arguments."""
         kind = self.kind
         a = self.action
         if kind == "extra_collective":
@@ -282,6 +282,8 @@ class Site:
             self._collective(self_obj)
             return call()
         if kind == "skip":
+            if a.get("return_arg") is not None:  # a skipped in-place collective hands back its (unreduced) input
+                return args[int(a["return_arg"])]
             return copy.deepcopy(a.get("value"))
         if kind == "return_value":
             if a.get("offset") is not None:  # drift: the original's result plus a number (e.g. -1, +3600 s)
@@ -584,7 +586,7 @@ class Runtime:
                      caller=site.gate.last_caller or _gate.frame_name(caller), stack=_gate.caller_chain(caller))
             t0 = _monotonic()
             try:
-                res = site.run(self_obj, lambda: orig(*args, **kwargs))
+                res = site.run(self_obj, lambda: orig(*args, **kwargs), args)
             except BaseException as e:
                 rt.event("fire_done", id=inj_id, duration_s=_monotonic() - t0, error=f"{type(e).__name__}: {e}")
                 raise
