@@ -617,7 +617,8 @@ def hunt(
     only: Optional[List[str]] = typer.Option(None, "--only", help="decision point(s) to hunt (repeatable; default: the whole catalogue)"),
     perturbation: Optional[List[str]] = typer.Option(None, "--perturbation", help="perturbation(s) to try (repeatable; default: all that apply)"),
     rank: Optional[List[int]] = typer.Option(None, "--rank", help="rank(s) to perturb, one at a time (repeatable; default: every rank)"),
-    sites: bool = typer.Option(False, "--sites", help="also skip/duplicate every collective call site the ledger saw (needs the ledger)"),
+    sites: bool = typer.Option(False, "--sites", help="also skip once / add one extra collective at every collective call site the ledger saw in the baseline burst (each hangs by construction: a restart per trial)"),
+    sites_matching: Optional[List[str]] = typer.Option(None, "--sites-matching", help="with --sites: only call sites whose frames match this glob (repeatable), e.g. '*check_hicache_events'"),
     catalogue: Optional[Path] = typer.Option(None, "--catalogue", help="hunt catalogue TOML (default: scenarios/sglang/hunt_catalogue.toml)"),
     ref: str = typer.Option("installed", "--ref", help="code to hunt in: installed | patch:FILE | git:PATH@REV | python:PATH (as in compare)"),
     python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: as `repro run`)"),
@@ -641,7 +642,8 @@ def hunt(
     _sigterm_to_interrupt()
     opts = HuntOptions(scenario_path=scenario, catalogue_path=catalogue or DEFAULT_CATALOGUE, only=tuple(only or ()),
                        perturbations=tuple(perturbation or ()), ranks=tuple(rank or ()), budget_min=budget_min,
-                       evidence_root=evidence_dir, python=python, ref=ref, sites=sites, confirm=confirm,
+                       evidence_root=evidence_dir, python=python, ref=ref, sites=sites,
+                       sites_matching=tuple(sites_matching or ()), confirm=confirm,
                        requests=requests_, command_line=shlex.join(["repro", *sys.argv[1:]]))
     prog = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[left]}"), console=console, transient=True, disable=as_json)

@@ -98,6 +98,28 @@ class KnownIssue:
 
 
 @dataclass(frozen=True)
+class SiteApi:
+    """How to perturb collectives the ledger names ``<prefix>.<method>`` (``--sites``).
+
+    ``owner``: where the API lives (``module:Class`` or a module); ``skip``: the skip action (e.g. hand back the
+    in-place input); ``extra_group``: attribute of ``self`` holding the group for an extra collective (None: no
+    extra, e.g. module functions have no ``self``).
+    """
+
+    prefix: str
+    owner: str
+    skip: dict
+    extra_group: Optional[str] = None
+
+    def site_of(self, api: str) -> Optional[str]:
+        """``GroupCoordinator.all_reduce`` → ``sglang…parallel_state:GroupCoordinator.all_reduce``; None if not ours."""
+        if not api.startswith(self.prefix + "."):
+            return None
+        method = api[len(self.prefix) + 1:]
+        return f"{self.owner}.{method}" if ":" in self.owner else f"{self.owner}:{method}"
+
+
+@dataclass(frozen=True)
 class Catalogue:
     """The adapter's hunt catalogue (see ``scenarios/sglang/hunt_catalogue.toml``)."""
 
@@ -109,6 +131,7 @@ class Catalogue:
     named: tuple[NamedCollective, ...] = ()
     known: tuple[KnownIssue, ...] = ()
     crash_forward_functions: tuple[str, ...] = ()
+    site_apis: tuple[SiteApi, ...] = ()
 
     def point(self, name: str) -> DecisionPoint:
         for p in self.points:
@@ -177,8 +200,17 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
     cl = data.get("classify") or {}
     named = tuple(NamedCollective(_tuple(n.get("frames")), str(n.get("name", ""))) for n in cl.get("named") or [])
     known = tuple(KnownIssue(str(k.get("issue", "")), _tuple(k.get("frames"))) for k in data.get("known") or [])
+    apis = []
+    for prefix, spec in ((data.get("sites") or {}).get("apis") or {}).items():
+        if not isinstance(spec, dict) or not spec.get("owner") or not isinstance(spec.get("skip"), dict):
+            raise HuntError(f"{p}: sites.apis.{prefix}: expected owner = 'module:Class' and skip = {{ kind = \"skip\", … }}")
+        try:
+            Injection.model_validate({"id": "check", "site": "m:f", "action": spec["skip"]})
+        except ValidationError as e:
+            raise HuntError(f"{p}: sites.apis.{prefix}.skip is not a valid injection action: {e.errors()[0]['msg']}") from None
+        apis.append(SiteApi(prefix, str(spec["owner"]), dict(spec["skip"]), spec.get("extra_group")))
     return Catalogue(p, tuple(points), perts, _tuple(cl.get("forward_frames")), _tuple(cl.get("idle_frames")), named, known,
-                     _tuple(cl.get("crash_forward_functions")))
+                     _tuple(cl.get("crash_forward_functions")), tuple(apis))
 
 
 # ---------------------------------------------------------------------------------------------------------- rows
@@ -201,6 +233,8 @@ class Row:
     loop_var: Optional[str]
     stack: tuple[str, ...] = ()
     ranks: tuple[int, ...] = ()
+    gate_frames: tuple[str, ...] = ()  # --sites rows: the call site's frames (all must match within max_depth)
+    max_depth: int = 1
 
     @property
     def key(self) -> tuple:
@@ -210,6 +244,8 @@ class Row:
     def where(self) -> str:
         """``Scheduler._get_new_batch_prefill_raw, in `for req`'' (short, for tables)."""
         caller = _short(self.caller)
+        if self.gate_frames:
+            return " ← ".join(_short(f) for f in self.gate_frames[:2])
         if not self.loop_var:
             return f"{caller}, outside loops"
         if self.loop_frame == self.caller:
@@ -218,6 +254,9 @@ class Row:
 
     def gate(self, rank: int) -> dict:
         """Scenario gate for this row on one rank: direct caller (and loop frame) named, first matching call only."""
+        if self.gate_frames:
+            return {"called_from": list(self.gate_frames), "max_depth": self.max_depth, "ranks": [rank],
+                    "occurrence": {"mode": "first"}}
         if self.loop_var and self.loop_frame:
             frames = [self.loop_frame] if self.loop_frame == self.caller else [self.loop_frame, self.caller]
             depth = 1 if self.loop_frame == self.caller else 3
@@ -272,6 +311,54 @@ def rows_from_seen(catalogue: Catalogue, seen: Sequence[dict], probe_points: dic
     order = {p.name: i for i, p in enumerate(catalogue.points)}
     out = [Row(k[0], k[1], k[2], k[3], v["stack"], tuple(sorted(v["ranks"]))) for k, v in rows.items()]
     return sorted(out, key=lambda r: order[r.point])  # stable: first sighting order within a point
+
+
+_EXTRA_OP = {"all_reduce": "all_reduce", "all_gather": "all_gather", "all_gather_into_tensor": "all_gather",
+             "broadcast": "broadcast", "broadcast_object": "broadcast", "barrier": "barrier"}
+
+
+def site_rows(catalogue: Catalogue, records: Sequence[Any], since: float, matching: Sequence[str] = ()) -> tuple[Catalogue, list[Row]]:
+    """``--sites``: one row per collective call site the ledger saw since ``since`` (epoch seconds).
+
+    Args:
+        records: ``repro.ledger.Record`` objects of every rank (``api``, ``op``, ``site``, ``t_enter``, ``inj``, ``rank``).
+        matching: keep only call sites whose frames match one of these globs (default all).
+    Returns:
+        The catalogue extended with one decision point per API (``coll-<api>``, perturbations ``skip_collective``
+        and, where the API has a group on ``self``, ``extra_<op>``) and the rows (gate: the call site's first 3 frames).
+    """
+    import dataclasses
+
+    perts = dict(catalogue.perturbations)
+    points: dict[str, DecisionPoint] = {}
+    rows: dict[tuple, dict] = {}
+    for r in records:
+        if r.inj or r.t_enter < since or not r.site:
+            continue
+        api = next((a for a in catalogue.site_apis if a.site_of(r.api)), None)
+        if api is None:
+            continue
+        frames = tuple(r.site[:3])
+        if matching and not _glob_any(frames, matching):
+            continue
+        name = f"coll-{r.api}"
+        if name not in points:
+            skip_name = f"skip_{api.prefix.replace('.', '_')}"
+            perts.setdefault(skip_name, Perturbation(skip_name, dict(api.skip), f"skips its {r.api} once"))
+            names = [skip_name]
+            op = _EXTRA_OP.get(r.api.rsplit(".", 1)[-1])
+            if api.extra_group and op:
+                extra = f"extra_{op}"
+                perts.setdefault(extra, Perturbation(extra, {"kind": "extra_collective", "op": op, "group": api.extra_group},
+                                                     f"issues one extra {op} before it once"))
+                names.append(extra)
+            points[name] = DecisionPoint(name, (api.site_of(r.api),), f"collective call site ({r.api})", tuple(names))
+        row = rows.setdefault((name, frames), {"ranks": set()})
+        row["ranks"].add(int(r.rank))
+    out = [Row(k[0], k[1][0], None, None, k[1], tuple(sorted(v["ranks"])), gate_frames=k[1], max_depth=12)
+           for k, v in rows.items()]
+    cat = dataclasses.replace(catalogue, points=catalogue.points + tuple(points.values()), perturbations=perts)
+    return cat, out
 
 
 # -------------------------------------------------------------------------------------------------------- trials
@@ -456,6 +543,7 @@ class TrialResult:
     fired: dict = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     confirmed: Optional[bool] = None
+    ledger: str = ""  # the collective ledger's first-divergence sentence (ledger.json), when the run recorded one
 
     @property
     def desync_crash(self) -> bool:
@@ -474,7 +562,7 @@ class TrialResult:
             "scenario_file": str(self.scenario_file) if self.scenario_file else None,
             "entered": {str(k): v for k, v in self.entered.items()}, "matched": {str(k): v for k, v in self.matched.items()},
             "fired": {str(k): v for k, v in self.fired.items()}, "notes": list(self.notes), "confirmed": self.confirmed,
-            "desync_crash": self.desync_crash,
+            "desync_crash": self.desync_crash, "ledger": self.ledger,
             "time": time.time(),
         }
 
@@ -573,6 +661,8 @@ class HuntLog:
             out.append(f"- **[{tag}]** {_md(r.hazard)}{known}{conf}. Evidence: [{_rel(r.evidence, self.folder)}]"
                        f"({_rel(r.evidence, self.folder)}/REPORT.md); scenario: [`{_rel(r.scenario_file, self.folder)}`]"
                        f"({_rel(r.scenario_file, self.folder)})")
+            if r.ledger:
+                out.append(f"  - collective ledger: {_md(r.ledger)}")
         crashes = [r for r in res if r.desync_crash]
         if crashes:
             out += ["", "## Desync crashes (gloo caught the mismatch and aborted a rank)", ""]
@@ -691,7 +781,8 @@ class HuntOptions:
         ranks: ranks to perturb one at a time (default every rank of the TP group).
         budget_min: wall-clock budget in minutes for the whole hunt; trials not started in time are NOT RUN.
         ref: code to hunt in, a ``repro compare`` REF (``installed``, ``patch:FILE``, ``git:PATH@REV``, ``python:PATH``).
-        sites: also perturb every collective call site the ledger saw (needs the ledger).
+        sites: also perturb every collective call site the ledger saw in the baseline burst (skip once, extra once);
+            ``sites_matching``: only call sites whose frames match these globs.
         confirm: re-run each new scheduling/cache finding from its scenario file on a fresh server.
     """
 
@@ -705,6 +796,7 @@ class HuntOptions:
     python: Optional[str] = None
     ref: str = "installed"
     sites: bool = False
+    sites_matching: Sequence[str] = ()
     confirm: bool = False
     requests: Optional[int] = None
     command_line: str = ""
@@ -749,16 +841,18 @@ def read_seen(injector_dir: Path) -> list[dict]:
     return out
 
 
-def _check_sites_option(sites: bool) -> None:
+def _check_sites_option(sites: bool, cat: Catalogue, base: Any) -> None:
     if not sites:
         return
     try:
         import repro.ledger  # noqa: F401
     except ImportError:
         raise HuntError("--sites needs the collective ledger (repro/ledger.py, per-rank ledger-<pid>.jsonl), which this "
-                        "checkout does not have yet; run without --sites (decision points only)") from None
-    raise HuntError("--sites: perturbing the ledger's collective call sites is not implemented yet in repro hunt; run "
-                    "without --sites (decision points only)")
+                        "checkout does not have; run without --sites (decision points only)") from None
+    if not cat.site_apis:
+        raise HuntError(f"--sites: {cat.path} has no [sites.apis] table saying where the ledger's collective APIs live")
+    if not base.ledger:
+        raise HuntError("--sites: the base scenario sets ledger = false; the ledger must record the baseline burst")
 
 
 class _Clock:
@@ -796,7 +890,6 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
         from repro import runner as runner_mod
 
         runner = runner_mod
-    _check_sites_option(opts.sites)
     if opts.budget_min <= 0:
         raise HuntError(f"--budget-min must be > 0 (got {opts.budget_min})")
     try:
@@ -804,14 +897,15 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
     except ScenarioError as e:
         raise HuntError(str(e)) from None
     cat = load_catalogue(opts.catalogue_path)
+    _check_sites_option(opts.sites, cat, base)
     points = [cat.point(n) for n in opts.only] if opts.only else list(cat.points)
     tp = base.server.tp_size
     ranks = list(opts.ranks) if opts.ranks else list(range(tp))
     bad = [r for r in ranks if not 0 <= r < tp]
     if bad:
         raise HuntError(f"--rank {bad}: the base scenario's TP size is {tp}; ranks are 0..{tp - 1}")
-    if opts.perturbations:
-        plan_trials(cat, [], ranks, opts.perturbations)  # validates the names
+    if opts.perturbations and not opts.sites:
+        plan_trials(cat, [], ranks, opts.perturbations)  # validates the names (--sites adds its own after the baseline)
     clock = _Clock(opts.budget_min * 60.0)
     mat = _materialize(opts.ref, opts.python)
     folder = ev.EvidenceDir(opts.evidence_root, base.name, "hunt")
@@ -848,6 +942,7 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
             failed = s0.start()
             if failed is not None:
                 raise HuntError(f"baseline server: {failed.reason} (evidence: {p0.evidence.path})")
+            t_arm = time.time()
             oc = s0.drive(p0.variant, p0.evidence, opts.requests)
         finally:
             s0.stop()
@@ -861,6 +956,14 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
                             f"a hunt needs a healthy base scenario. Evidence: {p0.evidence.path}")
         seen = read_seen(p0.evidence.injector_dir)
         rows = rows_from_seen(cat, seen, probes)
+        if opts.sites:
+            from repro.ledger import load_ledgers
+
+            leds = load_ledgers(p0.evidence.injector_dir, list(s0.rank_pids.values()) or None)
+            cat, srows = site_rows(cat, [r for led in leds.values() for r in led.records], t_arm, opts.sites_matching)
+            if not srows:
+                log.event("sites", note="the ledger saw no collective call site during the baseline burst")
+            rows = rows + srows
         result.rows = rows
         seen_points = {r.point for r in rows}
         log.header["points_not_seen"] = [p.name for p in points if p.name not in seen_points]
@@ -1006,6 +1109,9 @@ def _trial_result(runner: Any, p: Any, base: Any, cat: Catalogue, t: Trial, vari
     hazard = hazard_statement(t, verdict, diag, sum(matched.values()), sum(fired.values()), world)
     tr = TrialResult(t, verdict, v.reason, float(outcome.timings.get("burst_s", outcome.timings.get("to_verdict_s", 0.0))),
                      diag, hazard, run_dir, None, entered, matched, fired, tuple(v.notes))
+    if verdict == DEADLOCKED or tr.desync_crash:
+        led = ev.read_json(run_dir / "ledger.json") or {}
+        tr.ledger = str(((led.get("divergence") or {}) if isinstance(led, dict) else {}).get("summary") or "")
     if verdict == DEADLOCKED:
         f = hunt_folder / "scenarios" / f"{t.name}.toml"
         f.write_text(finding_scenario(base, opts.scenario_path, cat, t, diag), encoding="utf-8")

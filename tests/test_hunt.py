@@ -304,9 +304,47 @@ def test_budget_end_marks_the_rest_not_run(tmp_path: Path, monkeypatch: pytest.M
     assert real_time() > 0
 
 
-def test_sites_option_says_it_needs_the_ledger_or_is_not_there_yet(tmp_path: Path) -> None:
-    with pytest.raises(H.HuntError, match="--sites"):
-        H.hunt(_opts(tmp_path, sites=True), runner=FakeRunner({}))
+def test_sites_option_needs_a_sites_table_in_the_catalogue(tmp_path: Path) -> None:
+    cat = tmp_path / "c.toml"
+    cat.write_text('[perturbations.z]\naction = { kind = "skip" }\n[[points]]\nname = "get_num_allocatable_reqs"\n'
+                   'site = "m:C.f"\nperturbations = ["z"]\n')
+    with pytest.raises(H.HuntError, match=r"--sites: .* has no \[sites.apis\] table"):
+        H.hunt(_opts(tmp_path, sites=True, catalogue_path=cat), runner=FakeRunner({}))
+
+
+def test_site_rows_are_collective_call_sites_seen_during_the_burst_with_skip_and_extra() -> None:
+    from repro.ledger import Record
+
+    cat = H.load_catalogue()
+    cache = ("sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache._all_reduce_attn_groups",
+             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache._all_reduce",
+             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.check_hicache_events")
+    emb = ("sglang.srt.layers.vocab_parallel_embedding:VocabParallelEmbedding.forward", "torch.nn.modules.module:Module._call_impl")
+    recs = [
+        Record(0, "1", 1, "all_reduce", api="torch.distributed.all_reduce", site=cache, t_enter=100.0),
+        Record(1, "1", 1, "all_reduce", api="torch.distributed.all_reduce", site=cache, t_enter=100.0),
+        Record(0, "2", 1, "all_reduce", api="GroupCoordinator.all_reduce", site=emb, t_enter=101.0),
+        Record(0, "2", 2, "all_reduce", api="GroupCoordinator.all_reduce", site=emb, t_enter=50.0),  # start-up
+        Record(0, "1", 2, "all_reduce", api="torch.distributed.all_reduce", site=cache, t_enter=102.0, inj="x"),  # ours
+        Record(0, "3", 1, "send", api="other.send", site=emb, t_enter=101.0),  # an API the catalogue does not place
+    ]
+    cat2, rows = H.site_rows(cat, recs, since=99.0)
+    assert [(r.point, r.ranks) for r in rows] == [("coll-torch.distributed.all_reduce", (0, 1)),
+                                                   ("coll-GroupCoordinator.all_reduce", (0,))]
+    td, gc = rows
+    assert cat2.point(td.point).sites == ("torch.distributed:all_reduce",)
+    assert cat2.point(td.point).perturbations == ("skip_torch_distributed",)  # no self: no extra collective
+    assert cat2.point(gc.point).sites == ("sglang.srt.distributed.parallel_state:GroupCoordinator.all_reduce",)
+    assert cat2.point(gc.point).perturbations == ("skip_GroupCoordinator", "extra_all_reduce")
+    assert cat2.perturbations["skip_GroupCoordinator"].action == {"kind": "skip", "return_arg": 1}
+    assert cat2.perturbations["extra_all_reduce"].action == {"kind": "extra_collective", "op": "all_reduce", "group": "cpu_group"}
+    assert td.gate(1) == {"called_from": list(cache), "max_depth": 12, "ranks": [1], "occurrence": {"mode": "first"}}
+    trials = H.plan_trials(cat2, rows, [0])
+    assert [t.name for t in trials] == ["t001-coll-torch.distributed.all_reduce-skip_torch_distributed-r0",
+                                        "t002-coll-GroupCoordinator.all_reduce-skip_GroupCoordinator-r0",
+                                        "t003-coll-GroupCoordinator.all_reduce-extra_all_reduce-r0"]
+    _, only = H.site_rows(cat, recs, since=99.0, matching=["*check_hicache_events"])
+    assert [r.point for r in only] == ["coll-torch.distributed.all_reduce"]
 
 
 def test_bad_options_fail_before_anything_starts(tmp_path: Path) -> None:
