@@ -649,15 +649,25 @@ class HuntLog:
         out.append("")
         res = sorted(self.results, key=rank_key)
         dl = [r for r in res if r.verdict == DEADLOCKED]
-        out += ["## Deadlocks", ""]
+        found = [r for r in dl if r.confirmed]
+        out += ["## Findings", "",
+                "New deadlocks in a scheduling/cache collective that deadlocked again when their scenario file was run "
+                "on a fresh server (`--confirm`); a finding is only a finding if its scenario file reproduces it.", ""]
+        if not found:
+            out.append("None." if self.status != "running" else "None so far.")
+        for r in found:
+            out.append(f"- {_md(r.hazard)}. Scenario: [`{_rel(r.scenario_file, self.folder)}`]({_rel(r.scenario_file, self.folder)}); "
+                       f"evidence: [{_rel(r.evidence, self.folder)}]({_rel(r.evidence, self.folder)}/REPORT.md)")
+        out += ["", "## Deadlocks", ""]
         if not dl:
             out.append("None so far." if self.status == "running" else "None.")
         for r in dl:
             d = r.diagnosis
             tag = d.family if d else FAMILY_UNCLEAR
-            known = f" — known issue {d.known}" if d and d.known else (" — **not a known issue**" if tag == FAMILY_SCHED else "")
-            conf = {True: " — reproduced again from its scenario file", False: " — NOT reproduced by its scenario file",
-                    None: ""}[r.confirmed]
+            known = f" — known issue {d.known}" if d and d.known else (" — not a known issue" if tag == FAMILY_SCHED else "")
+            conf = {True: " — reproduced again from its scenario file (finding)",
+                    False: " — NOT reproduced by its scenario file (not a finding)",
+                    None: " — candidate: not re-run from its scenario file (use --confirm)" if tag == FAMILY_SCHED and not (d and d.known) else ""}[r.confirmed]
             out.append(f"- **[{tag}]** {_md(r.hazard)}{known}{conf}. Evidence: [{_rel(r.evidence, self.folder)}]"
                        f"({_rel(r.evidence, self.folder)}/REPORT.md); scenario: [`{_rel(r.scenario_file, self.folder)}`]"
                        f"({_rel(r.scenario_file, self.folder)})")

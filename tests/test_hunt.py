@@ -220,6 +220,11 @@ class FakeRunner:
                     (inj / "fires-100.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
                     return real_runner.Outcome(Verdict(INCONCLUSIVE, "probe never entered"), None, st, {"burst_s": 1.0}, True)
                 verdict = next((v for k, v in runner.script.items() if k in variant.name), SUCCEEDED)
+                if verdict == "NEW":  # a deadlock in a scheduling/cache collective no known issue covers
+                    analysis = types.SimpleNamespace(to_dict=lambda: {"ranks": [
+                        _rank(0, "collective", ["UnifiedRadixCache.check_hicache_events", "Scheduler.get_next_batch_to_run"]),
+                        _rank(1, "idle-wait", ["Scheduler.recv_requests"])]})
+                    return real_runner.Outcome(Verdict(DEADLOCKED, "ranks disagree"), analysis, st, {"burst_s": 12.0}, False)
                 if verdict == DEADLOCKED:
                     analysis = types.SimpleNamespace(to_dict=lambda: {"ranks": [
                         _rank(0, "collective", ["LlamaModel.forward"]),
@@ -234,6 +239,11 @@ class FakeRunner:
         variant = scen.variant(opts.variant if not variants else variants[0])
         evd = ev.EvidenceDir(opts.evidence_root, scen.name, opts.label or label_default or variant.name)
         return types.SimpleNamespace(scenario=scen, variant=variant, evidence=evd, python="py", plan={})
+
+    def run(self, opts: Any, observe: Any = None) -> Any:
+        self.confirm_runs = getattr(self, "confirm_runs", []) + [Path(opts.scenario_path)]
+        load_scenario(opts.scenario_path)  # the finding's scenario file must be loadable
+        return types.SimpleNamespace(verdict=Verdict(DEADLOCKED, "again"), evidence=Path(opts.evidence_root) / "confirm")
 
     def _versions(self, injector_dir: Path, python: str) -> dict:
         return {"sglang": "0.5.23", "torch": "2.14.1", "python": "3.11"}
@@ -398,3 +408,15 @@ def test_a_desync_gloo_caught_is_a_crash_in_the_forward_not_a_success() -> None:
     r = H.TrialResult(t, INCONCLUSIVE, "requests errored", diagnosis=d)
     assert r.desync_crash and H.rank_key(r) < H.rank_key(H.TrialResult(t, SUCCEEDED, "ok"))
     assert "gloo aborted a rank" in H.hazard_statement(t, INCONCLUSIVE, d, 1, 1, 2)
+
+
+def test_confirm_reruns_only_new_scheduling_findings_and_lists_them_as_findings(tmp_path: Path) -> None:
+    fr = FakeRunner({"t001-": DEADLOCKED, "t002-": "NEW"})
+    res = H.hunt(_opts(tmp_path, confirm=True), runner=fr)
+    known, new = res.results[0], res.results[1]
+    assert known.diagnosis.known == "sglang#30760" and known.confirmed is None  # known issues are not re-run
+    assert new.diagnosis.family == H.FAMILY_SCHED and new.diagnosis.known is None and new.confirmed is True
+    assert fr.confirm_runs == [new.scenario_file]
+    md = (res.folder / "HUNT.md").read_text()
+    findings = md.split("## Findings", 1)[1].split("## Deadlocks", 1)[0]
+    assert new.trial.name in findings and known.trial.name not in findings
