@@ -12,8 +12,13 @@ not hidden in network time). Timings, each the median of ``--repeats`` runs of `
 Reported per call in microseconds: wall and the calling thread's CPU time (``time.thread_time``). Disabled
 ledger = nothing patched: cost zero by construction (the plan key is read once at activation).
 
-Usage: ``python benchmarks/ledger_overhead.py [--calls 5000] [--repeats 7]`` with an interpreter that has torch
-(the CPU testbed's venv python).
+``--hang-latency N``: instead, N times, start the 2-rank gloo job ``tests/gloo_programs/ledger_sched.py --mode
+extra`` (rank 0 enters an all_reduce its peer never joins, and blocks), poll rank 0's ledger file every 2 ms and
+report how long after the record's enter time it was on disk (the writer thread flushes every 50 ms while the
+rank is blocked in gloo). Both ranks are ended by process group.
+
+Usage: ``python benchmarks/ledger_overhead.py [--calls 5000] [--repeats 7] [--hang-latency 5]`` with an
+interpreter that has torch (the CPU testbed's venv python).
 """
 
 from __future__ import annotations
@@ -58,11 +63,55 @@ def _run(fn, t, calls: int, repeats: int) -> tuple[float, float]:
     return statistics.median(walls), statistics.median(cpus)
 
 
+def hang_latency(n: int) -> None:
+    import signal
+    import subprocess
+
+    prog = REPO / "tests" / "gloo_programs" / "ledger_sched.py"
+    lat = []
+    for _ in range(n):
+        tmp = Path(tempfile.mkdtemp(prefix="ledger-hang-"))
+        out = tmp / "out"
+        out.mkdir()
+        plan = {"version": 1, "scenario": "bench", "variant": "v", "out_dir": str(out), "arm_file": str(tmp / "arm"),
+                "injections": [], "ledger": {"enabled": True, "max_records": 1000,
+                                             "tick_function": "ledger_sched:Scheduler.get_next_batch_to_run",
+                                             "coordinators": ["ledger_sched:GroupCoordinator"]}}
+        (tmp / "plan.json").write_text(json.dumps(plan))
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "REPRO_PLAN")}
+        env.update(PYTHONPATH=str(REPO / "injectors"), REPRO_PLAN=str(tmp / "plan.json"), OMP_NUM_THREADS="1")
+        procs = [subprocess.Popen([sys.executable, str(prog), str(r), "2", str(tmp / "init"), str(out), "--mode", "extra",
+                                   "--ticks", "3", "--lifetime-s", "60"], env=env, start_new_session=True,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for r in range(2)]
+        try:
+            deadline = time.time() + 60
+            seen = None
+            while time.time() < deadline and seen is None:
+                for f in out.glob("ledger-*.jsonl"):
+                    for line in f.read_text().splitlines():
+                        if '"red":"MAX"' in line and '"e":"enter"' in line:
+                            seen = time.time() - json.loads(line)["t"]
+                time.sleep(0.002)
+            if seen is not None:
+                lat.append(seen)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    print(f"hung record on disk after (ms, {len(lat)}/{n} runs): " + ", ".join(f"{x * 1e3:.0f}" for x in lat)
+          + (f"; median {statistics.median(lat) * 1e3:.0f}, max {max(lat) * 1e3:.0f}" if lat else ""))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=5000)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--hang-latency", type=int, default=0)
     args = ap.parse_args()
+    if args.hang_latency:
+        hang_latency(args.hang_latency)
+        return
     import torch
     import torch.distributed as dist
 

@@ -10,8 +10,8 @@ the ranks disagree:
 
 - ``missing``: some ranks of the group entered sequence N, others never did and are blocked in another
   collective (their oldest record entered and not left, on any group, reported beside it). When a missing rank is
-  not blocked in any collective (idle between ticks, or still on its way) the sequence is *in flight*, not a
-  divergence: a healthy idle server looks like that.
+  not blocked in any collective (idle between ticks, or still on its way), or is still in an earlier sequence
+  number of the same group, the sequence is *in flight*, not a divergence: a healthy idle server looks like that.
 - ``mismatch``: all ranks entered N but with different op / reduce op / shapes / dtypes; the culprit is the rank(s)
   outside the majority (gloo pairs some of these, so they complete with wrong values instead of hanging).
 
@@ -332,8 +332,9 @@ def align(ledgers: dict[int, RankLedger]) -> Divergence:
         for n in range(lo, hi + 1):
             at = {r: seqs[r][n] for r in members if n in seqs[r]}
             miss = tuple(r for r in members if r not in at)
-            if miss and any(r not in waits_all for r in miss):
-                break  # in flight: a missing rank is not blocked in any collective (idle, or on its way): no desync
+            if miss and any(r not in waits_all or (waits_all[r].group == key and waits_all[r].seq < n) for r in miss):
+                break  # in flight: a missing rank is not blocked in any collective (idle, or on its way), or is
+                # still in an earlier collective of this group (its exit not yet written): no desync
             if miss:
                 culprits = tuple(sorted(at)) if len(at) < len(miss) else miss
                 found.append(Divergence(kind="missing", group=info, seq=n, entered=at, missing=miss, culprits=culprits,

@@ -90,6 +90,14 @@ def test_idle_rank_between_ticks_is_in_flight_not_a_divergence():
     assert align(leds).kind == "none"
 
 
+def test_rank_still_in_an_earlier_collective_of_the_group_is_in_flight():
+    # rank 0's exit of broadcast #3 is not written yet while rank 1 already entered #4
+    r0 = healthy(0)
+    r0[-2] = rec(0, "1", 3, tick=3, open_=True)
+    leds = {0: ledger(0, r0), 1: ledger(1, healthy(1) + [rec(1, "1", 4, open_=True)])}
+    assert align(leds).kind == "none"
+
+
 def test_reduce_op_mismatch_names_the_culprit_of_three():
     recs = {r: healthy(r) + [rec(r, "3", 1, "all_reduce", red="MIN" if r == 2 else "MAX", shapes=((1,),),
                                  dtypes=("int32",), site=("m:check",))] for r in range(3)}

@@ -110,9 +110,13 @@ def test_hung_injected_collective_is_on_disk_while_blocked_and_is_the_first_dive
     try:
         _wait_for(lambda: all((tmp_path / "out" / f"ready-{r}").exists() for r in (0, 1)), "both ranks ready")
 
-        def hung():
+        last: list = [None]
+
+        def hung():  # both ranks blocked and the files unchanged over one poll (no write in flight)
             leds = load_ledgers(tmp_path / "out")
-            return leds if len(leds) == 2 and all(l.open_records() for l in leds.values()) else None
+            key = [(r, len(l.records), len(l.open_records())) for r, l in sorted(leds.items())]
+            stable, last[0] = key == last[0], key
+            return leds if stable and len(leds) == 2 and all(l.open_records() for l in leds.values()) else None
 
         leds = _wait_for(hung, "both ranks' open records on disk")
         assert all(p.poll() is None for p in procs)  # still blocked: the writer thread flushed during the collective
@@ -152,3 +156,20 @@ def test_rotation_keeps_the_newest_records_and_says_how_many_were_dropped(torch_
         assert led.records[-1].tick == 30
     assert align(leds).kind == "none"
     assert any("dropped" in p for p in check_consistent(leds))
+
+
+def test_coordinator_call_that_never_reaches_torch_is_on_disk_while_it_blocks(torch_python: str, tmp_path: Path):
+    procs = _start(torch_python, tmp_path, _plan(tmp_path), "bypass-hang", ticks=3)
+    try:
+        def blocked():
+            leds = load_ledgers(tmp_path / "out")
+            r0 = leds.get(0)
+            return r0 if r0 is not None and any(r.bypass for r in r0.open_records()) else None
+
+        r0 = _wait_for(blocked, "rank 0's pending coordinator record on disk")
+        assert procs[0].poll() is None
+        rec = next(r for r in r0.open_records() if r.bypass)
+        assert rec.op == "barrier" and rec.api == "GroupCoordinator.barrier" and r0.groups[rec.group].label == "tp/cpu"
+        assert rec.site[0] == "ledger_sched:main" and rec.tick == 3
+    finally:
+        _end(procs)

@@ -18,10 +18,11 @@ Where collectives are recorded (checked against sglang 0.5.23 and torch 2.14):
   ``reduce_scatter``, ``reduce_scatter_tensor``, ``broadcast_object``, ``broadcast_object_list``,
   ``all_gather_object``, ``broadcast_tensor_dict``, ``barrier``, ``gather`` — those present): the outer call is the
   record; the torch-level call it makes is not counted again (thread-local depth) but names the record's process
-  group, wire op, reduce op and tensors. A coordinator call that reaches no torch.distributed function (pynccl,
-  custom all-reduce, shm all-reduce, message-queue broadcaster) is recorded when it returns, on the coordinator's
-  ``device_group`` (``cpu_group`` for the object ops and barrier), with ``"bypass": true``: such a call that hangs
-  is visible in the stacks only. ``GroupCoordinator.__init__`` is wrapped to name its groups (``tp/cpu``,
+  group, wire op, reduce op and tensors. A coordinator call that reaches no torch.distributed function within
+  ``PENDING_AFTER_S`` (pynccl, custom all-reduce, shm all-reduce, message-queue broadcaster; sglang #36802) is
+  written by the writer thread (or at its return, if sooner) on the coordinator's ``device_group`` (``cpu_group``
+  for the object ops and barrier), with ``"bypass": true`` and op = the coordinator method's name, so a hang
+  inside pynccl is on disk too. ``GroupCoordinator.__init__`` is wrapped to name its groups (``tp/cpu``,
   ``tp/device``).
 - The scheduler tick: each call of the plan's ``tick_function`` increments this process's tick counter; each record
   carries the tick in which it was entered.
@@ -69,6 +70,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 from . import gate as _gate
 
 FLUSH_INTERVAL_S = 0.05
+PENDING_AFTER_S = 0.05  # a coordinator call with no torch.distributed call yet is written after this long
 SITE_FRAMES = 4
 MAX_WALK = 40
 
@@ -105,12 +107,15 @@ ACTION_CODES: set = set()
 
 
 class _Pending:
-    """An outer (coordinator-level) call whose record is written at its first torch-level call."""
+    """An outer (coordinator-level) call whose record is written at its first torch-level call, or by the writer
+    thread once it has waited ``PENDING_AFTER_S`` without one (a pynccl / custom all-reduce call that may hang)."""
 
-    __slots__ = ("api", "coord", "method", "site", "inj", "t", "key", "seq", "bypass_attr")
+    __slots__ = ("api", "coord", "method", "attr", "objs", "tick", "site", "inj", "t", "key", "seq")
 
-    def __init__(self, api: str, coord: Any, method: str, site: Tuple[str, ...], inj: Optional[str], t: float) -> None:
-        self.api, self.coord, self.method, self.site, self.inj, self.t = api, coord, method, site, inj, t
+    def __init__(self, api: str, coord: Any, method: str, attr: str, objs: tuple, tick: int, site: Tuple[str, ...],
+                 inj: Optional[str], t: float) -> None:
+        self.api, self.coord, self.method, self.attr, self.objs, self.tick = api, coord, method, attr, objs, tick
+        self.site, self.inj, self.t = site, inj, t
         self.key: Optional[str] = None
         self.seq = 0
 
@@ -149,6 +154,7 @@ class Ledger:
         self.tick_function: str = spec.get("tick_function") or ""
         self.coordinators: List[str] = list(spec.get("coordinators") or DEFAULT_COORDINATORS)
         self.tick = 0
+        self.pending: Dict[int, _Pending] = {}  # thread ident -> its open coordinator call
         self.q: Deque[tuple] = deque()
         self.lock = threading.Lock()  # sequence numbers and group table
         self.seqs: Dict[str, int] = {}
@@ -418,26 +424,56 @@ class Ledger:
     def _emit_pending(self, p: _Pending, op: str, args: tuple, kwargs: dict, gi: int, ri: int) -> None:
         pg = kwargs.get("group") if "group" in kwargs else (args[gi] if 0 <= gi < len(args) else None)
         key, _ = self._group(pg)
-        p.key = key
-        p.seq = self._next_seq(key)
         red = kwargs.get("op") if "op" in kwargs else (args[ri] if 0 <= ri < len(args) else None)
         if ri >= 0 and red is None:
             red = "SUM"
-        self.q.append(("n", key, p.seq, op, p.api, red, args[:2], p.site, self.tick, p.t, p.inj,
-                       threading.current_thread().name, False))
+        with self.lock:
+            if p.key is not None:  # the writer thread already wrote it (a slow coordinator call)
+                return
+            n = self.seqs.get(key, 0) + 1
+            self.seqs[key] = n
+            p.key, p.seq = key, n
+            self.q.append(("n", key, n, op, p.api, red, args[:2], p.site, p.tick, p.t, p.inj,
+                           threading.current_thread().name, False))
+
+    def _emit_bypass(self, p: _Pending, thread: str) -> None:
+        """Write a coordinator call that has reached no torch.distributed call (yet), on its fallback group."""
+        key, _ = self._group(getattr(p.coord, p.attr, None))
+        with self.lock:
+            if p.key is not None:
+                return
+            n = self.seqs.get(key, 0) + 1
+            self.seqs[key] = n
+            p.key, p.seq = key, n
+            self.q.append(("n", key, n, p.method, p.api, "SUM" if p.method == "all_reduce" else None, p.objs,
+                           p.site, p.tick, p.t, p.inj, thread, True))
+
+    def flush_pending(self, now: Optional[float] = None) -> None:
+        """Writer thread: write coordinator calls open for ``PENDING_AFTER_S`` without a torch-level call."""
+        now = _wall() if now is None else now
+        for ident, p in list(self.pending.items()):
+            if p.key is None and now - p.t >= PENDING_AFTER_S:
+                try:
+                    th = next((t.name for t in threading.enumerate() if t.ident == ident), str(ident))
+                    self._emit_bypass(p, th)
+                except Exception as e:
+                    self.rt.error(f"ledger: {p.api} pending record failed", e)
 
     def _coord_wrapper(self, api: str, meth: str, attr: str, orig: Callable) -> Callable:
         led = self
         tls = _tls
         wall = _wall
+        pending = self.pending
 
         def repro_ledger(coord: Any, *args: Any, **kwargs: Any) -> Any:
             if getattr(tls, "d", 0) or getattr(coord, "world_size", 2) == 1:
                 return orig(coord, *args, **kwargs)
             site, inj = led._site(sys._getframe(1))
-            p = _Pending(api, coord, meth, site, inj, wall())
+            p = _Pending(api, coord, meth, attr, args[:2], led.tick, site, inj, wall())
+            ident = threading.get_ident()
             tls.d = 1
             tls.p = p
+            pending[ident] = p
             err: Optional[str] = None
             try:
                 return orig(coord, *args, **kwargs)
@@ -447,12 +483,10 @@ class Ledger:
             finally:
                 tls.d = 0
                 tls.p = None
+                pending.pop(ident, None)
                 if p.key is None:  # no torch.distributed call: pynccl / custom all-reduce / shm / mq broadcaster
                     try:
-                        key, _ = led._group(getattr(coord, attr, None))
-                        p.key, p.seq = key, led._next_seq(key)
-                        led.q.append(("n", key, p.seq, meth, api, "SUM" if meth == "all_reduce" else None,
-                                      args[:2], site, led.tick, p.t, inj, threading.current_thread().name, True))
+                        led._emit_bypass(p, threading.current_thread().name)
                     except Exception as e:
                         led.rt.error(f"ledger: {api} bypass record failed", e)
                 if p.key is not None:
@@ -544,6 +578,8 @@ class Ledger:
         while True:
             _sleep(FLUSH_INTERVAL_S)
             try:
+                if self.pending:
+                    self.flush_pending()
                 self.drain()
             except Exception as e:
                 self.rt.error("ledger writer", e)

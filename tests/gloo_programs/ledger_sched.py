@@ -16,6 +16,8 @@ Shaped like SGLang 0.5.23's TP scheduler, without SGLang: ``GroupCoordinator`` (
 - ``inject``: like ``extra`` but the extra all_reduce comes from the repro injector at ``Scheduler.run_batch``
   (the plan holds the injection; this program does nothing odd itself).
 - ``mismatch-red``: at tick 2 rank K all_reduces with MIN while the others use SUM; gloo pairs them, the job ends.
+- ``bypass-hang``: rank K calls ``GroupCoordinator.barrier``, which here blocks forever without calling
+  torch.distributed (like a hung pynccl call); the others start the next tick.
 
 Before blocking each rank writes ``OUT_DIR/ready-<rank>``. A daemon thread ends the process after
 ``--lifetime-s``; tests still end every rank by process group.
@@ -47,6 +49,10 @@ class GroupCoordinator:
         else:
             dist.all_reduce(t, op=op, group=self.device_group)
         return t
+
+    def barrier(self) -> None:
+        # stands in for a device communicator (pynccl) call that never returns and never reaches torch.distributed
+        threading.Event().wait()
 
     def all_gather_object(self, obj):
         out = [None] * self.world_size
@@ -112,7 +118,7 @@ def main() -> None:
     p.add_argument("world_size", type=int)
     p.add_argument("init_file")
     p.add_argument("out_dir")
-    p.add_argument("--mode", default="ok", choices=["ok", "extra", "inject", "mismatch-red"])
+    p.add_argument("--mode", default="ok", choices=["ok", "extra", "inject", "mismatch-red", "bypass-hang"])
     p.add_argument("--ticks", type=int, default=5)
     p.add_argument("--odd-rank", type=int, default=0)
     p.add_argument("--lifetime-s", type=float, default=120.0)
@@ -132,6 +138,8 @@ def main() -> None:
         dist.destroy_process_group()
         sys.exit(0)
     _touch(args.out_dir, f"ready-{args.rank}")
+    if args.mode == "bypass-hang" and args.rank == args.odd_rank:
+        s.tp_group.barrier()
     if args.mode == "extra" and args.rank == args.odd_rank:
         check_prefetch_progress(s.tp_cpu_group)
     if args.mode == "inject":
