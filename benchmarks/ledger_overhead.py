@@ -121,8 +121,9 @@ def main() -> None:
     pg = dist.new_group(backend="gloo")
     coord = GroupCoordinator(dist, pg)
     raw_ar = lambda x: dist.all_reduce(x)  # noqa: E731  (looks dist.all_reduce up at call time, like sglang)
-    base = _run(raw_ar, t, args.calls, args.repeats)
-    base_c = _run(coord.all_reduce, t, args.calls, args.repeats)
+    orig_ar = dist.all_reduce
+    orig_coord = GroupCoordinator.all_reduce
+    coord_ar = lambda x: coord.all_reduce(x)  # noqa: E731  (method looked up per call)
 
     out = tmp / "out"
     out.mkdir()
@@ -136,8 +137,21 @@ def main() -> None:
     rt = _runtime.activate()
     assert rt is not None and rt.ledger is not None, "ledger not active"
     rt.ledger._patch_coordinator(sys.modules["__main__"], "GroupCoordinator")
-    led = _run(raw_ar, t, args.calls, args.repeats)
-    led_c = _run(coord.all_reduce, t, args.calls, args.repeats)
+    wrapped_ar, wrapped_coord = dist.all_reduce, GroupCoordinator.all_reduce
+    # interleave unpatched and patched runs so machine load hits both alike
+    res: dict = {k: ([], []) for k in ("base", "led", "base_c", "led_c")}
+    for _ in range(args.repeats):
+        for key, ar, cm, fn in (("base", orig_ar, orig_coord, raw_ar), ("led", wrapped_ar, wrapped_coord, raw_ar),
+                                ("base_c", orig_ar, orig_coord, coord_ar),
+                                ("led_c", wrapped_ar, wrapped_coord, coord_ar)):
+            dist.all_reduce, GroupCoordinator.all_reduce = ar, cm
+            w, c = _run(fn, t, args.calls, 1)
+            res[key][0].append(w)
+            res[key][1].append(c)
+            rt.ledger.drain()  # the writer's work between runs, not inside the next one
+    dist.all_reduce, GroupCoordinator.all_reduce = wrapped_ar, wrapped_coord
+    med = {k: (statistics.median(v[0]), statistics.median(v[1])) for k, v in res.items()}
+    base, led, base_c, led_c = med["base"], med["led"], med["base_c"], med["led_c"]
     w0 = time.perf_counter()
     rt.ledger.drain()
     drain_s = time.perf_counter() - w0
