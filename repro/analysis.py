@@ -293,7 +293,7 @@ def _call_site(frames: list[Frame], start: int, max_chain: int, skip_injector: b
             else:
                 m = _INJECTED_SITE_RE.search(f.function)
                 if m and chain:  # the run's wrapper names the patched site: show that instead
-                    chain[-1] = f"[injected at {m.group(1)}]"
+                    chain[-1] = f"[injected] at {m.group(1)}"
             in_injector = True
             continue
         in_injector = False

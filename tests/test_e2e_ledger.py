@@ -69,3 +69,40 @@ def test_control_ledgers_agree_and_the_smoke_deadlock_report_names_the_injected_
     assert "![per-rank collective timeline](timeline.svg)" in report
     svg = (dead.evidence / "timeline.svg").read_text()
     assert ET.fromstring(svg).tag.endswith("svg") and "first divergence: missing at tp:0/cpu" in svg
+
+
+@pytest.mark.sglang
+def test_ledger_patches_the_installed_sglang_without_a_server(tmp_path):
+    """In the testbed interpreter (no server): GroupCoordinator's methods, the adapter's tick function and the
+    ``from torch.distributed import all_reduce, barrier`` copies in sglang modules are the ledger's wrappers."""
+    import json
+    import os
+    import subprocess
+
+    from repro import testbed
+
+    py = testbed.testbed_python()
+    assert py, "the CPU testbed is not installed (scripts/cpu_testbed/setup.sh)"
+    plan = {"version": 1, "scenario": "t", "variant": "v", "out_dir": str(tmp_path / "out"), "arm_file": str(tmp_path / "arm"),
+            "injections": [], "ledger": {"enabled": True, "max_records": 100,
+                                         "tick_function": "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run"}}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    code = (
+        "import torch.distributed as d\n"
+        "from sglang.srt.distributed.parallel_state import GroupCoordinator as G\n"
+        "import sglang.srt.managers.scheduler as s\n"
+        "import sglang.srt.managers.scheduler_components.request_receiver as rr\n"
+        "print(d.all_reduce.__code__.co_name, G.all_reduce.__code__.co_name, G.broadcast_object.__code__.co_name,\n"
+        "      s.Scheduler.get_next_batch_to_run.__code__.co_name, rr.all_reduce.__code__.co_name,\n"
+        "      rr.barrier.__code__.co_name, s.barrier.__code__.co_name)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env.update(PYTHONPATH=str(REPO / "injectors") + os.pathsep + str(REPO / "scripts" / "cpu_testbed" / "stub"),
+               REPRO_PLAN=str(tmp_path / "plan.json"), SGLANG_USE_CPU_ENGINE="1")
+    r = subprocess.run([str(py), "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == [
+        "repro_ledger[torch.distributed.all_reduce]", "repro_ledger[GroupCoordinator.all_reduce]",
+        "repro_ledger[GroupCoordinator.broadcast_object]", "repro_tick[Scheduler.get_next_batch_to_run]",
+        "repro_ledger[torch.distributed.all_reduce]", "repro_ledger[torch.distributed.barrier]",
+        "repro_ledger[torch.distributed.barrier]"], r.stdout + r.stderr[-2000:]

@@ -179,7 +179,7 @@ def test_stack_analysis_names_the_injected_site_and_ignores_ledger_wrappers():
     a = analyze(caps)
     r0, r1 = a.ranks
     assert r0.injected and r0.injected_site == "Scheduler.run_batch"
-    assert r0.caller_chain[:2] == ["[injected at Scheduler.run_batch]", "Scheduler.event_loop_normal"]
+    assert r0.caller_chain[:2] == ["[injected] at Scheduler.run_batch", "Scheduler.event_loop_normal"]
     assert r0.where().startswith("the injected all_reduce at Scheduler.run_batch ← Scheduler.event_loop_normal")
     assert not r1.injected and r1.via == "GroupCoordinator" and r1.caller_chain[0] == "VocabParallelEmbedding.forward"
     assert "rank 0 is in the injected all_reduce at Scheduler.run_batch" in a.summary
