@@ -55,6 +55,9 @@ def site(tmp_path: Path, installed_sglang: Path) -> Path:
 def _env_with(site: Path) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO)])
+    tmp = site.parent / "tmp"  # the CLI's temp dir (TMPDIR): overlays/worktrees it makes land here, nowhere shared
+    tmp.mkdir(exist_ok=True)
+    env["TMPDIR"] = str(tmp)
     return env
 
 
@@ -67,10 +70,8 @@ def _tree_hash(folder: Path) -> str:
     return h.hexdigest()
 
 
-def _temp_leftovers() -> set[str]:
-    import tempfile
-
-    tmp = Path(tempfile.gettempdir())
+def _leftovers(tmp: Path) -> set[str]:
+    """Overlay/worktree folders in ``tmp`` (a temp dir this test owns: other engineers' runs use the system one)."""
     return {p.name for p in tmp.iterdir() if p.name.startswith((cmp.OVERLAY_PREFIX, cmp.WORKTREE_PREFIX))}
 
 
@@ -189,13 +190,14 @@ def test_overlay_mirrors_the_installed_tree_with_symlinks(on_site: Path) -> None
 def test_a_patch_that_does_not_apply_names_the_hunk(on_site: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad.patch"
     bad.write_text(_break_hunk_2(PATCH.read_text()))
-    left = _temp_leftovers()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     with pytest.raises(CompareError) as e:
-        materialize(parse_ref(f"patch:{bad}"), sys.executable, choose=lambda p: p)
+        materialize(parse_ref(f"patch:{bad}"), sys.executable, choose=lambda p: p, tmp_parent=tmp)
     msg = str(e.value)
     assert "hunk #2 of sglang/srt/managers/scheduler.py failed at line" in msg, msg
     assert "\n" not in msg
-    assert _temp_leftovers() == left
+    assert _leftovers(tmp) == set()
 
 
 # ------------------------------------------------------------------------------------------------ git worktree
@@ -248,14 +250,13 @@ def test_cli_fails_fast_with_one_line_and_starts_no_server(kind: str, site: Path
         after, needle = f"git:{repo}@no-such-rev", "revision 'no-such-rev' not found"
     else:
         after, needle = "hg:somewhere", "unknown REF kind 'hg'"
-    left = _temp_leftovers()
     r = _cli([str(SCENARIO), "--variant", "allocatable_drift", "--before", "installed", "--after", after,
               "--python", sys.executable, "--evidence-dir", str(ev_root)], site, tmp_path)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
     assert not ev_root.exists() or not any(ev_root.rglob("*")), "a run folder was created: something launched"
-    assert _temp_leftovers() == left
+    assert _leftovers(tmp_path / "tmp") == set()
 
 
 # ------------------------------------------------------------------------------------------------ orchestration
@@ -319,14 +320,17 @@ def test_interrupted_compare_removes_overlay_and_worktree(interrupt_on: int, sit
     repo = _git_repo(tmp_path, site)
     monkeypatch.setenv("PYTHONPATH", str(site))
     fake = _FakeRun([DEADLOCKED, SUCCEEDED], interrupt_on=interrupt_on)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     opts = CompareOptions(SCENARIO, before=f"git:{repo}@v0.5.23", after=f"patch:{PATCH}", variant="allocatable_drift",
-                          python=sys.executable, evidence_root=tmp_path / "ev")
+                          python=sys.executable, evidence_root=tmp_path / "ev", tmp_parent=tmp)
     with pytest.raises(KeyboardInterrupt):
         run_compare(opts, run_side=fake)
     made = [Path(p) for _, pre, _ in fake.seen for p in pre]
     assert made and all(exists for _, _, e in fake.seen for exists in e)
     # both REFs were materialised before the first side ran, and both are gone now
     assert not any(Path(p).exists() for p in made)
+    assert _leftovers(tmp) == set() and all(tmp in Path(p).parents for p in made)
     assert not list(tmp_path.glob("ev/*/*compare*"))
     wt = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True).stdout.strip().splitlines()
     assert len(wt) == 1

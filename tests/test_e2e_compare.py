@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from repro.compare import OVERLAY_PREFIX
+from repro.compare import OVERLAY_PREFIX, OWNER_FILE
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = REPO / "scenarios" / "sglang" / "hicache_prefetch_30760.toml"
@@ -26,20 +26,33 @@ TIMEOUT_S = 1500  # seconds for the whole compare (two launches, a stall and a b
 pytestmark = pytest.mark.hang
 
 
-def _overlays() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).iterdir() if p.name.startswith(OVERLAY_PREFIX)}
+def _overlays(owner_pid: int) -> set[str]:
+    """Overlays in the temp dir owned by the harness process ``owner_pid`` (others may run compare/hunt meanwhile)."""
+    out = set()
+    for p in Path(tempfile.gettempdir()).glob(OVERLAY_PREFIX + "*"):
+        try:
+            if json.loads((p / OWNER_FILE).read_text())["pid"] == owner_pid:
+                out.add(p.name)
+        except (OSError, ValueError, KeyError):
+            continue
+    return out
 
 
 def _compare(variant: str, ev_root: Path) -> dict:
-    left = _overlays()
-    r = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "repro.cli", "compare", str(SCENARIO), "--variant", variant, "--before", "installed",
          "--after", f"patch:{PATCH}", "--evidence-dir", str(ev_root), "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S,
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
-    assert _overlays() == left, "the patch overlay was left behind"
-    out = json.loads(r.stdout)
+    try:
+        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()  # SIGTERM = Ctrl-C for the CLI: it tears its server down
+            proc.communicate(timeout=120)
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{stdout[-4000:]}\nstderr:\n{stderr[-4000:]}"
+    assert not _overlays(proc.pid), "the patch overlay was left behind"
+    out = json.loads(stdout)
     assert Path(out["comparison"]).is_file()
     return out
 
@@ -100,3 +113,50 @@ def test_allocatable_drift_deadlocks_before_and_is_harmless_after_the_fix(tmp_pa
     assert drift[0]["fired"] == 1 and drift[1]["fired"] == 0  # the drift still happened
     checks = _counts(after, "count_prefetch_checks")
     assert checks[0]["entered"] == checks[1]["entered"] > 0  # every rank made the same prefetch checks
+
+
+def test_interrupted_compare_tears_down_the_server_and_removes_the_overlay(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    ev_root = tmp_path / "evidence"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "repro.cli", "compare", str(SCENARIO), "--variant", "allocatable_drift",
+         "--before", f"patch:{PATCH}", "--after", "installed", "--evidence-dir", str(ev_root)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 300
+        procs_file = None
+        while time.time() < deadline and proc.poll() is None:  # wait until the before-side server has processes
+            found = list(ev_root.glob("*/*-before/processes.json"))
+            if found:
+                procs_file = found[0]
+                break
+            time.sleep(1)
+        assert procs_file is not None, "the before-side server never started"
+        assert _overlays(proc.pid), "no overlay while the patched side runs"
+        time.sleep(5)
+        recorded = [(p["pid"], p["create_time"]) for p in json.loads(procs_file.read_text())]
+        os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, out[-3000:]
+    assert "interrupted" in out
+    assert not _overlays(proc.pid), "the overlay was left behind after an interrupt"
+    assert recorded
+    still = []
+    for pid, created in recorded:
+        try:
+            q = psutil.Process(pid)
+            if abs(q.create_time() - created) < 1.0 and q.status() != psutil.STATUS_ZOMBIE:
+                still.append(pid)
+        except psutil.Error:
+            pass
+    assert not still, f"server processes left running: {still}"
