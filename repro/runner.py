@@ -268,16 +268,25 @@ class Session:
         p, t0 = self.p, time.time()
         write_arm_file(p.arm_file, [])
         self.observe("launch", {"evidence": str(p.evidence.path)})
-        try:
-            self.server = start_server(p.adapter, p.spec, p.evidence.file("server.log"))
-        except LaunchError as e:
-            return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
-        _save_procs(p.evidence, self.server)
-        self.observe("wait_healthy", {"url": self.server.url, "pid": self.server.pid})
-        try:
-            self.server.wait_healthy(p.scenario.server.startup_timeout_s)
-        except LaunchError as e:
-            return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
+        for attempt in range(1, PORT_RACE_ATTEMPTS + 1):
+            try:
+                self.server = start_server(p.adapter, p.spec, p.evidence.file("server.log"))
+            except LaunchError as e:
+                return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
+            _save_procs(p.evidence, self.server)
+            self.observe("wait_healthy", {"url": self.server.url, "pid": self.server.pid})
+            try:
+                self.server.wait_healthy(p.scenario.server.startup_timeout_s)
+                break
+            except LaunchError as e:
+                raced = _lost_port_race(e, self.server) and p.spec.port == 0 and p.spec.nccl_port == 0
+                self.server.stop()
+                self.server = None
+                if not raced or attempt == PORT_RACE_ATTEMPTS:
+                    return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
+                # A free port picked at launch was taken before the server bound it (gloo's ephemeral ports, another
+                # server starting): start again on new ports; the log keeps both attempts.
+                self.observe("relaunch", {"attempt": attempt + 1, "why": "port taken during start-up (EADDRINUSE)"})
         self.healthy_s = time.time() - t0
         self.rank_pids = self.server.rank_pids()
         _save_procs(p.evidence, self.server)
@@ -504,6 +513,15 @@ def _snapshot_session(p: Prepared, run_dir: ev.EvidenceDir) -> None:
         src = p.evidence.file(name)
         if src.exists():
             shutil.copyfile(src, run_dir.file(name))
+
+
+PORT_RACE_ATTEMPTS = 3
+
+
+def _lost_port_race(err: Exception, server: Any) -> bool:
+    """True when start-up failed because a port picked as free was taken meanwhile (EADDRINUSE in the log)."""
+    text = f"{err} {getattr(err, 'log_tail', '')} {server.log_tail(40) if server is not None else ''}"
+    return "EADDRINUSE" in text or "address already in use" in text.lower()
 
 
 def _save_procs(evd: ev.EvidenceDir, server: Any) -> None:
