@@ -1,0 +1,80 @@
+"""Session start-up: a port picked as free but taken before the server bound it is retried on new ports.
+
+Uses a small stand-in server program (not SGLang): the first launch dies with the EADDRINUSE error torch prints,
+the second serves /health; the session must come up healthy on the second attempt, and a start-up failure of any
+other kind must not be retried.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+from repro import evidence as ev
+from repro.runner import Prepared, Session
+from repro.scenario import load_scenario
+from repro.targets.base import LaunchSpec
+from repro.targets.sglang import SGLangAdapter
+
+REPO = Path(__file__).resolve().parent.parent
+
+SERVER = textwrap.dedent('''
+    import http.server, pathlib, sys
+    port, counter, mode = int(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
+    n = int(counter.read_text()) + 1 if counter.exists() else 1
+    counter.write_text(str(n))
+    if n == 1:
+        print("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. "
+              "port: 40177, code: -98, name: EADDRINUSE" if mode == "race" else "ValueError: bad model config", flush=True)
+        sys.exit(1)
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *a): pass
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+''')
+
+
+class _StandIn(SGLangAdapter):
+    def __init__(self, script: Path, counter: Path, mode: str):
+        self.argv = [sys.executable, str(script), "{port}", str(counter), mode]
+
+    def launch_command(self, spec: LaunchSpec) -> list[str]:
+        return [a.format(port=spec.port) for a in self.argv]
+
+    def rank_pids(self, procs):
+        return {0: procs[0].pid}
+
+
+def _prepared(tmp_path: Path, mode: str) -> tuple[Prepared, Path]:
+    script, counter = tmp_path / "server.py", tmp_path / "attempts"
+    script.write_text(SERVER)
+    scen = load_scenario(REPO / "scenarios" / "sglang" / "checker_selftest.toml")
+    evd = ev.EvidenceDir(tmp_path / "evidence", scen.name, "session")
+    spec = LaunchSpec(python=sys.executable, model="unused", tp_size=1)
+    p = Prepared(scen, scen.variants[0], evd, {"faulthandler_signal": "SIGUSR2"}, spec, _StandIn(script, counter, mode),
+                 sys.executable, False, evd.path / "ARM")
+    return p, counter
+
+
+def test_port_race_at_start_up_is_retried_on_new_ports(tmp_path):
+    p, counter = _prepared(tmp_path, "race")
+    session = Session(p)
+    try:
+        assert session.start() is None
+        assert counter.read_text() == "2" and session.rank_pids == {0: session.server.pid}
+        assert p.evidence.file("server.log").read_text().count("# repro launch:") == 2  # both attempts kept
+    finally:
+        session.stop()
+
+
+def test_other_start_up_failures_are_not_retried(tmp_path):
+    p, counter = _prepared(tmp_path, "other")
+    session = Session(p)
+    try:
+        failed = session.start()
+        assert failed is not None and failed.verdict == "INCONCLUSIVE" and "server failed to start" in failed.reason
+        assert counter.read_text() == "1"
+    finally:
+        session.stop()
