@@ -34,8 +34,10 @@ GRACE_S = 120.0  # seconds the interrupted hunt may take to tear its server down
 def left_behind(root: Path) -> list[str]:
     """Processes whose command line or environment mentions ``root`` (the plan path lives under it)."""
     out = []
+    me = psutil.Process()
+    skip = {me.pid, *(a.pid for a in me.parents())}  # this script and whatever started it (its command names root)
     for proc in psutil.process_iter(["pid", "cmdline"]):
-        if proc.pid == os.getpid():
+        if proc.pid in skip:
             continue
         try:
             text = " ".join(proc.info["cmdline"] or [])

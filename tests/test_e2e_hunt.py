@@ -29,7 +29,11 @@ pytestmark = pytest.mark.hang
 def _left_behind(root: Path) -> list[str]:
     """Processes whose command line or environment mentions the test's evidence root (the plan path lives there)."""
     left = []
+    me = psutil.Process()
+    skip = {me.pid, *(a.pid for a in me.parents())}
     for proc in psutil.process_iter(["pid", "cmdline"]):
+        if proc.pid in skip:
+            continue
         try:
             text = " ".join(proc.info["cmdline"] or [])
             if str(root) in text or any(str(root) in v for v in proc.environ().values()):
