@@ -62,11 +62,17 @@ class HuntError(Exception):
 # ----------------------------------------------------------------------------------------------------- catalogue
 @dataclass(frozen=True)
 class Perturbation:
-    """A way to perturb a decision point once: ``action`` is a scenario injection action (``repro.scenario``)."""
+    """A way to perturb a decision point once: ``action`` is a scenario injection action (``repro.scenario``).
+
+    ``by_construction``: the perturbation itself removes or adds a collective on one rank (skipping a function that
+    issues one, an extra collective): a deadlock then shows the engine does not tolerate it, not that the engine can
+    get there by itself; such deadlocks are never listed as findings or candidates.
+    """
 
     name: str
     action: dict
     says: str
+    by_construction: bool = False
 
 
 @dataclass(frozen=True)
@@ -174,7 +180,7 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
             Injection.model_validate({"id": "check", "site": "m:f", "action": spec["action"]})
         except ValidationError as e:
             raise HuntError(f"{p}: perturbations.{name}.action is not a valid injection action: {e.errors()[0]['msg']}") from None
-        perts[name] = Perturbation(name, dict(spec["action"]), str(spec.get("says", name)))
+        perts[name] = Perturbation(name, dict(spec["action"]), str(spec.get("says", name)), bool(spec.get("by_construction", False)))
     points = []
     for i, spec in enumerate(data.get("points") or []):
         where = f"{p}: points[{i}]"
@@ -344,13 +350,13 @@ def site_rows(catalogue: Catalogue, records: Sequence[Any], since: float, matchi
         name = f"coll-{r.api}"
         if name not in points:
             skip_name = f"skip_{api.prefix.replace('.', '_')}"
-            perts.setdefault(skip_name, Perturbation(skip_name, dict(api.skip), f"skips its {r.api} once"))
+            perts.setdefault(skip_name, Perturbation(skip_name, dict(api.skip), f"skips its {r.api} once", True))
             names = [skip_name]
             op = _EXTRA_OP.get(r.api.rsplit(".", 1)[-1])
             if api.extra_group and op:
                 extra = f"extra_{op}"
                 perts.setdefault(extra, Perturbation(extra, {"kind": "extra_collective", "op": op, "group": api.extra_group},
-                                                     f"issues one extra {op} before it once"))
+                                                     f"issues one extra {op} before it once", True))
                 names.append(extra)
             points[name] = DecisionPoint(name, (api.site_of(r.api),), f"collective call site ({r.api})", tuple(names))
         row = rows.setdefault((name, frames), {"ranks": set()})
@@ -510,7 +516,8 @@ def hazard_statement(trial: Trial, verdict: str, diag: Optional[Diagnosis], matc
         kind = "a scheduling/cache collective" if diag.family == FAMILY_SCHED else (
             "the model's own forward collective" if diag.family == FAMILY_FORWARD else "a collective")
         known = f" (known: {diag.known})" if diag.known else ""
-        return f"{head} → {diag.collective}: {who} → deadlock in {kind}{known}"
+        bc = " (by construction: the perturbation itself removes/adds a collective)" if t.perturbation.by_construction else ""
+        return f"{head} → {diag.collective}: {who} → deadlock in {kind}{known}{bc}"
     if verdict == SUCCEEDED:
         return f"{head} → tolerated: every request answered, ranks stayed in step"
     if diag is not None and diag.collective.startswith("gloo size mismatch"):
@@ -555,7 +562,7 @@ class TrialResult:
         return {
             "n": t.n, "trial": t.name, "point": t.row.point, "caller": t.row.caller, "loop_frame": t.row.loop_frame,
             "loop_var": t.row.loop_var, "row": t.row.where, "perturbation": t.perturbation.name, "rank": t.rank,
-            "action": t.perturbation.action, "verdict": self.verdict, "reason": self.reason,
+            "action": t.perturbation.action, "by_construction": t.perturbation.by_construction, "verdict": self.verdict, "reason": self.reason,
             "to_verdict_s": round(self.to_verdict_s, 2),
             "diagnosis": asdict(self.diagnosis) if self.diagnosis else None, "hazard": self.hazard,
             "evidence": str(self.evidence) if self.evidence else None,
@@ -572,7 +579,7 @@ def rank_key(r: TrialResult) -> tuple:
     d = r.diagnosis
     if r.verdict == DEADLOCKED:
         fam = 0 if d and d.family == FAMILY_SCHED else (1 if d and d.family == FAMILY_FORWARD else 2)
-        return (0, fam, 1 if d and d.known else 0, r.trial.n)
+        return (0, fam, (2 if r.trial.perturbation.by_construction else (1 if d and d.known else 0)), r.trial.n)
     if r.desync_crash:
         return (1, 0 if d and d.family == FAMILY_SCHED else 1, 0, r.trial.n)
     order = {INCONCLUSIVE: 2, SUCCEEDED: 3, NOT_RUN: 4}
@@ -667,7 +674,8 @@ class HuntLog:
             known = f" — known issue {d.known}" if d and d.known else (" — not a known issue" if tag == FAMILY_SCHED else "")
             conf = {True: " — reproduced again from its scenario file (finding)",
                     False: " — NOT reproduced by its scenario file (not a finding)",
-                    None: " — candidate: not re-run from its scenario file (use --confirm)" if tag == FAMILY_SCHED and not (d and d.known) else ""}[r.confirmed]
+                    None: " — by construction (not a candidate)" if r.trial.perturbation.by_construction else (
+                        " — candidate: not re-run from its scenario file (use --confirm)" if tag == FAMILY_SCHED and not (d and d.known) else "")}[r.confirmed]
             out.append(f"- **[{tag}]** {_md(r.hazard)}{known}{conf}. Evidence: [{_rel(r.evidence, self.folder)}]"
                        f"({_rel(r.evidence, self.folder)}/REPORT.md); scenario: [`{_rel(r.scenario_file, self.folder)}`]"
                        f"({_rel(r.scenario_file, self.folder)})")
@@ -1134,7 +1142,8 @@ def _confirm(runner: Any, log: HuntLog, python: Optional[str], prepend: tuple, o
     """Re-run each new scheduling/cache finding from its scenario file on a fresh server (a finding must reproduce)."""
     for r in list(log.results):
         d = r.diagnosis
-        if r.verdict != DEADLOCKED or r.scenario_file is None or not d or d.family != FAMILY_SCHED or d.known:
+        if (r.verdict != DEADLOCKED or r.scenario_file is None or not d or d.family != FAMILY_SCHED or d.known
+                or r.trial.perturbation.by_construction):
             continue
         if clock.remaining <= 0:
             break
