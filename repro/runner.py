@@ -8,10 +8,7 @@ marked ``interrupted`` when the run does not finish. It renders nothing: progres
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import platform
-import shlex
 import shutil
 import sys
 import time
@@ -19,27 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-import psutil
-
 from repro import evidence as ev
 from repro.driver import BurstDriver, DriverState, make_prompts
 from repro.scenario import Scenario, Variant, compile_plan, load_scenario, PLAN_ENV
-from repro.verdict import (
-    DEADLOCKED,
-    INCONCLUSIVE,
-    SUCCEEDED,
-    InjectionCheck,
-    StallJudgement,
-    Verdict,
-    exit_code_for,
-    judge_completion,
-    judge_stall,
-)
+from repro.verdict import DEADLOCKED, INCONCLUSIVE, InjectionCheck, Verdict, exit_code_for, judge_completion
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 INJECTORS_DIR = REPO_ROOT / "injectors"
 ARM_FILE_NAME = "ARM"
-CONFIRM_GAP_S = 1.0  # seconds between the first capture and the confirming one
 POLL_S = 0.2
 
 
@@ -182,17 +166,6 @@ def write_arm_file(arm_file: Path, injection_ids: Sequence[str]) -> None:
     ev.write_text_atomic(Path(arm_file), head + "".join(f"{i}\n" for i in injection_ids))
 
 
-def _cpu_times(pids: dict[int, int]) -> dict[int, float]:
-    out = {}
-    for rank, pid in pids.items():
-        try:
-            t = psutil.Process(pid).cpu_times()
-            out[rank] = t.user + t.system
-        except psutil.Error:
-            pass
-    return out
-
-
 def _versions(injector_dir: Path, python: str) -> dict:
     from repro import injection_records
 
@@ -323,8 +296,7 @@ class Session:
         Raises:
             KeyboardInterrupt: passed through (the caller tears down); the driver is abandoned first.
         """
-        from repro.analysis import analyze
-        from repro.capture import capture_ranks, frames_unchanged
+        from repro.checker import check_stall
 
         p, server, rank_pids = self.p, self.server, self.rank_pids
         scenario, burst = p.scenario, p.scenario.burst
@@ -364,16 +336,10 @@ class Session:
                 captures += 1
                 tag = f"-{captures}"
                 self.observe("capture", {"n": captures, "stalled_s": stalled})
-                kw = dict(native=native, injector_dir=p.evidence.injector_dir, fallback_signal=p.plan["faulthandler_signal"])
-                cpu0, c0t = _cpu_times(rank_pids), time.time()
-                first = capture_ranks(rank_pids, run_dir.stacks_dir, tag=tag, **kw)
-                time.sleep(CONFIRM_GAP_S)
-                second = capture_ranks(rank_pids, run_dir.stacks_dir, tag=tag + "b", **kw)
-                cpu1, c1t = _cpu_times(rank_pids), time.time()
-                cpu_pct = {k: 100.0 * (cpu1[k] - cpu0[k]) / max(1e-3, c1t - c0t) for k in cpu0 if k in cpu1}
-                a1, a2 = analyze(first), analyze(second)
+                chk = check_stall(rank_pids, run_dir.stacks_dir, expected, tag=tag, native=native,
+                                  injector_dir=p.evidence.injector_dir, fallback_signal=p.plan["faulthandler_signal"])
+                cpu_pct, a2, j = chk.cpu_percent, chk.second_analysis, chk.judgement
                 last_analysis = a2
-                j: StallJudgement = judge_stall(a1, a2, frames_unchanged(first, second), cpu_pct, expected)
                 last_capture_t = time.time()
                 stall_history.append(
                     {"capture": captures, "tag": tag, "stalled_s": round(stalled, 2), "deadlocked": j.deadlocked,

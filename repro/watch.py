@@ -754,9 +754,7 @@ class Watcher:
     def handle_hang(self) -> HangOutcome:
         """Capture ×2, analyse, write the evidence folder, then run ``on_hang``. Never raises for I/O problems:
         they are logged (``evidence_error`` names the path) and the watch goes on."""
-        from repro.analysis import analyze, frames_unchanged
-        from repro.capture import capture_ranks
-        from repro.verdict import judge_stall
+        from repro.checker import check_stall
 
         o = self.opts
         t_decl = time.time()
@@ -783,7 +781,6 @@ class Watcher:
         self._write_all(evd, writes, errors)
         metrics = self._fetch_metrics(evd, errors)
         t_cap = time.time()
-        first = second = None
         a1 = a2 = None
         judgement = None
         verdict, reason = INCONCLUSIVE, ""
@@ -792,15 +789,10 @@ class Watcher:
             reason = f"hung without deadlock evidence: no rank process found to capture ({disc.note})"
         else:
             try:
-                cpu0, c0 = _cpu_times(rank_pids), time.time()
-                first = capture_ranks(rank_pids, stacks_dir, timeout_s=o.capture_timeout_s, native=o.native, tag="")
-                time.sleep(o.confirm_gap_s)  # not cut short by a stop request: the confirmation needs the gap
-                second = capture_ranks(rank_pids, stacks_dir, timeout_s=o.capture_timeout_s, native=o.native, tag="-2")
-                cpu1, c1 = _cpu_times(rank_pids), time.time()
-                cpu_pct = {k: 100.0 * (cpu1[k] - cpu0[k]) / max(1e-3, c1 - c0) for k in cpu0 if k in cpu1}
-                a1, a2 = analyze(first), analyze(second)
-                expected = list(range(max(rank_pids) + 1))
-                judgement = judge_stall(a1, a2, frames_unchanged(first, second), cpu_pct, expected)
+                # the confirm gap is not cut short by a stop request: the confirmation needs it
+                chk = check_stall(rank_pids, stacks_dir, list(range(max(rank_pids) + 1)), tag="", second_tag="-2",
+                                  confirm_gap_s=o.confirm_gap_s, timeout_s=o.capture_timeout_s, native=o.native)
+                a1, a2, judgement = chk.first_analysis, chk.second_analysis, chk.judgement
                 if judgement.deadlocked:
                     verdict, reason = DEADLOCKED, judgement.reason
                 else:
@@ -972,17 +964,6 @@ class Watcher:
                 return
             except subprocess.TimeoutExpired:
                 continue
-
-
-def _cpu_times(pids: dict[int, int]) -> dict[int, float]:
-    out = {}
-    for rank, pid in pids.items():
-        try:
-            t = psutil.Process(pid).cpu_times()
-            out[rank] = t.user + t.system
-        except psutil.Error:
-            pass
-    return out
 
 
 # ------------------------------------------------------------------------------------------------------------
