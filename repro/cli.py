@@ -105,8 +105,6 @@ class _Progress:
 
 
 def _render_result(res, as_json: bool) -> None:
-    from repro.report import rank_table  # noqa: F401  (keeps the table logic in one place for markdown)
-
     if as_json:
         out.print_json(json.dumps({
             "verdict": res.verdict.verdict, "reason": res.verdict.reason, "notes": list(res.verdict.notes),
