@@ -25,7 +25,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -646,7 +645,8 @@ class HuntLog:
         """HUNT.md: header, findings (scheduling/cache deadlocks first), the full trial table, the rows."""
         h = self.header
         out = ["# repro hunt", ""]
-        for k in ("scenario", "catalogue", "ref", "sglang", "torch", "python", "ranks", "budget_min", "command"):
+        for k in ("scenario", "catalogue", "ref", "sglang", "torch", "python", "ranks", "budget_min", "command",
+                  "interrupted_during"):
             if h.get(k) not in (None, ""):
                 out.append(f"- **{k}**: {_md(h[k])}")
         done = [r for r in self.results if r.verdict != NOT_RUN]
@@ -1077,7 +1077,13 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
             log_path = p.evidence.file("server.log")
             log_off = log_path.stat().st_size if log_path.exists() else 0
             t0 = time.time()
-            outcome = session.drive(variant, run_dir, opts.requests)
+            try:
+                outcome = session.drive(variant, run_dir, opts.requests)
+            except KeyboardInterrupt:
+                run_dir.set_status("interrupted")
+                log.event("interrupted_during", trial=t.name, evidence=str(run_dir.path))
+                log.header["interrupted_during"] = f"{t.name} (partial evidence: {run_dir.path})"
+                raise
             outcome.timings["to_verdict_s"] = time.time() - t0
             runner._snapshot_session(p, run_dir)
             runner._finish_evidence(p, ro, variant, run_dir, outcome, session.rank_pids, False)

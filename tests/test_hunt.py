@@ -297,7 +297,8 @@ def test_interrupted_hunt_keeps_what_it_found_and_stops_the_server(tmp_path: Pat
     trials = [x for x in _lines(folder) if x["event"] == "trial"]
     assert [t["verdict"] for t in trials] == [DEADLOCKED, SUCCEEDED]
     assert _lines(folder)[-1] == {**_lines(folder)[-1], "event": "end", "status": "interrupted"}
-    assert "status**: interrupted" in (folder / "HUNT.md").read_text()
+    md = (folder / "HUNT.md").read_text()
+    assert "status**: interrupted" in md and "interrupted_during**: t003-" in md
     assert all(not s.running for s in fr.sessions)
     assert json.loads((folder / "run.json").read_text())["status"] == "interrupted"
 
