@@ -494,6 +494,7 @@ class SideResult:
     versions: dict
     command: str
     fires: tuple[tuple[Optional[int], str, str, Optional[bool]], ...] = ()  # (rank, injection id, caller, completed)
+    ledger: dict = field(default_factory=dict)  # rank -> ledger_summary() of that rank (empty: no ledger)
 
 
 @dataclass(frozen=True)
@@ -654,12 +655,52 @@ def side_result(side: str, m: Materialized, expect: str, res: Any, variant: Any,
         ranks.setdefault(r.rank, {})
     facts = tuple(RankFacts(k, ranks[k], *where.get(k, ("", "", ()))) for k in sorted(ranks))
     versions = ev.read_json(evdir / "env.json") or {}
+    ledger = ledger_summary(evdir)
     return SideResult(
         side=side, ref=m.ref.text, description=m.description, expect=expect, verdict=verdict, reason=res.verdict.reason,
         notes=tuple(res.verdict.notes), matched=EXPECT_WORDS[expect] == verdict, evidence=evdir,
         timings=dict(res.timings or {}), requests_ok=res.requests_ok, requests_total=res.requests_total, ranks=facts,
         injections=injections, versions=versions if isinstance(versions, dict) else {}, command=command, fires=fires,
+        ledger=ledger,
     )
+
+
+LEDGER_SITE_FRAMES = 4  # caller frames shown per collective call site
+LEDGER_TOP_SITES = 4
+
+
+def ledger_summary(evidence: Path) -> dict:
+    """Per rank, what the collective ledger recorded in one run (``{}`` when the run has no ledger).
+
+    Returns:
+        rank -> ``{"collectives": n, "ticks": ticks spanned, "per_tick_mean": x, "per_tick_max": m,
+        "sites": [[group, call site, count], ...] (most frequent first), "dropped": n}``; ticks are scheduler
+        ticks as the ledger numbered them (``repro.ledger.per_tick_counts``).
+    """
+    try:
+        from collections import Counter
+
+        from repro.ledger import load_ledgers, per_tick_counts
+
+        verdict = ev.read_json(Path(evidence) / "verdict.json") or {}
+        pids = [int(v) for v in (verdict.get("rank_pids") or {}).values()] or None
+        ledgers = load_ledgers(evidence, pids)
+        counts = per_tick_counts(ledgers)
+    except Exception:
+        return {}
+    out: dict = {}
+    for rank, led in sorted(ledgers.items()):
+        ticks = [r.tick for r in led.records]
+        span = (max(ticks) - min(ticks) + 1) if ticks else 0
+        per = list(counts.get(rank, {}).values())
+        sites = Counter((led.groups[r.group].short() if r.group in led.groups else r.group, r.call_site(LEDGER_SITE_FRAMES))
+                        for r in led.records)
+        out[rank] = {
+            "collectives": len(led.records), "ticks": span,
+            "per_tick_mean": round(len(led.records) / span, 2) if span else 0.0, "per_tick_max": max(per, default=0),
+            "sites": [[g, s, n] for (g, s), n in sites.most_common(LEDGER_TOP_SITES)], "dropped": led.dropped,
+        }
+    return out
 
 
 def _where(r: Any, chain: Sequence[str], depth: int = 6) -> str:
@@ -745,9 +786,25 @@ def comparison_markdown(result: CompareResult, opts: CompareOptions, scenario: s
                 + (f"; … {len(s.fires) - 10} more" if len(s.fires) > 10 else ""), ""]
 
     lines += ["## Collectives per rank per scheduler tick", ""]
+    if any(s.ledger for s in sides):
+        lines += [
+            "From the collective ledger (every collective each rank entered, with its scheduler tick; whole run "
+            "including start-up). `per tick` = collectives / ticks spanned (mean) and the busiest tick (max).", "",
+            "| side | rank | collectives | ticks | per tick mean / max | most frequent call sites (group: count) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for s in sides:
+            if not s.ledger:
+                lines.append(f"| {s.side} | - | (no ledger) | | | |")
+            for rank, d in sorted(s.ledger.items()):
+                sites = "; ".join(f"`{site}` ({g}: {n})" for g, site, n in d["sites"])
+                drop = f" ({d['dropped']} oldest dropped)" if d.get("dropped") else ""
+                lines.append(f"| {s.side} | TP{rank} | {d['collectives']}{drop} | {d['ticks']} | "
+                             f"{d['per_tick_mean']} / {d['per_tick_max']} | {_md(sites)} |")
+        lines.append("")
     tick_id = tick_injection(sides, tick_function)
     lines += [
-        "Counted by the injector's fire logs (the collective ledger was not recorded for these runs): `entered` is the "
+        "Counted by the injector's fire logs: `entered` is the "
         "number of calls of each injected site on each rank after arming. "
         + (f"`{tick_id}` counts scheduler ticks (`{tick_function}` runs once per tick), so the other sites are also "
            "shown per tick." if tick_id else "No per-tick site was counted, so counts are per run."),
@@ -805,6 +862,7 @@ def compare_json(result: CompareResult) -> dict:
                            "caller_chain": list(r.caller_chain)} for r in s.ranks],
                 "versions": s.versions, "command": s.command,
                 "fires": [{"rank": f[0], "injection": f[1], "caller": f[2], "completed": f[3]} for f in s.fires],
+                "ledger": {str(k): v for k, v in s.ledger.items()},
             }
             for s in result.sides
         ],
