@@ -782,6 +782,7 @@ def finding_scenario(base: Any, base_path: Path, catalogue: Catalogue, trial: Tr
     hazard = hazard_statement(trial, DEADLOCKED, diag, 1, 1, base.server.tp_size)
     comment = (f"Written by `repro hunt` from {base_path} (trial {trial.name}).\n{hazard}\n"
                f"Run: repro run <this file>   (expects DEADLOCKED; a fix makes it ALL REQUESTS SUCCEEDED)")
+    base = base.model_copy(update={"burst": base.burst.model_copy(update={"seed": trial_seed(base, trial)})})
     return scenario_toml(base, name, f"repro hunt finding: {hazard}",
                          [("finding", "deadlock", f"rank {trial.rank}: {point.name} {trial.perturbation.says} at {trial.row.where}", [inj])],
                          mirrors=(diag.known if diag and diag.known else ""), comment=comment)
@@ -1044,6 +1045,11 @@ def _counts(check: Any) -> tuple[dict, dict, dict]:
     return dict(check.entered), dict(check.matched), dict(check.fired)
 
 
+def trial_seed(base: Any, trial: Trial) -> int:
+    """The burst seed of one trial: the base scenario's seed + the trial number (the baseline uses the base seed)."""
+    return int(base.burst.seed) + trial.n
+
+
 def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials: Sequence[Trial], log: HuntLog,
                 clock: _Clock, observe: Observer, opts: HuntOptions) -> None:
     """Drive every trial on one session; restart after a hang/crash; mark the rest NOT RUN when the budget ends."""
@@ -1069,6 +1075,9 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
                 failed = session.restart()
             failures = 0
             observe("trial_start", {"trial": t, "n": i + 1, "total": len(trials), "remaining_s": clock.remaining})
+            # fresh prompts per trial: a burst the server already served hits its prefix/HiCache caches and would not
+            # reach the same code paths (e.g. no storage prefetch, so no prefetch collective in the admission loop)
+            p.scenario = p.scenario.model_copy(update={"burst": base.burst.model_copy(update={"seed": trial_seed(base, t)})})
             variant = p.scenario.variant(t.name)
             run_dir = ev.EvidenceDir(p.evidence.root, p.scenario.name, t.name)
             run_dir.write_json("session.json", {"session": str(p.evidence.path), "hunt": str(log.folder),

@@ -156,7 +156,8 @@ def test_finding_scenario_is_ready_to_run(tmp_path: Path) -> None:
     f = tmp_path / "finding.toml"
     f.write_text(H.finding_scenario(base, BASE, cat, t, d))
     s = load_scenario(f)
-    assert s.mirrors == "sglang#30760" and s.server == base.server and s.burst == base.burst
+    assert s.mirrors == "sglang#30760" and s.server == base.server
+    assert s.burst == base.burst.model_copy(update={"seed": base.burst.seed + 4})  # the trial's own prompts
     (v,) = s.variants
     assert v.name == "finding" and v.expect == "deadlock"
     inj = v.injections[0]
@@ -179,6 +180,7 @@ class FakeRunner:
         self.interrupt_at = interrupt_at
         self.sessions: list["FakeSession"] = []
         self.driven: list[str] = []
+        self.seeds: list[int] = []
         runner = self
 
         class FakeSession:
@@ -210,6 +212,7 @@ class FakeRunner:
             def drive(self, variant: Any, run_dir: Any, n: Any = None, native: bool = False) -> Any:
                 assert self.running, "drive on a stopped server"
                 runner.driven.append(variant.name)
+                runner.seeds.append(self.p.scenario.burst.seed)
                 if runner.interrupt_at and runner.interrupt_at in variant.name:
                     raise KeyboardInterrupt
                 st = DriverState(8, 0, 0, 8, 0, 1.0, True)
@@ -274,6 +277,9 @@ def test_hunt_streams_every_trial_restarts_only_after_a_hang_and_writes_a_scenar
     # 2 rows × 2 perturbations × 2 ranks
     assert len(res.rows) == 2 and len(res.results) == 8
     assert fr.driven[0] == "baseline" and len(fr.driven) == 9
+    base_seed = load_scenario(BASE).burst.seed
+    assert fr.seeds == [base_seed] + [base_seed + n for n in range(1, 9)]  # fresh prompts for every trial
+    assert load_scenario(res.deadlocks[0].scenario_file).burst.seed == base_seed + res.deadlocks[0].trial.n
     base_s, trial_s = fr.sessions
     assert base_s.stops == 1 and not base_s.running
     # two trials deadlocked (zero_once on rank 0, both rows): two restarts, the session ends stopped
