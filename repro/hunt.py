@@ -46,6 +46,7 @@ FAMILY_FORWARD = "model forward"
 FAMILY_UNCLEAR = "unclear"
 NOT_RUN = "NOT RUN"
 MAX_RESTART_FAILURES = 2  # consecutive failed (re)starts before the hunt gives up
+SETTLE_S = 2.0  # seconds after a clean burst before the server is checked for a delayed crash
 
 Observer = Callable[[str, dict], None]
 
@@ -1094,6 +1095,16 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
                 log.header["interrupted_during"] = f"{t.name} (partial evidence: {run_dir.path})"
                 raise
             outcome.timings["to_verdict_s"] = time.time() - t0
+            if outcome.clean:
+                # a divergence can outlive the burst (ranks a tick apart): the next collective, even the idle
+                # request broadcast, then crashes or hangs. Give it SETTLE_S to show before calling the trial clean.
+                time.sleep(SETTLE_S)
+                server = getattr(session, "server", None)
+                if server is not None and not server.is_running():
+                    outcome.clean = False
+                    outcome.verdict = Verdict(INCONCLUSIVE, f"server died within {SETTLE_S:g} s after the burst ended "
+                                                            f"(a divergence that outlived the burst); verdict before: "
+                                                            f"{outcome.verdict.verdict}")
             runner._snapshot_session(p, run_dir)
             runner._finish_evidence(p, ro, variant, run_dir, outcome, session.rank_pids, False)
             run_dir.set_status("complete", timings=outcome.timings)
@@ -1140,6 +1151,8 @@ def _trial_result(runner: Any, p: Any, base: Any, cat: Catalogue, t: Trial, vari
     world = base.server.tp_size
     verdict = v.verdict
     hazard = hazard_statement(t, verdict, diag, sum(matched.values()), sum(fired.values()), world)
+    if verdict == INCONCLUSIVE and not (diag and diag.collective.startswith("gloo size mismatch")):
+        hazard = f"rank-local `{t.row.point}` {t.perturbation.says} on rank {t.rank} ({t.row.where}): inconclusive ({v.reason[:200]})"
     tr = TrialResult(t, verdict, v.reason, float(outcome.timings.get("burst_s", outcome.timings.get("to_verdict_s", 0.0))),
                      diag, hazard, run_dir, None, entered, matched, fired, tuple(v.notes))
     if verdict == DEADLOCKED or tr.desync_crash:

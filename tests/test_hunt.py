@@ -23,6 +23,11 @@ PREFILL = "sglang.srt.managers.scheduler:Scheduler._get_new_batch_prefill_raw"
 GNAR = "sglang.srt.managers.scheduler:Scheduler.get_num_allocatable_reqs"
 
 
+@pytest.fixture(autouse=True)
+def _no_settle(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(H, "SETTLE_S", 0.0)  # the stand-in server never crashes late unless a test says so
+
+
 def _seen(point: str, stack: list[str], loops: list[list[str]], rank: Optional[int] = 0) -> dict:
     return {"event": "seen", "id": f"probe-{point}", "rank": rank, "caller": stack[0], "stack": stack, "loops": loops}
 
@@ -175,9 +180,10 @@ class FakeRunner:
     RunOptions = real_runner.RunOptions
     RunError = real_runner.RunError
 
-    def __init__(self, script: dict[str, str], interrupt_at: Optional[str] = None) -> None:
+    def __init__(self, script: dict[str, str], interrupt_at: Optional[str] = None, die_after: Optional[str] = None) -> None:
         self.script = script  # trial name substring -> verdict
         self.interrupt_at = interrupt_at
+        self.die_after = die_after  # the server dies right after this trial's (successful) burst
         self.sessions: list["FakeSession"] = []
         self.driven: list[str] = []
         self.seeds: list[int] = []
@@ -189,6 +195,11 @@ class FakeRunner:
                 self.starts = self.stops = 0
                 self.running = False
                 runner.sessions.append(self)
+
+            @property
+            def server(self) -> Any:
+                die = runner.die_after and runner.driven and runner.die_after in runner.driven[-1]
+                return types.SimpleNamespace(is_running=lambda: self.running and not die)
 
             def start(self) -> None:
                 self.starts += 1
@@ -427,3 +438,13 @@ def test_confirm_reruns_only_new_scheduling_findings_and_lists_them_as_findings(
     md = (res.folder / "HUNT.md").read_text()
     findings = md.split("## Findings", 1)[1].split("## Deadlocks", 1)[0]
     assert new.trial.name in findings and known.trial.name not in findings
+
+
+def test_a_server_that_dies_right_after_a_clean_burst_is_blamed_on_that_trial_and_restarted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(H, "SETTLE_S", 0.0)
+    fr = FakeRunner({}, die_after="t002-")
+    res = H.hunt(_opts(tmp_path), runner=fr)
+    r2 = res.results[1]
+    assert r2.verdict == INCONCLUSIVE and "server died within 0 s after the burst" in r2.reason
+    assert "inconclusive (server died" in r2.hazard
+    assert res.results[2].verdict == SUCCEEDED and fr.sessions[1].starts == 2  # restarted before t003
