@@ -35,19 +35,28 @@ EXIT_INCONCLUSIVE = 4
 EXIT_MISMATCH = 5
 
 
-console = Console(stderr=True)
-out = Console()
+# soft_wrap: long paths and commands stay on one line (copy-paste, scripts) when stdout is not a terminal
+console = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)
 
 EXPECT_HELP = "Expected verdict: deadlock | success | inconclusive. Exit 0 iff it matches, else 5."
 
 
 def _sigterm_to_interrupt() -> None:
-    """Turn SIGTERM into KeyboardInterrupt so every command tears down its server tree the same way as on Ctrl-C."""
+    """Turn SIGTERM into KeyboardInterrupt so every command tears down its server tree the same way as on Ctrl-C.
+
+    Only the first SIGINT/SIGTERM interrupts: later ones (an impatient second Ctrl-C) are ignored so the teardown
+    they would cut short — SIGKILL of survivors, the check that nothing is left — always completes.
+    """
 
     def handler(signum, frame):  # noqa: ARG001
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        console.print("[yellow]interrupt: tearing down the server tree (further Ctrl-C is ignored until it is gone)[/]")
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
 
 
 def _check_expect(expect: Optional[str]) -> None:
@@ -325,14 +334,28 @@ def serve(
         p.evidence.set_status("complete")
 
 
-def _arm_file_of(evidence: Path) -> tuple[Path, list[str]]:
+def _arm_file_of(evidence: Path, need_live_server: bool = True) -> tuple[Path, list[str]]:
+    """The arm file and injection ids of a served run's plan; exits 2 naming the fix when they cannot be used."""
     from repro.evidence import read_json
+    from repro.procs import alive, load_procs
 
-    plan = read_json(Path(evidence) / "plan.json")
-    if plan is None:
-        console.print(f"[red]error:[/] {evidence}/plan.json not found: pass the evidence folder `repro serve` printed")
+    try:
+        plan = read_json(Path(evidence) / "plan.json")
+        arm_file, ids = Path(plan["arm_file"]), [i["id"] for i in plan["injections"]]
+    except Exception as e:  # missing, not JSON, or not a plan
+        why = "not found" if isinstance(e, TypeError) and not (Path(evidence) / "plan.json").exists() else f"is not a plan ({type(e).__name__})"
+        console.print(f"[red]error:[/] {evidence}/plan.json {why}: pass the evidence folder `repro serve` printed")
         raise typer.Exit(EXIT_USAGE)
-    return Path(plan["arm_file"]), [i["id"] for i in plan["injections"]]
+    if need_live_server:
+        try:
+            procs = load_procs(Path(evidence) / "processes.json")
+        except (OSError, ValueError):
+            procs = []
+        if not any(alive(p) for p in procs):
+            console.print(f"[red]error:[/] no live server belongs to {evidence} (its processes.json lists none running); "
+                          "start one with `repro serve SCENARIO` and pass the folder it prints")
+            raise typer.Exit(EXIT_USAGE)
+    return arm_file, ids
 
 
 @app.command()
@@ -358,29 +381,55 @@ def disarm(evidence: Path = typer.Argument(..., help="evidence folder of a `repr
     """Disarm a served server's injector (sites stay patched and counted, nothing fires)."""
     from repro.runner import write_arm_file
 
-    arm_file, _ = _arm_file_of(evidence)
+    arm_file, _ = _arm_file_of(evidence, need_live_server=False)
     write_arm_file(arm_file, [])
     out.print("disarmed")
 
 
 @app.command()
-def cleanup(evidence: Path = typer.Argument(..., help="evidence folder of a run whose harness was killed")) -> None:
+def cleanup(
+    evidence: Path = typer.Argument(..., help="evidence folder of a run whose harness was killed"),
+    force: bool = typer.Option(False, "--force", help="also when the run's harness is still alive (ends that run)"),
+) -> None:
     """End a server tree left behind by a harness that was SIGKILLed, using the pids + create times it recorded.
 
-    A pid whose create time differs (reused by another process) is never touched.
+    A pid whose create time differs (reused by another process) is never touched. A run whose harness is still
+    running is refused unless --force: cleaning it up would end someone's live run.
     """
+    import psutil
+
+    from repro.evidence import read_json, write_json_atomic
     from repro.procs import alive, load_procs, stop_procs
 
     path = Path(evidence) / "processes.json"
     if not path.is_file():
         console.print(f"[red]error:[/] {path} not found: pass a run's evidence folder (it holds processes.json)")
         raise typer.Exit(EXIT_USAGE)
-    procs = load_procs(path)
+    try:
+        procs = load_procs(path)
+    except (OSError, ValueError) as e:
+        console.print(f"[red]error:[/] {path} is not a process list written by repro ({e}); nothing was stopped")
+        raise typer.Exit(EXIT_USAGE)
+    run = read_json(Path(evidence) / "run.json") or {}
+    harness = run.get("pid") if run.get("status") == "running" else None
+    if harness and not force:
+        try:
+            h = psutil.Process(int(harness))
+            live = abs(h.create_time() - float(run.get("harness_create_time", h.create_time()))) < 1.0
+        except (psutil.Error, ValueError):
+            live = False
+        if live:
+            console.print(f"[red]error:[/] the run in {evidence} is still in progress (harness pid {harness}); "
+                          "stop it with Ctrl-C, or pass --force to end its server anyway")
+            raise typer.Exit(EXIT_USAGE)
     live = [p for p in procs if alive(p)]
     if not live:
         out.print(f"nothing to clean: none of the {len(procs)} recorded processes is running")
         raise typer.Exit(0)
     left = stop_procs(live)
+    if run.get("status") == "running":
+        write_json_atomic(Path(evidence) / "run.json", {**run, "status": "cleaned-up", "cleaned_up_time": time.time(),
+                                                          "note": "the harness ended without tearing down; `repro cleanup` stopped the server"})
     out.print(f"stopped {len(live) - len(left)} of {len(live)} live recorded processes" + (f"; still running: {[p.pid for p in left]}" if left else ""))
     raise typer.Exit(0 if not left else EXIT_INTERNAL)
 
@@ -405,7 +454,7 @@ def sites(
         sc = load_scenario(scenario)
         if variant is not None:
             sc.variant(variant)
-        py = choose_python(python)
+        py = choose_python(python, require_sglang=False)
     except (ScenarioError, InterpreterError) as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(EXIT_USAGE)
@@ -502,6 +551,9 @@ def analyze(
         console.print(f"[yellow]warning:[/] {rich_escape(str(e))}; showing the collective ledger only", highlight=False)
     if not caps and ledger_diag is None:
         console.print("[red]error:[/] no rank dump found in " + ", ".join(str(p) for p in paths))
+        raise typer.Exit(EXIT_USAGE)
+    if markdown is not None and not Path(markdown).parent.is_dir():
+        console.print(f"[red]error:[/] --markdown {markdown}: folder {Path(markdown).parent} does not exist; create it or pick another path")
         raise typer.Exit(EXIT_USAGE)
     if not caps:
         if markdown is not None:

@@ -51,6 +51,15 @@ def write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _own_create_time() -> Optional[float]:
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # pragma: no cover - psutil is a dependency; be safe in odd sandboxes
+        return None
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "run"
 
@@ -114,7 +123,7 @@ class EvidenceDir:
 
     def set_status(self, status: str, **extra: Any) -> None:
         """Record the run's life-cycle in ``run.json`` (``running``, ``complete``, ``interrupted``)."""
-        data = {"status": status, "time": time.time(), "pid": os.getpid()}
+        data = {"status": status, "time": time.time(), "pid": os.getpid(), "harness_create_time": _own_create_time()}
         data.update(extra)
         write_json_atomic(self.path / "run.json", data)
 

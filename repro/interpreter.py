@@ -6,6 +6,7 @@ CPU testbed's if it is set up; else :class:`InterpreterError` naming both fixes.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -31,24 +32,32 @@ def can_import_sglang(python: str, timeout_s: float = IMPORT_CHECK_TIMEOUT_S) ->
     return r.returncode == 0
 
 
-def choose_python(explicit: Optional[str]) -> str:
+def choose_python(explicit: Optional[str], require_sglang: bool = True) -> str:
     """Pick the interpreter that runs the server.
 
     Args:
         explicit: the ``--python`` value, or None.
+        require_sglang: an explicit interpreter must be able to import sglang (checked in a subprocess, a few
+            seconds); ``repro sites`` passes False so it can report missing modules itself.
     Returns:
         Path (or command name found on PATH) of the interpreter.
     Raises:
-        InterpreterError: ``explicit`` does not exist; or no interpreter with sglang was found and the CPU testbed
-            is not set up (message names ``--python`` and ``bash scripts/cpu_testbed/setup.sh``).
+        InterpreterError: ``explicit`` does not exist, is not an executable file, or cannot import sglang; or no
+            interpreter with sglang was found and the CPU testbed is not set up (message names ``--python`` and
+            ``bash scripts/cpu_testbed/setup.sh``).
     """
     if explicit:
-        if Path(explicit).exists():
-            return str(explicit)
-        found = shutil.which(explicit)
-        if found:
-            return found
-        raise InterpreterError(f"--python {explicit}: no such interpreter; pass the path of a python that has sglang installed")
+        path = Path(explicit)
+        found = str(path) if path.exists() else shutil.which(explicit)
+        if not found:
+            raise InterpreterError(f"--python {explicit}: no such interpreter; pass the path of a python that has sglang installed")
+        if not (Path(found).is_file() and os.access(found, os.X_OK)):
+            raise InterpreterError(f"--python {explicit}: not an executable file; pass the path of a python interpreter (e.g. venv/bin/python)")
+        if require_sglang and not can_import_sglang(found):
+            raise InterpreterError(
+                f"--python {explicit}: cannot import sglang; pass a python that has sglang installed, or run `{testbed.setup_command()}` "
+                "and omit --python")
+        return found
     if can_import_sglang(sys.executable):
         return sys.executable
     if testbed.is_set_up():

@@ -212,14 +212,15 @@ class Server:
             except subprocess.TimeoutExpired:
                 pass
             self._leftover = left
+            self._stopped = True  # only once the whole stop ran: an interrupted stop is retried by the next call
         finally:
-            self._stopped = True
-            try:
-                self._log_file.close()
-            except OSError:
-                pass
-            for d in self._owned_dirs:
-                shutil.rmtree(d, ignore_errors=True)
+            if self._stopped:
+                try:
+                    self._log_file.close()
+                except OSError:
+                    pass
+                for d in self._owned_dirs:
+                    shutil.rmtree(d, ignore_errors=True)
         return list(self._leftover)
 
     def __enter__(self) -> "Server":

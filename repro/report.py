@@ -104,7 +104,7 @@ def write_report(p: Any, opts: Any, variant: Any, evd: Any, verdict: Any, analys
         lines.append(f"- {n}")
     if getattr(verdict, "notes", ()):
         lines.append("")
-    lines += ["## Injections (counted after the last arming)", ""] + injection_table(checks, ranks) + [""]
+    lines += ["## Injections (counted after the last arming)", ""] + (injection_table(checks, ranks) if checks or not variant.injections else ["(injector records not read: no rank process was running — the server never became healthy)"]) + [""]
     lines += ["## Requests", ""] + requests_summary(state) + [""]
     lines += ["## Timings (seconds)", "", ", ".join(f"{k} {v:.1f}" for k, v in timings.items()) or "-", ""]
     lines += ["## Versions", ""] + [f"- {k}: `{v}`" for k, v in env.items()] + [""]

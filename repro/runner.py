@@ -117,6 +117,16 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
         raise RunError(f"--tp must be ≥ 1 (got {opts.tp})")
     if opts.requests is not None and opts.requests < 1:
         raise RunError(f"--requests must be ≥ 1 (got {opts.requests})")
+    tp = opts.tp or scenario.server.tp_size
+    for v in loaded:
+        if tp < 2 and v.expect == "deadlock":
+            raise RunError(f"variant {v.name!r} expects a deadlock, but a collective desync needs at least 2 ranks "
+                           f"(TP size {tp}); use --tp 2 or more")
+        for inj in v.injections:
+            bad = [k for k in inj.gate.ranks if inj.gate.rank_group is None and not 0 <= k < tp]
+            if bad:
+                raise RunError(f"{opts.scenario_path}: variants.{v.name}.injections.{inj.id}.gate.ranks lists rank(s) "
+                               f"{bad}, outside the TP group of size {tp} (expected 0..{tp - 1})")
     try:
         python = choose_python(opts.python)
     except InterpreterError as e:
@@ -126,7 +136,9 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
     model = opts.model or scenario.server.model or (str(testbed.tiny_model_dir()) if on_testbed else "")
     if not model:
         raise RunError(f"{opts.scenario_path}: server.model is empty and the interpreter is not the CPU testbed's; pass --model PATH")
-    tp = opts.tp or scenario.server.tp_size
+    if _looks_like_path(model) and not Path(model).expanduser().exists():
+        src = "--model" if opts.model else f"{opts.scenario_path}: server.model"
+        raise RunError(f"{src} {model}: no such folder; pass the path of a model folder (or a hub id like org/name)")
 
     ev_root = Path(opts.evidence_root)
     try:
@@ -155,6 +167,11 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
             spec, args=[*args, *extra_args], env={**env, **extra_env}, pythonpath_prepend=[*prepend, *tb_prepend]
         )
     return Prepared(scenario, variant, evd, plan, spec, adapter, python, on_testbed, arm_file, temp_dirs)
+
+
+def _looks_like_path(model: str) -> bool:
+    """A model given as a filesystem path (absolute, ./, ../, ~), as opposed to a hub id like ``org/name``."""
+    return model.startswith(("/", "./", "../", "~")) or model in (".", "..")
 
 
 def write_arm_file(arm_file: Path, injection_ids: Sequence[str]) -> None:
@@ -233,6 +250,7 @@ class Session:
         self.server: Any = None
         self.rank_pids: dict[int, int] = {}
         self.healthy_s: Optional[float] = None
+        self.interrupted_in_teardown = False
 
     def start(self) -> Optional[Verdict]:
         """Launch and wait healthy. Returns None when healthy, else the INCONCLUSIVE verdict saying why."""
@@ -273,7 +291,13 @@ class Session:
         if self.server is None:
             return []
         self.observe("teardown", {})
-        left = self.server.stop()
+        try:
+            left = self.server.stop()
+        except KeyboardInterrupt:
+            # Ctrl-C/SIGTERM arrived during the teardown itself: finish it (the CLI ignores further signals now),
+            # then let the caller report the interruption.
+            left = self.server.stop()
+            self.interrupted_in_teardown = True
         self.p.evidence.write_json("teardown.json", {"left_running": [getattr(x, "pid", x) for x in left], "time": time.time()})
         self.server = None
         return left
@@ -412,6 +436,7 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop) -> Ru
             for d in p.temp_dirs:
                 shutil.rmtree(d, ignore_errors=True)
             outcome.timings["total_s"] = time.time() - t0
+            interrupted = interrupted or session.interrupted_in_teardown
             evd.set_status("interrupted" if interrupted else "complete", timings=outcome.timings)
     if interrupted:
         raise KeyboardInterrupt

@@ -138,7 +138,11 @@ class WatchOptions:
         Raises:
             WatchConfigError: a value is out of range; the message names the flag and what was expected.
         """
-        parts = urlsplit(self.url)
+        try:
+            parts = urlsplit(self.url)
+            parts.port  # noqa: B018 - raises ValueError for a port outside 0..65535
+        except ValueError as e:
+            raise WatchConfigError(f"--url must look like http://HOST:PORT (got {self.url!r}: {e})") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise WatchConfigError(f"--url must look like http://HOST:PORT (got {self.url!r})")
         for name, flag in (("interval_s", "--interval"), ("probe_timeout_s", "--probe-timeout"),

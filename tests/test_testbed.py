@@ -223,8 +223,18 @@ def no_testbed(monkeypatch, tmp_path: Path) -> Path:
 
 
 def test_explicit_python_wins(no_testbed, tmp_path: Path):
-    py = _fake_python(tmp_path / "bin" / "python", "exit 1")
+    py = _fake_python(tmp_path / "bin" / "python", "exit 0")  # `-c "import sglang"` succeeds
     assert choose_python(str(py)) == str(py)
+
+
+def test_explicit_python_without_sglang_or_not_executable_is_one_clear_line(no_testbed, tmp_path: Path):
+    py = _fake_python(tmp_path / "bin" / "python", "exit 1")  # cannot import sglang
+    with pytest.raises(InterpreterError, match="cannot import sglang") as e:
+        choose_python(str(py))
+    assert "\n" not in str(e.value) and "setup.sh" in str(e.value)
+    assert choose_python(str(py), require_sglang=False) == str(py)  # `repro sites` reports missing modules itself
+    with pytest.raises(InterpreterError, match="not an executable file"):
+        choose_python(str(tmp_path))  # a directory
 
 
 def test_explicit_python_missing_is_clear_error(no_testbed, tmp_path: Path):

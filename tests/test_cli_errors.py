@@ -1,0 +1,115 @@
+"""Bad input gets one clear line naming the fix, exit 2, and never starts a server (cases a breaker found).
+
+No SGLang here: `--python` is a small stand-in script whose `-c "import sglang"` succeeds, so the checks that
+come after the interpreter choice run too; none of these inputs gets as far as a launch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from repro.cli import app
+from repro.procs import alive, proc_info, save_procs
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = REPO / "scenarios" / "sglang" / "smoke_extra_allreduce.toml"
+runner = CliRunner()
+
+
+def _fake_python(tmp_path: Path) -> Path:
+    py = tmp_path / "bin" / "python"
+    py.parent.mkdir(parents=True)
+    py.write_text("#!/bin/sh\nexit 0\n")
+    py.chmod(0o755)
+    return py
+
+
+def _scenario(tmp_path: Path, ranks: str = "[0]", tp: int = 2) -> Path:
+    text = SMOKE.read_text().replace("ranks = [0]", f"ranks = {ranks}", 1).replace("tp_size = 2", f"tp_size = {tp}")
+    p = tmp_path / "s.toml"
+    p.write_text(text)
+    return p
+
+
+def _run(*args: str) -> tuple[int, str]:
+    r = runner.invoke(app, list(args))
+    return r.exit_code, r.output
+
+
+def _no_run_folder(ev: Path) -> bool:
+    return not any(ev.glob("*/*/run.json"))
+
+
+@pytest.mark.parametrize("ranks", ["[5]", "[-1]"])
+def test_gate_rank_outside_the_tp_group_is_refused(tmp_path, ranks):
+    code, out = _run("run", str(_scenario(tmp_path, ranks)), "--evidence-dir", str(tmp_path / "ev"))
+    assert code == 2 and "gate.ranks" in out and "outside the TP group of size 2" in out
+    assert _no_run_folder(tmp_path / "ev")
+
+
+def test_deadlock_variant_on_one_rank_is_refused(tmp_path):
+    code, out = _run("run", str(SMOKE), "--tp", "1", "--evidence-dir", str(tmp_path / "ev"))
+    assert code == 2 and "at least 2 ranks" in out and "--tp 2" in out
+
+
+def test_missing_model_folder_is_refused_before_launch(tmp_path):
+    py = _fake_python(tmp_path)
+    code, out = _run("run", str(SMOKE), "--python", str(py), "--model", str(tmp_path / "nope"), "--evidence-dir", str(tmp_path / "ev"))
+    assert code == 2 and "--model" in out and "no such folder" in out
+    assert _no_run_folder(tmp_path / "ev")
+
+
+def test_python_that_is_a_directory_is_refused(tmp_path):
+    code, out = _run("run", str(SMOKE), "--python", str(tmp_path), "--evidence-dir", str(tmp_path / "ev"))
+    assert code == 2 and "not an executable file" in out and _no_run_folder(tmp_path / "ev")
+
+
+@pytest.mark.parametrize("content", ["{not json", "{}", "[]"])
+def test_arm_with_a_corrupt_plan_is_exit_2(tmp_path, content):
+    (tmp_path / "plan.json").write_text(content)
+    code, out = _run("arm", str(tmp_path))
+    assert code == 2 and "plan.json" in out and "Traceback" not in out
+
+
+def test_arm_without_a_live_server_is_refused(tmp_path):
+    (tmp_path / "plan.json").write_text(json.dumps({"arm_file": str(tmp_path / "ARM"), "injections": [{"id": "x"}]}))
+    code, out = _run("arm", str(tmp_path))
+    assert code == 2 and "no live server" in out and not (tmp_path / "ARM").exists()
+
+
+def test_cleanup_of_a_corrupt_process_list_is_exit_2(tmp_path):
+    (tmp_path / "processes.json").write_text("[1, 2")
+    code, out = _run("cleanup", str(tmp_path))
+    assert code == 2 and "not a process list" in out
+
+
+def test_cleanup_refuses_a_run_whose_harness_is_alive_unless_forced(tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        info = proc_info(sleeper.pid)
+        save_procs(tmp_path / "processes.json", [info])
+        me = proc_info(os.getpid())
+        (tmp_path / "run.json").write_text(json.dumps({"status": "running", "pid": me.pid, "harness_create_time": me.create_time}))
+        code, out = _run("cleanup", str(tmp_path))
+        assert code == 2 and "still in progress" in out and "--force" in out and alive(info)
+        code, out = _run("cleanup", str(tmp_path), "--force")
+        assert code == 0 and "stopped 1 of 1" in out
+        sleeper.wait(10)
+        assert json.loads((tmp_path / "run.json").read_text())["status"] == "cleaned-up"
+    finally:
+        if sleeper.poll() is None:
+            os.killpg(sleeper.pid, signal.SIGKILL)
+            sleeper.wait(10)
+
+
+def test_analyze_markdown_into_a_missing_folder_is_exit_2(tmp_path, dumps_dir):
+    code, out = _run("analyze", str(dumps_dir / "gloo3_extra_allreduce"), "--markdown", str(tmp_path / "no" / "x.md"))
+    assert code == 2 and "does not exist" in out
