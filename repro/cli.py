@@ -293,7 +293,7 @@ def serve(
     Arm it with `repro arm EVIDENCE_DIR [INJECTION…]`, disarm with `repro disarm EVIDENCE_DIR`.
     """
     from repro.launcher import LaunchError, start_server
-    from repro.runner import RunError, RunOptions, _save_procs, prepare, write_arm_file
+    from repro.runner import RunError, RunOptions, save_server_procs, prepare, write_arm_file
 
     _sigterm_to_interrupt()
     opts = RunOptions(scenario_path=scenario, variant=variant, python=python, model=model, tp=tp, evidence_root=evidence_dir,
@@ -308,10 +308,10 @@ def serve(
     server = None
     try:
         server = start_server(p.adapter, p.spec, p.evidence.file("server.log"))
-        _save_procs(p.evidence, server)
+        save_server_procs(p.evidence, server)
         with console.status(f"waiting for {server.url}/health …"):
             server.wait_healthy(p.scenario.server.startup_timeout_s)
-        _save_procs(p.evidence, server)
+        save_server_procs(p.evidence, server)
         ranks = server.rank_pids()
         p.evidence.write_json("serve.json", {"url": server.url, "pid": server.pid, "rank_pids": {str(k): v for k, v in ranks.items()},
                                              "injections": [i.id for i in p.variant.injections], "arm_file": str(p.arm_file)})

@@ -968,7 +968,7 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
             s0.stop()
             s0.close_drivers()
         st = oc.state
-        versions = runner._versions(p0.evidence.injector_dir, p0.python)
+        versions = runner.collect_versions(p0.evidence.injector_dir, p0.python)
         log.header.update({k: versions.get(k) for k in ("sglang", "torch", "python")})
         p0.evidence.set_status("complete", timings=oc.timings)
         if oc.verdict.verdict == DEADLOCKED or st is None or st.ok != st.total:
@@ -1105,8 +1105,8 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
                     outcome.verdict = Verdict(INCONCLUSIVE, f"server died within {SETTLE_S:g} s after the burst ended "
                                                             f"(a divergence that outlived the burst); verdict before: "
                                                             f"{outcome.verdict.verdict}")
-            runner._snapshot_session(p, run_dir)
-            runner._finish_evidence(p, ro, variant, run_dir, outcome, session.rank_pids, False)
+            runner.snapshot_session(p, run_dir)
+            runner.finish_evidence(p, ro, variant, run_dir, outcome, session.rank_pids, False)
             run_dir.set_status("complete", timings=outcome.timings)
             tr = _trial_result(runner, p, base, cat, t, variant, outcome, run_dir.path, session.rank_pids, log.folder, opts,
                                _log_since(log_path, log_off) if not outcome.clean else "")
@@ -1137,7 +1137,7 @@ def _trial_result(runner: Any, p: Any, base: Any, cat: Catalogue, t: Trial, vari
     check = None
     if rank_pids:
         try:
-            _, _, checks, _ = runner._injection_checks(p.evidence.injector_dir, variant, rank_pids)
+            _, _, checks, _ = runner.injection_checks(p.evidence.injector_dir, variant, rank_pids)
             check = checks[0] if checks else None
         except Exception:
             check = None

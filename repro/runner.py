@@ -183,7 +183,9 @@ def write_arm_file(arm_file: Path, injection_ids: Sequence[str]) -> None:
     ev.write_text_atomic(Path(arm_file), head + "".join(f"{i}\n" for i in injection_ids))
 
 
-def _versions(injector_dir: Path, python: str) -> dict:
+def collect_versions(injector_dir: Path, python: str) -> dict:
+    """Versions for env.json: harness Python, platform, target interpreter, and the python/torch/sglang versions the
+    injector's loaded markers recorded inside the server (the harness never imports sglang), plus py-spy's path."""
     from repro import injection_records
 
     info: dict[str, Any] = {
@@ -205,7 +207,7 @@ def _versions(injector_dir: Path, python: str) -> dict:
     return info
 
 
-def _injection_checks(injector_dir: Path, variant: Variant, rank_pids: dict[int, int]) -> tuple[list[int], list[int], list[InjectionCheck], Any]:
+def injection_checks(injector_dir: Path, variant: Variant, rank_pids: dict[int, int]) -> tuple[list[int], list[int], list[InjectionCheck], Any]:
     """Read the injector records: ranks loaded, ranks armed, per-injection counts by rank (after the last arming)."""
     from repro import injection_records
 
@@ -264,7 +266,7 @@ class Session:
                 self.server = start_server(p.adapter, p.spec, p.evidence.file("server.log"))
             except LaunchError as e:
                 return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
-            _save_procs(p.evidence, self.server)
+            save_server_procs(p.evidence, self.server)
             self.observe("wait_healthy", {"url": self.server.url, "pid": self.server.pid})
             try:
                 self.server.wait_healthy(p.scenario.server.startup_timeout_s)
@@ -280,7 +282,7 @@ class Session:
                 self.observe("relaunch", {"attempt": attempt + 1, "why": "port taken during start-up (EADDRINUSE)"})
         self.healthy_s = time.time() - t0
         self.rank_pids = self.server.rank_pids()
-        _save_procs(p.evidence, self.server)
+        save_server_procs(p.evidence, self.server)
         expected = list(range(p.spec.tp_size))
         if sorted(self.rank_pids) != expected:
             return Verdict(INCONCLUSIVE, f"expected scheduler ranks {expected}, found {sorted(self.rank_pids)} among the server's processes")
@@ -383,7 +385,7 @@ class Session:
         timings["captures"] = float(captures)
         if verdict is None:
             time.sleep(0.5)  # let the injectors' counters reach disk (they flush every ~0.2 s)
-            loaded, armed, checks, _ = _injection_checks(p.evidence.injector_dir, variant, rank_pids)
+            loaded, armed, checks, _ = injection_checks(p.evidence.injector_dir, variant, rank_pids)
             verdict = judge_completion(driver.state().requests, expected, loaded, armed, checks)
         write_arm_file(p.arm_file, [])
         final = driver.state()
@@ -429,7 +431,7 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop) -> Ru
             outcome = Outcome(Verdict(INCONCLUSIVE, "internal error before a verdict (see the console)"), clean=False)
         outcome.timings["to_verdict_s"] = time.time() - t0
         try:
-            _finish_evidence(p, opts, p.variant, evd, outcome, session.rank_pids, interrupted)
+            finish_evidence(p, opts, p.variant, evd, outcome, session.rank_pids, interrupted)
         finally:
             session.stop()
             session.close_drivers()
@@ -478,8 +480,8 @@ def run_many(opts: RunOptions, variants: Sequence[str], observe: Observer = _noo
             else:
                 outcome = session.drive(variant, run_dir, opts.requests, opts.native)
             outcome.timings["to_verdict_s"] = time.time() - t0
-            _snapshot_session(p, run_dir)
-            _finish_evidence(p, opts, variant, run_dir, outcome, session.rank_pids, False)
+            snapshot_session(p, run_dir)
+            finish_evidence(p, opts, variant, run_dir, outcome, session.rank_pids, False)
             run_dir.set_status("complete", timings=outcome.timings)
             results.append(_result(outcome, variant.expect if opts.expect is None else opts.expect, run_dir.path))
             if failed is None and not outcome.clean:
@@ -497,7 +499,7 @@ def run_many(opts: RunOptions, variants: Sequence[str], observe: Observer = _noo
     return results
 
 
-def _snapshot_session(p: Prepared, run_dir: ev.EvidenceDir) -> None:
+def snapshot_session(p: Prepared, run_dir: ev.EvidenceDir) -> None:
     """Copy the session's injector records and server log into a run folder (self-contained evidence)."""
     shutil.copytree(p.evidence.injector_dir, run_dir.injector_dir, dirs_exist_ok=True)
     for name in ("server.log", "plan.json", "scenario.toml", "processes.json"):
@@ -515,7 +517,8 @@ def _lost_port_race(err: Exception, server: Any) -> bool:
     return "EADDRINUSE" in text or "address already in use" in text.lower()
 
 
-def _save_procs(evd: ev.EvidenceDir, server: Any) -> None:
+def save_server_procs(evd: ev.EvidenceDir, server: Any) -> None:
+    """Record the server tree (pid + create time per process) in ``processes.json`` for ``repro cleanup``."""
     from repro.procs import save_procs
 
     try:
@@ -545,7 +548,7 @@ def _ledger_evidence(evd: ev.EvidenceDir, rank_pids: dict[int, int]) -> Any:
     return diag
 
 
-def _finish_evidence(p: Prepared, opts: RunOptions, variant: Variant, evd: ev.EvidenceDir, outcome: Outcome,
+def finish_evidence(p: Prepared, opts: RunOptions, variant: Variant, evd: ev.EvidenceDir, outcome: Outcome,
                      rank_pids: dict[int, int], interrupted: bool) -> None:
     """Write analysis.json, env.json, REPORT.md and, last and atomically, verdict.json into ``evd``."""
     from repro.report import write_report
@@ -554,11 +557,11 @@ def _finish_evidence(p: Prepared, opts: RunOptions, variant: Variant, evd: ev.Ev
     if analysis is not None:
         evd.write_json("analysis.json", analysis.to_dict())
     ledger_diag = _ledger_evidence(evd, rank_pids)
-    evd.write_json("env.json", _versions(p.evidence.injector_dir, p.python))
+    evd.write_json("env.json", collect_versions(p.evidence.injector_dir, p.python))
     checks: list = []
     if rank_pids:
         try:
-            _, _, checks, _ = _injection_checks(p.evidence.injector_dir, variant, rank_pids)
+            _, _, checks, _ = injection_checks(p.evidence.injector_dir, variant, rank_pids)
         except Exception:
             checks = []
     write_report(p, opts, variant, evd, verdict, analysis, outcome.state, rank_pids, checks, outcome.timings,

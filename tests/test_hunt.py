@@ -259,16 +259,16 @@ class FakeRunner:
         load_scenario(opts.scenario_path)  # the finding's scenario file must be loadable
         return types.SimpleNamespace(verdict=Verdict(DEADLOCKED, "again"), evidence=Path(opts.evidence_root) / "confirm")
 
-    def _versions(self, injector_dir: Path, python: str) -> dict:
+    def collect_versions(self, injector_dir: Path, python: str) -> dict:
         return {"sglang": "0.5.23", "torch": "2.14.1", "python": "3.11"}
 
-    def _snapshot_session(self, p: Any, run_dir: Any) -> None:
+    def snapshot_session(self, p: Any, run_dir: Any) -> None:
         pass
 
-    def _finish_evidence(self, p: Any, opts: Any, variant: Any, evd: Any, outcome: Any, rank_pids: Any, interrupted: bool) -> None:
+    def finish_evidence(self, p: Any, opts: Any, variant: Any, evd: Any, outcome: Any, rank_pids: Any, interrupted: bool) -> None:
         evd.write_json("verdict.json", outcome.verdict.to_json())
 
-    def _injection_checks(self, injector_dir: Path, variant: Any, rank_pids: Any) -> tuple:
+    def injection_checks(self, injector_dir: Path, variant: Any, rank_pids: Any) -> tuple:
         fired = {0: 1, 1: 0} if variant.name.endswith("r0") else {0: 0, 1: 1}
         return [0, 1], [0, 1], [InjectionCheck(variant.injections[0].id, "s", {0: 5, 1: 5}, fired, fired)], None
 
