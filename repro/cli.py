@@ -241,7 +241,7 @@ def compare(
 
 @app.command()
 def demo(
-    python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: the CPU testbed's)"),
+    python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: as `repro run` picks it: this one if it imports sglang, else the CPU testbed's)"),
     evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
 ) -> None:
     """Run the smoke scenario's armed variant (expects DEADLOCKED) and its control (expects ALL REQUESTS SUCCEEDED).
