@@ -534,7 +534,7 @@ def analyze(
     """Explain where every rank is blocked from stack dumps; name the odd rank(s) out. An evidence folder whose
     injector recorded collective ledgers also gets the ledger's first divergent collective (``repro.ledger``).
 
-    Exit 0 when analysed (diverged or not), 2 on bad input.
+    Exit 0 when analysed (diverged or not), 2 on bad input (including files from which no rank's stack could be read).
     """
     from rich.markup import escape as rich_escape
 
@@ -564,6 +564,8 @@ def analyze(
         out.print(rich_escape(ledger_diag.divergence.summary), style="bold", highlight=False)
         return
     result = analyze_captures(caps)
+    # nothing readable from any rank (garbage, empty, binary files): shown, but it is bad input, not an analysis
+    unreadable = ledger_diag is None and bool(result.ranks) and len(result.unknown_ranks) == len(result.ranks)
     if markdown is not None:
         head = "\n".join(ledger_diag.markdown_lines(None)) + "\n" if ledger_diag is not None else ""
         markdown.write_text(head + result.to_markdown(caps))
@@ -572,6 +574,8 @@ def analyze(
             out.print_json(result.to_json())
         else:
             out.print_json(data={**result.to_dict(), "ledger": ledger_diag.to_dict()})
+        if unreadable:
+            raise typer.Exit(EXIT_USAGE)
         return
     if ledger_diag is not None:
         d = ledger_diag.divergence
@@ -595,6 +599,10 @@ def analyze(
         console.print(f"[yellow]warning:[/] {rich_escape(w)}", highlight=False)
     if markdown is not None:
         console.print(f"markdown written to {markdown}")
+    if unreadable:
+        console.print("[red]error:[/] no rank's stack could be read from these files (expected py-spy text or --json, "
+                      "or a faulthandler dump, one file per rank)")
+        raise typer.Exit(EXIT_USAGE)
 
 
 @app.command()

@@ -113,3 +113,12 @@ def test_cleanup_refuses_a_run_whose_harness_is_alive_unless_forced(tmp_path):
 def test_analyze_markdown_into_a_missing_folder_is_exit_2(tmp_path, dumps_dir):
     code, out = _run("analyze", str(dumps_dir / "gloo3_extra_allreduce"), "--markdown", str(tmp_path / "no" / "x.md"))
     assert code == 2 and "does not exist" in out
+
+
+def test_analyze_of_files_with_no_readable_stack_is_exit_2(tmp_path):
+    (tmp_path / "rank0.txt").write_text("this is not a stack dump\n")
+    (tmp_path / "rank1.txt").write_bytes(b"\x00\x01\x02binary")
+    code, out = _run("analyze", str(tmp_path / "rank0.txt"), str(tmp_path / "rank1.txt"))
+    assert code == 2 and "no rank's stack could be read" in out
+    code, _ = _run("analyze", str(REPO / "tests" / "fixtures" / "dumps" / "sglang_tp2_cpu_idle"))
+    assert code == 0  # a readable dump is still an analysis
