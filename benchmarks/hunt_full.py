@@ -24,28 +24,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import psutil
+from repro.procs import processes_mentioning
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = REPO / "scenarios" / "sglang" / "hicache_prefetch_30760.toml"
 GRACE_S = 120.0  # seconds the interrupted hunt may take to tear its server down before it is killed
-
-
-def left_behind(root: Path) -> list[str]:
-    """Processes whose command line or environment mentions ``root`` (the plan path lives under it)."""
-    out = []
-    me = psutil.Process()
-    skip = {me.pid, *(a.pid for a in me.parents())}  # this script and whatever started it (its command names root)
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        if proc.pid in skip:
-            continue
-        try:
-            text = " ".join(proc.info["cmdline"] or [])
-            if str(root) in text or any(str(root) in v for v in proc.environ().values()):
-                out.append(f"{proc.pid} {text[:100]}")
-        except (psutil.Error, OSError):
-            continue
-    return out
 
 
 def main() -> int:
@@ -83,7 +66,7 @@ def main() -> int:
         raise
     wall = time.time() - t0
     time.sleep(2.0)
-    left = left_behind(root)
+    left = processes_mentioning(root)
     summary: dict = {"rc": child.returncode, "wall_s": round(wall, 1), "left_running": left,
                      "interrupted_at_s": round(interrupted_at, 1) if interrupted_at else None}
     if stdout.strip().startswith("{"):

@@ -208,3 +208,23 @@ def load_procs(path: Union[str, Path]) -> list[ProcInfo]:
             f"{path}: not a process snapshot (expected a JSON list of {{pid, create_time, name, cmdline}} "
             f"written by repro): {e}"
         ) from None
+
+
+def processes_mentioning(root: Union[str, Path]) -> list[str]:
+    """Live processes whose command line or environment mentions ``root`` (e.g. an evidence folder: every server
+    process started for it carries the plan path under it in ``REPRO_PLAN``), excluding this process and its
+    ancestors. Returns ``"<pid> <command line, cut>"`` lines; used to check that nothing was left running.
+    """
+    out = []
+    me = psutil.Process()
+    skip = {me.pid, *(a.pid for a in me.parents())}
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if proc.pid in skip:
+            continue
+        try:
+            text = " ".join(proc.info["cmdline"] or [])
+            if str(root) in text or any(str(root) in v for v in proc.environ().values()):
+                out.append(f"{proc.pid} {text[:120]}")
+        except (psutil.Error, OSError):
+            continue
+    return out

@@ -14,8 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
+
+from repro.procs import processes_mentioning
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = REPO / "scenarios" / "sglang" / "hicache_prefetch_30760.toml"
@@ -26,23 +27,6 @@ PREFILL = "sglang.srt.managers.scheduler:Scheduler._get_new_batch_prefill_raw"
 pytestmark = pytest.mark.hang
 
 
-def _left_behind(root: Path) -> list[str]:
-    """Processes whose command line or environment mentions the test's evidence root (the plan path lives there)."""
-    left = []
-    me = psutil.Process()
-    skip = {me.pid, *(a.pid for a in me.parents())}
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        if proc.pid in skip:
-            continue
-        try:
-            text = " ".join(proc.info["cmdline"] or [])
-            if str(root) in text or any(str(root) in v for v in proc.environ().values()):
-                left.append(f"{proc.pid} {text[:120]}")
-        except (psutil.Error, OSError):
-            continue
-    return left
-
-
 def _hunt(ev_root: Path, *extra: str) -> tuple[int, dict]:
     r = subprocess.run(
         [sys.executable, "-m", "repro.cli", "hunt", str(SCENARIO), "--only", "get_num_allocatable_reqs", "--rank", "0",
@@ -50,7 +34,7 @@ def _hunt(ev_root: Path, *extra: str) -> tuple[int, dict]:
         cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S,
     )
     assert r.returncode in (0, 3), f"exit {r.returncode}\nstdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
-    assert _left_behind(ev_root) == []
+    assert processes_mentioning(ev_root) == []
     return r.returncode, json.loads(r.stdout)
 
 
