@@ -368,3 +368,88 @@ def test_compat_layer_binds_direct_ops_and_plain_cpu_alloc_into_the_installed_sg
     r = subprocess.run([_testbed_python_or_fail(), "-W", "ignore", "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "bound" in r.stdout
+
+
+# ---- (d) storage queries answer after the scheduler's batch decision of their tick -----------------------------------
+QUERY_ORDER_CHECK = textwrap.dedent(
+    """
+    import sys, threading, time, types
+    sys.path.insert(0, sys.argv[1])
+    import repro_testbed_compat as c
+
+    sched = types.ModuleType("fake_scheduler")
+    class Scheduler:
+        def get_next_batch_to_run(self, gate):
+            gate.wait(5)   # the admission loop of this tick runs while the test holds the gate
+            return "batch"
+    Scheduler.__module__ = sched.__name__
+    sched.Scheduler = Scheduler
+    ctl = types.ModuleType("fake_cache_controller")
+    class PrefetchOperation:
+        def __init__(self, rid):
+            self.rid = rid
+    class HiCacheController:
+        def _storage_hit_query(self, op):
+            return op.rid, time.monotonic()
+    for k in (PrefetchOperation, HiCacheController):
+        k.__module__ = ctl.__name__
+    ctl.PrefetchOperation, ctl.HiCacheController = PrefetchOperation, HiCacheController
+    c._patch_scheduler(sched)
+    c._patch_prefetch_classes(ctl)
+    c._patch_prefetch_classes(ctl)  # idempotent
+    assert Scheduler.get_next_batch_to_run.__code__.co_name == "wrapper"
+
+    s, h = Scheduler(), HiCacheController()
+    op = PrefetchOperation("r1")                       # submitted in tick 1, before its batch decision
+    got = {}
+    q = threading.Thread(target=lambda: got.setdefault("q", h._storage_hit_query(op)))
+    gate = threading.Event()
+    t = threading.Thread(target=lambda: got.setdefault("pass", (s.get_next_batch_to_run(gate), time.monotonic())))
+    t.start(); q.start()
+    time.sleep(0.3)
+    assert "q" not in got, "the query answered before the scheduler's batch decision of its tick"
+    gate.set(); t.join(5); q.join(5)
+    assert got["q"][0] == "r1" and got["q"][1] >= got["pass"][1], got
+    late = PrefetchOperation("r2")                     # after that pass: waits for the next one, bounded
+    t0 = time.monotonic()
+    assert c.wait_for_pass_after(getattr(late, c.PASS_ATTR), max_wait_s=0.2) is False
+    assert 0.15 < time.monotonic() - t0 < 2
+    print("ordered", c.passes_done())
+    """
+)
+
+
+def test_compat_storage_query_answers_only_after_the_batch_decision_of_its_tick(tmp_path: Path):
+    script = tmp_path / "order.py"
+    script.write_text(QUERY_ORDER_CHECK)
+    r = subprocess.run([sys.executable, str(script), str(testbed.compat_dir())], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["ordered", "1"]
+    assert "fake_cache_controller: HiCacheController._storage_hit_query answers after the next batch decision" in r.stderr
+
+
+def test_compat_storage_query_ordering_can_be_turned_off(tmp_path: Path):
+    code = ("import sys, types; sys.path.insert(0, sys.argv[1]); import repro_testbed_compat as c; "
+            "m = types.ModuleType('m'); S = type('Scheduler', (), {'get_next_batch_to_run': lambda self: 1}); "
+            "m.Scheduler = S; c._patch_scheduler(m); print(S.get_next_batch_to_run.__name__)")
+    env = {**os.environ, "REPRO_TESTBED_STORAGE_QUERY_AFTER_PASS": "0"}
+    r = subprocess.run([sys.executable, "-c", code, str(testbed.compat_dir())], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "<lambda>"
+
+
+@pytest.mark.sglang
+def test_compat_orders_storage_queries_in_the_installed_sglang():
+    code = (
+        "import sglang.srt.managers.scheduler as s, sglang.srt.managers.cache_controller as cc; "
+        "import sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller as hc; "
+        "assert getattr(s.Scheduler.get_next_batch_to_run, '__repro_compat__', False); "
+        "assert all(getattr(k._storage_hit_query, '__repro_compat__', False) for k in (cc.HiCacheController, hc.HybridCacheController)); "
+        "assert all(getattr(k.__init__, '__repro_compat__', False) for k in (cc.PrefetchOperation, hc.PrefetchOperation)); "
+        "print('ordered')"
+    )
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(testbed.stub_dir()),
+           testbed.COMPAT_ENV: "1", testbed.COMPAT_DIR_ENV: str(testbed.compat_dir())}
+    r = subprocess.run([_testbed_python_or_fail(), "-W", "ignore", "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ordered" in r.stdout

@@ -12,6 +12,21 @@ issue 6 / DESIGN §8), and this layer mends exactly those, nothing else:
 (c) ``torch.cpu.Stream`` has no ``synchronize`` (the cache controller calls it): a no-op is added (CPU work is
     synchronous).
 
+And it fixes one interleaving that the testbed would otherwise leave to the OS scheduler:
+
+(d) A storage prefetch query answers only after the scheduler's batch decision of the tick that submitted it. On a
+    GPU box the storage tier (Mooncake, 3FS, NFS, ...) answers in milliseconds, far later than the scheduler reaches
+    its admission loop, so a new request's prefetch is still live when ``_get_new_batch_prefill_raw`` checks it. On
+    the testbed the ``file`` backend over an empty temp folder answers in microseconds, so whether the prefetch
+    thread (query + its MIN all_reduce + the hit queue) finishes before the scheduler drains the hit queue in the
+    same tick is a race the OS decides: measured under load (6 busy loops on 2 cores) the prefetch was already
+    revoked in 1 of 2 hunts, the admission loop then issued no prefetch all_reduce and a perturbation meant to hit
+    sglang#30760 desynchronised the model forward instead. Here each ``PrefetchOperation`` records how many
+    ``Scheduler.get_next_batch_to_run`` calls had returned in its process when it was created, and the controller's
+    ``_storage_hit_query`` waits (``threading.Condition``, no polling) until one more has returned, at most
+    ``STORAGE_QUERY_MAX_WAIT_S``. That is a legal interleaving of real sglang (a query may take any time), chosen
+    on purpose: ordering, not a sleep. ``REPRO_TESTBED_STORAGE_QUERY_AFTER_PASS=0`` turns it off.
+
 It is a property of the testbed, not a fault: it is loaded from ``repro_testbed_compat.pth`` in the testbed venv
 only when ``REPRO_TESTBED_COMPAT=1`` (the adapter's testbed profile sets it with ``--enable-hierarchical-cache``),
 never via PYTHONPATH, and it is independent of the injector. Patches are applied lazily by a post-import hook, when
@@ -22,9 +37,11 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import threading
-from typing import Callable
+import time
+from typing import Any, Callable
 
 SGLANG_VERSION = "0.5.23"
 _INSTALLED = False
@@ -74,9 +91,109 @@ def _patch_torch(mod) -> None:
         _note(mod.__name__, "cpu.Stream.synchronize=no-op")
 
 
+# ---- (d) a storage query answers after the scheduler's batch decision of its tick --------------------------------
+QUERY_AFTER_PASS_ENV = "REPRO_TESTBED_STORAGE_QUERY_AFTER_PASS"
+STORAGE_QUERY_MAX_WAIT_S = 5.0  # seconds; bounds the wait when the scheduler is stuck (e.g. deadlocked)
+PASS_ATTR = "_repro_created_after_pass"
+_PASSES = threading.Condition()
+_passes_done = 0  # Scheduler.get_next_batch_to_run calls returned (or raised) in this process
+
+
+def passes_done() -> int:
+    """How many ``Scheduler.get_next_batch_to_run`` calls have returned in this process (for tests)."""
+    with _PASSES:
+        return _passes_done
+
+
+def _pass_done() -> None:
+    global _passes_done
+    with _PASSES:
+        _passes_done += 1
+        _PASSES.notify_all()
+
+
+def wait_for_pass_after(created_after: int, max_wait_s: float = STORAGE_QUERY_MAX_WAIT_S) -> bool:
+    """Block until more than ``created_after`` batch decisions have returned, or ``max_wait_s`` seconds passed.
+
+    Returns:
+        True when the pass happened, False on timeout.
+    """
+    deadline = time.monotonic() + max_wait_s
+    with _PASSES:
+        while _passes_done <= created_after:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            _PASSES.wait(left)
+        return True
+
+
+def _query_after_pass_enabled() -> bool:
+    return os.environ.get(QUERY_AFTER_PASS_ENV, "1") != "0"
+
+
+def _patch_scheduler(mod) -> None:
+    cls = getattr(mod, "Scheduler", None)
+    orig = getattr(cls, "get_next_batch_to_run", None) if cls is not None else None
+    if orig is None or not _query_after_pass_enabled() or getattr(orig, "__repro_compat__", False):
+        return
+
+    def wrapper(self, *args: Any, **kwargs: Any) -> Any:  # named like a decorator: stack gates see through it
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            _pass_done()
+
+    wrapper.__repro_compat__ = True  # type: ignore[attr-defined]
+    wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
+    wrapper.__qualname__ = orig.__qualname__
+    wrapper.__name__ = orig.__name__
+    cls.get_next_batch_to_run = wrapper
+    _note(mod.__name__, "Scheduler.get_next_batch_to_run counts batch decisions")
+
+
+def _patch_prefetch_classes(mod) -> None:
+    """Tag each PrefetchOperation with the pass count at creation; make ``_storage_hit_query`` wait for the next."""
+    if not _query_after_pass_enabled():
+        return
+    op_cls = getattr(mod, "PrefetchOperation", None)
+    init = getattr(op_cls, "__init__", None) if op_cls is not None else None
+    if init is not None and not getattr(init, "__repro_compat__", False):
+        def tagged_init(self, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            setattr(self, PASS_ATTR, passes_done())
+
+        tagged_init.__repro_compat__ = True  # type: ignore[attr-defined]
+        op_cls.__init__ = tagged_init
+        _note(mod.__name__, "PrefetchOperation records its batch-decision count")
+    for cls in list(vars(mod).values()):
+        if not isinstance(cls, type) or cls.__module__ != mod.__name__:
+            continue
+        query = cls.__dict__.get("_storage_hit_query")
+        if query is None or getattr(query, "__repro_compat__", False):
+            continue
+
+        def make(query=query):
+            def wrapper(self, operation: Any, *args: Any, **kwargs: Any) -> Any:
+                created = getattr(operation, PASS_ATTR, None)
+                if created is not None:
+                    wait_for_pass_after(created)
+                return query(self, operation, *args, **kwargs)
+
+            wrapper.__repro_compat__ = True  # type: ignore[attr-defined]
+            wrapper.__wrapped__ = query  # type: ignore[attr-defined]
+            return wrapper
+
+        cls._storage_hit_query = make()
+        _note(mod.__name__, f"{cls.__name__}._storage_hit_query answers after the next batch decision")
+
+
 HOOKS: dict[str, Callable] = {
     "sglang.srt.mem_cache.pool_host.common": _patch_pool_host_common,
     "sglang.srt.mem_cache.pool_host.mha": _patch_pool_host_mha,
+    "sglang.srt.managers.scheduler": _patch_scheduler,
+    "sglang.srt.managers.cache_controller": _patch_prefetch_classes,
+    "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller": _patch_prefetch_classes,
     "torch": _patch_torch,
 }
 
