@@ -635,6 +635,10 @@ def _summary(states: list[RankState], judged: list[RankGroup], busy: list[int], 
         return f"{_ranks_text(busy)} {_is_are(busy)} busy: no rank is blocked{tail}."
     if not judged:
         return f"no readable stack from any rank{tail}."
+    if len(states) == 1:
+        s = states[0]
+        return (f"Only rank {s.rank} was captured: one rank cannot diverge from itself; capture every rank of the "
+                f"TP group to compare (rank {s.rank}: {s.where()}).")
     if busy:
         bs = [s for s in states if s.state == "busy"]
         b = "; ".join(f"rank {s.rank} busy in {s.blocked_frame}" for s in bs[:3])

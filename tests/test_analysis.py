@@ -309,3 +309,10 @@ def test_a_run_of_injector_frames_shows_once_before_the_call_site():
     assert r.injected and r.blocked_frame == "Scheduler.event_loop_normal (scheduler.py:2048)"
     assert r.caller_chain == ["[injected] Site._collective", "Scheduler.event_loop_normal"]
     assert json.loads(a.to_json()) == a.to_dict()
+
+
+def test_a_single_rank_is_not_said_to_agree_with_itself(dumps_dir):
+    a = analyze_paths([dumps_dir / "gloo3_extra_allreduce" / "rank0.txt"])
+    assert [r.rank for r in a.ranks] == [0] and not a.diverged
+    assert a.summary.startswith("Only rank 0 was captured: one rank cannot diverge from itself")
+    assert "Not diverged" not in a.summary and "all_reduce" in a.summary
