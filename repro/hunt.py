@@ -328,7 +328,8 @@ def site_rows(catalogue: Catalogue, records: Sequence[Any], since: float, matchi
 
     Args:
         records: ``repro.ledger.Record`` objects of every rank (``api``, ``op``, ``site``, ``t_enter``, ``inj``, ``rank``).
-        matching: keep only call sites whose frames match one of these globs (default all).
+        matching: keep only call sites one of whose recorded frames (the ledger keeps up to 4, innermost first)
+            matches one of these globs (default all); the row itself is still keyed by its first 3 frames.
     Returns:
         The catalogue extended with one decision point per API (``coll-<api>``, perturbations ``skip_collective``
         and, where the API has a group on ``self``, ``extra_<op>``) and the rows (gate: the call site's first 3 frames).
@@ -345,7 +346,7 @@ def site_rows(catalogue: Catalogue, records: Sequence[Any], since: float, matchi
         if api is None:
             continue
         frames = tuple(r.site[:3])
-        if matching and not _glob_any(frames, matching):
+        if matching and not _glob_any(tuple(r.site), matching):
             continue
         name = f"coll-{r.api}"
         if name not in points:
@@ -980,9 +981,20 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
             from repro.ledger import load_ledgers
 
             leds = load_ledgers(p0.evidence.injector_dir, list(s0.rank_pids.values()) or None)
-            cat, srows = site_rows(cat, [r for led in leds.values() for r in led.records], t_arm, opts.sites_matching)
+            records = [r for led in leds.values() for r in led.records]
+            cat, srows = site_rows(cat, records, t_arm, opts.sites_matching)
             if not srows:
-                log.event("sites", note="the ledger saw no collective call site during the baseline burst")
+                seen_sites = sorted({" ← ".join(_short(f) for f in r.site[:4]) for r in records
+                                     if not r.inj and r.t_enter >= t_arm and r.site})
+                what = (f"no collective call site of the baseline burst matched --sites-matching "
+                        f"{' '.join(opts.sites_matching)}" if opts.sites_matching
+                        else "the ledger saw no collective call site during the baseline burst")
+                log.event("sites", note=what, seen=seen_sites[:20])
+                if opts.sites_matching:
+                    shown = "; ".join(seen_sites[:8]) or "none"
+                    raise HuntError(f"{what}. Call sites seen ({len(seen_sites)}): {shown}. Globs match any of a "
+                                    f"site's frames (Class.method, or module:Class.method with a ':'). Baseline "
+                                    f"evidence: {p0.evidence.path}")
             rows = rows + srows
         result.rows = rows
         seen_points = {r.point for r in rows}

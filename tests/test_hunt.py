@@ -448,3 +448,34 @@ def test_a_server_that_dies_right_after_a_clean_burst_is_blamed_on_that_trial_an
     assert r2.verdict == INCONCLUSIVE and "server died within 0 s after the burst" in r2.reason
     assert "inconclusive (server died" in r2.hazard
     assert res.results[2].verdict == SUCCEEDED and fr.sessions[1].starts == 2  # restarted before t003
+
+
+def test_sites_matching_looks_at_every_recorded_frame_of_a_call_site() -> None:
+    # sglang 0.5.23: check_hicache_events is the 4th frame of its all_reduce (… ← _sync_hicache_ready_counts ← it)
+    from repro.ledger import Record
+
+    site = ("sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache._all_reduce_attn_groups",
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache._all_reduce",
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache._sync_hicache_ready_counts",
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.check_hicache_events")
+    recs = [Record(0, "1", 1, "all_reduce", api="torch.distributed.all_reduce", site=site, t_enter=100.0)]
+    _, rows = H.site_rows(H.load_catalogue(), recs, since=99.0, matching=["*check_hicache_events"])
+    assert [r.gate_frames for r in rows] == [site[:3]]  # matched by its 4th frame, keyed (and gated) by the first 3
+    _, none = H.site_rows(H.load_catalogue(), recs, since=99.0, matching=["*recv_requests"])
+    assert none == []
+
+
+def test_sites_matching_nothing_is_an_error_naming_the_call_sites_seen(tmp_path: Path, monkeypatch) -> None:
+    import time as _time
+
+    import repro.ledger as L
+
+    site = ("sglang.srt.utils.common:broadcast_pyobj",
+            "sglang.srt.managers.scheduler_components.request_receiver:SchedulerRequestReceiver.recv_requests")
+    rec = L.Record(0, "1", 1, "broadcast", api="torch.distributed.broadcast", site=site, t_enter=_time.time() + 60)
+    monkeypatch.setattr(L, "load_ledgers", lambda *a, **k: {0: types.SimpleNamespace(records=[rec])})
+    with pytest.raises(H.HuntError) as e:
+        H.hunt(_opts(tmp_path, sites=True, sites_matching=("*check_hicache_events",)), runner=FakeRunner({}))
+    msg = str(e.value)
+    assert "no collective call site of the baseline burst matched --sites-matching *check_hicache_events" in msg
+    assert "broadcast_pyobj ← SchedulerRequestReceiver.recv_requests" in msg and "Baseline evidence:" in msg
