@@ -251,7 +251,7 @@ class Row:
         """``Scheduler._get_new_batch_prefill_raw, in `for req`'' (short, for tables)."""
         caller = _short(self.caller)
         if self.gate_frames:
-            return " ← ".join(_short(f) for f in self.gate_frames[:2])
+            return " ← ".join(_short(f) for f in self.gate_frames)  # all of them: the first two are often shared
         if not self.loop_var:
             return f"{caller}, outside loops"
         if self.loop_frame == self.caller:
@@ -396,7 +396,7 @@ def plan_trials(catalogue: Catalogue, rows: Sequence[Row], ranks: Sequence[int],
     """
     unknown = [x for x in perturbations if x not in catalogue.perturbations]
     if unknown:
-        raise HuntError(f"--perturbation {', '.join(unknown)}: not in {catalogue.path}; defined: {', '.join(sorted(catalogue.perturbations))}")
+        raise HuntError(f"--perturbation {', '.join(unknown)}: not in {catalogue.path} (nor made by --sites for the call sites this baseline saw); defined: {', '.join(sorted(catalogue.perturbations))}")
     out: list[Trial] = []
     for row in rows:
         point = catalogue.point(row.point)

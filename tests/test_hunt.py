@@ -461,6 +461,8 @@ def test_sites_matching_looks_at_every_recorded_frame_of_a_call_site() -> None:
     recs = [Record(0, "1", 1, "all_reduce", api="torch.distributed.all_reduce", site=site, t_enter=100.0)]
     _, rows = H.site_rows(H.load_catalogue(), recs, since=99.0, matching=["*check_hicache_events"])
     assert [r.gate_frames for r in rows] == [site[:3]]  # matched by its 4th frame, keyed (and gated) by the first 3
+    # the table names all three: the first two are shared with the prefetch all_reduce's call site
+    assert rows[0].where.endswith("UnifiedRadixCache._all_reduce ← UnifiedRadixCache._sync_hicache_ready_counts")
     _, none = H.site_rows(H.load_catalogue(), recs, since=99.0, matching=["*recv_requests"])
     assert none == []
 
