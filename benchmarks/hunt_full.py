@@ -24,9 +24,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from repro.procs import processes_mentioning
-
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # runnable from a checkout without `pip install -e .`
+
+from repro.procs import processes_mentioning  # noqa: E402
 BASE = REPO / "scenarios" / "sglang" / "hicache_prefetch_30760.toml"
 GRACE_S = 120.0  # seconds the interrupted hunt may take to tear its server down before it is killed
 
