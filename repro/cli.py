@@ -95,6 +95,10 @@ class _Progress:
             self.task = self.progress.add_task("launching server", total=None)
         elif event == "wait_healthy":
             self.progress.update(self.task, description=f"waiting for {data['url']}/health (pid {data['pid']})")
+        elif event == "arm_not_acknowledged":
+            console.print(f"[yellow]warning:[/] rank(s) {', '.join(map(str, data['ranks']))} did not acknowledge the arm "
+                          f"file within {data['timeout_s']:g} s; their first calls may run unarmed (the report's "
+                          "injection checks say whether they armed later)")
         elif event == "armed":
             ranks = ", ".join(f"TP{k}={pid}" for k, pid in sorted(data["ranks"].items()))
             console.print(f"healthy; ranks {ranks}; armed: {', '.join(data['injections']) or '(nothing)'}")

@@ -25,6 +25,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 INJECTORS_DIR = REPO_ROOT / "injectors"
 ARM_FILE_NAME = "ARM"
 POLL_S = 0.2
+ARM_ACK_TIMEOUT_S = 10.0  # seconds to wait for every rank's injector to acknowledge a new arm file
+ARM_ACK_POLL_S = 0.02
 
 
 class RunError(Exception):
@@ -183,6 +185,72 @@ def write_arm_file(arm_file: Path, injection_ids: Sequence[str]) -> None:
     ev.write_text_atomic(Path(arm_file), head + "".join(f"{i}\n" for i in injection_ids))
 
 
+def fire_log_offsets(injector_dir: Path, pids: Sequence[int]) -> dict[int, int]:
+    """Current size in bytes of each pid's ``fires-<pid>.jsonl`` (0 when absent): where :func:`wait_armed` starts."""
+    out: dict[int, int] = {}
+    for pid in pids:
+        try:
+            out[int(pid)] = (Path(injector_dir) / f"fires-{pid}.jsonl").stat().st_size
+        except OSError:
+            out[int(pid)] = 0
+    return out
+
+
+def wait_armed(injector_dir: Path, offsets: dict[int, int], arm_file: Path, timeout_s: float = ARM_ACK_TIMEOUT_S) -> list[int]:
+    """Block until every pid in ``offsets`` logged an ``armed`` event for the arm file as it is now.
+
+    The injector of each rank polls the arm file on its own (every ``arm_poll_s``, 0.1 s by default), so right
+    after :func:`write_arm_file` the ranks are armed at different moments; a burst sent at once can reach one rank's
+    gated call site before that rank is armed and the next one after, on a later scheduler tick, with other state
+    (measured in a hunt: rank 1 armed 85 ms after the burst started and fired two ticks late). Each rank's
+    ``armed`` event names the arm file's mtime it read (``arm_file_mtime``), matched here to the file's current
+    st_mtime_ns.
+
+    Args:
+        injector_dir: the evidence's injector folder (``fires-<pid>.jsonl``).
+        offsets: pid -> byte offset to read from (from :func:`fire_log_offsets`, taken before writing the arm file).
+        arm_file: the arm file just written.
+        timeout_s: seconds to wait at most.
+    Returns:
+        The pids that did not acknowledge within ``timeout_s`` (empty when all did), sorted.
+    """
+    import json
+
+    try:
+        want = Path(arm_file).stat().st_mtime_ns / 1e9
+    except OSError:
+        return sorted(offsets)
+    pending = dict(offsets)
+    partial: dict[int, bytes] = {pid: b"" for pid in pending}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for pid in list(pending):
+            path = Path(injector_dir) / f"fires-{pid}.jsonl"
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(pending[pid])
+                    chunk = fh.read()
+            except OSError:
+                continue
+            pending[pid] += len(chunk)
+            data = partial[pid] + chunk
+            lines = data.split(b"\n")
+            partial[pid] = lines.pop()  # an incomplete last line waits for the rest
+            for line in lines:
+                if b'"armed"' not in line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if rec.get("event") == "armed" and abs(float(rec.get("arm_file_mtime") or 0) - want) < 1e-6:
+                    del pending[pid]
+                    break
+        if not pending or time.monotonic() >= deadline:
+            return sorted(pending)
+        time.sleep(ARM_ACK_POLL_S)
+
+
 def collect_versions(injector_dir: Path, python: str) -> dict:
     """Versions for env.json: harness Python, platform, target interpreter, and the python/torch/sglang versions the
     injector's loaded markers recorded inside the server (the harness never imports sglang), plus py-spy's path."""
@@ -329,7 +397,16 @@ class Session:
         expected = list(range(p.spec.tp_size))
         timings: dict[str, float] = {}
         ids = [i.id for i in variant.injections]
+        offsets = fire_log_offsets(p.evidence.injector_dir, list(rank_pids.values()))
+        t_arm = time.time()
         write_arm_file(p.arm_file, ids)
+        # every rank armed before the first request: otherwise a rank that polls late meets its call site a tick late
+        late = wait_armed(p.evidence.injector_dir, offsets, p.arm_file) if ids and offsets else []
+        timings["arm_ack_s"] = time.time() - t_arm
+        if late:
+            by_pid = {v: k for k, v in rank_pids.items()}
+            self.observe("arm_not_acknowledged", {"ranks": sorted(by_pid.get(x, x) for x in late), "pids": late,
+                                                  "timeout_s": ARM_ACK_TIMEOUT_S})
         self.observe("armed", {"injections": ids, "ranks": rank_pids})
         prompts = make_prompts(n_requests or burst.requests, burst.input_len, burst.seed)
         driver = BurstDriver(p.adapter, server.url, prompts, burst.max_new_tokens, burst.concurrency,

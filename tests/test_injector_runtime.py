@@ -315,3 +315,34 @@ def test_delay_runs_the_original_after_sleeping_and_max_fires_caps(target: Path)
     c = lg.counts["slow"]
     assert (c.entered, c.matched, c.fired) == (4, 4, 2)  # max_fires caps the fires, not the matches
     assert len(rep.fires("slow")) == 2
+
+
+def test_wait_armed_returns_once_every_process_has_read_the_new_arm_file(target: Path):
+    from repro.injection_records import read_injector_dir as read_dir
+    from repro.runner import fire_log_offsets, wait_armed, write_arm_file
+
+    plan = _plan(target, [_inj("ret7", "tmod:Worker.step", {"kind": "return_value", "value": 7, "call_original": True})],
+                 arm_poll_s=0.5)  # slow polling: the two processes notice the arm file at different moments
+    procs = [subprocess.Popen([sys.executable, "-c", f"import tmod; tmod.loop_forever({str(target / f'r{i}.txt')!r})"],
+                              env=_env(target, plan), cwd=target, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        out = target / "out"
+        _wait(lambda: all((target / f"r{i}.txt").exists() for i in range(2)), "both processes running")
+        pids = [p.pid for p in procs]
+        offsets = fire_log_offsets(out, pids)
+        write_arm_file(target / "arm", ["ret7"])
+        t0 = time.time()
+        assert wait_armed(out, offsets, target / "arm", timeout_s=20) == []
+        acked = time.time()
+        logs = {lg.pid: lg for lg in read_dir(out).logs}
+        assert set(logs) == set(pids) and all(lg.armed_ids == ("ret7",) for lg in logs.values())
+        armed_at = [e["time"] for pid in pids for e in map(json.loads, (out / f"fires-{pid}.jsonl").read_text().splitlines())
+                    if e["event"] == "armed"]
+        assert len(armed_at) == 2 and max(armed_at) <= acked + 0.01 and min(armed_at) >= t0 - 0.01
+        # an arm file nobody reads again (same file, old events already consumed) is reported per pid on timeout
+        offsets = fire_log_offsets(out, pids + [999999])
+        assert wait_armed(out, offsets, target / "arm", timeout_s=0.3) == sorted(pids + [999999])
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
