@@ -19,9 +19,10 @@ And it fixes one interleaving that the testbed would otherwise leave to the OS s
     its admission loop, so a new request's prefetch is still live when ``_get_new_batch_prefill_raw`` checks it. On
     the testbed the ``file`` backend over an empty temp folder answers in microseconds, so whether the prefetch
     thread (query + its MIN all_reduce + the hit queue) finishes before the scheduler drains the hit queue in the
-    same tick is a race the OS decides: measured under load (6 busy loops on 2 cores) the prefetch was already
-    revoked in 1 of 2 hunts, the admission loop then issued no prefetch all_reduce and a perturbation meant to hit
-    sglang#30760 desynchronised the model forward instead. Here each ``PrefetchOperation`` records how many
+    same tick is a race the OS decides. When the thread wins, the prefetch is revoked before the admission loop,
+    the loop issues no prefetch all_reduce, and a perturbation meant to hit sglang#30760 desynchronises the model
+    forward instead (seen under load; the other cause of that, ranks armed a tick apart, is fixed in
+    ``repro.runner.wait_armed``). Here each ``PrefetchOperation`` records how many
     ``Scheduler.get_next_batch_to_run`` calls had returned in its process when it was created, and the controller's
     ``_storage_hit_query`` waits (``threading.Condition``, no polling) until one more has returned, at most
     ``STORAGE_QUERY_MAX_WAIT_S``. That is a legal interleaving of real sglang (a query may take any time), chosen
