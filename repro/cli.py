@@ -367,8 +367,13 @@ def arm(
     evidence: Path = typer.Argument(..., help="evidence folder of a `repro serve` server"),
     injections: Optional[List[str]] = typer.Argument(None, help="injection ids to arm (default: all of the variant)"),
 ) -> None:
-    """Arm a served server's injector (takes effect within ~0.1 s, no restart). Re-arming restarts occurrence counts."""
-    from repro.runner import write_arm_file
+    """Arm a served server's injector (no restart) and wait until every rank read it (≤ 10 s; usually ~0.1 s).
+
+    Re-arming restarts occurrence counts. Exit 0 when every rank acknowledged the arm file, 4 when a rank did not
+    within 10 s (its calls may still run unarmed).
+    """
+    from repro.evidence import read_json
+    from repro.runner import ARM_ACK_TIMEOUT_S, fire_log_offsets, wait_armed, write_arm_file
 
     arm_file, known = _arm_file_of(evidence)
     ids = list(injections or known)
@@ -376,8 +381,22 @@ def arm(
     if unknown:
         console.print(f"[red]error:[/] unknown injection id(s) {', '.join(unknown)}; this plan has: {', '.join(known) or '(none)'}")
         raise typer.Exit(EXIT_USAGE)
+    try:
+        out_dir = Path(read_json(Path(evidence) / "plan.json")["out_dir"])
+        rank_pids = {int(k): int(v) for k, v in (read_json(Path(evidence) / "serve.json") or {}).get("rank_pids", {}).items()}
+    except Exception:  # an older folder without serve.json: arm without waiting
+        out_dir, rank_pids = None, {}
+    offsets = fire_log_offsets(out_dir, list(rank_pids.values())) if out_dir and rank_pids else {}
     write_arm_file(arm_file, ids)
-    out.print(f"armed: {', '.join(ids)}")
+    late = wait_armed(out_dir, offsets, arm_file) if ids and offsets else []
+    if late:
+        by_pid = {v: k for k, v in rank_pids.items()}
+        console.print(f"[yellow]warning:[/] TP{', TP'.join(str(by_pid.get(x, x)) for x in late)} did not read the arm file "
+                      f"within {ARM_ACK_TIMEOUT_S:g} s; calls there may still run unarmed (its injector log: {out_dir})")
+        out.print(f"armed: {', '.join(ids)} (not confirmed on every rank)")
+        raise typer.Exit(EXIT_INCONCLUSIVE)
+    acked = f" (read by TP{', TP'.join(str(k) for k in sorted(rank_pids))})" if ids and offsets else ""
+    out.print(f"armed: {', '.join(ids)}{acked}")
 
 
 @app.command()

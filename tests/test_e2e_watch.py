@@ -145,6 +145,7 @@ def test_watch_catches_a_live_armed_deadlock(health_generation: str, tmp_path: P
         arm = subprocess.run([sys.executable, "-m", "repro.cli", "arm", str(serve_evidence)], cwd=REPO,
                              capture_output=True, text=True, timeout=60)
         assert arm.returncode == 0, arm.stderr
+        assert "(read by TP0, TP1)" in arm.stdout, arm.stdout  # returned only after both ranks' injectors armed
         arm_round = probes[-1]["round"]
         hang = until(lambda e: e["event"] == "hang", FAILURES * INTERVAL_S + PROBE_TIMEOUT_S + 120)
         assert hang, f"no hang declared; events: {events[-10:]}"
