@@ -1069,6 +1069,9 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
     session = runner.Session(p, observe)
     failures = 0
     need_restart = False  # lazily, before the next trial: no restart after the last one
+    last_clean: Optional[TrialResult] = None  # the last trial, when it ended clean on a live server
+    last_clean_t, last_log_off = 0.0, 0
+    log_path = p.evidence.file("server.log")
     try:
         failed = session.start()
         for i, t in enumerate(trials):
@@ -1087,6 +1090,21 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
                     return
                 failed = session.restart()
             failures = 0
+            server = getattr(session, "server", None)
+            if last_clean is not None and server is not None and not server.is_running():
+                # the server outlived SETTLE_S after the last trial's clean burst but died before this one: blame
+                # that trial (the only thing that ran since), not this one, and start this trial on a fresh server
+                _amend_died_after(log, last_clean, time.time() - last_clean_t, _log_since(log_path, last_log_off), cat)
+                last_clean = None
+                failed = session.restart()
+                while failed is not None:
+                    failures += 1
+                    if failures > MAX_RESTART_FAILURES:
+                        for rest in trials[i:]:
+                            log.add(TrialResult(rest, NOT_RUN, f"server could not be (re)started: {failed.reason}"))
+                        return
+                    failed = session.restart()
+                failures = 0
             observe("trial_start", {"trial": t, "n": i + 1, "total": len(trials), "remaining_s": clock.remaining})
             # fresh prompts per trial: a burst the server already served hits its prefix/HiCache caches and would not
             # reach the same code paths (e.g. no storage prefetch, so no prefetch collective in the admission loop)
@@ -1096,7 +1114,6 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
             run_dir.write_json("session.json", {"session": str(p.evidence.path), "hunt": str(log.folder),
                                                 "rank_pids": {str(k): v for k, v in session.rank_pids.items()}})
             run_dir.write_text("command.txt", (opts.command_line or f"repro hunt {opts.scenario_path}") + f"  # trial {t.name}\n")
-            log_path = p.evidence.file("server.log")
             log_off = log_path.stat().st_size if log_path.exists() else 0
             t0 = time.time()
             try:
@@ -1126,10 +1143,33 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
             observe("trial", {"result": tr, "n": i + 1, "total": len(trials), "remaining_s": clock.remaining})
             if not outcome.clean:
                 need_restart = True
+                last_clean = None
+            else:
+                last_clean, last_clean_t, last_log_off = tr, time.time(), log_off
     finally:
         session.stop()
         session.close_drivers()
         p.evidence.set_status("complete")
+
+
+def _amend_died_after(log: HuntLog, r: TrialResult, after_s: float, log_text: str, cat: Catalogue) -> None:
+    """The server died after trial ``r`` ended clean (later than SETTLE_S): make ``r`` INCONCLUSIVE, say why.
+
+    The trial's line in hunt.jsonl stays as written; an ``amended`` line follows it and HUNT.md is rewritten.
+    """
+    diag = crash_diagnosis(log_text, cat) if log_text else None
+    tail = [ln for ln in log_text.splitlines() if ln.strip()][-1:] if log_text else []
+    r.verdict = INCONCLUSIVE
+    r.reason = (f"the server died {after_s:.0f} s after this trial's clean burst, before the next trial (nothing else "
+                f"ran in between); verdict before: ALL REQUESTS SUCCEEDED" + (f"; last log line: {tail[0][:200]}" if tail else ""))
+    r.diagnosis = diag or r.diagnosis
+    t = r.trial
+    r.hazard = (hazard_statement(t, INCONCLUSIVE, diag, sum(r.matched.values()), sum(r.fired.values()), 0)
+                if diag and diag.collective.startswith("gloo size mismatch") else
+                f"rank-local `{t.row.point}` {t.perturbation.says} on rank {t.rank} ({t.row.where}): the server died "
+                f"{after_s:.0f} s after the burst (a delayed crash: see the server log)")
+    log.event("amended", trial=t.name, verdict=r.verdict, reason=r.reason)
+    log._write_md()
 
 
 def _log_since(path: Path, offset: int, max_bytes: int = 4_000_000) -> str:

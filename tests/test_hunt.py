@@ -180,10 +180,13 @@ class FakeRunner:
     RunOptions = real_runner.RunOptions
     RunError = real_runner.RunError
 
-    def __init__(self, script: dict[str, str], interrupt_at: Optional[str] = None, die_after: Optional[str] = None) -> None:
+    def __init__(self, script: dict[str, str], interrupt_at: Optional[str] = None, die_after: Optional[str] = None,
+                 die_later: bool = False) -> None:
         self.script = script  # trial name substring -> verdict
         self.interrupt_at = interrupt_at
         self.die_after = die_after  # the server dies right after this trial's (successful) burst
+        self.die_later = die_later  # ... only after the settle check (alive once more, dead at the next trial)
+        self.alive_checks = 0
         self.sessions: list["FakeSession"] = []
         self.driven: list[str] = []
         self.seeds: list[int] = []
@@ -199,6 +202,9 @@ class FakeRunner:
             @property
             def server(self) -> Any:
                 die = runner.die_after and runner.driven and runner.die_after in runner.driven[-1]
+                if die and runner.die_later:
+                    runner.alive_checks += 1
+                    die = runner.alive_checks > 1
                 return types.SimpleNamespace(is_running=lambda: self.running and not die)
 
             def start(self) -> None:
@@ -448,6 +454,22 @@ def test_a_server_that_dies_right_after_a_clean_burst_is_blamed_on_that_trial_an
     assert r2.verdict == INCONCLUSIVE and "server died within 0 s after the burst" in r2.reason
     assert "inconclusive (server died" in r2.hazard
     assert res.results[2].verdict == SUCCEEDED and fr.sessions[1].starts == 2  # restarted before t003
+
+
+def test_a_server_that_dies_between_trials_is_blamed_on_the_trial_before_not_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # measured: a perturbed idle-path read made a rank raise seconds after a clean burst; the next trial then met
+    # "connection refused" on every request and was reported INCONCLUSIVE for something it did not do
+    monkeypatch.setattr(H, "SETTLE_S", 0.0)
+    fr = FakeRunner({}, die_after="t002-", die_later=True)
+    res = H.hunt(_opts(tmp_path), runner=fr)
+    r2, r3 = res.results[1], res.results[2]
+    assert r2.verdict == INCONCLUSIVE and "server died" in r2.reason and "before the next trial" in r2.reason
+    assert "delayed crash" in r2.hazard
+    assert r3.verdict == SUCCEEDED and fr.sessions[1].starts == 2  # t003 ran on a restarted server
+    lines = _lines(res.folder)
+    amended = [x for x in lines if x["event"] == "amended"]
+    assert [x["trial"] for x in amended] == [r2.trial.name]
+    assert "the server died 0 s after the burst (a delayed crash" in (res.folder / "HUNT.md").read_text()  # hazard column
 
 
 def test_sites_matching_looks_at_every_recorded_frame_of_a_call_site() -> None:
