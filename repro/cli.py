@@ -411,29 +411,73 @@ def disarm(evidence: Path = typer.Argument(..., help="evidence folder of a `repr
 
 @app.command()
 def cleanup(
-    evidence: Path = typer.Argument(..., help="evidence folder of a run whose harness was killed"),
+    evidence: Path = typer.Argument(..., help="evidence folder of a run whose harness was killed (or a hunt folder, a hunt trial's folder, an evidence root)"),
     force: bool = typer.Option(False, "--force", help="also when the run's harness is still alive (ends that run)"),
 ) -> None:
     """End a server tree left behind by a harness that was SIGKILLed, using the pids + create times it recorded.
 
+    EVIDENCE is a run's folder (it holds processes.json); a hunt folder, a hunt trial's folder or an evidence root
+    stand for the run folders they name or hold. The server's own temp folders (owned_dirs.json) are removed too.
+
     A pid whose create time differs (reused by another process) is never touched. A run whose harness is still
     running is refused unless --force: cleaning it up would end someone's live run.
     """
+    targets = _cleanup_targets(Path(evidence))
+    if not targets:
+        console.print(f"[red]error:[/] {Path(evidence) / 'processes.json'} not found: pass a run's evidence folder (it holds "
+                      "processes.json), a hunt folder, a hunt trial's folder, or an evidence root")
+        raise typer.Exit(EXIT_USAGE)
+    codes = [_cleanup_one(t, force, several=len(targets) > 1) for t in targets]
+    raise typer.Exit(max(codes))
+
+
+def _cleanup_targets(folder: Path) -> list[Path]:
+    """Run folders (holding processes.json) that ``folder`` stands for: itself; a hunt trial's session
+    (session.json); a hunt's baseline and session (hunt.jsonl); else its direct children that hold one."""
+    import json as _json
+
+    from repro.evidence import read_json
+
+    if (folder / "processes.json").is_file():
+        return [folder]
+    found: list[Path] = []
+    sess = read_json(folder / "session.json") if (folder / "session.json").is_file() else None
+    if isinstance(sess, dict) and sess.get("session"):
+        found.append(Path(sess["session"]))
+    if (folder / "hunt.jsonl").is_file():
+        for line in (folder / "hunt.jsonl").read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                rec = _json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("event") in ("baseline", "session") and rec.get("evidence"):
+                found.append(Path(rec["evidence"]))
+    if not found and folder.is_dir():
+        found = sorted(d for d in folder.iterdir() if d.is_dir() and not d.is_symlink() and (d / "processes.json").is_file())
+    out: list[Path] = []
+    for d in found:
+        if (d / "processes.json").is_file() and d not in out:
+            out.append(d)
+    return out
+
+
+def _cleanup_one(evidence: Path, force: bool, several: bool) -> int:
+    """Stop one run folder's recorded server tree and remove its owned temp folders; returns an exit code."""
+    import shutil
+    import tempfile
+
     import psutil
 
     from repro.evidence import read_json, write_json_atomic
     from repro.procs import alive, load_procs, stop_procs
 
-    path = Path(evidence) / "processes.json"
-    if not path.is_file():
-        console.print(f"[red]error:[/] {path} not found: pass a run's evidence folder (it holds processes.json)")
-        raise typer.Exit(EXIT_USAGE)
+    path = evidence / "processes.json"
     try:
         procs = load_procs(path)
     except (OSError, ValueError) as e:
         console.print(f"[red]error:[/] {path} is not a process list written by repro ({e}); nothing was stopped")
-        raise typer.Exit(EXIT_USAGE)
-    run = read_json(Path(evidence) / "run.json") or {}
+        return EXIT_USAGE
+    run = read_json(evidence / "run.json") or {}
     harness = run.get("pid") if run.get("status") == "running" else None
     if harness and not force:
         try:
@@ -444,17 +488,29 @@ def cleanup(
         if live:
             console.print(f"[red]error:[/] the run in {evidence} is still in progress (harness pid {harness}); "
                           "stop it with Ctrl-C, or pass --force to end its server anyway")
-            raise typer.Exit(EXIT_USAGE)
+            return EXIT_USAGE
     live = [p for p in procs if alive(p)]
+    left = stop_procs(live) if live else []
+    removed = []
+    if not left:  # the server is gone: its temp folders (e.g. HiCache storage) go too, as the launcher does at stop
+        owned = read_json(evidence / "owned_dirs.json") if (evidence / "owned_dirs.json").is_file() else None
+        tmp = Path(tempfile.gettempdir())
+        for d in (Path(x) for x in (owned or []) if isinstance(x, str)):
+            if d.parent == tmp and d.name.startswith("repro-") and d.is_dir():
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(str(d))
+    where = f" ({evidence})" if several else ""
     if not live:
-        out.print(f"nothing to clean: none of the {len(procs)} recorded processes is running")
-        raise typer.Exit(0)
-    left = stop_procs(live)
+        out.print(f"nothing to clean{where}: none of the {len(procs)} recorded processes is running"
+                  + (f"; removed {', '.join(removed)}" if removed else ""))
+        return 0
     if run.get("status") == "running":
-        write_json_atomic(Path(evidence) / "run.json", {**run, "status": "cleaned-up", "cleaned_up_time": time.time(),
-                                                          "note": "the harness ended without tearing down; `repro cleanup` stopped the server"})
-    out.print(f"stopped {len(live) - len(left)} of {len(live)} live recorded processes" + (f"; still running: {[p.pid for p in left]}" if left else ""))
-    raise typer.Exit(0 if not left else EXIT_INTERNAL)
+        write_json_atomic(evidence / "run.json", {**run, "status": "cleaned-up", "cleaned_up_time": time.time(),
+                                                  "note": "the harness ended without tearing down; `repro cleanup` stopped the server"})
+    out.print(f"stopped {len(live) - len(left)} of {len(live)} live recorded processes{where}"
+              + (f"; still running: {[p.pid for p in left]}" if left else "")
+              + (f"; removed {', '.join(removed)}" if removed else ""))
+    return 0 if not left else EXIT_INTERNAL
 
 
 @app.command()
@@ -712,7 +768,8 @@ def hunt(
     at a time, and report which perturbations deadlock and in which collective (HUNT.md, hunt.jsonl).
 
     Exit codes: 3 if any trial DEADLOCKED in a scheduling/cache collective, 0 otherwise (also when only the model's
-    forward deadlocked), 2 bad input or a failed baseline, 130 interrupted (results so far kept), 1 internal error.
+    forward deadlocked), 4 when the baseline burst reached none of the chosen decision points (nothing was perturbed),
+    2 bad input or a failed baseline, 130 interrupted (results so far kept), 1 internal error.
     """
     from rich.markup import escape as rich_escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
@@ -782,9 +839,15 @@ def hunt(
             t.add_row(r.trial.name, d.family if d else "?", d.collective if d else "?", (d.known or "") if d else "",
                       str(r.scenario_file or ""))
         out.print(t)
-        out.print(f"{len(res.results)} trial(s), {len(res.deadlocks)} deadlock(s), {len(sched)} in scheduling/cache "
-                  f"collectives; wall time {res.wall_s / 60:.1f} min" + ("; budget ended early" if res.budget_exhausted else ""))
+        ran = [r for r in res.results if r.verdict != "NOT RUN"]
+        out.print(f"{len(ran)} of {len(res.results)} trial(s) run, {len(res.deadlocks)} deadlock(s), {len(sched)} in "
+                  f"scheduling/cache collectives; wall time {res.wall_s / 60:.1f} min"
+                  + ("; budget ended early" if res.budget_exhausted else ""))
+        if not res.rows:
+            out.print("nothing was perturbed: the baseline burst reached none of the chosen decision points")
         out.print(f"report: {res.folder / 'HUNT.md'}")
+    if not res.rows:  # nothing exercised is not "nothing found"
+        raise typer.Exit(EXIT_INCONCLUSIVE)
     raise typer.Exit(EXIT_DEADLOCKED if sched else EXIT_SUCCESS)
 
 

@@ -648,7 +648,7 @@ class HuntLog:
         h = self.header
         out = ["# repro hunt", ""]
         for k in ("scenario", "catalogue", "ref", "sglang", "torch", "python", "ranks", "budget_min", "command",
-                  "interrupted_during"):
+                  "interrupted_during", "error"):
             if h.get(k) not in (None, ""):
                 out.append(f"- **{k}**: {_md(h[k])}")
         done = [r for r in self.results if r.verdict != NOT_RUN]
@@ -925,11 +925,33 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
     bad = [r for r in ranks if not 0 <= r < tp]
     if bad:
         raise HuntError(f"--rank {bad}: the base scenario's TP size is {tp}; ranks are 0..{tp - 1}")
+    if opts.sites_matching and not opts.sites:
+        raise HuntError(f"--sites-matching {' '.join(opts.sites_matching)} needs --sites (it narrows the collective "
+                        "call sites --sites adds); add --sites or drop --sites-matching")
+    if opts.requests is not None and opts.requests < 1:
+        raise HuntError(f"--requests must be ≥ 1 (got {opts.requests})")
     if opts.perturbations and not opts.sites:
         plan_trials(cat, [], ranks, opts.perturbations)  # validates the names (--sites adds its own after the baseline)
+        offered = {n for pt in points for n in pt.perturbations}
+        missing = [x for x in opts.perturbations if x not in offered]
+        if missing:
+            raise HuntError(f"--perturbation {', '.join(missing)}: no chosen decision point offers it; "
+                            + "; ".join(f"{pt.name}: {', '.join(pt.perturbations)}" for pt in points))
     clock = _Clock(opts.budget_min * 60.0)
     mat = _materialize(opts.ref, opts.python)
-    folder = ev.EvidenceDir(opts.evidence_root, base.name, "hunt")
+    if mat is None and opts.python:  # an explicit --python is checked before any folder exists
+        from repro.interpreter import InterpreterError, choose_python
+
+        try:
+            choose_python(opts.python)
+        except InterpreterError as e:
+            raise HuntError(str(e)) from None
+    try:
+        folder = ev.EvidenceDir(opts.evidence_root, base.name, "hunt")
+    except ev.EvidenceError as e:
+        if mat is not None:
+            mat.close()
+        raise HuntError(str(e)) from None
     hf = folder.path
     (hf / "scenarios").mkdir(exist_ok=True)
     header = {"scenario": str(opts.scenario_path), "catalogue": str(cat.path), "ref": f"{opts.ref} ({mat.description})" if mat else opts.ref,
@@ -965,6 +987,9 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
                 raise HuntError(f"baseline server: {failed.reason} (evidence: {p0.evidence.path})")
             t_arm = time.time()
             oc = s0.drive(p0.variant, p0.evidence, opts.requests)
+        except KeyboardInterrupt:
+            p0.evidence.set_status("interrupted")
+            raise
         finally:
             s0.stop()
             s0.close_drivers()
@@ -989,10 +1014,11 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
                 what = (f"no collective call site of the baseline burst matched --sites-matching "
                         f"{' '.join(opts.sites_matching)}" if opts.sites_matching
                         else "the ledger saw no collective call site during the baseline burst")
-                log.event("sites", note=what, seen=seen_sites[:20])
+                log.event("sites", note=what, seen=seen_sites)
                 if opts.sites_matching:
                     shown = "; ".join(seen_sites[:8]) or "none"
-                    raise HuntError(f"{what}. Call sites seen ({len(seen_sites)}): {shown}. Globs match any of a "
+                    count = f"first 8 of {len(seen_sites)}" if len(seen_sites) > 8 else str(len(seen_sites))
+                    raise HuntError(f"{what}. Call sites seen ({count}; all in hunt.jsonl): {shown}. Globs match any of a "
                                     f"site's frames (Class.method, or module:Class.method with a ':'). Baseline "
                                     f"evidence: {p0.evidence.path}")
             rows = rows + srows
@@ -1020,12 +1046,16 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
             p = runner.prepare(ro, label_default="hunt-session", variants=[t.name for t in trials])
         except runner.RunError as e:
             raise HuntError(str(e)) from None
+        log.event("session", evidence=str(p.evidence.path))  # the trial server's run folder (`repro cleanup` finds it)
         _run_trials(runner, p, ro, base, cat, trials, log, clock, observe, opts)
         result.budget_exhausted = any(r.verdict == NOT_RUN for r in log.results)
         if opts.confirm:
             _confirm(runner, log, python, prepend, opts, clock, observe)
     except KeyboardInterrupt:
         interrupted = True
+    except HuntError as e:
+        log.finish("failed", error=str(e), wall_s=clock.elapsed)
+        raise
     finally:
         if mat is not None:
             mat.close()
@@ -1066,6 +1096,10 @@ def trial_seed(base: Any, trial: Trial) -> int:
 def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials: Sequence[Trial], log: HuntLog,
                 clock: _Clock, observe: Observer, opts: HuntOptions) -> None:
     """Drive every trial on one session; restart after a hang/crash; mark the rest NOT RUN when the budget ends."""
+    if clock.remaining <= 0:  # the baseline used up the budget: do not start a trial server for nothing
+        for rest in trials:
+            log.add(TrialResult(rest, NOT_RUN, f"budget of {opts.budget_min:g} min ended before this trial"))
+        return
     session = runner.Session(p, observe)
     failures = 0
     need_restart = False  # lazily, before the next trial: no restart after the last one

@@ -123,6 +123,11 @@ class Server:
         host = "127.0.0.1" if self.spec.host in ("0.0.0.0", "") else self.spec.host
         return f"http://{host}:{self.spec.port}"
 
+    @property
+    def owned_dirs(self) -> list[Path]:
+        """Folders this server owns and removes at stop (the adapter's :meth:`owned_dirs`, e.g. a HiCache temp folder)."""
+        return list(self._owned_dirs)
+
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """Last ``lines`` lines of the server log."""
         return _tail(self.log_path, lines)

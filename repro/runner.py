@@ -600,6 +600,9 @@ def save_server_procs(evd: ev.EvidenceDir, server: Any) -> None:
 
     try:
         save_procs(evd.file("processes.json"), server.procs())
+        owned = [str(d) for d in getattr(server, "owned_dirs", [])]
+        if owned:  # `repro cleanup` removes them after a SIGKILLed harness (the launcher would have at stop)
+            evd.write_json("owned_dirs.json", owned)
     except Exception:
         pass
 

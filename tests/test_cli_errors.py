@@ -110,6 +110,38 @@ def test_cleanup_refuses_a_run_whose_harness_is_alive_unless_forced(tmp_path):
             sleeper.wait(10)
 
 
+def test_cleanup_of_a_hunt_folder_stops_its_session_server_and_removes_its_temp_folder(tmp_path):
+    import tempfile
+
+    # the folders a SIGKILLed `repro hunt` leaves: the hunt folder (hunt.jsonl), its session run folder, a trial's
+    # folder (session.json); plus the HiCache temp folder the server owned
+    session, hunt, trial = tmp_path / "x-hunt-session", tmp_path / "x-hunt", tmp_path / "x-t001"
+    for d in (session, hunt, trial):
+        d.mkdir()
+    owned = Path(tempfile.mkdtemp(prefix="repro-hicache-"))
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        info = proc_info(sleeper.pid)
+        save_procs(session / "processes.json", [info])
+        (session / "owned_dirs.json").write_text(json.dumps([str(owned)]))
+        (hunt / "hunt.jsonl").write_text(json.dumps({"event": "session", "evidence": str(session)}) + "\n")
+        (trial / "session.json").write_text(json.dumps({"session": str(session)}))
+        code, out = _run("cleanup", str(trial))  # a trial's folder names its session
+        assert code == 0 and "stopped 1 of 1" in out and f"removed {owned}" in out
+        sleeper.wait(10)
+        assert not owned.exists()
+        code, out = _run("cleanup", str(hunt))  # and the hunt folder finds it too: nothing left to do
+        assert code == 0 and "nothing to clean" in out
+        code, out = _run("cleanup", str(tmp_path / "x-t001" / "stacks"))  # not a run folder of any kind
+        assert code == 2 and "a hunt folder" in out
+    finally:
+        if sleeper.poll() is None:
+            os.killpg(sleeper.pid, signal.SIGKILL)
+            sleeper.wait(10)
+        if owned.exists():
+            owned.rmdir()
+
+
 def test_analyze_markdown_into_a_missing_folder_is_exit_2(tmp_path, dumps_dir):
     code, out = _run("analyze", str(dumps_dir / "gloo3_extra_allreduce"), "--markdown", str(tmp_path / "no" / "x.md"))
     assert code == 2 and "does not exist" in out

@@ -3,6 +3,7 @@ scenario files, and the hunt loop's bookkeeping (streaming, restarts, budget, in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
 from pathlib import Path
@@ -503,3 +504,46 @@ def test_sites_matching_nothing_is_an_error_naming_the_call_sites_seen(tmp_path:
     msg = str(e.value)
     assert "no collective call site of the baseline burst matched --sites-matching *check_hicache_events" in msg
     assert "broadcast_pyobj ← SchedulerRequestReceiver.recv_requests" in msg and "Baseline evidence:" in msg
+
+
+@pytest.mark.parametrize("kw, says", [
+    ({"sites_matching": ("*x",)}, "--sites-matching *x needs --sites"),
+    ({"requests": 0}, "--requests must be ≥ 1 (got 0)"),
+    ({"perturbations": ("skip_once",)}, "--perturbation skip_once: no chosen decision point offers it; get_num_allocatable_reqs: zero_once"),
+    ({"python": "/nonexistent/python"}, "--python /nonexistent/python"),
+])
+def test_bad_options_fail_before_any_folder_or_server(tmp_path: Path, kw: dict, says: str) -> None:
+    fr = FakeRunner({})
+    opts = _opts(tmp_path, **{k: v for k, v in kw.items() if k != "perturbations"})
+    if "perturbations" in kw:
+        opts = dataclasses.replace(opts, perturbations=kw["perturbations"])
+    with pytest.raises(H.HuntError) as e:
+        H.hunt(opts, runner=fr)
+    assert says in str(e.value)
+    assert not (tmp_path / "ev").exists() and fr.sessions == []
+
+
+def test_an_evidence_dir_that_is_a_file_is_a_hunt_error(tmp_path: Path) -> None:
+    (tmp_path / "ev").write_text("not a folder")
+    with pytest.raises(H.HuntError, match="cannot create the evidence folder"):
+        H.hunt(_opts(tmp_path), runner=FakeRunner({}))
+
+
+def test_a_failed_hunt_says_so_in_hunt_md(tmp_path: Path, monkeypatch) -> None:
+    import repro.ledger as L
+
+    monkeypatch.setattr(L, "load_ledgers", lambda *a, **k: {})
+    with pytest.raises(H.HuntError):
+        H.hunt(_opts(tmp_path, sites=True, sites_matching=("nomatch*",)), runner=FakeRunner({}))
+    (folder,) = [d for d in (tmp_path / "ev" / "hicache_prefetch_30760").iterdir() if d.name.endswith("-hunt")]
+    md = (folder / "HUNT.md").read_text()
+    assert "**status**: failed" in md and "**error**: no collective call site" in md
+    assert _lines(folder)[-1]["event"] == "end" and _lines(folder)[-1]["status"] == "failed"
+
+
+def test_no_trial_server_is_started_when_the_baseline_used_up_the_budget(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(H._Clock, "remaining", property(lambda self: 0.0))
+    fr = FakeRunner({})
+    res = H.hunt(_opts(tmp_path), runner=fr)
+    assert len(fr.sessions) == 1  # the baseline's only
+    assert res.results and all(r.verdict == H.NOT_RUN for r in res.results) and res.budget_exhausted
