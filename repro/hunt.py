@@ -1113,6 +1113,13 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
                 for rest in trials[i:]:
                     log.add(TrialResult(rest, NOT_RUN, f"budget of {opts.budget_min:g} min ended before this trial"))
                 break
+            server = getattr(session, "server", None)
+            if last_clean is not None and server is not None and not server.is_running():
+                # the server outlived SETTLE_S after the last trial's clean burst but died before this one: blame
+                # that trial (the only thing that ran since), not this one, and start this trial on a fresh server
+                _amend_died_after(log, last_clean, time.time() - last_clean_t, _log_since(log_path, last_log_off), cat)
+                need_restart = True
+            last_clean = None
             if need_restart:
                 failed = session.restart()
                 need_restart = False
@@ -1124,21 +1131,6 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
                     return
                 failed = session.restart()
             failures = 0
-            server = getattr(session, "server", None)
-            if last_clean is not None and server is not None and not server.is_running():
-                # the server outlived SETTLE_S after the last trial's clean burst but died before this one: blame
-                # that trial (the only thing that ran since), not this one, and start this trial on a fresh server
-                _amend_died_after(log, last_clean, time.time() - last_clean_t, _log_since(log_path, last_log_off), cat)
-                last_clean = None
-                failed = session.restart()
-                while failed is not None:
-                    failures += 1
-                    if failures > MAX_RESTART_FAILURES:
-                        for rest in trials[i:]:
-                            log.add(TrialResult(rest, NOT_RUN, f"server could not be (re)started: {failed.reason}"))
-                        return
-                    failed = session.restart()
-                failures = 0
             observe("trial_start", {"trial": t, "n": i + 1, "total": len(trials), "remaining_s": clock.remaining})
             # fresh prompts per trial: a burst the server already served hits its prefix/HiCache caches and would not
             # reach the same code paths (e.g. no storage prefetch, so no prefetch collective in the admission loop)
@@ -1177,7 +1169,6 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
             observe("trial", {"result": tr, "n": i + 1, "total": len(trials), "remaining_s": clock.remaining})
             if not outcome.clean:
                 need_restart = True
-                last_clean = None
             else:
                 last_clean, last_clean_t, last_log_off = tr, time.time(), log_off
     finally:

@@ -354,6 +354,15 @@ def test_compat_layer_loads_from_pth_and_patches_lazily_on_import():
     assert "repro testbed compat: torch: cpu.Stream.synchronize=no-op" in r.stderr
 
 
+def _in_testbed_sglang_with_compat(code: str) -> str:
+    """Run ``code`` in the testbed interpreter with the compat layer switched on; its stdout (fails on exit != 0)."""
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(testbed.stub_dir()),
+           testbed.COMPAT_ENV: "1", testbed.COMPAT_DIR_ENV: str(testbed.compat_dir())}
+    r = subprocess.run([_testbed_python_or_fail(), "-W", "ignore", "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
 @pytest.mark.sglang
 def test_compat_layer_binds_direct_ops_and_plain_cpu_alloc_into_the_installed_sglang():
     code = (
@@ -363,11 +372,7 @@ def test_compat_layer_binds_direct_ops_and_plain_cpu_alloc_into_the_installed_sg
         "assert c.ALLOC_MEMORY_FUNCS['cpu'].__name__ == 'alloc_plain_cpu'; "
         "assert c.ALLOC_MEMORY_FUNCS['cuda'] is c.alloc_with_host_register; print('bound')"
     )
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(testbed.stub_dir()),
-           testbed.COMPAT_ENV: "1", testbed.COMPAT_DIR_ENV: str(testbed.compat_dir())}
-    r = subprocess.run([_testbed_python_or_fail(), "-W", "ignore", "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "bound" in r.stdout
+    assert "bound" in _in_testbed_sglang_with_compat(code)
 
 
 # ---- (d) storage queries answer after the scheduler's batch decision of their tick -----------------------------------
@@ -448,8 +453,4 @@ def test_compat_orders_storage_queries_in_the_installed_sglang():
         "assert all(getattr(k.__init__, '__repro_compat__', False) for k in (cc.PrefetchOperation, hc.PrefetchOperation)); "
         "print('ordered')"
     )
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(testbed.stub_dir()),
-           testbed.COMPAT_ENV: "1", testbed.COMPAT_DIR_ENV: str(testbed.compat_dir())}
-    r = subprocess.run([_testbed_python_or_fail(), "-W", "ignore", "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "ordered" in r.stdout
+    assert "ordered" in _in_testbed_sglang_with_compat(code)
