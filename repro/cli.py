@@ -469,7 +469,7 @@ def _cleanup_one(evidence: Path, force: bool, several: bool) -> int:
     import psutil
 
     from repro.evidence import read_json, write_json_atomic
-    from repro.procs import alive, load_procs, stop_procs
+    from repro.procs import ProcInfo, alive, load_procs, stop_procs
 
     path = evidence / "processes.json"
     try:
@@ -480,9 +480,9 @@ def _cleanup_one(evidence: Path, force: bool, several: bool) -> int:
     run = read_json(evidence / "run.json") or {}
     harness = run.get("pid") if run.get("status") == "running" else None
     if harness and not force:
-        try:
+        try:  # a SIGKILLed harness not yet reaped by its parent is a zombie: not alive
             h = psutil.Process(int(harness))
-            live = abs(h.create_time() - float(run.get("harness_create_time", h.create_time()))) < 1.0
+            live = alive(ProcInfo(int(harness), float(run.get("harness_create_time", h.create_time())), "", []))
         except (psutil.Error, ValueError):
             live = False
         if live:

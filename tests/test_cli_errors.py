@@ -11,8 +11,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from typer.testing import CliRunner
 
@@ -140,6 +142,27 @@ def test_cleanup_of_a_hunt_folder_stops_its_session_server_and_removes_its_temp_
             sleeper.wait(10)
         if owned.exists():
             owned.rmdir()
+
+
+def test_cleanup_treats_a_killed_harness_not_yet_reaped_as_gone(tmp_path):
+    # measured: right after `kill -9` of a hunt, its pid is a zombie of the shell that started it for a moment;
+    # cleanup refused ("still in progress") although nothing could ever tear the server down
+    harness = subprocess.Popen([sys.executable, "-c", "pass"])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        h = proc_info(harness.pid)
+        deadline = time.monotonic() + 10
+        while psutil.Process(harness.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.05)  # not waited for: it stays a zombie
+        save_procs(tmp_path / "processes.json", [proc_info(sleeper.pid)])
+        (tmp_path / "run.json").write_text(json.dumps({"status": "running", "pid": h.pid, "harness_create_time": h.create_time}))
+        code, out = _run("cleanup", str(tmp_path))
+        assert code == 0 and "stopped 1 of 1" in out, out
+    finally:
+        harness.wait(10)
+        if sleeper.poll() is None:
+            os.killpg(sleeper.pid, signal.SIGKILL)
+        sleeper.wait(10)
 
 
 def test_analyze_markdown_into_a_missing_folder_is_exit_2(tmp_path, dumps_dir):
