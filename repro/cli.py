@@ -373,7 +373,7 @@ def arm(
     within 10 s (its calls may still run unarmed).
     """
     from repro.evidence import read_json
-    from repro.runner import ARM_ACK_TIMEOUT_S, fire_log_offsets, wait_armed, write_arm_file
+    from repro.runner import ARM_ACK_TIMEOUT_S, arm_and_wait
 
     arm_file, known = _arm_file_of(evidence)
     ids = list(injections or known)
@@ -386,16 +386,13 @@ def arm(
         rank_pids = {int(k): int(v) for k, v in (read_json(Path(evidence) / "serve.json") or {}).get("rank_pids", {}).items()}
     except Exception:  # an older folder without serve.json: arm without waiting
         out_dir, rank_pids = None, {}
-    offsets = fire_log_offsets(out_dir, list(rank_pids.values())) if out_dir and rank_pids else {}
-    write_arm_file(arm_file, ids)
-    late = wait_armed(out_dir, offsets, arm_file) if ids and offsets else []
+    late = arm_and_wait(arm_file, ids, out_dir, rank_pids)
     if late:
-        by_pid = {v: k for k, v in rank_pids.items()}
-        console.print(f"[yellow]warning:[/] TP{', TP'.join(str(by_pid.get(x, x)) for x in late)} did not read the arm file "
-                      f"within {ARM_ACK_TIMEOUT_S:g} s; calls there may still run unarmed (its injector log: {out_dir})")
+        console.print(f"[yellow]warning:[/] TP{', TP'.join(map(str, late))} did not read the arm file within "
+                      f"{ARM_ACK_TIMEOUT_S:g} s; calls there may still run unarmed (its injector log: {out_dir})")
         out.print(f"armed: {', '.join(ids)} (not confirmed on every rank)")
         raise typer.Exit(EXIT_INCONCLUSIVE)
-    acked = f" (read by TP{', TP'.join(str(k) for k in sorted(rank_pids))})" if ids and offsets else ""
+    acked = f" (read by TP{', TP'.join(str(k) for k in sorted(rank_pids))})" if ids and out_dir and rank_pids else ""
     out.print(f"armed: {', '.join(ids)}{acked}")
 
 

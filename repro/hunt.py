@@ -1097,8 +1097,7 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
                 clock: _Clock, observe: Observer, opts: HuntOptions) -> None:
     """Drive every trial on one session; restart after a hang/crash; mark the rest NOT RUN when the budget ends."""
     if clock.remaining <= 0:  # the baseline used up the budget: do not start a trial server for nothing
-        for rest in trials:
-            log.add(TrialResult(rest, NOT_RUN, f"budget of {opts.budget_min:g} min ended before this trial"))
+        _not_run(log, trials, f"budget of {opts.budget_min:g} min ended before this trial")
         return
     session = runner.Session(p, observe)
     failures = 0
@@ -1110,8 +1109,7 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
         failed = session.start()
         for i, t in enumerate(trials):
             if clock.remaining <= 0:
-                for rest in trials[i:]:
-                    log.add(TrialResult(rest, NOT_RUN, f"budget of {opts.budget_min:g} min ended before this trial"))
+                _not_run(log, trials[i:], f"budget of {opts.budget_min:g} min ended before this trial")
                 break
             server = getattr(session, "server", None)
             if last_clean is not None and server is not None and not server.is_running():
@@ -1126,8 +1124,7 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
             while failed is not None:
                 failures += 1
                 if failures > MAX_RESTART_FAILURES:
-                    for rest in trials[i:]:
-                        log.add(TrialResult(rest, NOT_RUN, f"server could not be (re)started: {failed.reason}"))
+                    _not_run(log, trials[i:], f"server could not be (re)started: {failed.reason}")
                     return
                 failed = session.restart()
             failures = 0
@@ -1175,6 +1172,12 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
         session.stop()
         session.close_drivers()
         p.evidence.set_status("complete")
+
+
+def _not_run(log: HuntLog, trials: Sequence[Trial], why: str) -> None:
+    """Record each of ``trials`` as NOT RUN, saying why."""
+    for t in trials:
+        log.add(TrialResult(t, NOT_RUN, why))
 
 
 def _amend_died_after(log: HuntLog, r: TrialResult, after_s: float, log_text: str, cat: Catalogue) -> None:

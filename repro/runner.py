@@ -251,6 +251,25 @@ def wait_armed(injector_dir: Path, offsets: dict[int, int], arm_file: Path, time
         time.sleep(ARM_ACK_POLL_S)
 
 
+def arm_and_wait(arm_file: Path, ids: Sequence[str], injector_dir: Optional[Path], rank_pids: dict[int, int],
+                 timeout_s: float = ARM_ACK_TIMEOUT_S) -> list[int]:
+    """Write the arm file (:func:`write_arm_file`) and, when arming, wait for every rank's acknowledgement
+    (:func:`wait_armed`).
+
+    Args:
+        ids: injection ids (empty: disarm, nothing to wait for).
+        injector_dir: the injector folder holding ``fires-<pid>.jsonl`` (None: do not wait).
+        rank_pids: rank -> pid of the ranks to wait for (empty: do not wait).
+    Returns:
+        The ranks that did not acknowledge within ``timeout_s`` seconds, sorted (empty when all did or no wait).
+    """
+    offsets = fire_log_offsets(injector_dir, list(rank_pids.values())) if injector_dir and rank_pids else {}
+    write_arm_file(arm_file, ids)
+    late = wait_armed(injector_dir, offsets, arm_file, timeout_s) if ids and offsets else []
+    by_pid = {v: k for k, v in rank_pids.items()}
+    return sorted(by_pid.get(x, x) for x in late)
+
+
 def collect_versions(injector_dir: Path, python: str) -> dict:
     """Versions for env.json: harness Python, platform, target interpreter, and the python/torch/sglang versions the
     injector's loaded markers recorded inside the server (the harness never imports sglang), plus py-spy's path."""
@@ -397,16 +416,12 @@ class Session:
         expected = list(range(p.spec.tp_size))
         timings: dict[str, float] = {}
         ids = [i.id for i in variant.injections]
-        offsets = fire_log_offsets(p.evidence.injector_dir, list(rank_pids.values()))
         t_arm = time.time()
-        write_arm_file(p.arm_file, ids)
         # every rank armed before the first request: otherwise a rank that polls late meets its call site a tick late
-        late = wait_armed(p.evidence.injector_dir, offsets, p.arm_file) if ids and offsets else []
+        late = arm_and_wait(p.arm_file, ids, p.evidence.injector_dir, rank_pids)
         timings["arm_ack_s"] = time.time() - t_arm
         if late:
-            by_pid = {v: k for k, v in rank_pids.items()}
-            self.observe("arm_not_acknowledged", {"ranks": sorted(by_pid.get(x, x) for x in late), "pids": late,
-                                                  "timeout_s": ARM_ACK_TIMEOUT_S})
+            self.observe("arm_not_acknowledged", {"ranks": late, "timeout_s": ARM_ACK_TIMEOUT_S})
         self.observe("armed", {"injections": ids, "ranks": rank_pids})
         prompts = make_prompts(n_requests or burst.requests, burst.input_len, burst.seed)
         driver = BurstDriver(p.adapter, server.url, prompts, burst.max_new_tokens, burst.concurrency,
