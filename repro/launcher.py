@@ -3,8 +3,10 @@
 ``start_server`` picks free ports when the spec says 0, checks given ports are free, starts the adapter's command
 with ``start_new_session=True`` (the server leads its own process group, so Ctrl-C in the terminal does not reach it
 directly and the harness decides when it ends) and writes its stdout+stderr to a log file. ``Server.stop`` first
-snapshots the tree with create times, then SIGTERM / grace / SIGKILL, then verifies every snapshotted process is
-gone. It is idempotent and is called on context-manager exit, including KeyboardInterrupt.
+snapshots the tree with start times (clock ticks since boot, :mod:`repro.procs`), then SIGTERM / grace / SIGKILL,
+then verifies every snapshotted process is gone. It is idempotent and is called on context-manager exit, including
+KeyboardInterrupt. While the root is our own unreaped child (``Popen.poll()`` is None) its pid cannot have been
+reused, so it is always treated as ours — a check of its identity can never make the harness skip stopping it.
 """
 
 from __future__ import annotations
@@ -104,9 +106,9 @@ class Server:
         self.popen = popen
         self._log_file = log_file
         self.root: Optional[ProcInfo] = _procs.proc_info(popen.pid)
-        self._known: dict[tuple[int, float], ProcInfo] = {}
+        self._known: dict[tuple, ProcInfo] = {}
         if self.root is not None:
-            self._known[(self.root.pid, self.root.create_time)] = self.root
+            self._known[self.root.key] = self.root
         self._stopped = False
         self._leftover: list[ProcInfo] = []
         self._owned_dirs: list[Path] = list(getattr(adapter, "owned_dirs", lambda _e: [])(env))
@@ -132,14 +134,34 @@ class Server:
         """Last ``lines`` lines of the server log."""
         return _tail(self.log_path, lines)
 
+    def _root_is_ours(self) -> bool:
+        """True while the root is our unreaped child (its pid cannot be reused), or it is still the same process."""
+        if self.popen.poll() is None:
+            return True
+        return self.root is not None and _procs.alive(self.root)
+
     def procs(self) -> list[ProcInfo]:
         """Live snapshot of the server tree (root + descendants); also remembered for :meth:`stop`."""
-        if self.root is None or not _procs.alive(self.root):
+        if not self._root_is_ours():
             return []
         snap = _procs.snapshot_tree(self.pid)
         for p in snap:
-            self._known[(p.pid, p.create_time)] = p
+            self._known[p.key] = p
         return snap
+
+    def launch_mark(self) -> dict:
+        """The mark that says the harness itself started this tree, for ``processes.json`` (``repro cleanup`` ends
+        only trees carrying it): ``{"launched_by_repro": true, "root": {pid, start_ticks, create_time},
+        "harness": {pid, start_ticks, create_time}}``; start ticks are clock ticks since boot (``/proc/PID/stat``)."""
+        me = _procs.proc_info(os.getpid())
+        root = self.root
+        return {
+            "launched_by_repro": True,
+            "root": {"pid": self.pid, "start_ticks": root.start_ticks if root else None,
+                     "create_time": root.create_time if root else None},
+            "harness": {"pid": os.getpid(), "start_ticks": me.start_ticks if me else None,
+                        "create_time": me.create_time if me else None},
+        }
 
     def rank_pids(self) -> dict[int, int]:
         """rank → pid of the scheduler processes, from their titles (``adapter.rank_pids``)."""
@@ -212,6 +234,10 @@ class Server:
             # Root first in the list so stop_procs signals it last (it signals in reverse order).
             snap.sort(key=lambda p: (p.pid != self.pid, p.pid))
             left = _procs.stop_procs(snap, grace_s=grace_s)
+            if self.popen.poll() is None:
+                # Still our unreaped child although stop_procs saw no live match (its identity could not be read):
+                # its pid is ours for sure, so end its group and it directly.
+                self._kill_own_root()
             try:
                 self.popen.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
@@ -227,6 +253,16 @@ class Server:
                 for d in self._owned_dirs:
                     shutil.rmtree(d, ignore_errors=True)
         return list(self._leftover)
+
+    def _kill_own_root(self) -> None:
+        """SIGKILL the root's process group and the root itself; only called while ``Popen.poll()`` is None."""
+        import signal
+
+        for fn in (lambda: os.killpg(self.pid, signal.SIGKILL), self.popen.kill):
+            try:
+                fn()
+            except (ProcessLookupError, PermissionError, OSError):
+                pass
 
     def __enter__(self) -> "Server":
         return self

@@ -1,7 +1,12 @@
 """Process-tree bookkeeping: snapshot a server's tree, check liveness safely, stop it, persist it.
 
-A process is identified by ``(pid, create_time)``: a pid alone can be reused by an unrelated process after the
-original exits, so nothing here ever signals a pid whose create time differs from the snapshot's. Titles are read
+A process is identified by ``(pid, start_ticks)``: its start time in clock ticks since boot (``/proc/PID/stat``
+field 22, what the injector's loaded markers record too). A pid alone can be reused by an unrelated process after
+the original exits, so nothing here ever signals a pid whose start time differs from the snapshot's. The start
+ticks are used rather than psutil's ``create_time()`` because psutil derives that from the boot time in
+``/proc/stat``, which moves when the wall clock is stepped (NTP, live migration, suspend): after a 33 s step the
+same process reads 33 s apart. ``create_time`` is still recorded for people, and compared (10 ms tolerance) only
+for snapshots written before start ticks were recorded (old evidence files) or where /proc cannot be read. Titles are read
 from ``/proc/PID/cmdline`` (sglang's children rename themselves with ``setproctitle``, e.g.
 ``sglang::scheduler_TP1``), the way sglang's own tooling maps pids to ranks.
 """
@@ -14,13 +19,27 @@ import signal
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional, Union
+from typing import Any, Iterable, Optional, Union
 
 import psutil
 
 # create_time from psutil is a float in seconds; two reads of the same process agree exactly, a reused pid
 # almost never starts in the same 10 ms tick. Compare with this tolerance (seconds).
 _CREATE_TIME_TOL_S = 0.01
+
+
+def start_ticks(pid: int) -> Optional[int]:
+    """The start time of ``pid`` in clock ticks since boot (``/proc/PID/stat`` field 22); None when unreadable.
+
+    Immune to wall-clock steps (unlike ``psutil.Process.create_time()``). Fields after the command name are split
+    after its closing parenthesis, since the name itself may hold spaces or parentheses.
+    """
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as fh:
+            stat = fh.read().decode("ascii", "replace")
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -32,12 +51,20 @@ class ProcInfo:
         create_time: start time in seconds since the epoch (``psutil.Process.create_time()``).
         name: short name (``comm``, at most 15 characters; a proctitle may change it).
         cmdline: argv as read from ``/proc/PID/cmdline`` (after ``setproctitle``: one element, the title).
+        start_ticks: start time in clock ticks since boot (``/proc/PID/stat`` field 22): the identity checked
+            before any signal. None in snapshots written before it was recorded (then ``create_time`` is compared).
     """
 
     pid: int
     create_time: float
     name: str
     cmdline: list[str] = field(default_factory=list, hash=False, compare=False)
+    start_ticks: Optional[int] = None
+
+    @property
+    def key(self) -> tuple:
+        """A hashable identity: ``(pid, start_ticks)``, or ``(pid, create_time to 10 ms)`` without start ticks."""
+        return (self.pid, "ticks", self.start_ticks) if self.start_ticks is not None else (self.pid, "ct", round(self.create_time, 2))
 
     @property
     def title(self) -> str:
@@ -56,7 +83,7 @@ def _info(p: psutil.Process) -> Optional[ProcInfo]:
                 cmd = p.cmdline()
             except (psutil.AccessDenied, psutil.ZombieProcess):
                 cmd = []
-        return ProcInfo(pid=p.pid, create_time=ct, name=name, cmdline=list(cmd))
+        return ProcInfo(pid=p.pid, create_time=ct, name=name, cmdline=list(cmd), start_ticks=start_ticks(p.pid))
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
         return None
 
@@ -95,16 +122,35 @@ def snapshot_tree(root_pid: int) -> list[ProcInfo]:
     return out
 
 
-def alive(p: ProcInfo) -> bool:
-    """True iff a process with ``p.pid`` exists, is not a zombie, AND started at ``p.create_time``.
+def same_start(p: ProcInfo) -> bool:
+    """True iff the process now holding ``p.pid`` started when ``p`` did (False when no such pid).
 
-    A reused pid (same number, different create time) counts as not alive: it is another process.
+    Compares start ticks (a clock step cannot change them); falls back to ``create_time`` within 10 ms only when
+    ``p`` has no start ticks (a snapshot written by an older harness) or /proc cannot be read.
+    Raises:
+        psutil.AccessDenied: only from the fallback, when the process is not ours to inspect.
+    """
+    if p.start_ticks is not None:
+        now = start_ticks(p.pid)
+        if now is not None:
+            return now == p.start_ticks
+        if not psutil.pid_exists(p.pid):
+            return False
+    try:
+        return abs(psutil.Process(p.pid).create_time() - p.create_time) <= _CREATE_TIME_TOL_S
+    except psutil.NoSuchProcess:
+        return False
+
+
+def alive(p: ProcInfo) -> bool:
+    """True iff a process with ``p.pid`` exists, is not a zombie, AND started when ``p`` did (:func:`same_start`).
+
+    A reused pid (same number, different start time) counts as not alive: it is another process.
     """
     try:
-        q = psutil.Process(p.pid)
-        if abs(q.create_time() - p.create_time) > _CREATE_TIME_TOL_S:
+        if not same_start(p):
             return False
-        return q.status() != psutil.STATUS_ZOMBIE
+        return psutil.Process(p.pid).status() != psutil.STATUS_ZOMBIE
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return False
     except psutil.AccessDenied:  # exists but not ours to inspect: treat as alive (do not claim it is gone)
@@ -151,7 +197,7 @@ def _wait_gone(procs: list[ProcInfo], timeout_s: float) -> list[ProcInfo]:
 def stop_procs(procs: Iterable[ProcInfo], grace_s: float = 10.0, kill_wait_s: float = 5.0) -> list[ProcInfo]:
     """Stop every process in ``procs``: SIGTERM (to its process group where it leads one), wait, SIGKILL the rest.
 
-    Only processes whose pid AND create time still match are signalled; a reused pid is never touched. Children
+    Only processes whose pid AND start time (ticks since boot) still match are signalled; a reused pid is never touched. Children
     of the calling process are reaped so they do not stay as zombies.
 
     Args:
@@ -179,17 +225,41 @@ def stop_procs(procs: Iterable[ProcInfo], grace_s: float = 10.0, kill_wait_s: fl
     return still
 
 
-def save_procs(path: Union[str, Path], procs: Iterable[ProcInfo]) -> None:
-    """Write a snapshot as JSON (a list of ``{pid, create_time, name, cmdline}``), atomically via rename."""
+def save_procs(path: Union[str, Path], procs: Iterable[ProcInfo], launch: Optional[dict] = None) -> None:
+    """Write a snapshot as JSON (a list of ``{pid, create_time, name, cmdline, start_ticks}``), atomically via rename.
+
+    Args:
+        launch: when the snapshot is of a tree the harness itself started (:meth:`repro.launcher.Server.launch_mark`),
+            the mark that lets ``repro cleanup`` end it: the file becomes ``{"launched_by_repro": true, "root": {pid,
+            start_ticks, create_time}, "harness": {...}, "processes": [...]}``. Without it (e.g. a watched server)
+            the file is a plain list and cleanup never signals what it lists.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps([asdict(p) for p in procs], indent=1), encoding="utf-8")
+    rows = [asdict(p) for p in procs]
+    data: Any = {**launch, "processes": rows} if launch else rows
+    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
     os.replace(tmp, path)
 
 
+def read_launch_mark(path: Union[str, Path]) -> Optional[dict]:
+    """The launch mark of a snapshot file (see :func:`save_procs`), or None when it has none (not launched by repro,
+    or written before the mark existed). Never raises for a missing or unreadable file (None)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict) and data.get("launched_by_repro") is True and isinstance(data.get("root"), dict):
+        return {k: v for k, v in data.items() if k != "processes"}
+    return None
+
+
 def load_procs(path: Union[str, Path]) -> list[ProcInfo]:
-    """Read a snapshot written by :func:`save_procs`.
+    """Read a snapshot written by :func:`save_procs` (a list, or the launch-marked object holding ``processes``).
+
+    Rows without ``start_ticks`` (written by an older harness) load with ``start_ticks=None``: their identity is
+    then checked by ``create_time`` (see :func:`same_start`).
 
     Raises:
         ValueError: the file is not such a snapshot (message names the file and the expected shape).
@@ -198,9 +268,14 @@ def load_procs(path: Union[str, Path]) -> list[ProcInfo]:
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(data, dict) and "processes" in data:
+            data = data["processes"]
+        if not isinstance(data, list):
+            raise TypeError(f"a JSON {type(data).__name__}")
         return [
             ProcInfo(pid=int(d["pid"]), create_time=float(d["create_time"]), name=str(d.get("name", "")),
-                     cmdline=[str(a) for a in d.get("cmdline", [])])
+                     cmdline=[str(a) for a in d.get("cmdline", [])],
+                     start_ticks=int(d["start_ticks"]) if d.get("start_ticks") is not None else None)
             for d in data
         ]
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:

@@ -177,3 +177,54 @@ def test_stop_ends_children_seen_earlier_even_after_the_root_died(tmp_path: Path
     finally:
         left = server.stop(grace_s=2.0)
     assert left == [] and not any(alive(p) for p in snap)
+
+
+def _step_wall_clock(monkeypatch, step_s: float = 33.0) -> None:
+    """Simulate a wall-clock step of ``step_s`` seconds as psutil sees it: its boot time (from /proc/stat's btime,
+    which the kernel derives from the wall clock) moves, and with it every process's ``create_time()``."""
+    import psutil
+
+    real_ct, real_bt = psutil.Process.create_time, psutil.boot_time
+    monkeypatch.setattr(psutil.Process, "create_time", lambda self: real_ct(self) + step_s)
+    monkeypatch.setattr(psutil, "boot_time", lambda: real_bt() + step_s)
+
+
+def test_a_wall_clock_step_neither_loses_nor_leaks_the_server_tree(tmp_path: Path, monkeypatch):
+    import os
+
+    from repro.procs import start_ticks
+
+    script = tmp_path / "tree.py"
+    script.write_text(TREE)
+    server = start_server(_CommandAdapter([sys.executable, str(script), "ignore"]), _spec(), tmp_path / "server.log")
+    try:
+        snap = _wait_tree(server, 3)
+        _step_wall_clock(monkeypatch)
+        # Same processes, read after the step: still found (the run's rank lookup goes through procs()) ...
+        assert {p.pid for p in server.procs()} == {p.pid for p in snap}
+        assert all(alive(p) for p in snap)
+    finally:
+        left = server.stop(grace_s=0.5)
+    # ... and all stopped: nothing of the tree is left running.
+    assert left == []
+    assert not any(start_ticks(p.pid) == p.start_ticks for p in snap), "a process of the tree is still running"
+    assert server.popen.poll() is not None
+    assert os.path.exists(tmp_path / "server.log")
+
+
+def test_stop_never_skips_a_root_that_is_still_our_child(tmp_path: Path, monkeypatch):
+    from repro import procs as procs_mod
+
+    server = start_server(_CommandAdapter([sys.executable, "-c", "import time; time.sleep(3600)"]), _spec(),
+                          tmp_path / "server.log")
+    try:
+        _wait_tree(server, 1)
+        # Whatever goes wrong with identity checks (here: every check says "another process"), the root is our
+        # unreaped child, so its pid is still ours.
+        monkeypatch.setattr(procs_mod, "alive", lambda p: False)
+        server.stop(grace_s=0.2)
+        assert server.popen.poll() is not None, "the root was left running"
+    finally:
+        monkeypatch.undo()
+        server.popen.kill()
+        server.popen.wait(timeout=10)

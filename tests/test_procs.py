@@ -142,3 +142,46 @@ def test_stop_reaps_ended_children_so_no_zombie_is_left():
     assert stop_procs([info], grace_s=0.1) == []
     # Reaped by stop_procs itself: the pid no longer exists (no zombie waiting for its parent).
     assert not psutil.pid_exists(kid.pid)
+
+
+def test_identity_survives_a_wall_clock_step_and_the_tree_is_still_stopped(tree, monkeypatch):
+    import psutil
+
+    from repro.procs import start_ticks
+
+    root, child, grandchild = tree
+    snap = snapshot_tree(root.pid)
+    assert all(p.start_ticks is not None for p in snap)
+    real_ct = psutil.Process.create_time
+    monkeypatch.setattr(psutil.Process, "create_time", lambda self: real_ct(self) + 33.0)  # the clock stepped 33 s
+    assert all(alive(p) for p in snap)
+    assert stop_procs(snap, grace_s=0.5) == []
+    assert not any(start_ticks(p.pid) == p.start_ticks for p in snap)
+    root.wait(timeout=10)
+
+
+def test_reused_pid_with_other_start_ticks_is_never_signalled():
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
+    try:
+        real = proc_info(victim.pid)
+        impostor = ProcInfo(pid=real.pid, create_time=real.create_time, name=real.name, start_ticks=real.start_ticks - 5)
+        assert not alive(impostor)
+        assert stop_procs([impostor], grace_s=0.2) == []
+        time.sleep(0.2)
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait(timeout=10)
+
+
+def test_old_snapshot_without_start_ticks_is_read_and_checked_by_create_time(tmp_path: Path):
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
+    try:
+        real = proc_info(victim.pid)
+        old = tmp_path / "processes.json"  # the format written before start ticks were recorded
+        old.write_text(json.dumps([{"pid": real.pid, "create_time": real.create_time, "name": real.name, "cmdline": []}]))
+        (p,) = load_procs(old)
+        assert p.start_ticks is None and alive(p)
+    finally:
+        victim.kill()
+        victim.wait(timeout=10)
