@@ -7,17 +7,21 @@ Layout (set up by ``scripts/cpu_testbed/setup.sh``):
 - ``<dir>/venv/bin/python``: the server's interpreter;
 - ``<dir>/.setup-stamp``: written by setup.sh after an import check passed (versions inside).
 
-In the repository, under ``scripts/cpu_testbed/``: ``stub/`` (the pure-torch ``sgl_kernel`` stand-in, prepended to
-the server's PYTHONPATH), ``tiny_llama/`` (config-only model for ``--load-format dummy``) and ``compat/`` (the
-HiCache CPU compatibility layer, loaded by a .pth file inside the venv when ``REPRO_TESTBED_COMPAT=1``).
-This module never imports sglang or torch.
+The testbed's files (``repro.resources.testbed_files_dir()``: ``scripts/cpu_testbed/`` in a clone,
+``repro/_data/cpu_testbed/`` in an installed wheel): ``setup.sh``, ``stub/`` (the pure-torch ``sgl_kernel``
+stand-in, prepended to the server's PYTHONPATH), ``tiny_llama/`` (config-only model for ``--load-format dummy``)
+and ``compat/`` (the HiCache CPU compatibility layer, loaded by a .pth file inside the venv when
+``REPRO_TESTBED_COMPAT=1``). This module never imports sglang or torch.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 from typing import Optional
+
+from repro import resources
 
 SGLANG_VERSION = "0.5.23"
 TORCH_VERSION = "2.14.1"
@@ -25,9 +29,6 @@ TESTBED_DIR_ENV = "REPRO_TESTBED_DIR"
 COMPAT_ENV = "REPRO_TESTBED_COMPAT"
 COMPAT_DIR_ENV = "REPRO_TESTBED_COMPAT_DIR"
 STAMP_NAME = ".setup-stamp"
-
-_REPO = Path(__file__).resolve().parent.parent
-_CPU_TESTBED = _REPO / "scripts" / "cpu_testbed"
 
 
 def testbed_dir() -> Path:
@@ -51,25 +52,28 @@ def is_set_up() -> bool:
 
 
 def cpu_testbed_dir() -> Path:
-    """``scripts/cpu_testbed`` in this checkout."""
-    return _CPU_TESTBED
+    """The testbed's files: ``scripts/cpu_testbed`` in a clone, ``repro/_data/cpu_testbed`` when installed."""
+    return resources.testbed_files_dir()
 
 
 def tiny_model_dir() -> Path:
     """The config-only tiny Llama (hidden 64, 2 layers, 4 heads, 2 KV heads, vocab 1024, float32)."""
-    return _CPU_TESTBED / "tiny_llama"
+    return cpu_testbed_dir() / "tiny_llama"
 
 
 def stub_dir() -> Path:
     """Folder holding the ``sgl_kernel`` stand-in package: prepend it to the server's PYTHONPATH."""
-    return _CPU_TESTBED / "stub"
+    return cpu_testbed_dir() / "stub"
 
 
 def compat_dir() -> Path:
     """Folder holding the HiCache CPU compatibility layer (``repro_testbed_compat``), loaded via a .pth file."""
-    return _CPU_TESTBED / "compat"
+    return cpu_testbed_dir() / "compat"
 
 
 def setup_command() -> str:
-    """The command a user runs to create the testbed (for error messages)."""
-    return "bash scripts/cpu_testbed/setup.sh"
+    """The command a user runs to create the testbed (for error messages): ``bash scripts/cpu_testbed/setup.sh`` in a
+    clone, the bundled ``setup.sh`` by its full path when installed."""
+    if resources.is_checkout():
+        return "bash scripts/cpu_testbed/setup.sh"
+    return "bash " + shlex.quote(str(resources.setup_script()))
