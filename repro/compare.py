@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from repro import evidence as ev
+from repro import resources
 from repro.verdict import EXIT_MISMATCH, EXPECT_WORDS
 
 REF_KINDS = ("installed", "patch", "git", "python")
@@ -156,7 +157,9 @@ def _write_owner(folder: Path, repo: Optional[Path] = None) -> None:
     import psutil
 
     me = psutil.Process()
-    data = {"pid": me.pid, "create_time": me.create_time(), "repo": str(repo) if repo else None}
+    from repro.procs import start_ticks
+
+    data = {"pid": me.pid, "create_time": me.create_time(), "start_ticks": start_ticks(me.pid), "repo": str(repo) if repo else None}
     (folder / OWNER_FILE).write_text(json.dumps(data), encoding="utf-8")
 
 
@@ -175,8 +178,11 @@ def sweep_stale(parent: Optional[Path] = None) -> list[Path]:
                 owner = json.loads((folder / OWNER_FILE).read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
-            try:
-                alive = abs(psutil.Process(int(owner["pid"])).create_time() - float(owner["create_time"])) < 1.0
+            try:  # start ticks: a wall-clock step cannot make a live owner look gone (create_time: older records)
+                from repro.procs import ProcInfo, alive as _alive
+
+                alive = _alive(ProcInfo(pid=int(owner["pid"]), create_time=float(owner.get("create_time") or 0.0), name="",
+                                        start_ticks=owner.get("start_ticks")))
             except (psutil.Error, KeyError, TypeError, ValueError):
                 alive = False
             if alive:
@@ -408,7 +414,7 @@ def materialize(ref: Ref, python: Optional[str], choose: Optional[Callable[[Opti
         return Materialized(ref, str(ref.path), (), f"sglang of {ref.path}", str(loc))
     if ref.kind == "patch":
         assert ref.path is not None
-        pf = ref.path.resolve()
+        pf = resources.find_data_file(ref.path).resolve()  # also scenarios/... from outside a clone (the wheel's copy)
         if not pf.is_file():
             raise CompareError(f"REF {ref.text!r}: patch file {ref.path} not found; pass patch:FILE with a unified diff")
         text = pf.read_text(encoding="utf-8", errors="replace")

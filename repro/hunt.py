@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from repro import evidence as ev
+from repro import resources
 from repro.verdict import DEADLOCKED, INCONCLUSIVE, SUCCEEDED, Verdict
 
 if sys.version_info >= (3, 11):
@@ -39,8 +40,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CATALOGUE = REPO_ROOT / "scenarios" / "sglang" / "hunt_catalogue.toml"
+DEFAULT_CATALOGUE = resources.hunt_catalogue()  # a clone's scenarios/ or the installed wheel's copy
 FAMILY_SCHED = "scheduling/cache"
 FAMILY_FORWARD = "model forward"
 FAMILY_UNCLEAR = "unclear"
@@ -167,7 +167,7 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
 
     p = Path(path)
     if not p.is_file():
-        raise HuntError(f"{p}: hunt catalogue not found (expected a TOML file like {DEFAULT_CATALOGUE.relative_to(REPO_ROOT)})")
+        raise HuntError(f"{p}: hunt catalogue not found (expected a TOML file like scenarios/sglang/hunt_catalogue.toml)")
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:

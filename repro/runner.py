@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from repro import evidence as ev
+from repro import resources
 from repro.driver import BurstDriver, DriverState, make_prompts
 from repro.scenario import Scenario, Variant, compile_plan, load_scenario, PLAN_ENV
 from repro.verdict import DEADLOCKED, INCONCLUSIVE, InjectionCheck, Verdict, exit_code_for, judge_completion
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-INJECTORS_DIR = REPO_ROOT / "injectors"
 ARM_FILE_NAME = "ARM"
 POLL_S = 0.2
 ARM_ACK_TIMEOUT_S = 10.0  # seconds to wait for every rank's injector to acknowledge a new arm file
@@ -158,7 +157,7 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
 
     args = list(scenario.server.args)
     env = dict(scenario.server.env)
-    prepend = [str(INJECTORS_DIR), *opts.pythonpath_prepend]
+    prepend = [str(resources.injectors_dir()), *opts.pythonpath_prepend]  # a clone's injectors/ or the wheel's copy
     temp_dirs: list = []
     env.update(opts.extra_env)
     env[PLAN_ENV] = str(evd.file("plan.json").resolve())

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from repro import resources
 from repro.scenario import Scenario
 
-INJECTORS_DIR = Path(__file__).resolve().parent.parent / "injectors"
 PREFLIGHT_TIMEOUT_S = 600.0
 _MARK = "REPRO-PREFLIGHT "
 
@@ -94,7 +94,7 @@ class SitesReport:
 
 def _run_preflight(python: str, request: dict, timeout_s: float, env: Optional[dict] = None) -> dict:
     code = ("import sys; sys.path.insert(0, %r); from repro_injector.resolve import preflight_main; preflight_main()"
-            % str(INJECTORS_DIR))
+            % str(resources.injectors_dir()))
     run_env = dict(os.environ if env is None else env)
     run_env.pop("REPRO_PLAN", None)
     try:
