@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from repro import evidence as ev
 from repro import resources
+from repro.detect import DetectContext, default_detectors
 from repro.driver import BurstDriver, DriverState, make_prompts
 from repro.scenario import Scenario, Variant, compile_plan, load_scenario, PLAN_ENV
 from repro.verdict import DEADLOCKED, INCONCLUSIVE, InjectionCheck, Verdict, exit_code_for, judge_completion
@@ -101,7 +102,7 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
     from repro.interpreter import InterpreterError, choose_python
     from repro.scenario import ScenarioError
     from repro.targets.base import LaunchSpec
-    from repro.targets.sglang import SGLangAdapter
+    from repro.targets.registry import UnknownAdapterError, get_adapter
 
     try:
         scenario = load_scenario(opts.scenario_path)
@@ -147,8 +148,13 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
     except ev.EvidenceError as e:
         raise RunError(str(e)) from None
     arm_file = evd.path / ARM_FILE_NAME
-    adapter = SGLangAdapter()
-    plan = compile_plan(scenario, variant, evd.injector_dir, arm_file, tick_function=getattr(adapter, "tick_function", ""))
+    try:
+        adapter = get_adapter(scenario.server.adapter)
+    except UnknownAdapterError as e:
+        raise RunError(f"{opts.scenario_path}: server.adapter: {e}") from None
+    plan = compile_plan(scenario, variant, evd.injector_dir, arm_file,
+                        tick_function=adapter.tick_function_for(scenario.server.args),
+                        injector_profile=adapter.injector_profile.to_plan())
     for extra in loaded[1:]:
         plan["injections"] += compile_plan(scenario, extra, evd.injector_dir, arm_file)["injections"]
     plan["variant"] = ",".join(v.name for v in loaded)
@@ -330,11 +336,13 @@ class Session:
     Args:
         p: the prepared run (its evidence folder holds the server log, process list and injector records).
         observe: progress callback ``(event, data)``.
+        detectors: the detect stage (``repro.detect``); default :func:`repro.detect.default_detectors` per drive.
     """
 
-    def __init__(self, p: Prepared, observe: Observer = _noop) -> None:
+    def __init__(self, p: Prepared, observe: Observer = _noop, detectors: Optional[Sequence[Any]] = None) -> None:
         self.p = p
         self.observe = observe
+        self.detectors = list(detectors) if detectors is not None else None  # None: repro.detect.default_detectors
         self.server: Any = None
         self.rank_pids: dict[int, int] = {}
         self.healthy_s: Optional[float] = None
@@ -408,8 +416,6 @@ class Session:
         Raises:
             KeyboardInterrupt: passed through (the caller tears down); the driver is abandoned first.
         """
-        from repro.checker import check_stall
-
         p, server, rank_pids = self.p, self.server, self.rank_pids
         scenario, burst = p.scenario, p.scenario.burst
         expected = list(range(p.spec.tp_size))
@@ -427,11 +433,16 @@ class Session:
                              run_dir.file("requests.jsonl"), burst.request_timeout_s)
         verdict: Optional[Verdict] = None
         deciding = last_analysis = None
+        last_reason = ""
         stall_history: list[dict] = []
+        detectors = self.detectors if self.detectors is not None else default_detectors(p.plan)
+        ctx = DetectContext(rank_pids, expected, run_dir, p.evidence.injector_dir, p.plan, scenario.stall_s,
+                            native=native, observe=self.observe)
         t_burst = time.time()
+        ctx.t_burst = t_burst
+        for d in detectors:
+            d.start(ctx)
         driver.start()
-        last_capture_t = 0.0
-        captures = 0
         try:
             while True:
                 time.sleep(POLL_S)
@@ -444,34 +455,40 @@ class Session:
                     verdict = Verdict(INCONCLUSIVE, f"server died during the burst; log tail:\n{server.log_tail(20)}")
                     break
                 if now - t_burst > scenario.budget_s:
-                    why = stall_history[-1]["reason"] if stall_history else "requests still outstanding"
+                    why = last_reason or "requests still outstanding"
                     verdict = Verdict(INCONCLUSIVE, f"budget of {scenario.budget_s:.0f} s ended without a verdict: {why}")
                     break
-                stalled = st.stalled_for(now)
-                if stalled < scenario.stall_s or now - last_capture_t < scenario.stall_s:
-                    continue
-                captures += 1
-                tag = f"-{captures}"
-                self.observe("capture", {"n": captures, "stalled_s": stalled})
-                chk = check_stall(rank_pids, run_dir.stacks_dir, expected, tag=tag, native=native,
-                                  injector_dir=p.evidence.injector_dir, fallback_signal=p.plan["faulthandler_signal"])
-                cpu_pct, a2, j = chk.cpu_percent, chk.second_analysis, chk.judgement
-                last_analysis = a2
-                last_capture_t = time.time()
-                stall_history.append(
-                    {"capture": captures, "tag": tag, "stalled_s": round(stalled, 2), "deadlocked": j.deadlocked,
-                     "reason": j.reason, "cpu_percent": {str(k): round(v, 1) for k, v in cpu_pct.items()}, "time": last_capture_t}
-                )
-                run_dir.write_json("stalls.json", stall_history)
-                self.observe("judged", {"judgement": j, "analysis": a2})
-                if j.deadlocked:
-                    deciding = a2
-                    timings["last_progress_to_verdict_s"] = time.time() - (st.last_progress_t or t_burst)
-                    verdict = Verdict(DEADLOCKED, j.reason)
+                ctx.state, ctx.now = st, now
+                for d in detectors:
+                    det = d.poll(ctx)
+                    if det is None:
+                        continue
+                    if det.analysis is not None:
+                        last_analysis = det.analysis
+                    if det.reason:
+                        last_reason = det.reason
+                    if det.record is not None:
+                        stall_history.append({**det.record, "detector": det.detector} if det.detector != "stall" else det.record)
+                        run_dir.write_json("stalls.json", stall_history)
+                    for name, obj in det.evidence.items():
+                        run_dir.write_json(name, obj)
+                    if det.decided and det.verdict is not None:
+                        deciding = det.analysis
+                        timings["last_progress_to_verdict_s"] = time.time() - (st.last_progress_t or t_burst)
+                        verdict = det.verdict
+                        break
+                if verdict is not None:
                     break
         except BaseException:
             driver.abandon()
             raise
+        finally:
+            for d in detectors:
+                try:
+                    d.stop(ctx)
+                except Exception:
+                    pass
+        captures = sum(getattr(d, "captures", 0) for d in detectors)
         timings["burst_s"] = time.time() - t_burst
         timings["captures"] = float(captures)
         if verdict is None:
@@ -609,11 +626,13 @@ def _lost_port_race(err: Exception, server: Any) -> bool:
 
 
 def save_server_procs(evd: ev.EvidenceDir, server: Any) -> None:
-    """Record the server tree (pid + create time per process) in ``processes.json`` for ``repro cleanup``."""
+    """Record the server tree (pid + start ticks per process) in ``processes.json`` for ``repro cleanup``, with the
+    launcher's mark that the harness started it (cleanup ends only marked trees)."""
     from repro.procs import save_procs
 
     try:
-        save_procs(evd.file("processes.json"), server.procs())
+        mark = server.launch_mark() if hasattr(server, "launch_mark") else None
+        save_procs(evd.file("processes.json"), server.procs(), launch=mark)
         owned = [str(d) for d in getattr(server, "owned_dirs", [])]
         if owned:  # `repro cleanup` removes them after a SIGKILLed harness (the launcher would have at stop)
             evd.write_json("owned_dirs.json", owned)

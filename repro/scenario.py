@@ -47,14 +47,29 @@ class _Strict(BaseModel):
 
 
 class ServerSpec(_Strict):
-    """The server a scenario runs: which adapter, model, TP size, engine flags and environment."""
+    """The server a scenario runs: which adapter, model, TP size, engine flags and environment.
 
-    adapter: Literal["sglang"] = "sglang"
+    ``adapter`` is any name registered in ``repro.targets.registry`` (built in: ``sglang``; others through the
+    ``repro.adapters`` entry-point group); an unknown name is an error listing the known ones.
+    """
+
+    adapter: str = "sglang"
     model: str = Field("", description="model path; empty = the CPU testbed's tiny model")
     tp_size: int = Field(2, ge=1, le=64)
     args: list[str] = Field(default_factory=list, description="extra engine flags, e.g. ['--max-running-requests', '8']")
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: float = Field(300.0, gt=0)
+
+    @field_validator("adapter")
+    @classmethod
+    def _known_adapter(cls, v: str) -> str:
+        from repro.targets.registry import known_adapters
+
+        known = known_adapters()
+        if v not in known:
+            raise ValueError(f"unknown adapter {v!r}; expected one of: {', '.join(known)} (an engine package "
+                             "registers its adapter in the 'repro.adapters' entry-point group)")
+        return v
 
 
 class Burst(_Strict):
@@ -286,6 +301,7 @@ def compile_plan(
     ledger: Optional[bool] = None,
     ledger_max_records: int = 20_000,
     tick_function: str = "",
+    injector_profile: Optional[dict[str, Any]] = None,
     faulthandler_signal: str = "SIGUSR2",
 ) -> dict[str, Any]:
     """Compile one variant into the plain-JSON plan read by ``injectors/repro_injector``.
@@ -294,7 +310,10 @@ def compile_plan(
         out_dir: folder where each process writes ``loaded-<pid>.json``, ``fires-<pid>.jsonl`` (and ledgers).
         arm_file: path of the arm file; its content (one injection id per line) arms those injections.
         ledger: record every collective (default: the scenario's ``ledger`` field).
-        tick_function: ``module:qualname`` of the engine's per-tick function (the adapter's), for tick counts.
+        tick_function: ``module:qualname`` of the engine's per-tick function (the adapter's ``tick_function_for``
+            the server's args), for tick counts.
+        injector_profile: the adapter's ``InjectorProfile.to_plan()`` (``coordinators``, ``alias_prefixes``,
+            ``comm_module_prefixes``), merged into the plan's ``ledger``; None: the injector's own fallbacks.
         faulthandler_signal: signal name on which every process dumps all threads' stacks (py-spy fallback).
     Returns:
         A dict with keys ``version``, ``scenario``, ``variant``, ``out_dir``, ``arm_file``, ``arm_poll_s``,
@@ -323,6 +342,7 @@ def compile_plan(
             "enabled": scenario.ledger if ledger is None else ledger,
             "max_records": ledger_max_records,
             "tick_function": tick_function,
+            **(injector_profile or {}),
         },
         "faulthandler_signal": faulthandler_signal,
     }

@@ -1,14 +1,34 @@
-"""What the harness needs to know about a serving engine, independent of which engine it is.
+"""What the harness needs to know about a serving engine, independent of which engine it is: the engine seam.
 
 An adapter turns a :class:`LaunchSpec` into a command line and environment, knows the HTTP endpoints and request /
-response shapes, and maps process titles to ranks. The harness never imports the engine: everything engine-specific
-goes through an adapter (one place that knows SGLang: ``repro.targets.sglang``).
+response shapes, maps process titles to ranks (:class:`RankTitle`, the ONE title parser of its engine), names the
+function its scheduler calls once per tick, and carries the data the engine-neutral modules read instead of naming
+engine internals: :class:`FrameRules` (analysis), :class:`InjectorProfile` (the plan → the injector),
+:class:`RefLocation` (compare), the hunt catalogue and :class:`WatchDefaults` (watch). The harness never imports the
+engine: everything engine-specific goes through an adapter in ``repro/targets/`` (SGLang: ``repro.targets.sglang``).
+
+How to add an engine (see ``docs/adapters.md``):
+
+1. subclass :class:`AdapterBase` (defaults for everything but launch, HTTP shapes and :meth:`AdapterBase.parse_title`),
+   fill its data attributes;
+2. register it: ``repro.targets.registry.register("name", factory)`` in code, or an entry point in the group
+   ``repro.adapters`` (``name = "pkg.module:AdapterClass"``) in your package's ``pyproject.toml``;
+3. scenarios select it with ``[server] adapter = "name"``.
+
+Topologies: a scenario's server is one engine server by default (:meth:`AdapterBase.topology` →
+:meth:`Topology.single`). An engine that serves one endpoint from several servers (prefill + decode + router)
+returns a :class:`Topology` with one :class:`ServerRole` per server: each role says its kind (``engine`` servers
+have ranks to capture, a ``router`` has none), its own extra flags / env / TP size, and which role receives the burst
+(``Topology.entry``). The launcher starts the roles in order, waits for every role's health, and the session
+captures every role that has ranks (rank processes named apart by role, e.g. ``prefill`` TP k and ``decode`` TP k).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol, Sequence, Union, runtime_checkable
+import os
+from pathlib import Path
+from typing import Any, Literal, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
 
 from repro.procs import ProcInfo
 
@@ -71,14 +91,242 @@ class StreamUpdate:
     error: Optional[str] = None
 
 
+@dataclass(frozen=True)
+class RankTitle:
+    """What a rank process's title says about its place in the job (one parse of one title).
+
+    Attributes:
+        tp: rank in the TP group (0 when the title names no TP dimension, e.g. TP=1).
+        pp: pipeline stage, or None when the title has no PP part.
+        dp: data-parallel replica, or None when the title has no DP part.
+        role: the process's role in its server (``scheduler`` for SGLang's rank processes, ``worker`` …).
+        extra: other dimensions the engine writes (``{"EP": 0, "ATTN_CP": 1}``), name → index.
+    """
+
+    tp: int
+    pp: Optional[int] = None
+    dp: Optional[int] = None
+    role: str = "scheduler"
+    extra: Mapping[str, int] = field(default_factory=dict)
+
+    def rank(self, tp_size: int = 1) -> int:
+        """Global rank in a TP×PP layout: ``pp * tp_size + tp`` (``tp`` alone without a PP part).
+
+        Args:
+            tp_size: number of TP ranks per pipeline stage (only used with a PP part).
+        """
+        return (self.pp or 0) * max(1, tp_size) + self.tp
+
+
+@dataclass(frozen=True)
+class CommRule:
+    """One frame → communication-layer rule of :class:`FrameRules` (first matching rule wins, in order).
+
+    A frame matches when every given condition holds; an empty condition is not checked. Paths are the frame's
+    module or file with ``/`` separators.
+
+    Attributes:
+        layer: the layer's name in reports (``broadcast_pyobj``, ``GroupCoordinator``, ``pynccl`` …).
+        path_contains: some of these is a substring of the path.
+        path_endswith: the path ends with one of these.
+        basename_contains: the file's base name contains one of these.
+        function_prefix: the (qualified) function name starts with one of these.
+        function_suffix: the short function name ends with one of these.
+        function_equals: the short function name is one of these.
+    """
+
+    layer: str
+    path_contains: tuple[str, ...] = ()
+    path_endswith: tuple[str, ...] = ()
+    basename_contains: tuple[str, ...] = ()
+    function_prefix: tuple[str, ...] = ()
+    function_suffix: tuple[str, ...] = ()
+    function_equals: tuple[str, ...] = ()
+
+    def matches(self, path: str, basename: str, function: str, short_function: str) -> bool:
+        """True when the frame (given by its path, base name, qualified and short function name) matches."""
+        checks = (
+            (self.path_contains, lambda: any(x in path for x in self.path_contains)),
+            (self.path_endswith, lambda: path.endswith(self.path_endswith)),
+            (self.basename_contains, lambda: any(x in basename for x in self.basename_contains)),
+            (self.function_prefix, lambda: function.startswith(self.function_prefix)),
+            (self.function_suffix, lambda: short_function.endswith(self.function_suffix)),
+            (self.function_equals, lambda: short_function in self.function_equals),
+        )
+        given = [ok for cond, ok in checks if cond]
+        return bool(given) and all(ok() for ok in given)
+
+
+@dataclass(frozen=True)
+class FrameRules:
+    """What an engine's frames mean to the stack analysis (``repro.analysis`` reads these; it names no engine).
+
+    Attributes:
+        idle_waits: ``(path substring or base name, short function or None = any, wait kind)``: frames where the
+            engine waits for work (checked after the generic Python waits: zmq, select, queue get, …).
+        object_comm: rules for the engine's object-passing collectives, checked BEFORE ``torch.distributed``
+            (e.g. ``broadcast_pyobj``, which wraps ``dist.broadcast``).
+        comm_layers: rules for the engine's other communication layers, checked after ``torch.distributed``
+            (device communicators, group coordinators).
+        request_broadcast_layers: ``via`` layers of the request broadcast (``broadcast_pyobj``).
+        request_broadcast_callers: caller functions of the request broadcast (an idle rank waits there).
+        idle_loop_callers: caller functions of the scheduler's idle path (the idle sleep).
+    """
+
+    idle_waits: tuple[tuple[str, Optional[str], str], ...] = ()
+    object_comm: tuple[CommRule, ...] = ()
+    comm_layers: tuple[CommRule, ...] = ()
+    request_broadcast_layers: frozenset = frozenset()
+    request_broadcast_callers: frozenset = frozenset()
+    idle_loop_callers: frozenset = frozenset()
+
+    def merged(self, other: "FrameRules") -> "FrameRules":
+        """These rules followed by ``other``'s (for reading dumps of any registered engine)."""
+        return FrameRules(
+            idle_waits=self.idle_waits + tuple(x for x in other.idle_waits if x not in self.idle_waits),
+            object_comm=self.object_comm + tuple(x for x in other.object_comm if x not in self.object_comm),
+            comm_layers=self.comm_layers + tuple(x for x in other.comm_layers if x not in self.comm_layers),
+            request_broadcast_layers=self.request_broadcast_layers | other.request_broadcast_layers,
+            request_broadcast_callers=self.request_broadcast_callers | other.request_broadcast_callers,
+            idle_loop_callers=self.idle_loop_callers | other.idle_loop_callers,
+        )
+
+
+@dataclass(frozen=True)
+class InjectorProfile:
+    """What the injector needs to know about the engine, carried to it in the plan (the injector never imports
+    ``repro``): the plan's ``ledger`` gets ``coordinators``, ``alias_prefixes`` and ``comm_module_prefixes``.
+
+    Attributes:
+        coordinators: ``module:Class`` of the engine's process-group wrappers whose methods are recorded too
+            (their device paths can bypass ``torch.distributed``).
+        alias_prefixes: module-name prefixes whose ``from torch.distributed import all_reduce`` copies are rebound.
+        comm_module_prefixes: module-name prefixes of the engine's communication layers (never a call site).
+    """
+
+    coordinators: tuple[str, ...] = ()
+    alias_prefixes: tuple[str, ...] = ()
+    comm_module_prefixes: tuple[str, ...] = ()
+
+    def to_plan(self) -> dict[str, list[str]]:
+        """The plan's ``ledger`` keys: ``{"coordinators": [...], "alias_prefixes": [...], "comm_module_prefixes": [...]}``."""
+        return {"coordinators": list(self.coordinators), "alias_prefixes": list(self.alias_prefixes),
+                "comm_module_prefixes": list(self.comm_module_prefixes)}
+
+
+@dataclass(frozen=True)
+class RefLocation:
+    """Where the engine's Python package lives, for ``repro compare``'s REFs (installed / patch / git / python).
+
+    Attributes:
+        package: the importable top-level package (its folder is overlaid for ``patch:``).
+        checkout_subdir: the folder of a source checkout that holds ``package/`` (put on PYTHONPATH for ``git:``);
+            ``""`` when the package is at the checkout's root.
+        version_key: the key of the engine's version in the injector's loaded markers / env.json.
+    """
+
+    package: str
+    checkout_subdir: str = ""
+    version_key: str = ""
+
+
+@dataclass(frozen=True)
+class WatchDefaults:
+    """What ``repro watch`` assumes about a live server of this engine when not told otherwise.
+
+    Attributes:
+        title_match: a piece of every rank process's title (used to find ranks on this host).
+        title_example: a rank title for messages (``sglang::scheduler_TP<k>``).
+        health_timeout_s: seconds a ``/health`` probe may take (above the engine's own health timeout).
+        metrics_path: Prometheus endpoint kept raw in the evidence.
+    """
+
+    title_match: str
+    title_example: str = ""
+    health_timeout_s: float = 25.0
+    metrics_path: str = "/metrics"
+
+
+ServerKind = Literal["engine", "router"]
+
+
+@dataclass(frozen=True)
+class ServerRole:
+    """One server of a :class:`Topology`.
+
+    Attributes:
+        name: the role's name, unique in the topology (``server`` for a single server; ``prefill``, ``decode``,
+            ``router`` for PD disaggregation); names the role's evidence sub-folder and its ranks in reports.
+        kind: ``engine`` (has rank processes to capture, takes the injector) or ``router`` (no ranks).
+        tp_size: TP size of this role (None: the scenario's ``server.tp_size``).
+        args: extra engine flags for this role only (after the scenario's), e.g. ``--disaggregation-mode prefill``.
+        env: extra environment for this role only.
+    """
+
+    name: str
+    kind: ServerKind = "engine"
+    tp_size: Optional[int] = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The servers one scenario runs, in start order, and the role that receives the burst.
+
+    Single-server (the default, :meth:`single`): one ``engine`` role named ``server``. A multi-server topology
+    lists every role (e.g. prefill, decode, router with ``entry="router"``); roles are started in order.
+
+    Raises:
+        ValueError: role names repeat, or ``entry`` names no role.
+    """
+
+    roles: tuple[ServerRole, ...]
+    entry: str = "server"
+
+    def __post_init__(self) -> None:
+        names = [r.name for r in self.roles]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Topology role names repeat: {names}")
+        if self.entry not in names:
+            raise ValueError(f"Topology.entry {self.entry!r} names no role ({', '.join(names)})")
+
+    @classmethod
+    def single(cls, tp_size: Optional[int] = None) -> "Topology":
+        """One engine server, the burst sent to it."""
+        return cls((ServerRole("server", "engine", tp_size),), "server")
+
+    @property
+    def is_single(self) -> bool:
+        return len(self.roles) == 1
+
+    def engines(self) -> list[ServerRole]:
+        """The roles with rank processes (to capture, to arm), in start order."""
+        return [r for r in self.roles if r.kind == "engine"]
+
+    def role(self, name: str) -> ServerRole:
+        """The role named ``name``. Raises KeyError naming the roles there are."""
+        for r in self.roles:
+            if r.name == name:
+                return r
+        raise KeyError(f"no role {name!r} in the topology ({', '.join(r.name for r in self.roles)})")
+
+
 @runtime_checkable
 class Adapter(Protocol):
-    """Engine adapter: the one place that knows an engine's command line, HTTP API and process titles."""
+    """Engine adapter: the one place that knows an engine (see the module docstring; :class:`AdapterBase` gives
+    defaults for everything but the launch command, the HTTP shapes and :meth:`parse_title`)."""
 
     name: str
     health_path: str
     generate_path: str
     tick_function: str
+    frame_rules: FrameRules
+    injector_profile: InjectorProfile
+    ref_location: RefLocation
+    watch_defaults: WatchDefaults
+    hunt_catalogue: Optional[Path]
+    title_namespace: str
 
     def launch_command(self, spec: LaunchSpec) -> list[str]:
         """argv that starts the server (``spec.port``/``nccl_port`` must already be concrete, not 0)."""
@@ -95,13 +343,121 @@ class Adapter(Protocol):
     def parse_response(self, body: Any) -> StreamUpdate:
         """Parse a whole non-stream response body (decoded JSON)."""
 
+    def parse_title(self, title: str) -> Optional[RankTitle]:
+        """The ONE title parser of this engine: a rank process's title → :class:`RankTitle`, else None."""
+
     def rank_of_title(self, title: str) -> Optional[int]:
-        """Rank of a process from its title, or None when it is not a rank (scheduler) process."""
+        """TP rank of a process from its title, or None when it is not a rank process."""
 
     def rank_pids(self, procs: Sequence[ProcInfo]) -> dict[int, int]:
         """rank -> pid for the rank processes among ``procs``."""
+
+    def tick_function_for(self, args: Sequence[str]) -> str:
+        """``module:qualname`` called once per scheduler tick by a server started with ``args``."""
+
+    def topology(self, server: Any) -> Topology:
+        """The servers a scenario's ``[server]`` table runs (default :meth:`Topology.single`)."""
 
     def testbed_profile(
         self, spec: LaunchSpec, scenario_args: Sequence[str]
     ) -> tuple[list[str], dict[str, str], list[str]]:
         """(extra args, extra env, PYTHONPATH prepend) to run this engine on the CPU testbed."""
+
+    def owned_dirs(self, env: dict[str, str]) -> list[Path]:
+        """Folders a server launched with ``env`` owns (removed after it stops)."""
+
+
+def flag_value(args: Sequence[str], flag: str) -> Optional[str]:
+    """The value of ``flag`` in an argv list (``--f v`` or ``--f=v``), else None."""
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+class AdapterBase:
+    """Defaults for an :class:`Adapter`: generic environment, ranks from :meth:`parse_title`, one tick function,
+    a single-server topology, no testbed profile. Subclasses set the data attributes and override what differs."""
+
+    name = ""
+    health_path = "/health"
+    generate_path = "/generate"
+    tick_function = ""
+    frame_rules = FrameRules()
+    injector_profile = InjectorProfile()
+    ref_location = RefLocation(package="")
+    watch_defaults = WatchDefaults(title_match="")
+    hunt_catalogue: Optional[Path] = None
+    title_namespace = ""  # prefix of every process title the engine sets (``sglang::``); "" = none
+
+    def parse_title(self, title: str) -> Optional[RankTitle]:  # pragma: no cover - every engine overrides it
+        raise NotImplementedError(f"adapter {self.name!r} does not parse process titles")
+
+    def rank_of_title(self, title: str) -> Optional[int]:
+        """TP rank from :meth:`parse_title` (None for a process that is not a rank)."""
+        t = self.parse_title(title)
+        return None if t is None else t.tp
+
+    def rank_pids(self, procs: Sequence[ProcInfo]) -> dict[int, int]:
+        """rank → pid of the rank processes among ``procs`` (titles from ``/proc/PID/cmdline``).
+
+        The rank is :meth:`RankTitle.rank` with tp_size = the number of distinct TP ranks seen (TP and TP×PP
+        layouts).
+
+        Raises:
+            ValueError: two processes map to the same rank (e.g. several DP replicas); names both titles.
+        """
+        parsed = [(p, self.parse_title(p.title)) for p in procs]
+        parsed = [(p, t) for p, t in parsed if t is not None]
+        tp_size = len({t.tp for _, t in parsed}) or 1
+        out: dict[int, int] = {}
+        titles: dict[int, str] = {}
+        for p, t in parsed:
+            rank = t.rank(tp_size)
+            if rank in out and out[rank] != p.pid:
+                raise ValueError(
+                    f"two {t.role} processes map to rank {rank}: {titles[rank]!r} (pid {out[rank]}) and "
+                    f"{p.title!r} (pid {p.pid}); rank mapping supports TP and TP×PP layouts only"
+                )
+            out[rank] = p.pid
+            titles[rank] = p.title
+        return dict(sorted(out.items()))
+
+    def tick_function_for(self, args: Sequence[str]) -> str:
+        """The per-tick function (the same for every ``args`` unless the engine overrides this)."""
+        return self.tick_function
+
+    def topology(self, server: Any) -> Topology:
+        """A single server of ``server.tp_size`` ranks."""
+        return Topology.single(getattr(server, "tp_size", None))
+
+    def launch_env(self, spec: LaunchSpec, base_env: dict[str, str]) -> dict[str, str]:
+        """``base_env`` updated with ``spec.env``; PYTHONPATH = ``spec.pythonpath_prepend`` first, then the rest.
+
+        The rest is ``spec.env["PYTHONPATH"]`` if given, else ``base_env["PYTHONPATH"]``. Also sets
+        ``PYTHONUNBUFFERED=1`` so the server log is written as it happens.
+        """
+        env = dict(base_env)
+        env.update(spec.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        parts: list[str] = []
+        for p in [*spec.pythonpath_prepend, *rest]:
+            if p not in parts:
+                parts.append(p)
+        if parts:
+            env["PYTHONPATH"] = os.pathsep.join(parts)
+        else:
+            env.pop("PYTHONPATH", None)
+        return env
+
+    def testbed_profile(self, spec: Optional[LaunchSpec], scenario_args: Sequence[str],
+                        storage_dir: Optional[str] = None) -> tuple[list[str], dict[str, str], list[str]]:
+        """Nothing to add (an engine with a CPU testbed overrides this)."""
+        return [], {}, []
+
+    def owned_dirs(self, env: dict[str, str]) -> list[Path]:
+        """No folders of its own."""
+        return []

@@ -26,15 +26,30 @@ from typing import Any, Optional, Sequence, Union
 
 from repro import testbed
 from repro.procs import ProcInfo
-from repro.targets.base import LaunchSpec, StreamUpdate
+from repro.targets.base import (
+    AdapterBase,
+    CommRule,
+    FrameRules,
+    InjectorProfile,
+    LaunchSpec,
+    RankTitle,
+    RefLocation,
+    StreamUpdate,
+    WatchDefaults,
+    flag_value,
+)
 
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+TITLE_NAMESPACE = "sglang::"
 SCHEDULER_TITLE_PREFIX = "sglang::scheduler"
 HICACHE_FLAG = "--enable-hierarchical-cache"
 HICACHE_STORAGE_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
 HICACHE_TMP_PREFIX = "repro-hicache-"
 
 # Title suffix tokens, e.g. "_DP0_PP1_TP3" -> {"DP": 0, "PP": 1, "TP": 3}. ATTN_CP / MOE_DP contain an underscore.
-_TITLE_RE = re.compile(r"^sglang::scheduler((?:_(?:DP|PP|ATTN_CP|MOE_DP|TP|EP)\d+)*)$")
+# The title is found as a whole word anywhere in the string (a platform may keep arguments after it, a log may put a
+# prefix before it).
+_TITLE_RE = re.compile(r"(?:^|\s)sglang::scheduler((?:_(?:DP|PP|ATTN_CP|MOE_DP|TP|EP)\d+)*)(?=\s|$)")
 _TOKEN_RE = re.compile(r"_(DP|PP|ATTN_CP|MOE_DP|TP|EP)(\d+)")
 
 # Flags of the CPU testbed profile (DESIGN §5, measured on sglang 0.5.23). (flag, value or None for a switch).
@@ -79,11 +94,12 @@ class SchedulerTitle:
 def parse_scheduler_title(title: str) -> Optional[SchedulerTitle]:
     """Parse ``sglang::scheduler[_DP{d}][_PP{p}][_ATTN_CP{c}][_MOE_DP{m}][_TP{t}][_EP{e}]``; None if not a scheduler.
 
-    Plain ``sglang::scheduler`` (TP=1) gives ``tp=0``. Trailing arguments after the title (if a platform keeps
-    them) are ignored: only the first whitespace-separated word is parsed.
+    Plain ``sglang::scheduler`` (TP=1) gives ``tp=0``. The title is one whitespace-separated word of ``title``
+    (arguments a platform keeps after it, or a log prefix before it, are ignored). This is the one SGLang title
+    parser: :meth:`SGLangAdapter.parse_title` and everything that reads titles (``repro.stacks``,
+    ``repro.injection_records``, the watch) go through it via the adapter registry.
     """
-    word = title.strip().split(" ", 1)[0] if title.strip() else ""
-    m = _TITLE_RE.match(word)
+    m = _TITLE_RE.search(title or "")
     if not m:
         return None
     tokens = {k: int(v) for k, v in _TOKEN_RE.findall(m.group(1))}
@@ -101,13 +117,7 @@ def _has_flag(args: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
-def _flag_value(args: Sequence[str], flag: str) -> Optional[str]:
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
+_flag_value = flag_value
 
 
 def _add_missing(out: list[str], have: Sequence[str], flags: Sequence[tuple[str, Optional[str]]]) -> None:
@@ -119,13 +129,52 @@ def _add_missing(out: list[str], have: Sequence[str], flags: Sequence[tuple[str,
             out.append(value)
 
 
-class SGLangAdapter:
+# What sglang's frames mean to the stack analysis (checked in sglang 0.5.23): idle ranks sit in the request broadcast
+# (``broadcast_pyobj`` ← ``_broadcast_reqs_across_ranks`` in managers/scheduler_components/request_receiver.py, or
+# ``recv_requests`` before 0.5.21) or, with ``--sleep-on-idle``, in the IdleSleeper's zmq poll
+# (``idle_sleeper.py`` ``maybe_sleep``, reached from ``on_idle`` / ``maybe_sleep_on_idle``); the collectives go
+# through ``GroupCoordinator`` (distributed/parallel_state.py, communication_op.py) and the device communicators
+# (distributed/device_communicators/: pynccl, custom_all_reduce, …).
+FRAME_RULES = FrameRules(
+    idle_waits=(("idle_sleeper.py", "maybe_sleep", "zmq poll/recv"),),
+    object_comm=(
+        CommRule("broadcast_pyobj", function_suffix=("broadcast_pyobj",)),  # also attn_cp_tp_broadcast_pyobj
+        CommRule("point_to_point_pyobj", function_equals=("point_to_point_pyobj",)),
+    ),
+    comm_layers=(
+        CommRule("pynccl", path_contains=("device_communicators/",), basename_contains=("pynccl",)),
+        CommRule("custom_all_reduce", path_contains=("device_communicators/",), basename_contains=("custom_all_reduce",)),
+        CommRule("device_communicator", path_contains=("device_communicators/",)),
+        CommRule("GroupCoordinator", path_endswith=("distributed/parallel_state.py", "distributed/communication_op.py")),
+        CommRule("GroupCoordinator", function_prefix=("GroupCoordinator.",)),
+        CommRule("pynccl", function_prefix=("PyNcclCommunicator.", "NCCLLibrary.")),
+    ),
+    request_broadcast_layers=frozenset({"broadcast_pyobj"}),
+    request_broadcast_callers=frozenset({"recv_requests", "_broadcast_reqs_across_ranks"}),
+    idle_loop_callers=frozenset({"on_idle", "maybe_sleep_on_idle", "maybe_sleep"}),
+)
+
+# The injector's view of sglang (0.5.23): GroupCoordinator methods can bypass torch.distributed (pynccl, custom
+# all-reduce; sglang #36802), sglang modules copy torch.distributed functions (``from torch.distributed import …``),
+# and sglang.srt.distributed frames are communication plumbing, never a call site.
+INJECTOR_PROFILE = InjectorProfile(
+    coordinators=("sglang.srt.distributed.parallel_state:GroupCoordinator",),
+    alias_prefixes=("sglang.",),
+    comm_module_prefixes=("sglang.srt.distributed",),
+)
+
+
+class SGLangAdapter(AdapterBase):
     """Adapter for SGLang's HTTP server (``sglang.launch_server``), checked against sglang 0.5.23.
 
     Attributes:
         tick_function: ``module:qualname`` called exactly once per scheduler tick: ``event_loop_normal`` and
             ``event_loop_overlap`` each call ``Scheduler.get_next_batch_to_run`` once per loop iteration
-            (sglang 0.5.23 ``srt/managers/scheduler.py``).
+            (sglang 0.5.23 ``srt/managers/scheduler.py``); :meth:`tick_function_for` picks the PD loops' own.
+        frame_rules / injector_profile: see :data:`FRAME_RULES`, :data:`INJECTOR_PROFILE`.
+        ref_location: the ``sglang`` package; a source checkout holds it in ``python/``.
+        hunt_catalogue: ``scenarios/sglang/hunt_catalogue.toml``.
+        watch_defaults: rank processes are titled ``sglang::scheduler…``; ``/health`` answers 503 after 20 s.
     """
 
     name = "sglang"
@@ -138,11 +187,30 @@ class SGLangAdapter:
         "prefill": "sglang.srt.disaggregation.prefill:SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run",
         "decode": "sglang.srt.disaggregation.decode:SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run",
     }
+    frame_rules = FRAME_RULES
+    injector_profile = INJECTOR_PROFILE
+    ref_location = RefLocation(package="sglang", checkout_subdir="python", version_key="sglang")
+    hunt_catalogue = REPO_ROOT / "scenarios" / "sglang" / "hunt_catalogue.toml"
+    watch_defaults = WatchDefaults(title_match=SCHEDULER_TITLE_PREFIX, title_example="sglang::scheduler_TP<k>",
+                                   health_timeout_s=25.0, metrics_path="/metrics")
+    title_namespace = TITLE_NAMESPACE
 
     def tick_function_for(self, args: Sequence[str]) -> str:
         """The per-tick function for a server started with ``args`` (``--disaggregation-mode`` picks the loop)."""
-        mode = _flag_value(args, "--disaggregation-mode")
+        mode = flag_value(args, "--disaggregation-mode")
         return self.disagg_tick_functions.get(mode or "", self.tick_function)
+
+    def parse_title(self, title: str) -> Optional[RankTitle]:
+        """A scheduler title → RankTitle (role ``scheduler``; ATTN_CP / MOE_DP / EP in ``extra``), else None.
+
+        ``sglang::scheduler_TP1`` → tp 1; ``…_PP1_TP0`` → pp 1, tp 0; plain ``sglang::scheduler`` (TP=1) → tp 0;
+        ``sglang::detokenizer`` and the HTTP server's command line → None.
+        """
+        t = parse_scheduler_title(title)
+        if t is None:
+            return None
+        extra = {k: v for k, v in (("ATTN_CP", t.attn_cp), ("MOE_DP", t.moe_dp), ("EP", t.ep)) if v is not None}
+        return RankTitle(tp=t.tp or 0, pp=t.pp, dp=t.dp, role="scheduler", extra=extra)
 
     # ---- launching -------------------------------------------------------------------------------------------
     def launch_command(self, spec: LaunchSpec) -> list[str]:
@@ -162,26 +230,6 @@ class SGLangAdapter:
             "--nccl-port", str(spec.nccl_port),
             *spec.args,
         ]
-
-    def launch_env(self, spec: LaunchSpec, base_env: dict[str, str]) -> dict[str, str]:
-        """``base_env`` updated with ``spec.env``; PYTHONPATH = ``spec.pythonpath_prepend`` first, then the rest.
-
-        The rest is ``spec.env["PYTHONPATH"]`` if given, else ``base_env["PYTHONPATH"]``. Also sets
-        ``PYTHONUNBUFFERED=1`` so the server log is written as it happens.
-        """
-        env = dict(base_env)
-        env.update(spec.env)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        parts: list[str] = []
-        for p in [*spec.pythonpath_prepend, *rest]:
-            if p not in parts:
-                parts.append(p)
-        if parts:
-            env["PYTHONPATH"] = os.pathsep.join(parts)
-        else:
-            env.pop("PYTHONPATH", None)
-        return env
 
     def testbed_profile(
         self, spec: Optional[LaunchSpec], scenario_args: Sequence[str], storage_dir: Optional[str] = None
@@ -302,35 +350,3 @@ class SGLangAdapter:
             err = fr.get("message") or "aborted"
         return StreamUpdate(output_ids=n, finish_reason=reason, done=done or reason is not None,
                             error=str(err) if err else None)
-
-    # ---- processes -------------------------------------------------------------------------------------------
-    def rank_of_title(self, title: str) -> Optional[int]:
-        """TP rank of a scheduler process from its title (``sglang::scheduler_TP1`` → 1, ``…_DP0_PP1_TP3`` → 3,
-        plain ``sglang::scheduler`` → 0); None for other processes (detokenizer, HTTP server, resource tracker)."""
-        t = parse_scheduler_title(title)
-        return None if t is None else t.tp
-
-    def rank_pids(self, procs: Sequence[ProcInfo]) -> dict[int, int]:
-        """rank → pid of the scheduler processes among ``procs`` (titles from ``/proc/PID/cmdline``).
-
-        The rank is the TP rank; with pipeline stages it is ``pp * tp_size + tp`` (tp_size = number of distinct TP
-        ranks seen), which is the global rank in sglang's TP×PP layout.
-
-        Raises:
-            ValueError: two processes map to the same rank (e.g. several DP replicas); names both titles.
-        """
-        parsed = [(p, parse_scheduler_title(p.title)) for p in procs]
-        parsed = [(p, t) for p, t in parsed if t is not None]
-        tp_size = len({t.tp for _, t in parsed}) or 1
-        out: dict[int, int] = {}
-        titles: dict[int, str] = {}
-        for p, t in parsed:
-            rank = (t.pp or 0) * tp_size + (t.tp or 0)
-            if rank in out and out[rank] != p.pid:
-                raise ValueError(
-                    f"two scheduler processes map to rank {rank}: {titles[rank]!r} (pid {out[rank]}) and "
-                    f"{p.title!r} (pid {p.pid}); rank mapping supports TP and TP×PP layouts only"
-                )
-            out[rank] = p.pid
-            titles[rank] = p.title
-        return dict(sorted(out.items()))

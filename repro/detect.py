@@ -1,0 +1,154 @@
+"""The detect stage of a run: detectors polled while a burst runs, each able to end it with a verdict.
+
+The session (``repro.runner.Session.drive``) calls every detector's :meth:`Detector.poll` once per poll interval
+(``repro.runner.POLL_S``, 0.2 s) with a :class:`DetectContext`, in order, until one returns a deciding
+:class:`Detection` or the burst ends. The built-in :class:`StallDetector` is today's rule (no progress for
+``stall_s`` → capture every rank twice → the DEADLOCKED rule of ``repro.verdict.judge_stall``). A second detector
+(the live ledger proof) plugs in the same way::
+
+    class LedgerProofDetector:
+        name = "ledger-proof"
+        def start(self, ctx): ...               # the burst is about to start: open the ledgers, remember offsets
+        def poll(self, ctx): ...                # cheap; return None, or Detection(decided=True, verdict=...)
+        def stop(self, ctx): ...                # the burst ended (also after another detector decided)
+
+and is added by :func:`default_detectors` (or passed to ``Session(..., detectors=...)``). Rules:
+
+- ``poll`` must be cheap when it has nothing to do (it runs every 0.2 s) and must not raise for bad input (say so
+  in a non-deciding Detection's ``reason`` instead); ``KeyboardInterrupt`` passes through.
+- A non-deciding Detection is kept as the detector's latest word: its ``analysis`` becomes the run's analysis when
+  nothing decides, and its ``reason`` is quoted if the budget ends (``budget of N s ended without a verdict: …``).
+- ``record`` (a JSON-able dict) is appended to ``stalls.json`` of the run folder when given, with the detector's
+  name; ``evidence`` (file name → JSON-able object) is written into the run folder.
+
+This module renders nothing and starts no process.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Protocol, Sequence, runtime_checkable
+
+from repro.verdict import DEADLOCKED, Verdict
+
+
+@dataclass
+class DetectContext:
+    """What a detector may look at while a burst runs (read it; do not change it).
+
+    Attributes:
+        rank_pids: rank -> pid of every rank process of the server.
+        expected_ranks: every rank the server has.
+        run_dir: the variant's evidence folder (``repro.evidence.EvidenceDir``: ``stacks_dir``, ``write_json`` …).
+        injector_dir: the session's injector folder (fire logs, ledgers).
+        plan: the session's plan (``faulthandler_signal``, ``ledger``, …).
+        stall_s: the scenario's stall threshold in seconds.
+        native: py-spy ``--native``.
+        state: the burst's latest ``repro.driver.DriverState`` (set before each poll).
+        now: ``time.time()`` of this poll.
+        t_burst: ``time.time()`` when the burst started.
+    """
+
+    rank_pids: Mapping[int, int]
+    expected_ranks: Sequence[int]
+    run_dir: Any
+    injector_dir: Optional[Path]
+    plan: Mapping[str, Any]
+    stall_s: float
+    native: bool = False
+    state: Any = None
+    now: float = 0.0
+    t_burst: float = 0.0
+    observe: Any = None  # progress callback ``(event, data)`` of the session (None: no progress events)
+
+    def emit(self, event: str, data: dict) -> None:
+        """Send a progress event (``capture``, …) to the session's observer, if any."""
+        if self.observe is not None:
+            self.observe(event, data)
+
+
+@dataclass(frozen=True)
+class Detection:
+    """A detector's word on the burst so far.
+
+    Attributes:
+        detector: the detector's name.
+        decided: True ends the burst with ``verdict`` (no later detector is polled).
+        verdict: the verdict when decided (e.g. DEADLOCKED), else None.
+        analysis: a ``repro.analysis.Analysis`` to report (the deciding capture's, or the latest one).
+        reason: one sentence (also when not decided: why it is not a deadlock yet).
+        record: appended to the run folder's ``stalls.json`` (with ``detector``); None = nothing to record.
+        evidence: file name → JSON-able object written into the run folder.
+    """
+
+    detector: str
+    decided: bool
+    verdict: Optional[Verdict] = None
+    analysis: Any = None
+    reason: str = ""
+    record: Optional[dict] = None
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Detector(Protocol):
+    """One detector of the detect stage (see the module docstring)."""
+
+    name: str
+
+    def start(self, ctx: DetectContext) -> None:
+        """The burst is about to start (after arming)."""
+
+    def poll(self, ctx: DetectContext) -> Optional[Detection]:
+        """Look once; None when there is nothing new to say."""
+
+    def stop(self, ctx: DetectContext) -> None:
+        """The burst ended (by a verdict, the budget, completion or an error)."""
+
+
+class StallDetector:
+    """No progress for ``stall_s`` → capture every rank twice 1 s apart → the DEADLOCKED rule.
+
+    Captures at most once per ``stall_s`` (the n-th capture's files are tagged ``-n`` / ``-nb`` in ``stacks/``).
+    """
+
+    name = "stall"
+
+    def __init__(self) -> None:
+        self.captures = 0
+        self.last_capture_t = 0.0
+
+    def start(self, ctx: DetectContext) -> None:
+        self.captures = 0
+        self.last_capture_t = 0.0
+
+    def poll(self, ctx: DetectContext) -> Optional[Detection]:
+        from repro.checker import check_stall
+
+        stalled = ctx.state.stalled_for(ctx.now) if ctx.state is not None else 0.0
+        if stalled < ctx.stall_s or ctx.now - self.last_capture_t < ctx.stall_s:
+            return None
+        self.captures += 1
+        tag = f"-{self.captures}"
+        ctx.emit("capture", {"n": self.captures, "stalled_s": stalled})
+        chk = check_stall(ctx.rank_pids, ctx.run_dir.stacks_dir, list(ctx.expected_ranks), tag=tag, native=ctx.native,
+                          injector_dir=ctx.injector_dir, fallback_signal=ctx.plan.get("faulthandler_signal"))
+        j = chk.judgement
+        self.last_capture_t = time.time()
+        ctx.emit("judged", {"judgement": j, "analysis": chk.second_analysis})
+        record = {"capture": self.captures, "tag": tag, "stalled_s": round(stalled, 2), "deadlocked": j.deadlocked,
+                  "reason": j.reason, "cpu_percent": {str(k): round(v, 1) for k, v in chk.cpu_percent.items()},
+                  "time": self.last_capture_t}
+        return Detection(self.name, j.deadlocked, Verdict(DEADLOCKED, j.reason) if j.deadlocked else None,
+                         chk.second_analysis, j.reason, record)
+
+    def stop(self, ctx: DetectContext) -> None:
+        pass
+
+
+def default_detectors(plan: Optional[Mapping[str, Any]] = None) -> list[Detector]:
+    """The detectors a run uses, in polling order (today: the stall rule). ``plan``: the session's plan (a detector
+    that needs the ledger can check ``plan["ledger"]["enabled"]``)."""
+    return [StallDetector()]
