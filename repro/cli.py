@@ -35,9 +35,32 @@ EXIT_INCONCLUSIVE = 4
 EXIT_MISMATCH = 5
 
 
-# soft_wrap: long paths and commands stay on one line (copy-paste, scripts) when stdout is not a terminal
-console = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
+# Without a terminal (a pipe, a file, a CI log) rich would lay tables out for 80 columns and wrap inside identifiers
+# (`sglang.srt.me` / `m_cache.unifi` …): there the consoles are as wide as their content (NO_TERMINAL_WIDTH), so
+# every row is one line a log can be searched in. COLUMNS, when set, still wins. With a terminal: its width.
+NO_TERMINAL_WIDTH = 100_000
+
+
+def _make_console(stderr: bool) -> Console:
+    """A console on stdout/stderr; soft_wrap keeps long paths and commands on one line (copy-paste, scripts)."""
+    import os
+
+    c = Console(stderr=stderr, soft_wrap=True)
+    if not c.is_terminal and not os.environ.get("COLUMNS"):
+        c = Console(stderr=stderr, soft_wrap=True, width=NO_TERMINAL_WIDTH)
+    return c
+
+
+console = _make_console(stderr=True)
+out = _make_console(stderr=False)
+
+
+def _rule(c: Console, title: str) -> None:
+    """A section rule: the console's width on a terminal, a short one-line title otherwise (no 100 000-char line)."""
+    if c.is_terminal or c.width < NO_TERMINAL_WIDTH:
+        c.rule(title)
+    else:
+        c.print(f"──── {title} ────")
 
 EXPECT_HELP = "Expected verdict: deadlock | success | inconclusive. Exit 0 iff it matches, else 5."
 
@@ -219,7 +242,7 @@ def compare(
         with _Progress(as_json) as prog:
             def observe(event: str, data: dict) -> None:
                 if event == "side" and not as_json:
-                    console.rule(f"{data['side']}: {data['ref']}  ({data['description']})")
+                    _rule(console, f"{data['side']}: {data['ref']}  ({data['description']})")
                 prog(event, data)
 
             res = run_compare(opts, observe)
@@ -409,105 +432,31 @@ def disarm(evidence: Path = typer.Argument(..., help="evidence folder of a `repr
 @app.command()
 def cleanup(
     evidence: Path = typer.Argument(..., help="evidence folder of a run whose harness was killed (or a hunt folder, a hunt trial's folder, an evidence root)"),
-    force: bool = typer.Option(False, "--force", help="also when the run's harness is still alive (ends that run)"),
+    force: bool = typer.Option(False, "--force", help="also when the run's harness is still alive (ends that run); never ends a server repro did not launch"),
 ) -> None:
-    """End a server tree left behind by a harness that was SIGKILLed, using the pids + create times it recorded.
+    """End a server tree left behind by a harness that was SIGKILLed, using the pids + start times it recorded.
 
     EVIDENCE is a run's folder (it holds processes.json); a hunt folder, a hunt trial's folder or an evidence root
     stand for the run folders they name or hold. The server's own temp folders (owned_dirs.json) are removed too.
 
-    A pid whose create time differs (reused by another process) is never touched. A run whose harness is still
-    running is refused unless --force: cleaning it up would end someone's live run.
+    Only trees the harness itself launched are ended (processes.json carries its mark): a `repro watch` folder is
+    refused, even with --force. A pid whose start time differs (reused by another process) is never touched. A run
+    whose harness is still running is refused unless --force: cleaning it up would end someone's live run.
     """
-    targets = _cleanup_targets(Path(evidence))
-    if not targets:
-        console.print(f"[red]error:[/] {Path(evidence) / 'processes.json'} not found: pass a run's evidence folder (it holds "
-                      "processes.json), a hunt folder, a hunt trial's folder, or an evidence root")
-        raise typer.Exit(EXIT_USAGE)
-    codes = [_cleanup_one(t, force, several=len(targets) > 1) for t in targets]
-    raise typer.Exit(max(codes))
+    from repro.cleanup import CleanupError, cleanup as cleanup_folder, exit_code
 
-
-def _cleanup_targets(folder: Path) -> list[Path]:
-    """Run folders (holding processes.json) that ``folder`` stands for: itself; a hunt trial's session
-    (session.json); a hunt's baseline and session (hunt.jsonl); else its direct children that hold one."""
-    import json as _json
-
-    from repro.evidence import read_json
-
-    if (folder / "processes.json").is_file():
-        return [folder]
-    found: list[Path] = []
-    sess = read_json(folder / "session.json") if (folder / "session.json").is_file() else None
-    if isinstance(sess, dict) and sess.get("session"):
-        found.append(Path(sess["session"]))
-    if (folder / "hunt.jsonl").is_file():
-        for line in (folder / "hunt.jsonl").read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                rec = _json.loads(line)
-            except ValueError:
-                continue
-            if rec.get("event") in ("baseline", "session") and rec.get("evidence"):
-                found.append(Path(rec["evidence"]))
-    if not found and folder.is_dir():
-        found = sorted(d for d in folder.iterdir() if d.is_dir() and not d.is_symlink() and (d / "processes.json").is_file())
-    out: list[Path] = []
-    for d in found:
-        if (d / "processes.json").is_file() and d not in out:
-            out.append(d)
-    return out
-
-
-def _cleanup_one(evidence: Path, force: bool, several: bool) -> int:
-    """Stop one run folder's recorded server tree and remove its owned temp folders; returns an exit code."""
-    import shutil
-    import tempfile
-
-    import psutil
-
-    from repro.evidence import read_json, write_json_atomic
-    from repro.procs import ProcInfo, alive, load_procs, stop_procs
-
-    path = evidence / "processes.json"
     try:
-        procs = load_procs(path)
-    except (OSError, ValueError) as e:
-        console.print(f"[red]error:[/] {path} is not a process list written by repro ({e}); nothing was stopped")
-        return EXIT_USAGE
-    run = read_json(evidence / "run.json") or {}
-    harness = run.get("pid") if run.get("status") == "running" else None
-    if harness and not force:
-        try:  # a SIGKILLed harness not yet reaped by its parent is a zombie: not alive
-            h = psutil.Process(int(harness))
-            live = alive(ProcInfo(int(harness), float(run.get("harness_create_time", h.create_time())), "", []))
-        except (psutil.Error, ValueError):
-            live = False
-        if live:
-            console.print(f"[red]error:[/] the run in {evidence} is still in progress (harness pid {harness}); "
-                          "stop it with Ctrl-C, or pass --force to end its server anyway")
-            return EXIT_USAGE
-    live = [p for p in procs if alive(p)]
-    left = stop_procs(live) if live else []
-    removed = []
-    if not left:  # the server is gone: its temp folders (e.g. HiCache storage) go too, as the launcher does at stop
-        owned = read_json(evidence / "owned_dirs.json") if (evidence / "owned_dirs.json").is_file() else None
-        tmp = Path(tempfile.gettempdir())
-        for d in (Path(x) for x in (owned or []) if isinstance(x, str)):
-            if d.parent == tmp and d.name.startswith("repro-") and d.is_dir():
-                shutil.rmtree(d, ignore_errors=True)
-                removed.append(str(d))
-    where = f" ({evidence})" if several else ""
-    if not live:
-        out.print(f"nothing to clean{where}: none of the {len(procs)} recorded processes is running"
-                  + (f"; removed {', '.join(removed)}" if removed else ""))
-        return 0
-    if run.get("status") == "running":
-        write_json_atomic(evidence / "run.json", {**run, "status": "cleaned-up", "cleaned_up_time": time.time(),
-                                                  "note": "the harness ended without tearing down; `repro cleanup` stopped the server"})
-    out.print(f"stopped {len(live) - len(left)} of {len(live)} live recorded processes{where}"
-              + (f"; still running: {[p.pid for p in left]}" if left else "")
-              + (f"; removed {', '.join(removed)}" if removed else ""))
-    return 0 if not left else EXIT_INTERNAL
+        results = cleanup_folder(Path(evidence), force)
+    except CleanupError as e:
+        console.print(f"[red]error:[/] {escape(str(e))}")
+        raise typer.Exit(EXIT_USAGE)
+    for r in results:
+        where = f" ({r.folder})" if len(results) > 1 else ""
+        if r.refused:
+            console.print(f"[red]error:[/] {escape(r.message)}")
+        else:
+            out.print(escape(r.message) + where)
+    raise typer.Exit(exit_code(results))
 
 
 @app.command()

@@ -151,25 +151,8 @@ class Server:
 
     def launch_mark(self) -> dict:
         """The mark that says the harness itself started this tree, for ``processes.json`` (``repro cleanup`` ends
-        only trees carrying it): ``{"launched_by_repro": true, "root": {pid, start_ticks, create_time},
-        "harness": {pid, start_ticks, create_time}}``; start ticks are clock ticks since boot (``/proc/PID/stat``)."""
-        me = _procs.proc_info(os.getpid())
-        root = self.root
-        return {
-            "launched_by_repro": True,
-            "root": {"pid": self.pid, "start_ticks": root.start_ticks if root else None,
-                     "create_time": root.create_time if root else None},
-            "harness": {"pid": os.getpid(), "start_ticks": me.start_ticks if me else None,
-                        "create_time": me.create_time if me else None},
-        }
-
-    def rank_pids(self) -> dict[int, int]:
-        """rank → pid of the scheduler processes, from their titles (``adapter.rank_pids``)."""
-        return self.adapter.rank_pids(self.procs())
-
-    def is_running(self) -> bool:
-        """True while the root process has not exited."""
-        return self.popen.poll() is None
+        only trees carrying it); see :func:`repro.procs.launch_mark`."""
+        return _procs.launch_mark(self.root, self.pid)
 
     # ---- health ----------------------------------------------------------------------------------------------
     def health_ok(self, timeout_s: float = 2.0) -> bool:

@@ -243,6 +243,20 @@ def save_procs(path: Union[str, Path], procs: Iterable[ProcInfo], launch: Option
     os.replace(tmp, path)
 
 
+def launch_mark(root: Optional[ProcInfo], root_pid: Optional[int] = None) -> dict:
+    """The mark that says this harness process itself started the tree under ``root`` (see :func:`save_procs`):
+    ``{"launched_by_repro": true, "root": {pid, start_ticks, create_time}, "harness": {pid, start_ticks,
+    create_time}}``; start ticks are clock ticks since boot. ``root_pid`` is used when ``root`` could not be read."""
+    me = proc_info(os.getpid())
+    return {
+        "launched_by_repro": True,
+        "root": {"pid": root.pid if root else root_pid, "start_ticks": root.start_ticks if root else None,
+                 "create_time": root.create_time if root else None},
+        "harness": {"pid": os.getpid(), "start_ticks": me.start_ticks if me else None,
+                    "create_time": me.create_time if me else None},
+    }
+
+
 def read_launch_mark(path: Union[str, Path]) -> Optional[dict]:
     """The launch mark of a snapshot file (see :func:`save_procs`), or None when it has none (not launched by repro,
     or written before the mark existed). Never raises for a missing or unreadable file (None)."""

@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from repro.cli import app
-from repro.procs import alive, proc_info, save_procs
+from repro.procs import alive, launch_mark, proc_info, save_procs
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "scenarios" / "sglang" / "smoke_extra_allreduce.toml"
@@ -97,7 +97,7 @@ def test_cleanup_refuses_a_run_whose_harness_is_alive_unless_forced(tmp_path):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
     try:
         info = proc_info(sleeper.pid)
-        save_procs(tmp_path / "processes.json", [info])
+        save_procs(tmp_path / "processes.json", [info], launch=launch_mark(info))
         me = proc_info(os.getpid())
         (tmp_path / "run.json").write_text(json.dumps({"status": "running", "pid": me.pid, "harness_create_time": me.create_time}))
         code, out = _run("cleanup", str(tmp_path))
@@ -124,7 +124,7 @@ def test_cleanup_of_a_hunt_folder_stops_its_session_server_and_removes_its_temp_
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
     try:
         info = proc_info(sleeper.pid)
-        save_procs(session / "processes.json", [info])
+        save_procs(session / "processes.json", [info], launch=launch_mark(info))
         (session / "owned_dirs.json").write_text(json.dumps([str(owned)]))
         (hunt / "hunt.jsonl").write_text(json.dumps({"event": "session", "evidence": str(session)}) + "\n")
         (trial / "session.json").write_text(json.dumps({"session": str(session)}))
@@ -154,7 +154,7 @@ def test_cleanup_treats_a_killed_harness_not_yet_reaped_as_gone(tmp_path):
         deadline = time.monotonic() + 10
         while psutil.Process(harness.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
             time.sleep(0.05)  # not waited for: it stays a zombie
-        save_procs(tmp_path / "processes.json", [proc_info(sleeper.pid)])
+        save_procs(tmp_path / "processes.json", [proc_info(sleeper.pid)], launch=launch_mark(proc_info(sleeper.pid)))
         (tmp_path / "run.json").write_text(json.dumps({"status": "running", "pid": h.pid, "harness_create_time": h.create_time}))
         code, out = _run("cleanup", str(tmp_path))
         assert code == 0 and "stopped 1 of 1" in out, out

@@ -352,6 +352,7 @@ def test_folders_of_a_killed_harness_are_swept_at_the_next_compare(on_site: Path
     owner = root / cmp.OWNER_FILE
     data = _json.loads(owner.read_text())
     data["create_time"] -= 1000.0  # as if the pid had been reused by another process: the owner is gone
+    data["start_ticks"] -= 100_000  # (the identity checked: start ticks since boot)
     owner.write_text(_json.dumps(data))
     assert cmp.sweep_stale(tmp_path) == [root] and not root.exists()
     m.close()

@@ -1,0 +1,247 @@
+"""End a server tree left behind by a harness that was SIGKILLed — and nothing else.
+
+``repro cleanup FOLDER`` reads the ``processes.json`` the runner wrote, with the launcher's mark that the harness
+itself started that tree (:meth:`repro.launcher.Server.launch_mark`: ``launched_by_repro``, the root's and the
+harness's pid + start ticks). Rules, in order:
+
+- a ``processes.json`` without that mark (e.g. one ``repro watch`` wrote about a server someone else runs, or an
+  older harness's) is refused: its processes are never signalled, ``force`` does not change that, and the result
+  names each recorded process left alone and why;
+- a run whose harness is still alive (pid + start ticks of ``run.json`` / the mark) is refused unless ``force``;
+- only recorded processes whose pid AND start ticks still match are signalled (:func:`repro.procs.stop_procs`): a
+  reused pid is never touched;
+- once the tree is gone, the server's temp folders (``owned_dirs.json``, only ``$TMPDIR/repro-*``) are removed, and a
+  folder with no ``verdict.json`` gets a short one plus ``REPORT.md`` saying the harness was killed and cleaned up.
+
+A hunt folder (``hunt.jsonl``), a hunt trial's folder (``session.json``) and an evidence root (scenario folders
+holding run folders, ``watch-HOST-PORT`` folders) stand for the run folders they name or hold. The CLI parses,
+calls :func:`cleanup` and renders the :class:`CleanupResult` list.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from repro import procs as _procs
+from repro.evidence import read_json, write_json_atomic, write_text_atomic
+from repro.procs import ProcInfo
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2
+
+
+class CleanupError(Exception):
+    """``FOLDER`` stands for no run folder at all; ``str()`` is one line naming what is expected."""
+
+
+@dataclass(frozen=True)
+class CleanupResult:
+    """What cleanup did for one run folder.
+
+    Attributes:
+        folder: the run folder (it holds ``processes.json``).
+        exit_code: 0 done (or nothing to do), 2 refused (not launched by repro, harness alive, bad file), 1 some
+            process survived SIGKILL.
+        message: one line for people saying what happened.
+        stopped: recorded processes that were alive and are now gone.
+        still_running: recorded processes still alive after SIGKILL.
+        left_alone: ``(process, why)`` for every recorded process not signalled although it is alive.
+        removed: temp folders removed.
+        refused: True when nothing was signalled on purpose (exit 2).
+    """
+
+    folder: Path
+    exit_code: int
+    message: str
+    stopped: list[ProcInfo] = field(default_factory=list)
+    still_running: list[ProcInfo] = field(default_factory=list)
+    left_alone: list[tuple[ProcInfo, str]] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    refused: bool = False
+
+    def to_json(self) -> dict:
+        """Plain JSON: folder, exit_code, message, refused, pids stopped / still running, left alone (pid, why)."""
+        return {"folder": str(self.folder), "exit_code": self.exit_code, "message": self.message, "refused": self.refused,
+                "stopped": [p.pid for p in self.stopped], "still_running": [p.pid for p in self.still_running],
+                "left_alone": [{"pid": p.pid, "title": p.title, "why": why} for p, why in self.left_alone],
+                "removed": list(self.removed)}
+
+
+def cleanup_targets(folder: Path) -> list[Path]:
+    """Run folders (holding ``processes.json``) that ``folder`` stands for: itself; a hunt trial's session
+    (``session.json``); a hunt's baseline and session (``hunt.jsonl``); else the run folders among its children
+    and grandchildren (an evidence root holds scenario folders holding run folders). Symlinks (``latest``) are
+    skipped."""
+    folder = Path(folder)
+    if (folder / "processes.json").is_file():
+        return [folder]
+    found: list[Path] = []
+    sess = read_json(folder / "session.json") if (folder / "session.json").is_file() else None
+    if isinstance(sess, dict) and sess.get("session"):
+        found.append(Path(sess["session"]))
+    if (folder / "hunt.jsonl").is_file():
+        for line in (folder / "hunt.jsonl").read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("event") in ("baseline", "session") and rec.get("evidence"):
+                found.append(Path(rec["evidence"]))
+    if not found and folder.is_dir():
+        for d in sorted(folder.iterdir()):
+            if not d.is_dir() or d.is_symlink():
+                continue
+            if (d / "processes.json").is_file():
+                found.append(d)
+                continue
+            found.extend(sorted(g for g in d.iterdir() if g.is_dir() and not g.is_symlink() and (g / "processes.json").is_file()))
+    out: list[Path] = []
+    for d in found:
+        if (d / "processes.json").is_file() and d not in out:
+            out.append(d)
+    return out
+
+
+def _harness_alive(run: dict, mark: dict) -> Optional[int]:
+    """The pid of the run's harness when it is still running (pid + start ticks, else create time), else None.
+
+    A SIGKILLed harness its parent has not reaped yet is a zombie: not alive.
+    """
+    if run.get("status") != "running":
+        return None
+    h = mark.get("harness") or {}
+    pid = run.get("pid") or h.get("pid")
+    try:
+        pid = int(pid)
+    except (TypeError, ValueError):
+        return None
+    ticks = run.get("harness_start_ticks")
+    if ticks is None and h.get("pid") == pid:
+        ticks = h.get("start_ticks")
+    ct = run.get("harness_create_time") or h.get("create_time")
+    if ticks is None and ct is None:
+        info = _procs.proc_info(pid)  # nothing to compare with: any live process with that pid counts
+        return pid if info is not None else None
+    me = ProcInfo(pid=pid, create_time=float(ct or 0.0), name="", start_ticks=int(ticks) if ticks is not None else None)
+    return pid if _procs.alive(me) else None
+
+
+def _not_ours(folder: Path, procs: list[ProcInfo]) -> CleanupResult:
+    live = [p for p in procs if _procs.alive(p)]
+    why = ("not launched by repro (no launched_by_repro mark in processes.json: e.g. a server `repro watch` observed, "
+           "or a folder written by an older harness)")
+    lst = ", ".join(f"pid {p.pid} ({p.title[:60]})" for p in live) or "none of them is running"
+    return CleanupResult(folder, EXIT_USAGE, f"refused: {folder} records processes {why}; cleanup only ends trees the "
+                         f"harness itself launched, --force does not change that; left alone: {lst}",
+                         left_alone=[(p, why) for p in live], refused=True)
+
+
+def _remove_owned_dirs(folder: Path) -> list[str]:
+    owned = read_json(folder / "owned_dirs.json") if (folder / "owned_dirs.json").is_file() else None
+    tmp = Path(tempfile.gettempdir())
+    removed = []
+    for d in (Path(x) for x in (owned if isinstance(owned, list) else []) if isinstance(x, str)):
+        if d.parent == tmp and d.name.startswith("repro-") and d.is_dir():
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(str(d))
+    return removed
+
+
+def _write_killed_report(folder: Path, run: dict, stopped: list[ProcInfo], when: float) -> None:
+    """A short verdict.json + REPORT.md for a run whose harness was killed before it wrote its own."""
+    at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when))
+    started = run.get("time")
+    reason = (f"the harness (pid {run.get('pid', '?')}) was killed before it finished; `repro cleanup` stopped the "
+              f"server tree it left ({len(stopped)} processes) at {at}")
+    notes = [f"`repro analyze {folder}` gives the ledger diagnosis and the rank states from what was recorded",
+             "server.log and requests.jsonl hold what happened up to the kill"]
+    write_json_atomic(folder / "verdict.json", {"verdict": "INCONCLUSIVE", "reason": reason, "notes": notes, "exit_code": 4,
+                                                "partial": True, "harness_killed": True, "cleaned_up_time": when,
+                                                "run_started_time": started, "evidence": str(folder)})
+    if not (folder / "REPORT.md").exists():
+        write_text_atomic(folder / "REPORT.md", "\n".join([
+            f"# INCONCLUSIVE — harness killed, cleaned up at {at}", "",
+            reason + ".", "",
+            f"- For the ledger diagnosis and where each rank was: `repro analyze {folder}`",
+            "- What happened up to the kill: `server.log`, `requests.jsonl` (when the burst had started).",
+            f"- Stopped: {', '.join(f'pid {p.pid} ({p.title[:50]})' for p in stopped) or '(nothing was running)'}", ""]))
+
+
+def cleanup_run(folder: Path, force: bool = False) -> CleanupResult:
+    """Stop one run folder's recorded server tree (only if the harness launched it) and tidy up after it.
+
+    Args:
+        folder: a run folder holding ``processes.json``.
+        force: also when the run's harness is still alive (ends that live run's server). Never overrides the
+            launched-by-repro check.
+    Returns:
+        A :class:`CleanupResult`; never raises for a bad or foreign file (exit code 2 in the result).
+    """
+    folder = Path(folder)
+    path = folder / "processes.json"
+    try:
+        recorded = _procs.load_procs(path)
+    except (OSError, ValueError) as e:
+        return CleanupResult(folder, EXIT_USAGE, f"{path} is not a process list written by repro ({e}); nothing was stopped",
+                             refused=True)
+    mark = _procs.read_launch_mark(path)
+    if mark is None:
+        return _not_ours(folder, recorded)
+    run = read_json(folder / "run.json") or {}
+    if not isinstance(run, dict):
+        run = {}
+    harness = _harness_alive(run, mark)
+    if harness is not None and not force:
+        return CleanupResult(folder, EXIT_USAGE, f"the run in {folder} is still in progress (harness pid {harness}); stop it "
+                             "with Ctrl-C, or pass --force to end its server anyway", refused=True,
+                             left_alone=[(p, f"its harness (pid {harness}) is still running") for p in recorded if _procs.alive(p)])
+    live = [p for p in recorded if _procs.alive(p)]
+    gone = len(recorded) - len(live)
+    left = _procs.stop_procs(live) if live else []
+    stopped = [p for p in live if p not in left]
+    removed = _remove_owned_dirs(folder) if not left else []
+    now = time.time()
+    if live and run.get("status") == "running":
+        write_json_atomic(folder / "run.json", {**run, "status": "cleaned-up", "cleaned_up_time": now,
+                                                "note": "the harness ended without tearing down; `repro cleanup` stopped the server"})
+    if not (folder / "verdict.json").exists() and run.get("status") in ("running", "cleaned-up"):
+        _write_killed_report(folder, run, stopped, now)
+    rm = f"; removed {', '.join(removed)}" if removed else ""
+    if not live:
+        return CleanupResult(folder, EXIT_OK, f"nothing to clean: none of the {len(recorded)} recorded processes is "
+                             f"running{rm}", removed=removed)
+    msg = (f"stopped {len(stopped)} of {len(live)} live recorded processes"
+           + (f" ({gone} recorded ones had already exited or their pid now belongs to another process: left alone)" if gone else "")
+           + (f"; still running: {[p.pid for p in left]}" if left else "") + rm)
+    return CleanupResult(folder, EXIT_OK if not left else EXIT_INTERNAL, msg, stopped=stopped, still_running=left,
+                         removed=removed)
+
+
+def cleanup(folder: Path, force: bool = False) -> list[CleanupResult]:
+    """Clean up every run folder ``folder`` stands for (:func:`cleanup_targets`).
+
+    Returns:
+        One result per run folder, in order.
+    Raises:
+        CleanupError: ``folder`` stands for no run folder (message names what is accepted).
+    """
+    targets = cleanup_targets(Path(folder))
+    if not targets:
+        raise CleanupError(f"{Path(folder) / 'processes.json'} not found: pass a run's evidence folder (it holds "
+                           "processes.json), a hunt folder, a hunt trial's folder, or an evidence root")
+    return [cleanup_run(t, force) for t in targets]
+
+
+def exit_code(results: list[CleanupResult]) -> int:
+    """The command's exit code: 2 when every folder was refused; else 1 when a process survived; else 0. Folders
+    refused among others (a watch folder under an evidence root) are reported, not failed."""
+    if all(r.refused for r in results):
+        return EXIT_USAGE
+    return max((r.exit_code for r in results if not r.refused), default=EXIT_OK)

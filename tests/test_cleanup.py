@@ -1,0 +1,141 @@
+"""`repro cleanup` ends only what the harness launched (small local processes; no sglang).
+
+A foreign server (a plain ``http.server`` this test starts, not repro's launcher) recorded the way ``repro watch``
+records the server it watched must survive every form of cleanup; a tree recorded with the launcher's mark is
+ended, also when found under an evidence root, and the folder gets a short verdict after a killed harness.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from repro.cli import app
+from repro.procs import alive, launch_mark, proc_info, save_procs, snapshot_tree
+
+runner = CliRunner()
+
+
+def _run(*args: str) -> tuple[int, str]:
+    r = runner.invoke(app, list(args))
+    return r.exit_code, r.output
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def foreign_server(tmp_path: Path):
+    """An HTTP server someone else runs: started here, never by repro's launcher. Yields (Popen, port)."""
+    port = _free_port()
+    p = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not _answers(port):
+            assert time.monotonic() < deadline and p.poll() is None, "the foreign server did not start"
+            time.sleep(0.05)
+        yield p, port
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+
+
+@pytest.fixture
+def sleeper():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+
+
+def _watch_folder(root: Path, port: int, pid: int) -> Path:
+    """The folder `repro watch` writes on a hang, with processes.json saved as watch.py saves it (no launch mark)."""
+    hang = root / f"watch-127.0.0.1-{port}" / "20261201T000000Z-hang"
+    hang.mkdir(parents=True)
+    save_procs(hang / "processes.json", snapshot_tree(pid))
+    (hang / "watch.json").write_text(json.dumps({"kind": "watch", "pid": 1}))
+    (hang / "verdict.json").write_text(json.dumps({"verdict": "INCONCLUSIVE", "reason": "x"}))
+    return hang
+
+
+def test_a_foreign_server_recorded_by_watch_survives_every_cleanup_form(tmp_path: Path, foreign_server):
+    server, port = foreign_server
+    root = tmp_path / "evidence"
+    hang = _watch_folder(root, port, server.pid)
+    info = proc_info(server.pid)
+    for target in (hang, hang.parent, root):
+        for extra in ((), ("--force",)):
+            code, out = _run("cleanup", str(target), *extra)
+            assert code == 2, (target, extra, out)
+            assert "not launched by repro" in out and f"pid {server.pid}" in out and "left alone" in out, out
+            assert alive(info) and server.poll() is None and _answers(port), f"cleanup {target} {extra} touched the server"
+
+
+def test_an_evidence_root_cleans_the_launched_run_and_leaves_the_watched_server_alone(tmp_path: Path, foreign_server, sleeper):
+    server, port = foreign_server
+    root = tmp_path / "evidence"
+    _watch_folder(root, port, server.pid)
+    run_dir = root / "smoke" / "20261201T000001Z-extra"  # evidence root / scenario / run
+    run_dir.mkdir(parents=True)
+    info = proc_info(sleeper.pid)
+    save_procs(run_dir / "processes.json", [info], launch=launch_mark(info))
+    (run_dir / "run.json").write_text(json.dumps({"status": "running", "pid": 999999999, "time": time.time()}))
+    code, out = _run("cleanup", str(root))
+    assert code == 0, out
+    assert "stopped 1 of 1" in out and "not launched by repro" in out
+    sleeper.wait(10)
+    assert server.poll() is None and _answers(port)
+    # the killed harness's folder now says what happened (item: a short verdict after SIGKILL + cleanup)
+    v = json.loads((run_dir / "verdict.json").read_text())
+    assert v["verdict"] == "INCONCLUSIVE" and "killed" in v["reason"] and "repro cleanup" in v["reason"]
+    report = (run_dir / "REPORT.md").read_text()
+    assert "harness killed" in report and "repro analyze" in report
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "cleaned-up"
+
+
+def test_cleanup_refuses_a_marked_list_whose_harness_lives_and_force_ends_it(tmp_path: Path, sleeper):
+    info = proc_info(sleeper.pid)
+    save_procs(tmp_path / "processes.json", [info], launch=launch_mark(info))
+    me = proc_info(os.getpid())
+    (tmp_path / "run.json").write_text(json.dumps({"status": "running", "pid": me.pid, "harness_start_ticks": me.start_ticks}))
+    code, out = _run("cleanup", str(tmp_path))
+    assert code == 2 and "still in progress" in out and alive(info)
+    code, out = _run("cleanup", str(tmp_path), "--force")
+    assert code == 0 and "stopped 1 of 1" in out
+    sleeper.wait(10)
+
+
+def test_cleanup_library_reports_what_it_left_alone_and_why(tmp_path: Path, foreign_server):
+    from repro.cleanup import cleanup
+
+    server, port = foreign_server
+    hang = _watch_folder(tmp_path, port, server.pid)
+    (res,) = cleanup(hang, force=True)
+    assert res.refused and res.exit_code == 2 and not res.stopped
+    assert [p.pid for p, _ in res.left_alone] == [server.pid]
+    assert "not launched by repro" in res.left_alone[0][1]
