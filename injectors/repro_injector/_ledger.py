@@ -1,7 +1,8 @@
 """The collective ledger: every collective this process enters and leaves, as JSON lines (``ledger-<pid>.jsonl``).
 
-Enabled by the plan's ``ledger`` key (``{"enabled": bool, "max_records": int, "tick_function": "module:qualname"}``,
-``repro.scenario.compile_plan``); when disabled nothing is patched and nothing runs (zero cost).
+Enabled by the plan's ``ledger`` key (``{"enabled": bool, "max_records": int, "tick_function": "module:qualname",
+"coordinators": [...], "alias_prefixes": [...], "comm_module_prefixes": [...]}``, ``repro.scenario.compile_plan``
+with the engine adapter's injector profile); when disabled nothing is patched and nothing runs (zero cost).
 
 Where collectives are recorded (checked against sglang 0.5.23 and torch 2.14):
 
@@ -87,12 +88,15 @@ COORDINATOR_METHODS = {
     "broadcast_object": "cpu_group", "broadcast_object_list": "device_group", "all_gather_object": "cpu_group",
     "barrier": "cpu_group",
 }
+# The engine's part comes from the plan's ``ledger`` (``coordinators``, ``alias_prefixes``, ``comm_module_prefixes``:
+# the adapter's InjectorProfile, repro/targets/); these are the fallbacks for a plan without them (sglang 0.5.23).
 DEFAULT_COORDINATORS = ("sglang.srt.distributed.parallel_state:GroupCoordinator",)
 ALIAS_PREFIXES = ("sglang.",)
+ENGINE_COMM_MODULE_PREFIXES = ("sglang.srt.distributed",)
 # Modules whose frames are never a call site: the communication layers, context-manager and nn.Module plumbing.
-COMM_MODULE_PREFIXES = ("torch.distributed", "sglang.srt.distributed", "repro_injector", "torch.utils._contextlib",
-                        "torch.nn.modules.module",
-                        "contextlib")
+GENERIC_COMM_MODULE_PREFIXES = ("torch.distributed", "repro_injector", "torch.utils._contextlib", "torch.nn.modules.module",
+                                "contextlib")
+COMM_MODULE_PREFIXES = GENERIC_COMM_MODULE_PREFIXES[:1] + ENGINE_COMM_MODULE_PREFIXES + GENERIC_COMM_MODULE_PREFIXES[1:]
 
 _wall = time.time
 _sleep = time.sleep
@@ -153,6 +157,9 @@ class Ledger:
         self.max_records = max(2, int(spec.get("max_records") or 20_000))
         self.tick_function: str = spec.get("tick_function") or ""
         self.coordinators: List[str] = list(spec.get("coordinators") or DEFAULT_COORDINATORS)
+        self.alias_prefixes: Tuple[str, ...] = tuple(spec.get("alias_prefixes") or ALIAS_PREFIXES)
+        engine_comm = tuple(spec.get("comm_module_prefixes") or ENGINE_COMM_MODULE_PREFIXES)
+        self.comm_module_prefixes: Tuple[str, ...] = GENERIC_COMM_MODULE_PREFIXES[:1] + engine_comm + GENERIC_COMM_MODULE_PREFIXES[1:]
         self.tick = 0
         self.pending: Dict[int, _Pending] = {}  # thread ident -> its open coordinator call
         self.q: Deque[tuple] = deque()
@@ -183,7 +190,7 @@ class Ledger:
         if self.tick_function:
             mod, _, _q = self.tick_function.partition(":")
             self.rt._watch(mod, self._patch_tick)
-        self.rt.watch_prefixes = tuple(self.rt.watch_prefixes) + ALIAS_PREFIXES
+        self.rt.watch_prefixes = tuple(self.rt.watch_prefixes) + self.alias_prefixes
         self.rt.prefix_callbacks.append(self._rebind_aliases)
         self.start_thread()
 
@@ -196,7 +203,7 @@ class Ledger:
             setattr(dist, op, w)
             self.originals[id(orig)] = (orig, w)
         for name, mod in list(sys.modules.items()):
-            if name.startswith(ALIAS_PREFIXES) and mod is not None:
+            if name.startswith(self.alias_prefixes) and mod is not None:
                 self._rebind_aliases(mod)
 
     def _rebind_aliases(self, module: Any) -> None:
@@ -363,7 +370,7 @@ class Ledger:
             res = (code, "", 3)
         else:
             mod = f.f_globals.get("__name__", "?") or "?"
-            if code in _gate.OWN_CODES or mod.startswith(COMM_MODULE_PREFIXES) or _gate.is_decorator_frame(f):
+            if code in _gate.OWN_CODES or mod.startswith(self.comm_module_prefixes) or _gate.is_decorator_frame(f):
                 res = (code, "", 1)
             else:
                 res = (code, _gate.frame_name(f), 0)
