@@ -82,6 +82,27 @@ def _sigterm_to_interrupt() -> None:
     signal.signal(signal.SIGINT, handler)
 
 
+def _scenario_arg(value: Path) -> Path:
+    """Typer callback of every SCENARIO argument: a path (from any folder: ``scenarios/...`` also finds the
+    installed wheel's copy) or a bundled scenario's bare name such as ``smoke_extra_allreduce``; exit 2 naming the
+    bundled names when nothing matches."""
+    from repro import resources
+
+    if value is None:
+        return value
+    try:
+        found = resources.find_scenario(value)
+    except resources.ResourceError as e:
+        console.print(f"[red]error:[/] {escape(str(e))}")
+        raise typer.Exit(EXIT_USAGE)
+    if not found.is_file():
+        names = ", ".join(resources.scenario_names()) or "(none found)"
+        console.print(f"[red]error:[/] {escape(str(value))}: scenario file not found (expected a .toml file, or the name of "
+                      f"a bundled scenario: {names})")
+        raise typer.Exit(EXIT_USAGE)
+    return found
+
+
 def _check_expect(expect: Optional[str]) -> None:
     if expect is not None and expect not in ("deadlock", "success", "inconclusive"):
         console.print(f"[red]error:[/] --expect must be deadlock, success or inconclusive (got {expect!r})")
@@ -140,15 +161,20 @@ class _Progress:
             self.progress.update(self.task, description="tearing down the server tree", total=None)
 
 
+def _result_dict(res) -> dict:
+    """One run's result as the JSON `repro run --json` prints (also one entry of `repro demo --json`)."""
+    return {
+        "verdict": res.verdict.verdict, "reason": res.verdict.reason, "notes": list(res.verdict.notes),
+        "exit_code": res.exit_code, "evidence": str(res.evidence), "expected": res.expected,
+        "requests_ok": res.requests_ok, "requests_total": res.requests_total,
+        "timings": {k: round(v, 3) for k, v in res.timings.items()},
+        "analysis": res.analysis.to_dict() if res.analysis is not None else None,
+    }
+
+
 def _render_result(res, as_json: bool) -> None:
     if as_json:
-        out.print_json(json.dumps({
-            "verdict": res.verdict.verdict, "reason": res.verdict.reason, "notes": list(res.verdict.notes),
-            "exit_code": res.exit_code, "evidence": str(res.evidence), "expected": res.expected,
-            "requests_ok": res.requests_ok, "requests_total": res.requests_total,
-            "timings": {k: round(v, 3) for k, v in res.timings.items()},
-            "analysis": res.analysis.to_dict() if res.analysis is not None else None,
-        }))
+        out.print_json(json.dumps(_result_dict(res)))
         return
     out.print(f"[{_verdict_style(res.verdict.verdict)}]{res.verdict.verdict}[/]  {escape(res.verdict.reason)}")
     for n in res.verdict.notes:
@@ -169,7 +195,7 @@ def _render_result(res, as_json: bool) -> None:
 
 @app.command()
 def run(
-    scenario: Path = typer.Argument(..., help="scenario TOML file, e.g. scenarios/sglang/smoke_extra_allreduce.toml"),
+    scenario: Path = typer.Argument(..., callback=_scenario_arg, help="scenario TOML file or bundled name, e.g. scenarios/sglang/smoke_extra_allreduce.toml"),
     variant: Optional[str] = typer.Option(None, "--variant", help="variant name (default: the first in the file)"),
     python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: this one if it imports sglang, else the CPU testbed's)"),
     model: Optional[str] = typer.Option(None, "--model", help="model path (default: the scenario's, else the testbed's tiny model)"),
@@ -209,7 +235,7 @@ def run(
 
 @app.command()
 def compare(
-    scenario: Path = typer.Argument(..., help="scenario TOML file, e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
+    scenario: Path = typer.Argument(..., callback=_scenario_arg, help="scenario TOML file or bundled name, e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
     before: str = typer.Option(..., "--before", help="REF of the code before the fix: installed | patch:FILE | git:PATH@REV | python:PATH"),
     after: str = typer.Option(..., "--after", help="REF of the code after the fix (same forms as --before)"),
     variant: Optional[str] = typer.Option(None, "--variant", help="variant name (default: the first in the file)"),
@@ -269,25 +295,34 @@ def compare(
 @app.command()
 def demo(
     python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: as `repro run` picks it: this one if it imports sglang, else the CPU testbed's)"),
-    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
+    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder (default: evidence/ in the current folder)"),
+    as_json: bool = typer.Option(False, "--json", help="print both results as one JSON object on stdout (no progress)"),
 ) -> None:
     """Run the smoke scenario's armed variant (expects DEADLOCKED) and its control (expects ALL REQUESTS SUCCEEDED).
 
-    Exit 0 iff both verdicts are the expected ones, else 5; 2 when the testbed is missing.
+    The scenario is the bundled ``scenarios/sglang/smoke_extra_allreduce.toml`` (a clone's, or the installed
+    wheel's copy), so this works from any folder. Exit 0 iff both verdicts are the expected ones, else 5; 2 when
+    the testbed is missing.
     """
-    from repro.runner import REPO_ROOT, RunError, RunOptions, run as run_scenario
-    from repro.scenario import load_scenario
+    from repro import resources
+    from repro.runner import RunError, RunOptions, run as run_scenario
+    from repro.scenario import ScenarioError, load_scenario
 
     _sigterm_to_interrupt()
-    path = REPO_ROOT / "scenarios" / "sglang" / "smoke_extra_allreduce.toml"
-    scen = load_scenario(path)
+    try:
+        path = resources.scenarios_dir() / "sglang" / "smoke_extra_allreduce.toml"
+        scen = load_scenario(path)
+    except (resources.ResourceError, ScenarioError) as e:
+        console.print(f"[red]error:[/] {escape(str(e))}")
+        raise typer.Exit(EXIT_USAGE)
     results = []
     for v in scen.variants:
-        out.rule(f"{scen.name} / {v.name} (expects {v.expect})")
+        if not as_json:
+            _rule(out, f"{scen.name} / {v.name} (expects {v.expect})")
         opts = RunOptions(scenario_path=path, variant=v.name, python=python, evidence_root=evidence_dir, expect=v.expect,
                           command_line=shlex.join(["repro", "run", str(path), "--variant", v.name, "--expect", v.expect]))
         try:
-            with _Progress(False) as prog:
+            with _Progress(as_json) as prog:
                 res = run_scenario(opts, prog)
         except RunError as e:
             console.print(f"[red]error:[/] {e}")
@@ -295,29 +330,37 @@ def demo(
         except KeyboardInterrupt:
             console.print("[yellow]interrupted[/]: server tree torn down; partial evidence kept")
             raise typer.Exit(130)
-        _render_result(res, False)
+        if not as_json:
+            _render_result(res, False)
         results.append((v, res))
-    out.rule("demo summary")
+    code = 0 if all(r.exit_code == 0 for _, r in results) else EXIT_MISMATCH
+    if as_json:
+        out.print_json(json.dumps({"scenario": str(path), "exit_code": code, "as_expected": code == 0,
+                                   "variants": [{"variant": v.name, **_result_dict(res)} for v, res in results]}))
+        raise typer.Exit(code)
+    _rule(out, "demo summary")
     for v, res in results:
         ok = res.exit_code == 0
         out.print(f"{v.name:20s} [{_verdict_style(res.verdict.verdict)}]{res.verdict.verdict}[/] "
                   f"({'as expected' if ok else 'expected ' + v.expect}) → {res.evidence}/REPORT.md")
-    raise typer.Exit(0 if all(r.exit_code == 0 for _, r in results) else EXIT_MISMATCH)
+    raise typer.Exit(code)
 
 
 @app.command()
 def serve(
-    scenario: Path = typer.Argument(..., help="scenario TOML file"),
+    scenario: Path = typer.Argument(..., callback=_scenario_arg, help="scenario TOML file or bundled name"),
     variant: Optional[str] = typer.Option(None, "--variant", help="variant whose injections are loaded (unarmed)"),
     python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server"),
     model: Optional[str] = typer.Option(None, "--model", help="model path"),
     tp: Optional[int] = typer.Option(None, "--tp", help="TP size"),
     evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
     label: Optional[str] = typer.Option(None, "--label", help="evidence folder label (default: serve-<variant>)"),
+    as_json: bool = typer.Option(False, "--json", help="JSON lines on stdout: one `serving` object once healthy (url, pids, evidence), one `stopped` object at the end"),
 ) -> None:
     """Start the server with the injector loaded and UNARMED; print its URL and evidence folder; stay until Ctrl-C.
 
-    Arm it with `repro arm EVIDENCE_DIR [INJECTION…]`, disarm with `repro disarm EVIDENCE_DIR`.
+    Arm it with `repro arm EVIDENCE_DIR [INJECTION…]`, disarm with `repro disarm EVIDENCE_DIR`. With --json, stdout
+    carries only JSON lines (flushed as written, for a script waiting on the URL).
     """
     from repro.launcher import LaunchError, start_server
     from repro.runner import RunError, RunOptions, save_server_procs, prepare, write_arm_file
@@ -342,9 +385,15 @@ def serve(
         ranks = server.rank_pids()
         p.evidence.write_json("serve.json", {"url": server.url, "pid": server.pid, "rank_pids": {str(k): v for k, v in ranks.items()},
                                              "injections": [i.id for i in p.variant.injections], "arm_file": str(p.arm_file)})
-        out.print(f"serving {server.url}  (ranks: {', '.join(f'TP{k}={v}' for k, v in sorted(ranks.items()))})")
-        out.print(f"evidence: {p.evidence.path}")
-        out.print(f"arm:      repro arm {p.evidence.path}   disarm: repro disarm {p.evidence.path}   stop: Ctrl-C")
+        if as_json:
+            _json_line({"event": "serving", "url": server.url, "pid": server.pid,
+                        "rank_pids": {str(k): v for k, v in sorted(ranks.items())}, "evidence": str(p.evidence.path),
+                        "injections": [i.id for i in p.variant.injections],
+                        "arm": ["repro", "arm", str(p.evidence.path)], "disarm": ["repro", "disarm", str(p.evidence.path)]})
+        else:
+            out.print(f"serving {server.url}  (ranks: {', '.join(f'TP{k}={v}' for k, v in sorted(ranks.items()))})")
+            out.print(f"evidence: {p.evidence.path}")
+            out.print(f"arm:      repro arm {p.evidence.path}   disarm: repro disarm {p.evidence.path}   stop: Ctrl-C")
         while server.is_running():
             time.sleep(0.5)
         console.print("[red]the server exited[/]; log: " + str(p.evidence.file("server.log")))
@@ -355,10 +404,20 @@ def serve(
     except KeyboardInterrupt:
         console.print("stopping the server tree …")
     finally:
+        left = []
         if server is not None:
             left = server.stop()
             p.evidence.write_json("teardown.json", {"left_running": [getattr(x, "pid", x) for x in left], "time": time.time()})
         p.evidence.set_status("complete")
+        if as_json:
+            _json_line({"event": "stopped", "evidence": str(p.evidence.path),
+                        "left_running": [getattr(x, "pid", x) for x in left]})
+
+
+def _json_line(rec: dict) -> None:
+    """One JSON object per line on stdout, flushed (for a script reading a long-running verb's output live)."""
+    sys.stdout.write(json.dumps(rec, default=str) + "\n")
+    sys.stdout.flush()
 
 
 def _arm_file_of(evidence: Path, need_live_server: bool = True) -> tuple[Path, list[str]]:
@@ -461,7 +520,7 @@ def cleanup(
 
 @app.command()
 def sites(
-    scenario: Path = typer.Argument(..., help="scenario TOML file"),
+    scenario: Path = typer.Argument(..., callback=_scenario_arg, help="scenario TOML file or bundled name"),
     variant: Optional[str] = typer.Option(None, "--variant", help="check only this variant (default: all variants)"),
     python: Optional[str] = typer.Option(None, "--python", help="target interpreter (default: as `repro run` picks it)"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
@@ -695,7 +754,7 @@ def watch(
 
 @app.command()
 def hunt(
-    scenario: Path = typer.Argument(..., help="base scenario: its server and burst (variants ignored), e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
+    scenario: Path = typer.Argument(..., callback=_scenario_arg, help="base scenario: its server and burst (variants ignored), e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
     budget_min: float = typer.Option(30.0, "--budget-min", help="wall-clock budget in minutes; trials not started in time are reported NOT RUN"),
     only: Optional[List[str]] = typer.Option(None, "--only", help="decision point(s) to hunt (repeatable; default: the whole catalogue)"),
     perturbation: Optional[List[str]] = typer.Option(None, "--perturbation", help="perturbation(s) to try (repeatable; default: all that apply)"),
@@ -720,11 +779,12 @@ def hunt(
     from rich.markup import escape as rich_escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
+    from repro import resources
     from repro.hunt import DEFAULT_CATALOGUE, FAMILY_SCHED, HuntError, HuntOptions, hunt as run_hunt
     from repro.runner import RunError
 
     _sigterm_to_interrupt()
-    opts = HuntOptions(scenario_path=scenario, catalogue_path=catalogue or DEFAULT_CATALOGUE, only=tuple(only or ()),
+    opts = HuntOptions(scenario_path=scenario, catalogue_path=resources.find_data_file(catalogue) if catalogue else DEFAULT_CATALOGUE, only=tuple(only or ()),
                        perturbations=tuple(perturbation or ()), ranks=tuple(rank or ()), budget_min=budget_min,
                        evidence_root=evidence_dir, python=python, ref=ref, sites=sites,
                        sites_matching=tuple(sites_matching or ()), confirm=confirm,

@@ -10,12 +10,11 @@ truncated last line (a process killed mid-write) is skipped, not fatal.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Union
 
-_TP_TITLE = re.compile(r"^sglang::scheduler(?:_[A-Z_]*?\d+)*?_TP(\d+)")
+from repro.evidence import Layout
 
 
 class InjectorRecordsError(ValueError):
@@ -101,6 +100,7 @@ class ProcessLog:
     counts: Mapping[str, SiteCounts]
     fires: tuple[FireEvent, ...]
     errors: tuple[str, ...]
+    seen: tuple[Mapping[str, Any], ...] = ()  # every ``seen`` event of the file (observe-only probes), any arming
 
 
 @dataclass(frozen=True)
@@ -174,10 +174,25 @@ class InjectorReport:
         """Error lines from the fire logs (``errors.log`` keeps tracebacks)."""
         return [e for lg in self.logs for e in lg.errors]
 
+    def seen(self) -> list[dict]:
+        """Every ``seen`` event (observe-only probes: ``id``, ``caller``, ``stack``, ``loops``) of every process, in
+        file order per pid, each with ``rank`` filled in from the process's marker when the line had none."""
+        out = []
+        for lg in self.logs:
+            for e in lg.seen:
+                e = dict(e)
+                if e.get("rank") is None and e.get("pid") is not None:
+                    e["rank"] = self.rank_of(int(e["pid"]))
+                out.append(e)
+        return out
+
 
 def _rank_from_title(title: str) -> Optional[int]:
-    m = _TP_TITLE.search(title or "")
-    return int(m.group(1)) if m else None
+    """TP rank from a rank process's title, read by the engine adapters (``repro.targets.registry``)."""
+    from repro.targets.registry import rank_title_any
+
+    t = rank_title_any(title or "")
+    return None if t is None else t.tp
 
 
 def _read_marker(path: Path) -> Optional[LoadedMarker]:
@@ -199,19 +214,43 @@ def _read_marker(path: Path) -> Optional[LoadedMarker]:
     )
 
 
-def _read_log(path: Path, pid: int) -> ProcessLog:
-    events: list[dict] = []
+def read_fire_log(path: Union[str, Path], offset: int = 0, tail: bool = True) -> tuple[list[dict], int]:
+    """The one reader of a ``fires-<pid>.jsonl`` (the injector's fire log): its events from byte ``offset`` on.
+
+    With ``tail`` (following a live file), only complete lines are read: a last line without its newline (the
+    injector is writing it) is left for the next call. Without it (reading a finished file), a last line without
+    newline counts when it is whole JSON, and is skipped when torn (a process killed mid-write). A line that is not
+    JSON is skipped (the injector writes whole lines; only a killed writer leaves a torn one).
+
+    Args:
+        path: the fire log; offset: byte offset to start at (0: the whole file; a tail-follower passes the offset
+            this function returned last time); tail: see above.
+    Returns:
+        ``(events, next_offset)``: the JSON objects in file order and the offset after the last complete line
+        (``offset`` unchanged when the file is missing or has no new complete line).
+    """
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
     except OSError:
-        text = ""
-    for line in text.splitlines():
+        return [], offset
+    end = data.rfind(b"\n") + 1 if tail else len(data)
+    events: list[dict] = []
+    for line in data[:end].split(b"\n"):
         if not line.strip():
             continue
         try:
-            events.append(json.loads(line))
+            e = json.loads(line.decode("utf-8", errors="replace"))
         except ValueError:
-            continue  # a partial last line
+            continue
+        if isinstance(e, dict):
+            events.append(e)
+    return events, offset + end
+
+
+def _read_log(path: Path, pid: int) -> ProcessLog:
+    events, _ = read_fire_log(path, tail=False)
     rank: Optional[int] = None
     arm_seq = 0
     armed_ids: tuple[str, ...] = ()
@@ -220,6 +259,7 @@ def _read_log(path: Path, pid: int) -> ProcessLog:
     fires: list[dict] = []
     done: dict[str, bool] = {}
     errors: list[str] = []
+    seen: list[dict] = []
     for e in events:
         if e.get("rank") is not None:
             rank = e["rank"]
@@ -242,12 +282,14 @@ def _read_log(path: Path, pid: int) -> ProcessLog:
             done[e.get("id")] = e.get("error") is None
         elif kind == "error":
             errors.append(str(e.get("message")))
+        elif kind == "seen":
+            seen.append(e)
     fire_events = tuple(
         FireEvent(pid, f.get("rank"), f.get("id", ""), arm_seq, float(f.get("time", 0)), int(f.get("n", 0)), f.get("caller") or "",
                   tuple(f.get("stack") or ()), f.get("action") or {}, done.get(f.get("id")))
         for f in fires
     )
-    return ProcessLog(pid, rank, arm_seq, armed_ids, disarmed, counts, fire_events, tuple(errors))
+    return ProcessLog(pid, rank, arm_seq, armed_ids, disarmed, counts, fire_events, tuple(errors), tuple(seen))
 
 
 def read_injector_dir(path: Union[str, Path]) -> InjectorReport:
@@ -260,15 +302,14 @@ def read_injector_dir(path: Union[str, Path]) -> InjectorReport:
     if not p.is_dir():
         raise InjectorRecordsError(f"{p}: injector folder not found (expected the plan's out_dir with loaded-<pid>.json files)")
     markers = []
-    for f in sorted(p.glob("loaded-*.json")):
+    for f in sorted(p.glob(Layout.LOADED_GLOB)):
         m = _read_marker(f)
         if m is not None:
             markers.append(m)
     logs = []
-    for f in sorted(p.glob("fires-*.jsonl")):
-        try:
-            pid = int(f.stem.split("-", 1)[1])
-        except ValueError:
+    for f in sorted(p.glob(Layout.FIRES_GLOB)):
+        pid = Layout.pid_of(f.name)
+        if pid is None:
             continue
         logs.append(_read_log(f, pid))
     rank_of: dict[int, int] = {}
@@ -282,7 +323,7 @@ def read_injector_dir(path: Union[str, Path]) -> InjectorReport:
     from dataclasses import replace
 
     markers = [replace(m, rank=rank_of[m.pid]) if m.rank is None and m.pid in rank_of else m for m in markers]
-    err = p / "errors.log"
+    err = p / Layout.INJECTOR_ERRORS
     errors_log = err.read_text(encoding="utf-8", errors="replace") if err.is_file() else ""
     markers.sort(key=lambda m: m.pid)
     logs.sort(key=lambda lg: lg.pid)
