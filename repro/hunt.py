@@ -844,22 +844,7 @@ def read_seen(injector_dir: Path) -> list[dict]:
     """All ``seen`` events of an injector folder, each with the rank of its process (None if not a rank)."""
     from repro import injection_records
 
-    rep = injection_records.read_injector_dir(injector_dir)
-    out = []
-    for f in sorted(Path(injector_dir).glob("fires-*.jsonl")):
-        for line in f.read_text(encoding="utf-8", errors="replace").splitlines():
-            if '"seen"' not in line:
-                continue
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            if e.get("event") != "seen":
-                continue
-            if e.get("rank") is None and e.get("pid") is not None:
-                e["rank"] = rep.rank_of(int(e["pid"]))
-            out.append(e)
-    return out
+    return injection_records.read_injector_dir(injector_dir).seen()
 
 
 def _check_sites_option(sites: bool, cat: Catalogue, base: Any) -> None:

@@ -195,7 +195,7 @@ def fire_log_offsets(injector_dir: Path, pids: Sequence[int]) -> dict[int, int]:
     out: dict[int, int] = {}
     for pid in pids:
         try:
-            out[int(pid)] = (Path(injector_dir) / f"fires-{pid}.jsonl").stat().st_size
+            out[int(pid)] = (Path(injector_dir) / ev.Layout.fire_log(pid)).stat().st_size
         except OSError:
             out[int(pid)] = 0
     return out
@@ -219,38 +219,20 @@ def wait_armed(injector_dir: Path, offsets: dict[int, int], arm_file: Path, time
     Returns:
         The pids that did not acknowledge within ``timeout_s`` (empty when all did), sorted.
     """
-    import json
+    from repro.injection_records import read_fire_log
 
     try:
         want = Path(arm_file).stat().st_mtime_ns / 1e9
     except OSError:
         return sorted(offsets)
     pending = dict(offsets)
-    partial: dict[int, bytes] = {pid: b"" for pid in pending}
     deadline = time.monotonic() + timeout_s
     while True:
         for pid in list(pending):
-            path = Path(injector_dir) / f"fires-{pid}.jsonl"
-            try:
-                with open(path, "rb") as fh:
-                    fh.seek(pending[pid])
-                    chunk = fh.read()
-            except OSError:
-                continue
-            pending[pid] += len(chunk)
-            data = partial[pid] + chunk
-            lines = data.split(b"\n")
-            partial[pid] = lines.pop()  # an incomplete last line waits for the rest
-            for line in lines:
-                if b'"armed"' not in line:
-                    continue
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if rec.get("event") == "armed" and abs(float(rec.get("arm_file_mtime") or 0) - want) < 1e-6:
-                    del pending[pid]
-                    break
+            # complete lines only: an incomplete last line waits for the rest
+            events, pending[pid] = read_fire_log(Path(injector_dir) / ev.Layout.fire_log(pid), pending[pid])
+            if any(e.get("event") == "armed" and abs(float(e.get("arm_file_mtime") or 0) - want) < 1e-6 for e in events):
+                del pending[pid]
         if not pending or time.monotonic() >= deadline:
             return sorted(pending)
         time.sleep(ARM_ACK_POLL_S)
