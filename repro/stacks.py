@@ -18,9 +18,9 @@ Formats read (checked against py-spy 0.4.3 and CPython 3.11 ``faulthandler``):
 - faulthandler: ``Current thread 0x… (most recent call first):`` / ``Thread 0x… (most recent call first):`` then
   ``  File "<path>", line <n> in <co_name>``; if a file holds several dumps, the last one is used.
 
-Process titles: SGLang names its scheduler processes ``sglang::scheduler_TP{k}`` (with ``DP{d}_``/``PP{p}_``
-prefixes when used; checked in sglang 0.5.23 ``srt/managers/scheduler.py`` ``run_scheduler_process``);
-:func:`rank_from_title` reads ``k`` from them.
+Process titles: engines name their rank processes (SGLang ``sglang::scheduler_TP{k}``, with ``DP{d}_``/``PP{p}_``
+prefixes when used); :func:`rank_from_title` and :func:`pp_from_title` ask every registered engine adapter's title
+parser (``repro.targets.registry.rank_title_any``), so dumps of any engine are read.
 """
 
 from __future__ import annotations
@@ -161,22 +161,25 @@ class RankCapture(_Frozen):
 # --------------------------------------------------------------------------------------------------------------
 # helpers
 
-_TITLE_RANK_RE = re.compile(r"sglang::scheduler\w*?(?:_|\b)TP(\d+)")
-_TITLE_PP_RE = re.compile(r"sglang::scheduler\w*?PP(\d+)")
 _NAME_RANK_RE = re.compile(r"(?:rank|tp)[_\-]?(\d+)", re.IGNORECASE)
 _NATIVE_FILE_RE = re.compile(r"(\.so(\.[\w.]+)?|\.dylib|\.dll|\.c|\.cc|\.cpp|\.cxx|\.h|\.hpp|\.cu)$")
 
 
 def rank_from_title(title: str) -> Optional[int]:
-    """TP rank from an SGLang process title (``sglang::scheduler_TP1``, ``sglang::scheduler_DP0_TP1``), else None."""
-    m = _TITLE_RANK_RE.search(title or "")
-    return int(m.group(1)) if m else None
+    """TP rank from a rank process's title (``sglang::scheduler_TP1`` → 1, ``sglang::scheduler_DP0_TP1`` → 1, plain
+    ``sglang::scheduler`` of a TP=1 server → 0), read by the registered engine adapters; None for other processes."""
+    from repro.targets.registry import rank_title_any
+
+    t = rank_title_any(title or "")
+    return None if t is None else t.tp
 
 
 def pp_from_title(title: str) -> Optional[int]:
-    """Pipeline stage from an SGLang title with a ``PP{p}`` part (``sglang::scheduler_PP1_TP0``), else None."""
-    m = _TITLE_PP_RE.search(title or "")
-    return int(m.group(1)) if m else None
+    """Pipeline stage from a rank title with a PP part (``sglang::scheduler_PP1_TP0`` → 1), else None."""
+    from repro.targets.registry import rank_title_any
+
+    t = rank_title_any(title or "")
+    return None if t is None else t.pp
 
 
 def rank_from_filename(name: str) -> Optional[int]:
@@ -602,8 +605,3 @@ def render_pyspy_text(threads: Iterable[ThreadStack], pid: Optional[int] = None,
         lines.append(f"Thread {t.thread_id}{state}{name}")
         lines.extend("    " + f.render() for f in t.frames)
     return "\n".join(lines) + "\n"
-
-
-def threads_of(dumps: Sequence[ProcessDump]) -> list[ThreadStack]:
-    """All threads of the given dumps, in order."""
-    return [t for d in dumps for t in d.threads]
