@@ -492,6 +492,7 @@ def disarm(evidence: Path = typer.Argument(..., help="evidence folder of a `repr
 def cleanup(
     evidence: Path = typer.Argument(..., help="evidence folder of a run whose harness was killed (or a hunt folder, a hunt trial's folder, an evidence root)"),
     force: bool = typer.Option(False, "--force", help="also when the run's harness is still alive (ends that run); never ends a server repro did not launch"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object on stdout: exit_code and one result per run folder"),
 ) -> None:
     """End a server tree left behind by a harness that was SIGKILLed, using the pids + start times it recorded.
 
@@ -509,6 +510,9 @@ def cleanup(
     except CleanupError as e:
         console.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(EXIT_USAGE)
+    if as_json:
+        out.print_json(data={"exit_code": exit_code(results), "results": [r.to_json() for r in results]})
+        raise typer.Exit(exit_code(results))
     for r in results:
         where = f" ({r.folder})" if len(results) > 1 else ""
         if r.refused:
