@@ -705,14 +705,16 @@ def watch(
     evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
     on_hang: Optional[str] = typer.Option(None, "--on-hang", help="shell command run AFTER the evidence is on disk, with REPRO_EVIDENCE_DIR set (e.g. a restart)"),
     on_hang_timeout: float = typer.Option(600.0, "--on-hang-timeout", help="seconds before the --on-hang command's process group is ended"),
-    once: bool = typer.Option(False, "--once", help="probe once and exit: 0 healthy, 3 hung with deadlock evidence, 4 hung without, 6 unreachable"),
+    once: bool = typer.Option(False, "--once", help="probe once and exit: 0 healthy, 3 hung with deadlock evidence, 4 hung without, 6 unreachable, 8 not this engine's API"),
     count: Optional[int] = typer.Option(None, "--count", help="stop after this many probe rounds"),
     native: bool = typer.Option(False, "--native", help="py-spy --native stacks (slower; retried without on failure)"),
 ) -> None:
     """Probe a live server's generate path; on a hang keep the evidence (stacks ×2, diagnosis, /metrics), then run --on-hang.
 
     One JSON line per probe round and per event on stdout. Runs until SIGINT/SIGTERM (exit 0); with --once exits
-    0 healthy, 3 hung with deadlock evidence, 4 hung without it, 6 unreachable; 2 on bad options.
+    0 healthy, 3 hung with deadlock evidence, 4 hung without it, 6 unreachable; 2 on bad options. Exit 8 (with or
+    without --once) when the URL answers fast 404/405/501 or closes the connection before any generate succeeded:
+    not this engine's API or a wrong URL, never a hang (no capture, no --on-hang).
     """
     from repro.watch import WatchConfigError, WatchOptions, Watcher
 
@@ -733,6 +735,7 @@ def watch(
         "on_hang": lambda e: f"--on-hang exited {e.get('rc')}" + (" (timed out)" if e.get("timed_out") else ""),
         "on_hang_skipped": lambda e: f"[yellow]--on-hang not run[/]: {e['reason']}",
         "unreachable": lambda e: f"[yellow]unreachable[/]: {e['detail']}",
+        "misconfigured": lambda e: f"[red]not this engine's API[/]: {e['detail']} (exit 8)",
         "recovered": lambda e: "[green]recovered[/]: a generate probe succeeded again",
     }
 
@@ -753,7 +756,9 @@ def watch(
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     code = watcher.run()
-    raise typer.Exit(code if once else 0)
+    from repro.watch import EXIT_MISCONFIGURED
+
+    raise typer.Exit(code if once or code == EXIT_MISCONFIGURED else 0)
 
 
 @app.command()

@@ -20,6 +20,10 @@ declare a hang (with ``probe_timeout_s <= interval_s`` within ``failures × inte
 its start; a timed-out round delays the next, so otherwise within ``interval_s + failures × probe_timeout_s``), reported by what ``/health`` said meanwhile: ``silent`` (200: a liveness check would not notice),
 ``health-error`` (e.g. 503), ``health-timeout`` (no answer yet) or ``health-unreachable``. Consecutive connection
 failures (refused, DNS, connect timeout) are reported as ``unreachable`` instead: a server that is down is not hung.
+A server that has never answered a generate probe successfully and answers 404/405/501 within a second, or closes
+the connection at once, is *misconfigured* (not this engine's API, or a wrong URL): the watch ends with exit 8,
+captures nothing and does not run ``on_hang`` (:func:`wrong_api`). After one success the same fast errors count as
+failures (a router answers fast 5xx when its workers hang).
 
 On a hang: discover the local rank processes (under ``pid_root``, by title ``match``, or under the process listening
 on the URL's port), capture them all in parallel twice ``confirm_gap_s`` apart (:func:`repro.capture.capture_ranks`,
@@ -68,6 +72,14 @@ EXIT_HEALTHY = 0
 EXIT_HUNG_DEADLOCK = EXIT_CODES[DEADLOCKED]  # 3
 EXIT_HUNG_NO_EVIDENCE = EXIT_CODES[INCONCLUSIVE]  # 4
 EXIT_UNREACHABLE = 6
+EXIT_MISCONFIGURED = 8  # the URL answers, but not as this engine's generate API: never a hang
+
+# A server that never answered a generate probe successfully and answers one of these statuses (or closes the
+# connection) within WRONG_API_FAST_S is "not this engine's API / misconfigured URL", not hung: a hang is a probe
+# that does not answer in time. After a success, fast errors count toward a hang again (a router answers fast 5xx
+# when its workers hang).
+WRONG_API_STATUSES = (404, 405, 501)
+WRONG_API_FAST_S = 1.0
 
 # generate-probe outcomes
 OK, TIMEOUT, REFUSED, HTTP_ERROR, BAD_ANSWER, SKIPPED, ERROR, INTERRUPTED = (
@@ -278,6 +290,22 @@ def probe_health(adapter: Any, url: str, timeout_s: float) -> ProbeResult:
     if status != 200:
         return ProbeResult("health", HTTP_ERROR, status, lat, started, f"HTTP {status}")
     return ProbeResult("health", OK, status, lat, started)
+
+
+def wrong_api(gen: ProbeResult) -> Optional[str]:
+    """Why a failed generate probe looks like "not this engine's API / misconfigured URL", else None.
+
+    That is an answer within ``WRONG_API_FAST_S`` (1 s) that is HTTP 404 / 405 / 501 (no such route or method), or
+    a connection the server closed without answering. Only meaningful before any generate probe succeeded: the
+    caller (:meth:`Watcher._account`) checks that. A refused connection is *unreachable*, a slow answer a failure.
+    """
+    if gen.latency_s >= WRONG_API_FAST_S:
+        return None
+    if gen.outcome == HTTP_ERROR and gen.status in WRONG_API_STATUSES:
+        return f"HTTP {gen.status} within {gen.latency_s * 1000:.0f} ms"
+    if gen.outcome == ERROR and "closed the connection" in gen.error:
+        return f"the connection was closed without an answer within {gen.latency_s * 1000:.0f} ms"
+    return None
 
 
 class _Slot:
@@ -576,6 +604,9 @@ class Watcher:
         self.unreachable = 0
         self.first_failure_t: Optional[float] = None
         self.first_failure_round = 0
+        self.ever_ok = False  # a generate probe succeeded at least once (then fast errors can be a hang)
+        self.misconfigured = 0
+        self._last_gen: Optional[ProbeResult] = None
         self.hangs: list[HangOutcome] = []
         self._on_hang_proc: Optional[subprocess.Popen] = None
 
@@ -651,6 +682,7 @@ class Watcher:
             health_json = self.health_answers[-1].to_json()
         else:
             health_json = {"outcome": "none"}
+        self._last_gen = gen
         event = self._account(gen)
         rec = self._log("probe", round=n, state=self.state, consecutive_failures=self.failures,
                         generate=gen.to_json(), health=health_json, **({"transition": event} if event else {}))
@@ -658,13 +690,24 @@ class Watcher:
         return rec
 
     def _account(self, gen: ProbeResult) -> Optional[str]:
-        """Update counters and state from a generate result; returns ``hang``/``unreachable``/``recovered``/None."""
+        """Update counters and state from a generate result; returns ``hang``/``unreachable``/``misconfigured``/
+        ``recovered``/None."""
         o = self.opts
         need = 1 if o.once else o.failures
         if gen.outcome == INTERRUPTED:
             return None
+        if not gen.ok and not self.ever_ok and wrong_api(gen) is not None:
+            self.failures = self.unreachable = 0
+            self.first_failure_t, self.first_failure_round = None, 0
+            self.misconfigured += 1
+            if self.misconfigured >= need and self.state != "misconfigured":
+                self.state = "misconfigured"
+                return "misconfigured"
+            return None
+        self.misconfigured = 0
         if gen.ok:
             was = self.state
+            self.ever_ok = True
             self.failures = self.unreachable = 0
             self.first_failure_t, self.first_failure_round = None, 0
             self.state = "healthy"
@@ -713,7 +756,9 @@ class Watcher:
 
         Returns:
             With ``once``: 0 healthy, 3 hung with deadlock evidence, 4 hung without it, 6 unreachable.
-            Otherwise 0 when stopped (SIGINT/SIGTERM or ``max_rounds``).
+            Otherwise 0 when stopped (SIGINT/SIGTERM or ``max_rounds``). In both modes 8 (and the loop ends) when
+            the URL is not this engine's API (:func:`wrong_api` for ``failures`` rounds, 1 with ``once``, before
+            any generate probe succeeded): nothing is captured and ``on_hang`` is not run.
         """
         o = self.opts
         self._log("start", interval_s=o.interval_s, probe_timeout_s=o.probe_timeout_s, health_timeout_s=o.health_timeout_s,
@@ -738,6 +783,12 @@ class Watcher:
                               detail=f"the server does not accept connections ({gen.get('error', '')}); down, not hung: "
                                      "no capture")
                     code = EXIT_UNREACHABLE
+                elif tr == "misconfigured":
+                    self._log("misconfigured", consecutive=self.misconfigured, status=rec["generate"].get("status"),
+                              detail=f"{wrong_api(self._last_gen)} from {o.url}{self.adapter.generate_path}; this is "
+                                     "not this engine's generate API (wrong URL, port or engine?): not a hang, no "
+                                     "capture, --on-hang not run")
+                    return EXIT_MISCONFIGURED
                 elif tr == "recovered":
                     self._log("recovered", detail="a generate probe succeeded again")
                 if o.once:

@@ -39,7 +39,8 @@ METRICS_TEXT = "# HELP sglang:num_running_reqs running\n# TYPE sglang:num_runnin
 class Stub:
     """A local HTTP endpoint whose behaviour per path can be changed while it runs.
 
-    ``generate``: ``ok`` | ``slow`` (answers after ``slow_s``) | ``hang`` (never answers until released) | ``500``.
+    ``generate``: ``ok`` | ``slow`` (answers after ``slow_s``) | ``hang`` (never answers until released) | ``500`` |
+    ``404`` / ``405`` / ``501`` (at once).
     ``health``: ``200`` | ``503`` | ``hang``.
     """
 
@@ -86,6 +87,8 @@ class Stub:
                         time.sleep(stub.slow_s)
                     if mode == "500":
                         return self._send(500, b'{"error": {"message": "boom"}}')
+                    if mode in ("404", "405", "501"):
+                        return self._send(int(mode), b'{"detail": "Not Found"}')
                     assert req["sampling_params"]["max_new_tokens"] == 1
                     body = {"output_ids": [7], "meta_info": {"finish_reason": {"type": "length"}, "completion_tokens": 1}}
                     self._send(200, json.dumps(body).encode())
@@ -495,3 +498,101 @@ def test_a_remote_url_is_never_matched_to_local_processes() -> None:
     with FakeServerTree():
         d = discover_ranks(SGLangAdapter(), "http://192.0.2.10:30000")  # TEST-NET-1: never a local address
     assert d.rank_pids == {} and d.method == "none" and "this host" in d.note
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a server that errors fast is not hung: "not this engine's API / misconfigured URL" (exit 8)
+
+
+class _Closer:
+    """A TCP port that accepts every connection and closes it at once, without a byte of answer."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class _NoPost(BaseHTTPRequestHandler):
+    """An HTTP server with no POST route at all: http.server answers 501 Unsupported method."""
+
+    def log_message(self, *a):  # noqa: D401 - silence
+        pass
+
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+@pytest.mark.parametrize("mode", ["404", "405"])
+def test_a_fast_404_or_405_before_any_success_is_misconfigured_not_a_hang(stub: Stub, tmp_path: Path, mode: str) -> None:
+    from typer.testing import CliRunner
+
+    from repro.cli import app
+
+    stub.generate = mode
+    marker = tmp_path / "on-hang-ran"
+    r = CliRunner().invoke(app, ["watch", "--url", stub.url, "--once", "--probe-timeout", "2", "--interval", "2",
+                                 "--evidence-dir", str(tmp_path / "ev"), "--on-hang", f"touch {marker}"])
+    assert r.exit_code == 8, r.output
+    events = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert not _of(events, "hang") and _of(events, "misconfigured")
+    assert f"HTTP {mode}" in _of(events, "misconfigured")[0]["detail"]
+    assert not marker.exists(), "--on-hang ran for a server that answers at once"
+    assert not (tmp_path / "ev").exists(), "no hang evidence for a misconfigured URL"
+
+
+def test_a_server_without_the_route_501_ends_the_loop_with_exit_8(tmp_path: Path) -> None:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _NoPost)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        w, events, code = _watch(f"http://127.0.0.1:{srv.server_address[1]}", tmp_path, failures=2, max_rounds=6)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert code == 8 and w.round == 2, "ends after --failures fast 501s"
+    assert [p["generate"]["status"] for p in _of(events, "probe")] == [501, 501]
+    assert not _of(events, "hang") and not (tmp_path / "ev").exists()
+
+
+def test_a_port_that_closes_the_connection_at_once_is_misconfigured(tmp_path: Path) -> None:
+    closer = _Closer()
+    try:
+        w, events, code = _watch(closer.url, tmp_path, once=True, on_hang=f"touch {tmp_path / 'ran'}")
+    finally:
+        closer.close()
+    assert code == 8, events
+    assert "closed" in _of(events, "misconfigured")[0]["detail"]
+    assert not _of(events, "hang") and not (tmp_path / "ran").exists() and not (tmp_path / "ev").exists()
+
+
+@pytest.mark.parametrize("mode", ["500", "404"])
+def test_fast_errors_after_a_success_still_count_toward_a_hang(stub: Stub, tmp_path: Path, mode: str) -> None:
+    # a router answers fast 5xx when its workers hang: after one good answer, fast errors are failures
+    events: list[dict] = []
+    opts = WatchOptions(url=stub.url, interval_s=0.1, probe_timeout_s=0.5, health_timeout_s=0.5, failures=2,
+                        evidence_root=tmp_path / "ev", confirm_gap_s=0.0).validate()
+    w = Watcher(opts, events.append, discover=lambda: {})
+    assert w.probe_round()["generate"]["outcome"] == "ok"
+    stub.generate = mode
+    transitions = [w.probe_round().get("transition") for _ in range(2)]
+    assert transitions == [None, "hang"] and w.state == "hung"
+    assert not _of(events, "misconfigured")
