@@ -104,38 +104,42 @@ def injected_site(frames: Sequence[Frame]) -> Optional[str]:
     return None
 
 
+def _frame_rules():
+    """The engines' frame rules (every registered adapter's, merged: dumps of any engine are read)."""
+    from repro.targets.registry import combined_frame_rules
+
+    return combined_frame_rules()
+
+
+def _rule_layer(rules, f: Frame, path: str) -> Optional[str]:
+    for r in rules:
+        if r.matches(path, f.basename, f.function, f.short_function):
+            return r.layer
+    return None
+
+
 def comm_layer(f: Frame) -> Optional[str]:
     """The communication layer a frame belongs to, or None.
 
-    Returns one of ``native-wait``, ``native`` (other native frames: transparent), ``monitored_barrier``,
-    ``torch.distributed``, ``pynccl``, ``custom_all_reduce``, ``device_communicator``, ``GroupCoordinator``,
-    ``broadcast_pyobj`` / ``point_to_point_pyobj``.
+    Returns ``native-wait``, ``native`` (other native frames: transparent), ``monitored_barrier``,
+    ``torch.distributed``, or a layer of an engine's frame rules (``repro.targets.base.FrameRules``: SGLang's
+    ``broadcast_pyobj`` / ``point_to_point_pyobj`` before torch.distributed, ``pynccl``, ``custom_all_reduce``,
+    ``device_communicator``, ``GroupCoordinator`` after it).
     """
     if f.native:
         return "native-wait" if _NATIVE_COMM_RE.search(f.function) else "native"
     if is_ledger_frame(f):
         return "native"  # transparent like a native frame
     path = f.module_or_file.replace("\\", "/")
+    rules = _frame_rules()
+    layer = _rule_layer(rules.object_comm, f, path)
+    if layer is not None:
+        return layer
     short = f.short_function
-    if short.endswith("broadcast_pyobj"):  # also attn_cp_tp_broadcast_pyobj (communication_op.py, 0.5.23)
-        return "broadcast_pyobj"
-    if short == "point_to_point_pyobj":
-        return short
     if "torch/distributed/" in path or path.startswith("distributed/distributed_c10d") or \
             f.basename in ("distributed_c10d.py", "c10d_logger.py"):
         return "monitored_barrier" if short == "monitored_barrier" else "torch.distributed"
-    if "device_communicators/" in path:
-        if "pynccl" in f.basename:
-            return "pynccl"
-        if "custom_all_reduce" in f.basename:
-            return "custom_all_reduce"
-        return "device_communicator"
-    if path.endswith("distributed/parallel_state.py") or path.endswith("distributed/communication_op.py") or \
-            f.function.startswith("GroupCoordinator."):
-        return "GroupCoordinator"
-    if f.function.startswith(("PyNcclCommunicator.", "NCCLLibrary.")):
-        return "pynccl"
-    return None
+    return _rule_layer(rules.comm_layers, f, path)
 
 
 _IDLE_RULES: tuple[tuple[str, Optional[str], str], ...] = (
@@ -152,8 +156,7 @@ _IDLE_RULES: tuple[tuple[str, Optional[str], str], ...] = (
     ("threading.py", "acquire", "lock wait"),
     ("concurrent/futures/_base.py", None, "future wait"),
     ("concurrent/futures/thread.py", "_worker", "executor idle"),
-    ("idle_sleeper.py", "maybe_sleep", "zmq poll/recv"),
-)
+)  # engines add theirs in their FrameRules.idle_waits (repro/targets/)
 
 
 def idle_kind(f: Frame) -> Optional[str]:
@@ -161,7 +164,7 @@ def idle_kind(f: Frame) -> Optional[str]:
     if f.native:
         return None
     path = f.module_or_file.replace("\\", "/")
-    for where, func, kind in _IDLE_RULES:
+    for where, func, kind in _IDLE_RULES + _frame_rules().idle_waits:
         if (where in path or f.basename == where) and (func is None or f.short_function == func):
             return kind
     return None
@@ -565,10 +568,8 @@ def analyze(captures: Sequence[RankCapture]) -> Analysis:
                     busy_ranks=busy, unknown_ranks=unknown, summary=summary, warnings=warnings)
 
 
-# SGLang's idle tick (checked in sglang 0.5.23 managers/scheduler.py and scheduler_components/): the ranks that
-# already passed their idle sleep wait in the request broadcast for the rank that is still sleeping.
-REQUEST_BROADCAST_CALLERS = frozenset({"recv_requests", "_broadcast_reqs_across_ranks"})
-IDLE_LOOP_CALLERS = frozenset({"on_idle", "maybe_sleep_on_idle", "maybe_sleep"})
+# An engine's idle tick (its FrameRules: request_broadcast_*, idle_loop_callers; SGLang's in repro/targets/sglang.py):
+# the ranks that already passed their idle sleep wait in the request broadcast for the rank still sleeping.
 
 
 def _chain_has(s: RankState, names: frozenset) -> bool:
@@ -588,16 +589,22 @@ def _idle_handshake(states: list[RankState], judged: list[RankGroup]) -> bool:
     idle = [s for s in known if s.state == "idle-wait"]
     if not coll or not idle:
         return False
-    return all(s.op == "broadcast" and s.via in ("broadcast_pyobj",) and _chain_has(s, REQUEST_BROADCAST_CALLERS)
-               for s in coll) and all(_chain_has(s, IDLE_LOOP_CALLERS) for s in idle)
+    rules = _frame_rules()
+    return all(s.op == "broadcast" and s.via in rules.request_broadcast_layers
+               and _chain_has(s, rules.request_broadcast_callers)
+               for s in coll) and all(_chain_has(s, rules.idle_loop_callers) for s in idle)
 
 
 def _handshake_summary(states: list[RankState], unknown: list[int]) -> str:
     idle = [s.rank for s in states if s.state == "idle-wait"]
     coll = [s.rank for s in states if s.state == "collective"]
     tail = f" (no readable stack from {_ranks_text(unknown)})" if unknown else ""
+    callers = _frame_rules().request_broadcast_callers
+    first = next((st for st in states if st.state == "collective"), None)
+    caller = next((c.rsplit(".", 1)[-1] for c in (first.caller_chain if first else ()) if c.rsplit(".", 1)[-1] in callers), "")
+    how = f" ({first.via} ← {caller})" if first is not None and first.via and caller else ""
     return (f"Not diverged: {_ranks_text(idle)} {_is_are(idle)} idle-sleeping in the scheduler's idle path while "
-            f"{_ranks_text(coll)} {_is_are(coll)} in the request broadcast (broadcast_pyobj ← recv_requests) "
+            f"{_ranks_text(coll)} {_is_are(coll)} in the request broadcast{how} "
             f"waiting for the next tick — an idle server, not a hang{tail}.")
 
 
@@ -742,6 +749,20 @@ def _collect_files(paths: Iterable[Union[str, Path]], tag: Optional[str]) -> lis
     return files
 
 
+def is_engine_title(title: str) -> bool:
+    """A process of a known engine that is not a rank (``sglang::detokenizer``): asked of the adapter registry."""
+    from repro.targets.registry import is_engine_title as known
+
+    return known(title)
+
+
+def _title_examples() -> str:
+    from repro.targets.registry import all_adapters
+
+    ex = [a.watch_defaults.title_example for a in all_adapters().values() if getattr(a, "watch_defaults", None)]
+    return " or ".join(e for e in ex if e) or "a rank title"
+
+
 def load_captures(paths: Iterable[Union[str, Path]], tag: Optional[str] = None) -> list[RankCapture]:
     """Read dump files/folders into one :class:`RankCapture` per rank (method ``file``).
 
@@ -769,7 +790,7 @@ def load_captures(paths: Iterable[Union[str, Path]], tag: Optional[str] = None) 
         r = rank_from_title(d.title)
         if r is not None and pp is not None and any(x for x in pp_seen):
             r = pp * tp_size + r
-        if r is None and d.title and "sglang::" in d.title:
+        if r is None and d.title and is_engine_title(d.title):
             skipped.append(f"{f.name}: skipped {d.title!r} (not a scheduler rank)")
             continue
         multi = sum(1 for e in entries if e[0] == f) > 1
@@ -779,7 +800,7 @@ def load_captures(paths: Iterable[Union[str, Path]], tag: Optional[str] = None) 
             r = rank_from_filename(f.name)
         if r is None and multi:
             # one of several processes in one file (py-spy --subprocesses, a compose log): not a scheduler rank
-            skipped.append(f"{f.name}: skipped pid {d.pid} {d.title[:60]!r} (no sglang::scheduler_TP<k> title)")
+            skipped.append(f"{f.name}: skipped pid {d.pid} {d.title[:60]!r} (no rank title such as {_title_examples()})")
             continue
         if r is None:
             unranked.append((f, d, text))
