@@ -80,10 +80,24 @@ have_pyspy="$(installed_version py-spy)"
 if [ "$have_sglang" = "$SGLANG_VERSION" ] && [ "${have_torch%%+*}" = "$TORCH_VERSION" ] && [ -n "$have_pyspy" ]; then
   echo "  reusing installed packages: sglang $have_sglang, torch $have_torch, py-spy $have_pyspy"
 else
-  echo "  installing ${PACKAGES[*]} (about 11 GB and several minutes on a fresh machine) ..."
+  echo "  installing ${PACKAGES[*]} and their dependencies: a ~4 GB download (the CUDA torch wheel and its nvidia-*"
+  echo "  libraries, flashinfer, sgl-kernel), ~11 GB in $venv, 4-5 min on a fresh machine; progress every 15 s ..."
   tp=$(date +%s)
   log="$dir/pip-install.log"
-  if ! "$py" -m pip install --no-input "${PACKAGES[@]}" >"$log" 2>&1; then
+  : >"$log"
+  (  # progress: the venv's size against ~11 GB and pip's last line (full log: $log)
+    while sleep 15; do
+      mb=$(du -sm "$venv" 2>/dev/null | cut -f1)
+      last=$(tail -c 2000 "$log" 2>/dev/null | tr '\r' '\n' | grep -v '^[[:space:]]*$' | tail -1 | cut -c1-110)
+      echo "  ... $(( $(date +%s) - tp )) s: venv ${mb:-0} MB of ~11000 MB; pip: ${last:-starting}"
+    done
+  ) &
+  progress_pid=$!
+  trap 'kill "$progress_pid" 2>/dev/null' EXIT
+  pip_rc=0
+  "$py" -m pip install --no-input --progress-bar off "${PACKAGES[@]}" >"$log" 2>&1 || pip_rc=$?
+  kill "$progress_pid" 2>/dev/null; wait "$progress_pid" 2>/dev/null; trap - EXIT
+  if [ "$pip_rc" -ne 0 ]; then
     tail -15 "$log" >&2
     missing=$(grep -oE "No matching distribution found for [^ ]+|Could not find a version that satisfies the requirement [^ ]+" "$log" | head -1 || true)
     fail "pip could not install ${missing:-the packages} (full log: $log). Check network access to the package index (pip config list) or that the wheel for this Python/platform exists; then re-run this script."
