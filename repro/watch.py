@@ -62,7 +62,6 @@ from repro.procs import ProcInfo
 from repro.verdict import DEADLOCKED, EXIT_CODES, INCONCLUSIVE
 
 PROBE_INPUT_IDS = (1, 2, 3, 4)  # token ids of the generate probe (valid in any vocabulary of >= 5 tokens)
-DEFAULT_MATCH = "sglang::scheduler"  # title prefix of sglang's rank processes (sglang 0.5.23 run_scheduler_process)
 EVIDENCE_ENV = "REPRO_EVIDENCE_DIR"
 FALLBACK_EVIDENCE_ROOT = Path(tempfile.gettempdir()) / "repro-watch-evidence"
 HISTORY_ROUNDS = 200  # probe rounds kept in memory and written to probes.jsonl on a hang
@@ -173,7 +172,8 @@ class WatchOptions:
             raise WatchConfigError(f"--pid-root {self.pid_root}: no such process; pass the pid of the server's "
                                    "launcher (the process that started the rank processes)")
         if self.match is not None and not self.match.strip():
-            raise WatchConfigError("--match must be a non-empty piece of a process title, e.g. sglang::scheduler")
+            raise WatchConfigError("--match must be a non-empty piece of the rank processes' titles (what `ps -o args` "
+                                   "shows for them)")
         return replace(self, url=self.url.rstrip("/"))
 
 
@@ -488,7 +488,8 @@ def discover_ranks(adapter: Any, url: str, pid_root: Optional[int] = None, match
 
     Order: ``pid_root`` (its tree, filtered by ``match`` when given); else ``match`` over every process; else the
     tree of the process listening on the URL's port (and nothing else when that tree has no rank); else, when the
-    URL's host is this host, every process titled :data:`DEFAULT_MATCH` (never another host's server). Ranks come
+    URL's host is this host, every process whose title holds the adapter's ``watch_defaults.title_match`` (never
+    another host's server). Ranks come
     from the titles (``adapter.rank_pids``: ``sglang::scheduler_TP{k}`` → k).
 
     Returns:
@@ -507,7 +508,8 @@ def discover_ranks(adapter: Any, url: str, pid_root: Optional[int] = None, match
                                  "watch one server") from None
         note = ""
         if not rp:
-            what = f"titled *{match}*" if match else "with a rank title (sglang::scheduler_TP<k>)"
+            example = adapter.watch_defaults.title_example or adapter.watch_defaults.title_match
+            what = f"titled *{match}*" if match else f"with a rank title ({example})"
             note = f"no process {what} {where}"
             if sel and match:
                 note += f" has a rank title ({', '.join(p.title[:40] for p in sel[:3])}…)"
@@ -531,7 +533,7 @@ def discover_ranks(adapter: Any, url: str, pid_root: Optional[int] = None, match
         return Discovery({}, "none", [], f"{host} is not an address of this host, so its rank processes cannot be "
                                           "captured from here: run the watch on the server's host, or pass --pid-root "
                                           "PID / --match TITLE")
-    match = DEFAULT_MATCH
+    match = adapter.watch_defaults.title_match
     d = ranks_of(_all_procs(), "default-title", "on this host")
     if not d.rank_pids:
         d = replace(d, note=d.note + "; pass --pid-root PID or --match TITLE")
@@ -579,16 +581,16 @@ class Watcher:
         log: receives one JSON-serialisable dict per probe round (``event: probe``) and per event (``start``,
             ``discovery``, ``hang``, ``unreachable``, ``recovered``, ``evidence``, ``evidence_error``, ``on_hang``,
             ``on_hang_skipped``, ``stop``).
-        adapter: engine adapter (default :class:`repro.targets.sglang.SGLangAdapter`).
+        adapter: engine adapter (default: the registry's default, ``repro.targets.registry.get_adapter()``).
         discover: callable returning rank → pid, replacing :func:`discover_ranks` (for embedding and tests).
     """
 
     def __init__(self, opts: WatchOptions, log: Optional[LogSink] = None, adapter: Any = None,
                  discover: Optional[Callable[[], dict[int, int]]] = None) -> None:
         if adapter is None:
-            from repro.targets.sglang import SGLangAdapter
+            from repro.targets.registry import get_adapter
 
-            adapter = SGLangAdapter()
+            adapter = get_adapter()
         self.opts = opts
         self.adapter = adapter
         self._log_sink = log or (lambda _e: None)
