@@ -6,17 +6,14 @@ rank, the per-rank table, the request summary, versions, the exact command to re
 
 from __future__ import annotations
 
-import shlex
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
-from repro.evidence import read_json
+from repro.diagnosis import md_cell
 
 MAX_STACK_CHARS = 60_000  # per rank file embedded in the report; the full file stays in stacks/
-
-
-def _md_escape(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+_md_escape = md_cell  # the one markdown escape (repro.diagnosis); old name kept for callers
 
 
 def rank_table(analysis: Any) -> list[str]:
@@ -65,7 +62,7 @@ def stacks_details(stacks_dir: Path) -> list[str]:
     return out or ["(no stacks were captured: no stall was detected)"]
 
 
-def diagnosis_lines(analysis: Any, ledger_diag: Any = None, timeline: Optional[str] = "timeline.svg") -> list[str]:
+def diagnosis_lines(analysis: Any, ledger_diag: Any = None, timeline: Optional[str] = None) -> list[str]:
     """The "Diagnosis" section: the ledger's first divergence (sentence, aligned table, timeline) when a ledger
     was recorded, then the stack analysis' summary and per-rank table (the fallback without a ledger)."""
     out: list[str] = []
@@ -79,35 +76,68 @@ def diagnosis_lines(analysis: Any, ledger_diag: Any = None, timeline: Optional[s
     return ["## Diagnosis", ""] + out
 
 
-def write_report(p: Any, opts: Any, variant: Any, evd: Any, verdict: Any, analysis: Any, state: Any, rank_pids: dict,
-                 checks: Sequence[Any], timings: dict, ledger_diag: Any = None) -> Path:
-    """Write ``REPORT.md`` into ``evd`` (the run's evidence folder) and return its path.
+@dataclass(frozen=True)
+class ReportInput:
+    """Everything REPORT.md says, as the stages already hold it (nothing is re-read from the folder).
 
-    Args:
-        p: the ``repro.runner.Prepared`` run (scenario, spec); ``variant`` the variant this run drove.
+    Attributes:
+        scenario: scenario name; mirrors / description: what it mirrors (may be empty).
+        variant / variant_expects / variant_description: the variant this run drove and its expected verdict word.
+        has_injections: the variant has injections (an empty ``checks`` then means "records not read").
+        verdict: ``repro.verdict.Verdict`` (verdict, reason, notes).
         analysis: ``repro.analysis.Analysis`` of the deciding (or last) capture, or None when none was taken.
-        state: the driver's final ``DriverState`` (None when no burst was sent).
-        checks: ``repro.verdict.InjectionCheck`` per injection; ``timings`` seconds by phase.
-        ledger_diag: ``repro.ledger.LedgerDiagnosis`` of the run (None: no ledger recorded); the Diagnosis
-            section comes first after the verdict line and links ``timeline.svg`` when that file exists.
+        requests: the driver's final ``DriverState`` (None when no burst was sent).
+        ranks: the ranks of the server (rank pids' keys, else ``range(tp_size)``).
+        checks: ``repro.verdict.InjectionCheck`` per injection (counts after the last arming).
+        timings: seconds by phase; versions: what ``env.json`` holds (``repro.evidence.EnvRecord`` fields).
+        command: the exact command to reproduce; ledger: ``repro.ledger.LedgerDiagnosis`` (None: no ledger).
+        timeline: file name of the timeline picture in the folder when one was written, else None.
+        stacks_dir: the folder's ``stacks/`` (raw dumps embedded collapsed).
     """
-    ranks = sorted(rank_pids) or list(range(p.spec.tp_size))
-    env = read_json(evd.file("env.json")) or {}
-    lines = [f"# {verdict.verdict} — {p.scenario.name} / {variant.name}", ""]
-    timeline = "timeline.svg" if evd.file("timeline.svg").exists() else None
-    lines += diagnosis_lines(analysis, ledger_diag, timeline)
+
+    scenario: str
+    variant: str
+    variant_expects: str
+    verdict: Any
+    stacks_dir: Path
+    command: str
+    mirrors: str = ""
+    description: str = ""
+    variant_description: str = ""
+    has_injections: bool = False
+    analysis: Any = None
+    requests: Any = None
+    ranks: Sequence[int] = ()
+    checks: Sequence[Any] = ()
+    timings: Mapping[str, float] = field(default_factory=dict)
+    versions: Mapping[str, Any] = field(default_factory=dict)
+    ledger: Any = None
+    timeline: Optional[str] = None
+
+
+def render_report(r: ReportInput) -> str:
+    """REPORT.md's text (GitHub-flavoured markdown): verdict line, diagnosis, reason, injections, requests,
+    timings, versions, the command to reproduce, raw stacks."""
+    verdict = r.verdict
+    lines = [f"# {verdict.verdict} — {r.scenario} / {r.variant}", ""]
+    lines += diagnosis_lines(r.analysis, r.ledger, r.timeline)
     lines += [f"**Reason:** {verdict.reason}", ""]
-    if p.scenario.mirrors or p.scenario.description:
-        lines += [f"Scenario mirrors {p.scenario.mirrors or '-'}: {p.scenario.description.strip()}", ""]
-    lines += [f"Variant `{variant.name}` expects **{variant.expect}**. {variant.description.strip()}", ""]
-    for n in getattr(verdict, "notes", ()):
-        lines.append(f"- {n}")
-    if getattr(verdict, "notes", ()):
-        lines.append("")
-    lines += ["## Injections (counted after the last arming)", ""] + (injection_table(checks, ranks) if checks or not variant.injections else ["(injector records not read: no rank process was running — the server never became healthy)"]) + [""]
-    lines += ["## Requests", ""] + requests_summary(state) + [""]
-    lines += ["## Timings (seconds)", "", ", ".join(f"{k} {v:.1f}" for k, v in timings.items()) or "-", ""]
-    lines += ["## Versions", ""] + [f"- {k}: `{v}`" for k, v in env.items()] + [""]
-    lines += ["## Reproduce", "", "```", (opts.command_line or f"repro run {shlex.quote(str(opts.scenario_path))} --variant {variant.name}"), "```", ""]
-    lines += ["## Raw stacks", ""] + stacks_details(evd.stacks_dir)
-    return evd.write_text("REPORT.md", "\n".join(lines) + "\n")
+    if r.mirrors or r.description:
+        lines += [f"Scenario mirrors {r.mirrors or '-'}: {r.description.strip()}", ""]
+    lines += [f"Variant `{r.variant}` expects **{r.variant_expects}**. {r.variant_description.strip()}", ""]
+    notes = list(getattr(verdict, "notes", ()) or ())
+    lines += [f"- {n}" for n in notes] + ([""] if notes else [])
+    inj = (injection_table(r.checks, list(r.ranks)) if r.checks or not r.has_injections else
+           ["(injector records not read: no rank process was running — the server never became healthy)"])
+    lines += ["## Injections (counted after the last arming)", ""] + inj + [""]
+    lines += ["## Requests", ""] + requests_summary(r.requests) + [""]
+    lines += ["## Timings (seconds)", "", ", ".join(f"{k} {v:.1f}" for k, v in r.timings.items()) or "-", ""]
+    lines += ["## Versions", ""] + [f"- {k}: `{v}`" for k, v in r.versions.items()] + [""]
+    lines += ["## Reproduce", "", "```", r.command, "```", ""]
+    lines += ["## Raw stacks", ""] + stacks_details(r.stacks_dir)
+    return "\n".join(lines) + "\n"
+
+
+def write_report(evd: Any, report: ReportInput) -> Path:
+    """Write ``REPORT.md`` (:func:`render_report`) into ``evd`` (a ``repro.evidence.EvidenceDir``); returns its path."""
+    return evd.report.write(render_report(report))

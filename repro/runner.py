@@ -23,7 +23,7 @@ from repro.driver import BurstDriver, DriverState, make_prompts
 from repro.scenario import Scenario, Variant, compile_plan, load_scenario, PLAN_ENV
 from repro.verdict import DEADLOCKED, INCONCLUSIVE, InjectionCheck, Verdict, exit_code_for, judge_completion
 
-ARM_FILE_NAME = "ARM"
+ARM_FILE_NAME = ev.Layout.ARM.name
 POLL_S = 0.2
 ARM_ACK_TIMEOUT_S = 10.0  # seconds to wait for every rank's injector to acknowledge a new arm file
 ARM_ACK_POLL_S = 0.02
@@ -31,6 +31,11 @@ ARM_ACK_POLL_S = 0.02
 
 class RunError(Exception):
     """A run could not be prepared (bad input); the message names the fix. Nothing was launched."""
+
+
+class UnresolvedSitesError(RunError):
+    """A site of the plan resolves in no alternative in the server's sglang (found once it was healthy, before any
+    burst; the server is torn down). The message names each site with the nearest names (``repro sites``)."""
 
 
 @dataclass
@@ -158,15 +163,15 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
     for extra in loaded[1:]:
         plan["injections"] += compile_plan(scenario, extra, evd.injector_dir, arm_file)["injections"]
     plan["variant"] = ",".join(v.name for v in loaded)
-    evd.write_json("plan.json", plan)
-    shutil.copyfile(opts.scenario_path, evd.file("scenario.toml"))
+    evd.plan.write(plan)
+    shutil.copyfile(opts.scenario_path, evd.scenario.path)
 
     args = list(scenario.server.args)
     env = dict(scenario.server.env)
     prepend = [str(resources.injectors_dir()), *opts.pythonpath_prepend]  # a clone's injectors/ or the wheel's copy
     temp_dirs: list = []
     env.update(opts.extra_env)
-    env[PLAN_ENV] = str(evd.file("plan.json").resolve())
+    env[PLAN_ENV] = str(evd.plan.path.resolve())
     spec = LaunchSpec(python=python, model=model, tp_size=tp, port=0, nccl_port=0, args=args, env=env, pythonpath_prepend=prepend)
     if on_testbed:
         extra_args, extra_env, tb_prepend = adapter.testbed_profile(spec, args)
@@ -257,9 +262,11 @@ def arm_and_wait(arm_file: Path, ids: Sequence[str], injector_dir: Optional[Path
     return sorted(by_pid.get(x, x) for x in late)
 
 
-def collect_versions(injector_dir: Path, python: str) -> dict:
+def collect_versions(injector_dir: Any, python: str) -> dict:
     """Versions for env.json: harness Python, platform, target interpreter, and the python/torch/sglang versions the
-    injector's loaded markers recorded inside the server (the harness never imports sglang), plus py-spy's path."""
+    injector's loaded markers recorded inside the server (the harness never imports sglang), plus py-spy's path.
+
+    ``injector_dir``: the injector folder, or the ``InjectorReport`` already read from it (not read again)."""
     from repro import injection_records
 
     info: dict[str, Any] = {
@@ -268,7 +275,8 @@ def collect_versions(injector_dir: Path, python: str) -> dict:
         "target_python": python,
     }
     try:
-        rep = injection_records.read_injector_dir(injector_dir)
+        rep = injector_dir if isinstance(injector_dir, injection_records.InjectorReport) else \
+            injection_records.read_injector_dir(injector_dir)
         for m in rep.markers:
             for key in ("python", "torch", "sglang"):
                 val = getattr(m, key, None)
@@ -281,11 +289,15 @@ def collect_versions(injector_dir: Path, python: str) -> dict:
     return info
 
 
-def injection_checks(injector_dir: Path, variant: Variant, rank_pids: dict[int, int]) -> tuple[list[int], list[int], list[InjectionCheck], Any]:
-    """Read the injector records: ranks loaded, ranks armed, per-injection counts by rank (after the last arming)."""
+def injection_checks(injector_dir: Any, variant: Variant, rank_pids: dict[int, int]) -> tuple[list[int], list[int], list[InjectionCheck], Any]:
+    """Read the injector records: ranks loaded, ranks armed, per-injection counts by rank (after the last arming).
+
+    ``injector_dir``: the injector folder, or the ``InjectorReport`` already read from it (not read again).
+    Returns ``(loaded, armed, checks, report)``."""
     from repro import injection_records
 
-    rep = injection_records.read_injector_dir(injector_dir)
+    rep = injector_dir if isinstance(injector_dir, injection_records.InjectorReport) else \
+        injection_records.read_injector_dir(injector_dir)
     ranks = sorted(rank_pids)
     loaded = rep.ranks_loaded(ranks)
     armed = rep.ranks_armed(ranks)
@@ -293,7 +305,7 @@ def injection_checks(injector_dir: Path, variant: Variant, rank_pids: dict[int, 
     for inj in variant.injections:
         c = rep.counts_by_rank(inj.id)
         site = rep.resolved_site(inj.id) or inj.site[0]
-        checks.append(InjectionCheck(inj.id, site, c["entered"], c["matched"], c["fired"]))
+        checks.append(InjectionCheck(inj.id, site, c["entered"], c["matched"], c["fired"], rep.absent_detail(inj.id)))
     return loaded, armed, checks, rep
 
 
@@ -306,6 +318,7 @@ class Outcome:
     state: Optional[DriverState] = None
     timings: dict = field(default_factory=dict)
     clean: bool = True  # the server is still usable for another variant (no hang, no crash, nothing outstanding)
+    injector: Any = None  # the InjectorReport read when judging (repro.injection_records), passed on, not re-read
 
 
 class Session:
@@ -339,7 +352,7 @@ class Session:
         self.observe("launch", {"evidence": str(p.evidence.path)})
         for attempt in range(1, PORT_RACE_ATTEMPTS + 1):
             try:
-                self.server = start_server(p.adapter, p.spec, p.evidence.file("server.log"))
+                self.server = start_server(p.adapter, p.spec, p.evidence.server_log.path)
             except LaunchError as e:
                 return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
             save_server_procs(p.evidence, self.server)
@@ -362,7 +375,20 @@ class Session:
         expected = list(range(p.spec.tp_size))
         if sorted(self.rank_pids) != expected:
             return Verdict(INCONCLUSIVE, f"expected scheduler ranks {expected}, found {sorted(self.rank_pids)} among the server's processes")
+        self._check_sites()
         return None
+
+    def _check_sites(self) -> None:
+        """Before any burst: every injection of the plan must resolve in the server's sglang (the injector's own
+        records; the resolver only when one is not patched yet). Raises UnresolvedSitesError naming the nearest names."""
+        from repro.sites import SitesUnresolved, check_launched_sites
+
+        p = self.p
+        try:
+            check_launched_sites(p.scenario, str(p.plan.get("variant") or p.variant.name).split(","),
+                                 p.evidence.injector_dir, p.python, env=getattr(self.server, "env", None))
+        except SitesUnresolved as e:
+            raise UnresolvedSitesError(str(e)) from None
 
     def stop(self) -> list:
         """End the whole server tree (idempotent); records what was left in ``teardown.json``."""
@@ -376,7 +402,7 @@ class Session:
             # then let the caller report the interruption.
             left = self.server.stop()
             self.interrupted_in_teardown = True
-        self.p.evidence.write_json("teardown.json", {"left_running": [getattr(x, "pid", x) for x in left], "time": time.time()})
+        self.p.evidence.teardown.write({"left_running": [getattr(x, "pid", x) for x in left], "time": time.time()})
         self.server = None
         return left
 
@@ -412,8 +438,9 @@ class Session:
         self.observe("armed", {"injections": ids, "ranks": rank_pids})
         prompts = make_prompts(n_requests or burst.requests, burst.input_len, burst.seed)
         driver = BurstDriver(p.adapter, server.url, prompts, burst.max_new_tokens, burst.concurrency,
-                             run_dir.file("requests.jsonl"), burst.request_timeout_s)
+                             run_dir.requests.path, burst.request_timeout_s)
         verdict: Optional[Verdict] = None
+        injector = None
         deciding = last_analysis = None
         last_reason = ""
         stall_history: list[dict] = []
@@ -451,7 +478,7 @@ class Session:
                         last_reason = det.reason
                     if det.record is not None:
                         stall_history.append({**det.record, "detector": det.detector} if det.detector != "stall" else det.record)
-                        run_dir.write_json("stalls.json", stall_history)
+                        run_dir.stalls.write(stall_history)
                     for name, obj in det.evidence.items():
                         run_dir.write_json(name, obj)
                     if det.decided and det.verdict is not None:
@@ -475,7 +502,7 @@ class Session:
         timings["captures"] = float(captures)
         if verdict is None:
             time.sleep(0.5)  # let the injectors' counters reach disk (they flush every ~0.2 s)
-            loaded, armed, checks, _ = injection_checks(p.evidence.injector_dir, variant, rank_pids)
+            loaded, armed, checks, injector = injection_checks(p.evidence.injector_dir, variant, rank_pids)
             verdict = judge_completion(driver.state().requests, expected, loaded, armed, checks)
         write_arm_file(p.arm_file, [])
         final = driver.state()
@@ -485,7 +512,7 @@ class Session:
             driver.close(wait_s=0.5)
         else:
             self._open_drivers = getattr(self, "_open_drivers", []) + [driver]
-        return Outcome(verdict, deciding or last_analysis, final, timings, clean)
+        return Outcome(verdict, deciding or last_analysis, final, timings, clean, injector)
 
     def close_drivers(self) -> None:
         """Close the history files of drivers whose requests were still outstanding (after the server stopped)."""
@@ -502,10 +529,11 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop) -> Ru
     """
     evd = p.evidence
     t0 = time.time()
-    evd.write_text("command.txt", (opts.command_line or "repro run " + str(opts.scenario_path)) + "\n")
+    evd.command.write((opts.command_line or "repro run " + str(opts.scenario_path)) + "\n")
     session = Session(p, observe)
     outcome: Optional[Outcome] = None
     interrupted = False
+    unresolved: Optional[UnresolvedSitesError] = None
     try:
         failed = session.start()
         if failed is not None:
@@ -513,6 +541,9 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop) -> Ru
         else:
             outcome = session.drive(p.variant, evd, opts.requests, opts.native)
             outcome.timings["healthy_s"] = session.healthy_s or 0.0
+    except UnresolvedSitesError as e:
+        unresolved = e
+        outcome = Outcome(Verdict(INCONCLUSIVE, f"not run: {e}"), clean=False)
     except KeyboardInterrupt:
         interrupted = True
         outcome = Outcome(Verdict(INCONCLUSIVE, "interrupted by the user (Ctrl-C/SIGTERM) before a verdict; evidence is partial"), clean=False)
@@ -530,6 +561,8 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop) -> Ru
             outcome.timings["total_s"] = time.time() - t0
             interrupted = interrupted or session.interrupted_in_teardown
             evd.set_status("interrupted" if interrupted else "complete", timings=outcome.timings)
+    if unresolved is not None:
+        raise unresolved
     if interrupted:
         raise KeyboardInterrupt
     return _result(outcome, opts.expect, evd.path)
@@ -562,8 +595,8 @@ def run_many(opts: RunOptions, variants: Sequence[str], observe: Observer = _noo
         for name in variants:
             variant = p.scenario.variant(name)
             run_dir = ev.EvidenceDir(p.evidence.root, p.scenario.name, name)
-            run_dir.write_json("session.json", {"session": str(p.evidence.path), "rank_pids": {str(k): v for k, v in session.rank_pids.items()}})
-            run_dir.write_text("command.txt", (opts.command_line or f"repro run {opts.scenario_path} --variant {name}") + "\n")
+            run_dir.session.write({"session": str(p.evidence.path), "rank_pids": {str(k): v for k, v in session.rank_pids.items()}})
+            run_dir.command.write((opts.command_line or f"repro run {opts.scenario_path} --variant {name}") + "\n")
             t0 = time.time()
             if failed is not None:
                 outcome = Outcome(failed, clean=False)
@@ -592,10 +625,10 @@ def run_many(opts: RunOptions, variants: Sequence[str], observe: Observer = _noo
 def snapshot_session(p: Prepared, run_dir: ev.EvidenceDir) -> None:
     """Copy the session's injector records and server log into a run folder (self-contained evidence)."""
     shutil.copytree(p.evidence.injector_dir, run_dir.injector_dir, dirs_exist_ok=True)
-    for name in ("server.log", "plan.json", "scenario.toml", "processes.json"):
-        src = p.evidence.file(name)
+    for member in (ev.Layout.SERVER_LOG, ev.Layout.PLAN, ev.Layout.SCENARIO, ev.Layout.PROCESSES):
+        src = p.evidence.file(member.name)
         if src.exists():
-            shutil.copyfile(src, run_dir.file(name))
+            shutil.copyfile(src, run_dir.file(member.name))
 
 
 PORT_RACE_ATTEMPTS = 3
@@ -614,10 +647,10 @@ def save_server_procs(evd: ev.EvidenceDir, server: Any) -> None:
 
     try:
         mark = server.launch_mark() if hasattr(server, "launch_mark") else None
-        save_procs(evd.file("processes.json"), server.procs(), launch=mark)
+        save_procs(evd.processes.path, server.procs(), launch=mark)
         owned = [str(d) for d in getattr(server, "owned_dirs", [])]
         if owned:  # `repro cleanup` removes them after a SIGKILLed harness (the launcher would have at stop)
-            evd.write_json("owned_dirs.json", owned)
+            evd.owned_dirs.write(owned)
     except Exception:
         pass
 
@@ -634,48 +667,54 @@ def _ledger_evidence(evd: ev.EvidenceDir, rank_pids: dict[int, int]) -> Any:
     try:
         diag = diagnose(evd.injector_dir, list(rank_pids.values()) or None)
     except Exception as e:  # a broken ledger must not cost the verdict
-        evd.write_json("ledger.json", {"error": f"{type(e).__name__}: {e}"})
+        evd.ledger.write({"error": f"{type(e).__name__}: {e}"})
         return None
     if diag is None:
         return None
-    evd.write_json("ledger.json", diag.to_dict())
-    evd.write_text("timeline.svg", render_timeline(diag.ledgers, diag.divergence))
+    evd.ledger.write(diag.to_dict())
+    evd.timeline.write(render_timeline(diag.ledgers, diag.divergence))
     return diag
 
 
 def finish_evidence(p: Prepared, opts: RunOptions, variant: Variant, evd: ev.EvidenceDir, outcome: Outcome,
                      rank_pids: dict[int, int], interrupted: bool) -> None:
-    """Write analysis.json, env.json, REPORT.md and, last and atomically, verdict.json into ``evd``."""
-    from repro.report import write_report
+    """Write analysis.json, ledger.json + timeline.svg, env.json, REPORT.md and, last and atomically, verdict.json
+    into ``evd``. The injector records are read at most once per run (``outcome.injector`` when the judge already
+    read them; it is set here otherwise, for the callers that need them after)."""
+    import shlex
+
+    from repro import injection_records
+    from repro.report import ReportInput, write_report
 
     verdict, analysis = outcome.verdict, outcome.analysis
     if analysis is not None:
-        evd.write_json("analysis.json", analysis.to_dict())
+        evd.analysis.write(analysis.to_dict())
     ledger_diag = _ledger_evidence(evd, rank_pids)
-    evd.write_json("env.json", collect_versions(p.evidence.injector_dir, p.python))
-    checks: list = []
-    if rank_pids:
+    if outcome.injector is None and rank_pids:
         try:
-            _, _, checks, _ = injection_checks(p.evidence.injector_dir, variant, rank_pids)
+            outcome.injector = injection_records.read_injector_dir(p.evidence.injector_dir)
+        except Exception:
+            outcome.injector = None
+    versions = collect_versions(outcome.injector or p.evidence.injector_dir, p.python)
+    evd.env.write(versions)
+    checks: list = []
+    if rank_pids and outcome.injector is not None:
+        try:
+            _, _, checks, _ = injection_checks(outcome.injector, variant, rank_pids)
         except Exception:
             checks = []
-    write_report(p, opts, variant, evd, verdict, analysis, outcome.state, rank_pids, checks, outcome.timings,
-                 ledger_diag=ledger_diag)
-    evd.write_json(
-        "verdict.json",
-        {
-            **verdict.to_json(),
-            "scenario": p.scenario.name,
-            "variant": variant.name,
-            "variant_expects": variant.expect,
-            "expect": opts.expect,
-            "exit_code": exit_code_for(verdict.verdict, opts.expect),
-            "partial": interrupted,
-            "timings": {k: round(v, 3) for k, v in outcome.timings.items()},
-            "rank_pids": {str(k): v for k, v in rank_pids.items()},
-            "evidence": str(evd.path),
-        },
-    )
+    write_report(evd, ReportInput(
+        scenario=p.scenario.name, mirrors=p.scenario.mirrors or "", description=p.scenario.description or "",
+        variant=variant.name, variant_expects=variant.expect, variant_description=variant.description or "",
+        has_injections=bool(variant.injections), verdict=verdict, analysis=analysis, requests=outcome.state,
+        ranks=sorted(rank_pids) or list(range(p.spec.tp_size)), checks=checks, timings=dict(outcome.timings),
+        versions=versions, ledger=ledger_diag, timeline=ev.Layout.TIMELINE.name if evd.timeline.exists() else None,
+        stacks_dir=evd.stacks_dir,
+        command=opts.command_line or f"repro run {shlex.quote(str(opts.scenario_path))} --variant {variant.name}"))
+    evd.verdict.write(ev.verdict_record(
+        verdict, exit_code=exit_code_for(verdict.verdict, opts.expect), evidence=evd.path, scenario=p.scenario.name,
+        variant=variant.name, variant_expects=variant.expect, expect=opts.expect, partial=interrupted,
+        timings=outcome.timings, rank_pids=rank_pids))
 
 
 def run(opts: RunOptions, observe: Observer = _noop) -> RunResult:
