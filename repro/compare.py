@@ -16,7 +16,9 @@ unknown kind → :class:`CompareError`, one line naming the fix). Materialised f
 including Ctrl-C/SIGTERM (the CLI turns SIGTERM into KeyboardInterrupt). Both sides then run one after the other
 with ``repro.runner`` (each its own evidence folder) and ``COMPARISON.md`` in a compare folder links both.
 
-This module never imports sglang: the installed package is located by running the target interpreter.
+This module never imports sglang and names no engine: where the engine's package lives (its name, the folder of a
+source checkout that holds it) is the adapter's ``ref_location`` (``repro.targets.base.RefLocation``; SGLang:
+``sglang/``, ``python/`` in a checkout), and the installed package is located by running the target interpreter.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from repro import evidence as ev
+from repro.targets.base import RefLocation
 from repro import resources
 from repro.verdict import EXIT_MISMATCH, EXPECT_WORDS
 
@@ -46,6 +49,15 @@ GIT_TIMEOUT_S = 300.0  # seconds for one git command (worktree add on a large ch
 DEFAULT_EXPECT_BEFORE = "deadlock"
 DEFAULT_EXPECT_AFTER = "success"
 SIDES = ("before", "after")
+
+
+def _loc(loc: Optional[RefLocation]) -> RefLocation:
+    """``loc``, else the default adapter's REF location (``repro.targets.registry``)."""
+    if loc is not None:
+        return loc
+    from repro.targets.registry import get_adapter
+
+    return get_adapter().ref_location
 
 
 class CompareError(Exception):
@@ -129,24 +141,31 @@ class Materialized:
                 pass
 
 
-def sglang_location(python: str, timeout_s: float = LOCATE_TIMEOUT_S) -> Path:
-    """The folder of the ``sglang`` package ``python`` would import, found without importing it.
+def package_location(python: str, timeout_s: float = LOCATE_TIMEOUT_S, loc: Optional[RefLocation] = None) -> Path:
+    """The folder of the engine's package (``loc.package``, e.g. ``sglang``) ``python`` would import, found without
+    importing it.
 
-    Runs ``python -c`` with ``importlib.util.find_spec("sglang")`` (the package's ``__init__`` is not executed).
+    Runs ``python -c`` with ``importlib.util.find_spec(package)`` (the package's ``__init__`` is not executed).
 
     Raises:
-        CompareError: the interpreter cannot be run, or it has no sglang (names ``--python``).
+        CompareError: the interpreter cannot be run, or it has no such package (names ``--python``).
     """
-    code = ("import importlib.util as u, sys; s = u.find_spec('sglang'); "
+    pkg = _loc(loc).package
+    code = (f"import importlib.util as u, sys; s = u.find_spec({pkg!r}); "
             "sys.stdout.write(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations else '')")
     try:
         r = subprocess.run([python, "-c", code], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise CompareError(f"cannot run {python} to locate its sglang ({e}); pass --python PATH of an interpreter with sglang") from None
-    loc = r.stdout.strip()
-    if r.returncode != 0 or not loc:
-        raise CompareError(f"{python} has no importable sglang package; pass --python PATH of an interpreter with sglang installed")
-    return Path(loc)
+        raise CompareError(f"cannot run {python} to locate its {pkg} ({e}); pass --python PATH of an interpreter with {pkg}") from None
+    out = r.stdout.strip()
+    if r.returncode != 0 or not out:
+        raise CompareError(f"{python} has no importable {pkg} package; pass --python PATH of an interpreter with {pkg} installed")
+    return Path(out)
+
+
+def sglang_location(python: str, timeout_s: float = LOCATE_TIMEOUT_S) -> Path:
+    """:func:`package_location` of the default adapter's package (kept for callers of the old name)."""
+    return package_location(python, timeout_s)
 
 
 OWNER_FILE = ".repro-owner.json"
@@ -220,25 +239,27 @@ def patch_files(patch_text: str) -> list[str]:
     return out
 
 
-def patch_strip(patch_file: Path, patch_text: str) -> int:
-    """The ``-p`` level that maps every path of the diff onto the ``sglang/`` package folder.
+def patch_strip(patch_file: Path, patch_text: str, loc: Optional[RefLocation] = None) -> int:
+    """The ``-p`` level that maps every path of the diff onto the engine's package folder (``sglang/``).
 
     ``a/python/sglang/srt/x.py`` → 2, ``a/sglang/srt/x.py`` → 1, ``sglang/srt/x.py`` → 0.
 
     Raises:
         CompareError: the file holds no diff, or a path does not contain a ``sglang`` folder, or the levels differ.
     """
+    pkg, sub = _loc(loc).package, _loc(loc).checkout_subdir
+    src = f"a/{sub}/{pkg}/… or a/{pkg}/…" if sub else f"a/{pkg}/…"
     files = patch_files(patch_text)
     if not files:
         raise CompareError(f"{patch_file}: no unified diff found (expected '--- a/…' / '+++ b/…' lines); make it with `git diff` or `diff -u`")
     levels = set()
     for f in files:
         parts = f.split("/")
-        if "sglang" not in parts[:-1]:
-            raise CompareError(f"{patch_file}: path {f!r} is not inside a sglang/ package folder; diff against sglang's sources (a/python/sglang/… or a/sglang/…)")
-        levels.add(parts.index("sglang"))
+        if pkg not in parts[:-1]:
+            raise CompareError(f"{patch_file}: path {f!r} is not inside a {pkg}/ package folder; diff against {pkg}'s sources ({src})")
+        levels.add(parts.index(pkg))
     if len(levels) != 1:
-        raise CompareError(f"{patch_file}: its paths put sglang/ at different depths ({', '.join(files)}); use one layout for every file")
+        raise CompareError(f"{patch_file}: its paths put {pkg}/ at different depths ({', '.join(files)}); use one layout for every file")
     return levels.pop()
 
 
@@ -246,13 +267,14 @@ _HUNK_FAILED = re.compile(r"Hunk #(\d+) FAILED at (\d+)")
 _CHECKING = re.compile(r"^checking file (.+)$")
 
 
-def check_patch_applies(patch_file: Path, root: Path, strip: int) -> None:
-    """Dry-run ``patch`` against ``root`` (the folder that holds ``sglang/``); writes nothing.
+def check_patch_applies(patch_file: Path, root: Path, strip: int, loc: Optional[RefLocation] = None) -> None:
+    """Dry-run ``patch`` against ``root`` (the folder that holds the engine's package, ``sglang/``); writes nothing.
 
     Raises:
         CompareError: the patch does not apply: names the file and hunk (``Hunk #2 of sglang/…/scheduler.py failed
             at line 4204``), or a file is missing, or ``patch`` is not installed.
     """
+    pkg = _loc(loc).package
     exe = shutil.which("patch")
     if exe is None:
         raise CompareError("the `patch` program is not installed; install it (e.g. apt-get install patch) to use patch:FILE")
@@ -272,17 +294,19 @@ def check_patch_applies(patch_file: Path, root: Path, strip: int) -> None:
         m = _HUNK_FAILED.search(line)
         if m:
             raise CompareError(
-                f"{patch_file} does not apply to {root / 'sglang'}: hunk #{m.group(1)} of {current} failed at line "
-                f"{m.group(2)}; make the patch for this sglang version (the installed files are what it must match)"
+                f"{patch_file} does not apply to {root / pkg}: hunk #{m.group(1)} of {current} failed at line "
+                f"{m.group(2)}; make the patch for this {pkg} version (the installed files are what it must match)"
             )
         if "can't find file" in line or "No such file" in line:
             raise CompareError(f"{patch_file} does not apply to {root}: {line.strip()}; check the paths in the diff")
     detail = (r.stdout.strip().splitlines() or r.stderr.strip().splitlines() or ["unknown error"])[-1]
-    raise CompareError(f"{patch_file} does not apply to {root / 'sglang'}: {detail}")
+    raise CompareError(f"{patch_file} does not apply to {root / pkg}: {detail}")
 
 
-def make_overlay(sglang_dir: Path, patch_file: Path, patch_text: str, strip: int, parent: Optional[Path] = None) -> Path:
-    """Create the overlay folder: ``<tmp>/sglang`` mirrors ``sglang_dir`` with symlinks; patched files are copies.
+def make_overlay(sglang_dir: Path, patch_file: Path, patch_text: str, strip: int, parent: Optional[Path] = None,
+                 loc: Optional[RefLocation] = None) -> Path:
+    """Create the overlay folder: ``<tmp>/<package>`` mirrors ``sglang_dir`` (the installed package folder) with
+    symlinks; patched files are copies.
 
     Args:
         sglang_dir: the installed package folder (read only).
@@ -296,7 +320,7 @@ def make_overlay(sglang_dir: Path, patch_file: Path, patch_text: str, strip: int
     root = Path(tempfile.mkdtemp(prefix=OVERLAY_PREFIX, dir=str(parent) if parent else None))
     try:
         _write_owner(root)
-        dst = root / "sglang"
+        dst = root / _loc(loc).package
         shutil.copytree(sglang_dir, dst, symlinks=True, copy_function=lambda s, d: os.symlink(os.path.abspath(s), d))
         for f in patch_files(patch_text):
             rel = Path(*f.split("/")[strip:])
@@ -325,6 +349,10 @@ def _git(repo: Path, *args: str, timeout_s: float = GIT_TIMEOUT_S) -> subprocess
     return subprocess.run(["git", "-C", str(repo), *args], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s)
 
 
+def _checkout_words(loc: Optional[RefLocation] = None) -> str:
+    return f"an {_loc(loc).package} source checkout"
+
+
 def resolve_git_rev(repo: Path, rev: str) -> str:
     """The full commit id of ``rev`` in ``repo``.
 
@@ -334,17 +362,17 @@ def resolve_git_rev(repo: Path, rev: str) -> str:
     if shutil.which("git") is None:
         raise CompareError("git is not installed; install it to use git:PATH@REV")
     if not repo.is_dir():
-        raise CompareError(f"git:{repo}@{rev}: {repo} is not a folder; pass the path of an sglang source checkout")
+        raise CompareError(f"git:{repo}@{rev}: {repo} is not a folder; pass the path of {_checkout_words()}")
     r = _git(repo, "rev-parse", "--is-inside-work-tree")
     if r.returncode != 0:
-        raise CompareError(f"git:{repo}@{rev}: {repo} is not a git checkout; pass the path of an sglang source checkout")
+        raise CompareError(f"git:{repo}@{rev}: {repo} is not a git checkout; pass the path of {_checkout_words()}")
     r = _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     if r.returncode != 0 or not r.stdout.strip():
         raise CompareError(f"git:{repo}@{rev}: revision {rev!r} not found in {repo}; fetch it (git -C {repo} fetch) or pass an existing rev")
     return r.stdout.strip()
 
 
-def make_worktree(repo: Path, commit: str, parent: Optional[Path] = None) -> Path:
+def make_worktree(repo: Path, commit: str, parent: Optional[Path] = None, loc: Optional[RefLocation] = None) -> Path:
     """``git worktree add --detach`` of ``commit`` into a new temporary folder (the user's work tree is untouched).
 
     Returns:
@@ -361,9 +389,11 @@ def make_worktree(repo: Path, commit: str, parent: Optional[Path] = None) -> Pat
         _git(repo, "worktree", "prune")
         last = (r.stderr.strip().splitlines() or ["unknown error"])[-1]
         raise CompareError(f"git worktree add of {commit[:12]} in {repo} failed: {last}")
-    if not (wt / "python" / "sglang").is_dir():
+    lc = _loc(loc)
+    if not (wt / lc.checkout_subdir / lc.package).is_dir():
         remove_worktree(repo, wt)
-        raise CompareError(f"{repo}@{commit[:12]} has no python/sglang folder; pass the root of an sglang source checkout")
+        rel = "/".join(x for x in (lc.checkout_subdir, lc.package) if x)
+        raise CompareError(f"{repo}@{commit[:12]} has no {rel} folder; pass the root of {_checkout_words(lc)}")
     return wt
 
 
@@ -380,7 +410,7 @@ def remove_worktree(repo: Path, wt: Path) -> None:
 
 
 def materialize(ref: Ref, python: Optional[str], choose: Optional[Callable[[Optional[str]], str]] = None,
-                tmp_parent: Optional[Path] = None) -> Materialized:
+                tmp_parent: Optional[Path] = None, ref_location: Optional[RefLocation] = None) -> Materialized:
     """Check a REF and make it runnable, before any server starts.
 
     Args:
@@ -388,6 +418,7 @@ def materialize(ref: Ref, python: Optional[str], choose: Optional[Callable[[Opti
         python: the ``--python`` given to compare (None: the runner's default choice).
         choose: picks the interpreter from ``python`` (default ``repro.interpreter.choose_python``).
         tmp_parent: where overlays/worktrees are created (default: system temp dir).
+        ref_location: where the engine's package lives (the scenario's adapter's; default: the default adapter's).
     Returns:
         A :class:`Materialized`; the caller must ``close()`` it (also on errors and interrupts).
     Raises:
@@ -403,36 +434,39 @@ def materialize(ref: Ref, python: Optional[str], choose: Optional[Callable[[Opti
             except InterpreterError as e:
                 raise CompareError(str(e)) from None
 
+    lc = _loc(ref_location)
+    pkg = lc.package
     if ref.kind == "installed":
         py = choose(python)
-        return Materialized(ref, python, (), f"installed sglang of {py}", str(sglang_location(py)))
+        return Materialized(ref, python, (), f"installed {pkg} of {py}", str(package_location(py, loc=lc)))
     if ref.kind == "python":
         assert ref.path is not None
         if not ref.path.exists():
             raise CompareError(f"REF {ref.text!r}: {ref.path} does not exist; pass python:PATH of an interpreter (e.g. a venv's bin/python)")
-        loc = sglang_location(str(ref.path))
-        return Materialized(ref, str(ref.path), (), f"sglang of {ref.path}", str(loc))
+        loc = package_location(str(ref.path), loc=lc)
+        return Materialized(ref, str(ref.path), (), f"{pkg} of {ref.path}", str(loc))
     if ref.kind == "patch":
         assert ref.path is not None
         pf = resources.find_data_file(ref.path).resolve()  # also scenarios/... from outside a clone (the wheel's copy)
         if not pf.is_file():
             raise CompareError(f"REF {ref.text!r}: patch file {ref.path} not found; pass patch:FILE with a unified diff")
         text = pf.read_text(encoding="utf-8", errors="replace")
-        strip = patch_strip(pf, text)
+        strip = patch_strip(pf, text, lc)
         py = choose(python)
-        loc = sglang_location(py)
-        check_patch_applies(pf, loc.parent, strip)
-        root = make_overlay(loc, pf, text, strip, tmp_parent)
-        m = Materialized(ref, python, (str(root),), f"installed sglang of {py} + {pf.name} (overlay)", str(root / "sglang"), [root])
+        loc = package_location(py, loc=lc)
+        check_patch_applies(pf, loc.parent, strip, lc)
+        root = make_overlay(loc, pf, text, strip, tmp_parent, lc)
+        m = Materialized(ref, python, (str(root),), f"installed {pkg} of {py} + {pf.name} (overlay)", str(root / pkg), [root])
         m._closers.append(lambda: shutil.rmtree(root, ignore_errors=True))
         return m
     if ref.kind == "git":
         assert ref.path is not None and ref.rev is not None
         repo = ref.path.resolve()
         commit = resolve_git_rev(repo, ref.rev)
-        wt = make_worktree(repo, commit, tmp_parent)
-        m = Materialized(ref, python, (str(wt / "python"),), f"{repo} at {ref.rev} ({commit[:12]}, git worktree)",
-                         str(wt / "python" / "sglang"), [wt.parent])
+        wt = make_worktree(repo, commit, tmp_parent, lc)
+        src = wt / lc.checkout_subdir if lc.checkout_subdir else wt
+        m = Materialized(ref, python, (str(src),), f"{repo} at {ref.rev} ({commit[:12]}, git worktree)",
+                         str(src / pkg), [wt.parent])
         m._closers.append(lambda: remove_worktree(repo, wt))
         return m
     raise CompareError(f"REF {ref.text!r}: unknown kind {ref.kind!r}")  # parse_ref prevents this
@@ -563,6 +597,15 @@ def _validate(opts: CompareOptions) -> tuple[Any, Any]:
     return scen, var
 
 
+def _adapter_of(scen: Any) -> Any:
+    from repro.targets.registry import UnknownAdapterError, get_adapter
+
+    try:
+        return get_adapter(scen.server.adapter)
+    except UnknownAdapterError as e:
+        raise CompareError(f"server.adapter: {e}") from None
+
+
 def default_run_side(run_opts: Any, observe: Observer) -> Any:
     """Run one side with the real runner (``repro.runner.run``); tests may pass another callable."""
     from repro.runner import run
@@ -589,6 +632,7 @@ def run_compare(opts: CompareOptions, observe: Observer = _noop, run_side: Calla
 
     t0 = time.time()
     scen, var = _validate(opts)
+    adapter = _adapter_of(scen)
     refs = {"before": parse_ref(opts.before), "after": parse_ref(opts.after)}
     sweep_stale(opts.tmp_parent)
     wanted = [opts.only] if opts.only else list(SIDES)
@@ -598,7 +642,7 @@ def run_compare(opts: CompareOptions, observe: Observer = _noop, run_side: Calla
     with ExitStack() as stack:
         mats: dict[str, Materialized] = {}
         for side in wanted:  # every REF checked and materialised before the first server starts
-            m = materialize(refs[side], opts.python, tmp_parent=opts.tmp_parent)
+            m = materialize(refs[side], opts.python, tmp_parent=opts.tmp_parent, ref_location=adapter.ref_location)
             stack.callback(m.close)
             mats[side] = m
         for side in wanted:
@@ -739,7 +783,8 @@ def tick_injection(sides: Sequence[SideResult], tick_function: str) -> Optional[
     return None
 
 
-def comparison_markdown(result: CompareResult, opts: CompareOptions, scenario: str, variant: str, tick_function: str = "") -> str:
+def comparison_markdown(result: CompareResult, opts: CompareOptions, scenario: str, variant: str, tick_function: str = "",
+                        engine_key: Optional[str] = None) -> str:
     """The text of COMPARISON.md: summary, per-side table, per-rank facts, collective counts, versions, commands."""
     folder = result.folder
     sides = result.sides
@@ -831,7 +876,7 @@ def comparison_markdown(result: CompareResult, opts: CompareOptions, scenario: s
     lines += ["", "## Versions", ""]
     for s in sides:
         v = s.versions
-        keys = ("sglang", "torch", "python", "target_python", "platform")
+        keys = (engine_key or _loc(None).version_key, "torch", "python", "target_python", "platform")
         lines.append(f"- {s.side}: " + ", ".join(f"{k} {v[k]}" for k in keys if v.get(k)) + f"; code: {_md(s.description)}")
     lines += ["", "## Reproduce", "", "Both sides:", "", "```", compare_command(opts), "```", ""]
     for s in sides:
@@ -839,12 +884,39 @@ def comparison_markdown(result: CompareResult, opts: CompareOptions, scenario: s
     return "\n".join(lines)
 
 
+def _tick_function_of(result: CompareResult, opts: CompareOptions) -> tuple[str, str]:
+    """(the per-tick function the sides' injectors counted ticks with, the engine's version key in env.json).
+
+    The tick function is read from a side's ``plan.json`` (``ledger.tick_function``: what the runner compiled from the
+    adapter's ``tick_function_for`` the server's args); without one, the scenario's adapter says it.
+    """
+    adapter = scen = None
+    try:
+        from repro.scenario import load_scenario
+
+        scen = load_scenario(opts.scenario_path)
+        adapter = _adapter_of(scen)
+    except Exception:
+        pass
+    lc = adapter.ref_location if adapter is not None else _loc(None)
+    key = lc.version_key or lc.package
+    for side in result.sides:
+        try:
+            plan = json.loads((Path(side.evidence) / "plan.json").read_text())
+            tf = (plan.get("ledger") or {}).get("tick_function")
+        except (OSError, ValueError, TypeError, AttributeError):
+            tf = None
+        if tf:
+            return tf, key
+    if adapter is None or scen is None:
+        return "", key
+    return adapter.tick_function_for(scen.server.args), key
+
+
 def write_comparison(result: CompareResult, opts: CompareOptions, scenario: str, variant: str) -> Path:
     """Write ``COMPARISON.md`` and ``compare.json`` into ``result.folder``; returns the markdown's path."""
-    from repro.targets.sglang import SGLangAdapter
-
-    tick_function = getattr(SGLangAdapter, "tick_function", "")
-    md = comparison_markdown(result, opts, scenario, variant, tick_function)
+    tick_function, engine_key = _tick_function_of(result, opts)
+    md = comparison_markdown(result, opts, scenario, variant, tick_function, engine_key)
     path = result.folder / "COMPARISON.md"
     ev.write_text_atomic(path, md + "\n")
     ev.write_json_atomic(result.folder / "compare.json", compare_json(result))
