@@ -154,6 +154,14 @@ class Server:
         only trees carrying it); see :func:`repro.procs.launch_mark`."""
         return _procs.launch_mark(self.root, self.pid)
 
+    def rank_pids(self) -> dict[int, int]:
+        """rank → pid of the scheduler processes, from their titles (``adapter.rank_pids``)."""
+        return self.adapter.rank_pids(self.procs())
+
+    def is_running(self) -> bool:
+        """True while the root process has not exited."""
+        return self.popen.poll() is None
+
     # ---- health ----------------------------------------------------------------------------------------------
     def health_ok(self, timeout_s: float = 2.0) -> bool:
         """One health probe: True iff ``GET <url><health_path>`` answers 200 within ``timeout_s`` seconds."""
