@@ -33,6 +33,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from repro import evidence as ev
 from repro import resources
+from repro.diagnosis import DATA_COLLECTIVES, CollectiveDiagnosis, CollectiveFamily, CrashKind, md_cell, where_of
 from repro.verdict import DEADLOCKED, INCONCLUSIVE, SUCCEEDED, Verdict
 
 if sys.version_info >= (3, 11):
@@ -41,9 +42,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DEFAULT_CATALOGUE = resources.hunt_catalogue()  # a clone's scenarios/ or the installed wheel's copy
-FAMILY_SCHED = "scheduling/cache"
-FAMILY_FORWARD = "model forward"
-FAMILY_UNCLEAR = "unclear"
+FAMILY_SCHED = CollectiveFamily.SCHEDULING  # the enums of repro.diagnosis; names kept for callers
+FAMILY_FORWARD = CollectiveFamily.FORWARD
+FAMILY_UNCLEAR = CollectiveFamily.UNCLEAR
 NOT_RUN = "NOT RUN"
 MAX_RESTART_FAILURES = 2  # consecutive failed (re)starts before the hunt gives up
 SETTLE_S = 2.0  # seconds after a clean burst before the server is checked for a delayed crash
@@ -409,38 +410,7 @@ def plan_trials(catalogue: Catalogue, rows: Sequence[Row], ranks: Sequence[int],
 
 
 # ----------------------------------------------------------------------------------------------------- diagnosis
-@dataclass(frozen=True)
-class Diagnosis:
-    """Which collective diverged and in which family.
-
-    Attributes:
-        family: ``scheduling/cache`` (a collective issued by the scheduler or the cache: the family we hunt),
-            ``model forward`` (only the model's own collectives), or ``unclear``.
-        collective: name of the divergent collective (catalogue name, else ``op ← caller ← …``).
-        in_ranks: ranks blocked in that collective; other ranks are elsewhere.
-        where: rank -> one-line place (``RankState.where`` style).
-        chain: caller chain of the divergent collective (innermost first).
-        known: the upstream issue it matches, if any.
-    """
-
-    family: str
-    collective: str
-    in_ranks: tuple[int, ...] = ()
-    where: dict = field(default_factory=dict)
-    chain: tuple[str, ...] = ()
-    known: Optional[str] = None
-
-
-def _rank_where(r: dict) -> str:
-    chain = " ← ".join([c for c in r.get("caller_chain") or [] if not c.startswith("[injected]")][:3])
-    st = r.get("state", "")
-    if st == "collective":
-        return f"{r.get('op')} ← {chain}" if chain else str(r.get("op"))
-    if st == "idle-wait":
-        return f"idle ({r.get('wait')}) ← {chain}"
-    if st == "busy":
-        return f"busy in {r.get('blocked_frame')}"
-    return st or "unknown"
+Diagnosis = CollectiveDiagnosis  # the type lives in repro.diagnosis (reports import only types)
 
 
 def diagnose(analysis: Optional[dict], catalogue: Catalogue) -> Diagnosis:
@@ -451,7 +421,7 @@ def diagnose(analysis: Optional[dict], catalogue: Catalogue) -> Diagnosis:
     """
     if not analysis or not analysis.get("ranks"):
         return Diagnosis(FAMILY_UNCLEAR, "no stacks")
-    where = {int(r["rank"]): _rank_where(r) for r in analysis["ranks"]}
+    where = {int(r["rank"]): where_of(r) for r in analysis["ranks"]}
     sched, fwd = [], []
     for r in analysis["ranks"]:
         if r.get("state") != "collective":
@@ -473,36 +443,38 @@ def diagnose(analysis: Optional[dict], catalogue: Catalogue) -> Diagnosis:
 
 
 _MISMATCH_RE = re.compile(r"collective mismatch|Received data size doesn't match|doesn't match expected size")
-_THREAD_RE = re.compile(r"(?m)^(?:Current thread|Thread) 0x[0-9a-fA-F]+ .*$")
-_FRAME_RE = re.compile(r'File "([^"]+)", line \d+ in (\S+)')
-_OPS = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter", "barrier", "broadcast_object_list")
 
 
 def crash_diagnosis(log_text: str, catalogue: Catalogue) -> Optional[Diagnosis]:
     """A desync the backend caught: gloo aborts a rank whose peer sent a collective of another size.
 
-    Reads the server log written during one trial (faulthandler's ``Fatal Python error`` thread dumps, innermost
-    frame first) and names the collective the aborted rank was in. Returns None when the log shows no mismatch.
+    Reads the server log written during one trial: faulthandler's ``Fatal Python error`` thread dumps (parsed by
+    ``repro.stacks.parse_faulthandler``, innermost frame first) and names the collective the aborted rank was in.
+    Returns None when the log shows no mismatch; else a diagnosis with ``crash`` = ``CrashKind.GLOO_SIZE_MISMATCH``.
     ``family`` is ``model forward`` when a frame is one of the catalogue's ``crash_forward_functions``.
     """
+    from repro.stacks import parse_faulthandler
+
     if not _MISMATCH_RE.search(log_text):
         return None
+    crash = CrashKind.GLOO_SIZE_MISMATCH
     start = log_text.find("Fatal Python error")
-    text = log_text[start:] if start >= 0 else log_text
-    bounds = [m.start() for m in _THREAD_RE.finditer(text)] + [len(text)]
-    for a, b in zip(bounds, bounds[1:]):
-        frames = _FRAME_RE.findall(text[a:b])
-        names = [fn for _, fn in frames]
-        op = next((n for n in names if n in _OPS), None)
+    dump = parse_faulthandler(log_text[start:] if start >= 0 else log_text)[0]
+    for thread in dump.threads:
+        frames = [f for f in thread.frames if not f.native]
+        names = [f.short_function for f in frames]
+        op = next((n for n in names if n in DATA_COLLECTIVES), None)
         if op is None:
             continue
-        chain = tuple(fn for path, fn in frames
-                      if "/torch/" not in path and "repro_injector" not in path and fn not in _OPS and fn != "wrapper")
+        chain = tuple(f.short_function for f in frames
+                      if not (f.module_or_file.startswith("torch/") or "/torch/" in f.module_or_file)
+                      and "repro_injector" not in f.module_or_file and f.short_function not in DATA_COLLECTIVES
+                      and f.short_function != "wrapper")
         fwd = bool(set(chain) & set(catalogue.crash_forward_functions))
         name = next((n.name for n in catalogue.named if _glob_any(chain, tuple(f.rsplit(".", 1)[-1] for f in n.frames))), "")
-        coll = f"gloo size mismatch in {name or op + ' ← ' + ' ← '.join(chain[:3])}"
-        return Diagnosis(FAMILY_FORWARD if fwd else FAMILY_SCHED, coll, (), {}, chain)
-    return Diagnosis(FAMILY_UNCLEAR, "gloo size mismatch (no stack of the aborted rank in the log)")
+        coll = f"{crash} in {name or op + ' ← ' + ' ← '.join(chain[:3])}"
+        return Diagnosis(FAMILY_FORWARD if fwd else FAMILY_SCHED, coll, (), {}, chain, crash=crash)
+    return Diagnosis(FAMILY_UNCLEAR, f"{crash} (no stack of the aborted rank in the log)", crash=crash)
 
 
 def hazard_statement(trial: Trial, verdict: str, diag: Optional[Diagnosis], matched: int, fired: int, world: int) -> str:
@@ -521,7 +493,7 @@ def hazard_statement(trial: Trial, verdict: str, diag: Optional[Diagnosis], matc
         return f"{head} → {diag.collective}: {who} → deadlock in {kind}{known}{bc}"
     if verdict == SUCCEEDED:
         return f"{head} → tolerated: every request answered, ranks stayed in step"
-    if diag is not None and diag.collective.startswith("gloo size mismatch"):
+    if diag is not None and diag.crash is not None:
         kind = "the model's own forward collective" if diag.family == FAMILY_FORWARD else "a scheduling/cache collective"
         return (f"{head} → ranks issued mismatched collectives; gloo aborted a rank ({diag.collective}, {kind}): "
                 f"a desync crash here, a hang or silent corruption where the backend does not check sizes")
@@ -556,7 +528,7 @@ class TrialResult:
     @property
     def desync_crash(self) -> bool:
         """The backend caught the desync and aborted a rank (INCONCLUSIVE verdict, mismatch in the server log)."""
-        return self.verdict != DEADLOCKED and self.diagnosis is not None and self.diagnosis.collective.startswith("gloo size mismatch")
+        return self.verdict != DEADLOCKED and self.diagnosis is not None and self.diagnosis.crash is not None
 
     def to_json(self) -> dict:
         t = self.trial
@@ -587,8 +559,7 @@ def rank_key(r: TrialResult) -> tuple:
     return (order.get(r.verdict, 5), 0, 0, r.trial.n)
 
 
-def _md(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+_md = md_cell  # the one markdown escape (repro.diagnosis)
 
 
 def _rel(path: Optional[Path], base: Path) -> str:
@@ -1178,7 +1149,7 @@ def _amend_died_after(log: HuntLog, r: TrialResult, after_s: float, log_text: st
     r.diagnosis = diag or r.diagnosis
     t = r.trial
     r.hazard = (hazard_statement(t, INCONCLUSIVE, diag, sum(r.matched.values()), sum(r.fired.values()), 0)
-                if diag and diag.collective.startswith("gloo size mismatch") else
+                if diag and diag.crash is not None else
                 f"rank-local `{t.row.point}` {t.perturbation.says} on rank {t.rank} ({t.row.where}): the server died "
                 f"{after_s:.0f} s after the burst (a delayed crash: see the server log)")
     log.event("amended", trial=t.name, verdict=r.verdict, reason=r.reason)
@@ -1216,7 +1187,7 @@ def _trial_result(runner: Any, p: Any, base: Any, cat: Catalogue, t: Trial, vari
     world = base.server.tp_size
     verdict = v.verdict
     hazard = hazard_statement(t, verdict, diag, sum(matched.values()), sum(fired.values()), world)
-    if verdict == INCONCLUSIVE and not (diag and diag.collective.startswith("gloo size mismatch")):
+    if verdict == INCONCLUSIVE and not (diag and diag.crash is not None):
         hazard = f"rank-local `{t.row.point}` {t.perturbation.says} on rank {t.rank} ({t.row.where}): inconclusive ({v.reason[:200]})"
     tr = TrialResult(t, verdict, v.reason, float(outcome.timings.get("burst_s", outcome.timings.get("to_verdict_s", 0.0))),
                      diag, hazard, run_dir, None, entered, matched, fired, tuple(v.notes))
