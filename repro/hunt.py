@@ -588,8 +588,8 @@ class HuntLog:
         self.rows: list[Row] = []
         self.results: list[TrialResult] = []
         self.status = "running"
-        self.jsonl = self.folder / "hunt.jsonl"
-        self.md = self.folder / "HUNT.md"
+        self.jsonl = self.folder / ev.Layout.HUNT_JSONL.name
+        self.md = self.folder / ev.Layout.HUNT_MD.name
         self._write_md()
 
     def event(self, kind: str, **data: Any) -> None:
@@ -1060,7 +1060,7 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
     need_restart = False  # lazily, before the next trial: no restart after the last one
     last_clean: Optional[TrialResult] = None  # the last trial, when it ended clean on a live server
     last_clean_t, last_log_off = 0.0, 0
-    log_path = p.evidence.file("server.log")
+    log_path = p.evidence.server_log.path
     try:
         failed = session.start()
         for i, t in enumerate(trials):
@@ -1090,9 +1090,9 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
             p.scenario = p.scenario.model_copy(update={"burst": base.burst.model_copy(update={"seed": trial_seed(base, t)})})
             variant = p.scenario.variant(t.name)
             run_dir = ev.EvidenceDir(p.evidence.root, p.scenario.name, t.name)
-            run_dir.write_json("session.json", {"session": str(p.evidence.path), "hunt": str(log.folder),
+            run_dir.session.write({"session": str(p.evidence.path), "hunt": str(log.folder),
                                                 "rank_pids": {str(k): v for k, v in session.rank_pids.items()}})
-            run_dir.write_text("command.txt", (opts.command_line or f"repro hunt {opts.scenario_path}") + f"  # trial {t.name}\n")
+            run_dir.command.write((opts.command_line or f"repro hunt {opts.scenario_path}") + f"  # trial {t.name}\n")
             log_off = log_path.stat().st_size if log_path.exists() else 0
             t0 = time.time()
             try:
@@ -1173,7 +1173,9 @@ def _trial_result(runner: Any, p: Any, base: Any, cat: Catalogue, t: Trial, vari
     check = None
     if rank_pids:
         try:
-            _, _, checks, _ = runner.injection_checks(p.evidence.injector_dir, variant, rank_pids)
+            # the records finish_evidence already read (Outcome.injector), else the folder
+            _, _, checks, _ = runner.injection_checks(getattr(outcome, "injector", None) or p.evidence.injector_dir,
+                                                      variant, rank_pids)
             check = checks[0] if checks else None
         except Exception:
             check = None
@@ -1192,7 +1194,7 @@ def _trial_result(runner: Any, p: Any, base: Any, cat: Catalogue, t: Trial, vari
     tr = TrialResult(t, verdict, v.reason, float(outcome.timings.get("burst_s", outcome.timings.get("to_verdict_s", 0.0))),
                      diag, hazard, run_dir, None, entered, matched, fired, tuple(v.notes))
     if verdict == DEADLOCKED or tr.desync_crash:
-        led = ev.read_json(run_dir / "ledger.json") or {}
+        led = ev.EvidenceDir.open(run_dir).ledger.read(missing_ok=True) or {}
         tr.ledger = str(((led.get("divergence") or {}) if isinstance(led, dict) else {}).get("summary") or "")
     if verdict == DEADLOCKED:
         f = hunt_folder / "scenarios" / f"{t.name}.toml"
