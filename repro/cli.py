@@ -448,6 +448,7 @@ def _arm_file_of(evidence: Path, need_live_server: bool = True) -> tuple[Path, l
 def arm(
     evidence: Path = typer.Argument(..., help="evidence folder of a `repro serve` server"),
     injections: Optional[List[str]] = typer.Argument(None, help="injection ids to arm (default: all of the variant)"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object on stdout: armed ids, ranks that read the arm file, late ranks"),
 ) -> None:
     """Arm a served server's injector (no restart) and wait until every rank read it (≤ 10 s; usually ~0.1 s).
 
@@ -469,6 +470,11 @@ def arm(
     except Exception:  # an older folder without serve.json: arm without waiting
         out_dir, rank_pids = None, {}
     late = arm_and_wait(arm_file, ids, out_dir, rank_pids)
+    if as_json:
+        out.print_json(data={"armed": ids, "arm_file": str(arm_file), "late_ranks": sorted(late),
+                             "read_by": sorted(k for k in rank_pids if k not in late) if out_dir else [],
+                             "exit_code": EXIT_INCONCLUSIVE if late else EXIT_SUCCESS})
+        raise typer.Exit(EXIT_INCONCLUSIVE if late else EXIT_SUCCESS)
     if late:
         console.print(f"[yellow]warning:[/] TP{', TP'.join(map(str, late))} did not read the arm file within "
                       f"{ARM_ACK_TIMEOUT_S:g} s; calls there may still run unarmed (its injector log: {out_dir})")
@@ -479,12 +485,18 @@ def arm(
 
 
 @app.command()
-def disarm(evidence: Path = typer.Argument(..., help="evidence folder of a `repro serve` server")) -> None:
+def disarm(
+    evidence: Path = typer.Argument(..., help="evidence folder of a `repro serve` server"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object on stdout"),
+) -> None:
     """Disarm a served server's injector (sites stay patched and counted, nothing fires)."""
     from repro.runner import write_arm_file
 
     arm_file, _ = _arm_file_of(evidence, need_live_server=False)
     write_arm_file(arm_file, [])
+    if as_json:
+        out.print_json(data={"disarmed": True, "arm_file": str(arm_file)})
+        return
     out.print("disarmed")
 
 
