@@ -91,7 +91,7 @@ def test_cleanup_json_reports_each_run_folder(tmp_path: Path, sleeper):
     assert sleeper.wait(10) is not None
 
 
-@pytest.mark.parametrize("verb", ["run", "demo", "serve", "compare", "sites", "analyze", "hunt", "cleanup"])
+@pytest.mark.parametrize("verb", ["run", "demo", "serve", "compare", "sites", "analyze", "hunt", "cleanup", "arm", "disarm"])
 def test_every_verb_that_prints_a_result_has_json(verb):
     r = runner.invoke(app, [verb, "--help"], env={"COLUMNS": "200"})
     assert r.exit_code == 0 and "--json" in r.output, r.output
