@@ -217,3 +217,22 @@ def test_tick_function_follows_the_disaggregation_mode():
         "SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run")
     assert A.tick_function_for(["--disaggregation-mode=decode"]).startswith("sglang.srt.disaggregation.decode:")
     assert A.tick_function_for(["--disaggregation-mode", "null"]) == A.tick_function
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_testbed_profile_pd_roles_get_mooncake_over_tcp_and_the_compat_layer(mode):
+    args, env, _ = A.testbed_profile(spec(), ["--disaggregation-mode", mode, "--disaggregation-transfer-backend", "mooncake"])
+    assert (env["MOONCAKE_PROTOCOL"], env["MC_FORCE_TCP"], env["SGLANG_HOST_IP"]) == ("tcp", "1", "127.0.0.1")
+    assert env[testbed.COMPAT_ENV] == "1" and env[testbed.COMPAT_DIR_ENV] == str(testbed.compat_dir())
+    backup = args[args.index("--disaggregation-decode-retraction-backup") + 1] if mode == "decode" else None
+    assert ("--disaggregation-decode-retraction-backup" in args) == (mode == "decode")
+    assert backup in (None, "cpu_tensor")
+    assert "--hicache-io-backend" not in args  # HiCache flags only with HiCache
+
+
+def test_testbed_profile_keeps_a_scenarios_own_retraction_backup_and_leaves_plain_servers_alone():
+    args, _, _ = A.testbed_profile(spec(), ["--disaggregation-mode", "decode",
+                                            "--disaggregation-decode-retraction-backup", "host_pool"])
+    assert args.count("--disaggregation-decode-retraction-backup") == 0
+    _, env, _ = A.testbed_profile(spec(), [])
+    assert not any(k in env for k in ("MOONCAKE_PROTOCOL", "MC_FORCE_TCP", "SGLANG_HOST_IP"))

@@ -454,3 +454,21 @@ def test_compat_orders_storage_queries_in_the_installed_sglang():
         "print('ordered')"
     )
     assert "ordered" in _in_testbed_sglang_with_compat(code)
+
+
+@pytest.mark.sglang
+def test_compat_layer_switches_off_mooncake_host_tensor_indices_in_the_installed_sglang():
+    # With the switch on, the prefill send path pins memory and records a torch.cuda.Event: every prefill rank of a
+    # PD server died at its first request on CPU (measured, sglang 0.5.23). The class attribute is True upstream.
+    code = (
+        "import sglang.srt.disaggregation.mooncake.conn as m; "
+        "assert m.MooncakeKVSender.supports_host_tensor_indices is False; "
+        "print('switched')"
+    )
+    assert "switched" in _in_testbed_sglang_with_compat(code)
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(testbed.stub_dir())}
+    env = {k: v for k, v in env.items() if not k.startswith("REPRO_TESTBED_COMPAT")}
+    r = subprocess.run([_testbed_python_or_fail(), "-W", "ignore", "-c",
+                        "import sglang.srt.disaggregation.mooncake.conn as m; print(m.MooncakeKVSender.supports_host_tensor_indices)"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr[-2000:]

@@ -9,11 +9,18 @@
 # the same pip command) is reused without reinstalling. Installs the HiCache compat hook (.pth, inert unless
 # REPRO_TESTBED_COMPAT=1) into the venv. The sgl_kernel stand-in and the tiny model stay in the repo
 # (scripts/cpu_testbed/stub, scripts/cpu_testbed/tiny_llama); the adapter's testbed profile points the server at them.
+# PD disaggregation (prefill + decode + router): also installs Mooncake's transfer engine (non-CUDA build, used over
+# TCP) and SGLang's router from PyPI, and the Debian library libibverbs1 that Mooncake's engine.so links (apt-get,
+# only when the library is missing; needs root).
 set -euo pipefail
 
 SGLANG_VERSION="0.5.23"   # keep in step with repro/testbed.py SGLANG_VERSION
 TORCH_VERSION="2.14.1"    # keep in step with repro/testbed.py TORCH_VERSION
 PACKAGES=("sglang==${SGLANG_VERSION}" "torch==${TORCH_VERSION}" "py-spy")
+MOONCAKE_VERSION="0.3.13.post1"   # PD disaggregation: Mooncake transfer engine over TCP
+ROUTER_VERSION="0.3.2"            # SGLang's router (sglang 0.5.23 has no in-tree one)
+PD_PACKAGES=("mooncake-transfer-engine-non-cuda==${MOONCAKE_VERSION}" "sglang-router==${ROUTER_VERSION}")
+PD_DEBIAN_PACKAGE="libibverbs1"   # provides libibverbs.so.1, linked by mooncake's engine.so even without RDMA
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 dir="${REPRO_TESTBED_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tp-deadlock-repro/testbed/sglang-${SGLANG_VERSION}}"
@@ -41,7 +48,8 @@ fail() { echo "setup.sh: ERROR: $*" >&2; exit 1; }
 elapsed() { echo $(( $(date +%s) - t0 )); }
 
 want_stamp() {
-  printf 'sglang=%s torch=%s boot=%s\n' "$SGLANG_VERSION" "$TORCH_VERSION" "$(sha256sum "$boot_src" | cut -c1-16)"
+  printf 'sglang=%s torch=%s mooncake=%s router=%s boot=%s\n' "$SGLANG_VERSION" "$TORCH_VERSION" "$MOONCAKE_VERSION" \
+    "$ROUTER_VERSION" "$(sha256sum "$boot_src" | cut -c1-16)"
 }
 
 # ---- fast path: everything already in place ----------------------------------------------------------------------
@@ -105,6 +113,37 @@ else
   echo "  pip install took $(( $(date +%s) - tp )) s: sglang $(installed_version sglang), torch $(installed_version torch), py-spy $(installed_version py-spy)"
 fi
 
+# ---- PD disaggregation: libibverbs1 (Debian) + Mooncake's transfer engine + SGLang's router (PyPI) ---------------
+have_ibverbs() { ldconfig -p 2>/dev/null | grep 'libibverbs\.so\.1 ' >/dev/null; }
+if have_ibverbs; then
+  echo "  reusing $PD_DEBIAN_PACKAGE (libibverbs.so.1 found)"
+else
+  command -v apt-get >/dev/null 2>&1 \
+    || fail "libibverbs.so.1 is missing and there is no apt-get; install your distribution's libibverbs (rdma-core) package, then re-run this script"
+  [ "$(id -u)" = 0 ] || fail "libibverbs.so.1 is missing; run 'apt-get update && apt-get install -y $PD_DEBIAN_PACKAGE' as root, then re-run this script"
+  echo "  installing $PD_DEBIAN_PACKAGE with apt-get (Mooncake's engine.so links libibverbs.so.1; no RDMA device is needed) ..."
+  apt_log="$dir/apt-get.log"
+  if ! { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$PD_DEBIAN_PACKAGE"; } >"$apt_log" 2>&1; then
+    tail -10 "$apt_log" >&2
+    fail "apt-get could not install $PD_DEBIAN_PACKAGE (full log: $apt_log); check access to the Debian package archive, then re-run this script"
+  fi
+  have_ibverbs || fail "$PD_DEBIAN_PACKAGE installed but libibverbs.so.1 is still not found by ldconfig (full log: $apt_log)"
+fi
+have_mooncake="$(installed_version mooncake-transfer-engine-non-cuda)"
+have_router="$(installed_version sglang-router)"
+if [ "$have_mooncake" = "$MOONCAKE_VERSION" ] && [ "$have_router" = "$ROUTER_VERSION" ]; then
+  echo "  reusing installed PD packages: mooncake-transfer-engine-non-cuda $have_mooncake, sglang-router $have_router"
+else
+  echo "  installing ${PD_PACKAGES[*]} (about 60 MB) ..."
+  tp=$(date +%s)
+  log="$dir/pip-install-pd.log"
+  if ! "$py" -m pip install --no-input "${PD_PACKAGES[@]}" >"$log" 2>&1; then
+    tail -15 "$log" >&2
+    fail "pip could not install ${PD_PACKAGES[*]} (full log: $log); check network access to the package index, then re-run this script"
+  fi
+  echo "  pip install took $(( $(date +%s) - tp )) s: mooncake-transfer-engine-non-cuda $(installed_version mooncake-transfer-engine-non-cuda), sglang-router $(installed_version sglang-router)"
+fi
+
 # ---- HiCache compat hook (inert unless REPRO_TESTBED_COMPAT=1) ---------------------------------------------------
 site="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || fail "cannot locate site-packages of $py"
 cp "$boot_src" "$site/repro_testbed_compat_boot.py" || fail "cannot write $site (is the venv writable?)"
@@ -120,6 +159,8 @@ if ! out=$(SGLANG_USE_CPU_ENGINE=1 PYTHONPATH="$here/stub" "$py" -W ignore -c '
 import torch, sglang, sgl_kernel
 assert sgl_kernel.__file__.startswith(__import__("sys").argv[1]), "stand-in not first on the path: " + sgl_kernel.__file__
 import sglang.srt.mem_cache.allocation  # imports assign_req_to_token_pool_cpu from the stand-in
+from mooncake.engine import TransferEngine  # PD: loads engine.so (needs libibverbs.so.1)
+import sglang_router.launch_router  # PD: the router
 print(f"torch {torch.__version__}, sglang {sglang.__version__}")
 ' "$here/stub" 2>&1); then
   echo "$out" | tail -15 >&2

@@ -12,6 +12,11 @@ issue 6 / DESIGN §8), and this layer mends exactly those, nothing else:
 (c) ``torch.cpu.Stream`` has no ``synchronize`` (the cache controller calls it): a no-op is added (CPU work is
     synchronous).
 
+(e) PD disaggregation over Mooncake's transfer engine: ``MooncakeKVSender.supports_host_tensor_indices`` is
+    switched off, so the prefill send path does not pin memory and record a ``torch.cuda.Event`` (every prefill rank
+    died at its first request without it; measured with sglang 0.5.23 and mooncake-transfer-engine-non-cuda
+    0.3.13.post1 on TCP).
+
 And it fixes one interleaving that the testbed would otherwise leave to the OS scheduler:
 
 (d) A storage prefetch query answers only after the scheduler's batch decision of the tick that submitted it. On a
@@ -29,7 +34,8 @@ And it fixes one interleaving that the testbed would otherwise leave to the OS s
     on purpose: ordering, not a sleep. ``REPRO_TESTBED_STORAGE_QUERY_AFTER_PASS=0`` turns it off.
 
 It is a property of the testbed, not a fault: it is loaded from ``repro_testbed_compat.pth`` in the testbed venv
-only when ``REPRO_TESTBED_COMPAT=1`` (the adapter's testbed profile sets it with ``--enable-hierarchical-cache``),
+only when ``REPRO_TESTBED_COMPAT=1`` (the adapter's testbed profile sets it with ``--enable-hierarchical-cache`` and
+for a PD role, ``--disaggregation-mode prefill|decode``),
 never via PYTHONPATH, and it is independent of the injector. Patches are applied lazily by a post-import hook, when
 the target module is first imported; nothing is imported at interpreter start.
 """
@@ -189,7 +195,24 @@ def _patch_prefetch_classes(mod) -> None:
         _note(mod.__name__, f"{cls.__name__}._storage_hit_query answers after the next batch decision")
 
 
+# ---- (e) Mooncake's prefill send path without CUDA host tensors (PD disaggregation) --------------------------------
+def _patch_mooncake_conn(mod) -> None:
+    """``MooncakeKVSender.supports_host_tensor_indices`` = False (sglang 0.5.23 ``disaggregation/mooncake/conn.py``).
+
+    When True, the prefill server's ``_send_kv_chunk`` (``disaggregation/prefill.py``) pins the page indices in host
+    memory and records a ``torch.cuda.Event``: on CPU every prefill rank dies at its first request ("Found no
+    NVIDIA driver"). With False it sends the indices as plain numpy arrays, the path sglang takes for every other
+    transfer backend.
+    """
+    cls = getattr(mod, "MooncakeKVSender", None)
+    if cls is None or not getattr(cls, "supports_host_tensor_indices", False):
+        return
+    cls.supports_host_tensor_indices = False
+    _note(mod.__name__, "MooncakeKVSender.supports_host_tensor_indices=False")
+
+
 HOOKS: dict[str, Callable] = {
+    "sglang.srt.disaggregation.mooncake.conn": _patch_mooncake_conn,
     "sglang.srt.mem_cache.pool_host.common": _patch_pool_host_common,
     "sglang.srt.mem_cache.pool_host.mha": _patch_pool_host_mha,
     "sglang.srt.managers.scheduler": _patch_scheduler,
