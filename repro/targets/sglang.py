@@ -77,6 +77,18 @@ _HICACHE_CPU_FLAGS: tuple[tuple[str, Optional[str]], ...] = (
     ("--hicache-ratio", "2"),
     ("--hicache-storage-backend-extra-config", json.dumps({"prefetch_threshold": 16}, separators=(",", ":"))),
 )
+# PD disaggregation on the CPU testbed (measured with sglang 0.5.23, mooncake-transfer-engine-non-cuda 0.3.13.post1):
+# Mooncake's transfer engine over TCP on 127.0.0.1 (no RDMA device), on both servers.
+PD_MODE_FLAG = "--disaggregation-mode"
+_PD_CPU_ENV: tuple[tuple[str, str], ...] = (
+    ("MOONCAKE_PROTOCOL", "tcp"),
+    ("MC_FORCE_TCP", "1"),
+    ("SGLANG_HOST_IP", "127.0.0.1"),
+)
+# The decode server's default retraction backup (host_pool) registers host memory with CUDA and dies at start-up.
+_PD_DECODE_CPU_FLAGS: tuple[tuple[str, Optional[str]], ...] = (
+    ("--disaggregation-decode-retraction-backup", "cpu_tensor"),
+)
 
 
 @dataclass(frozen=True)
@@ -241,6 +253,10 @@ class SGLangAdapter(AdapterBase):
         ``REPRO_TESTBED_COMPAT=1`` (enables ``scripts/cpu_testbed/compat`` via the venv's .pth) and a file-storage
         folder in ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR``: ``storage_dir`` if given, else a new temporary
         folder named ``repro-hicache-*`` that :meth:`owned_dirs` reports so the launcher removes it at stop.
+        A PD role (``--disaggregation-mode prefill|decode``) gets Mooncake over TCP (``MOONCAKE_PROTOCOL=tcp``,
+        ``MC_FORCE_TCP=1``, ``SGLANG_HOST_IP=127.0.0.1``) and the compat layer (its Mooncake switch); the decode
+        role also ``--disaggregation-decode-retraction-backup cpu_tensor`` (the default backup registers host memory
+        with CUDA). See ``docs/pd.md``.
 
         ``spec`` may be None (the profile is then computed before the spec exists): the OpenMP bind list then
         covers up to 64 ranks (sglang only requires at least one entry per rank).
@@ -263,6 +279,14 @@ class SGLangAdapter(AdapterBase):
             # One OpenMP core per rank, round-robin over the machine's cores ("0|1" for TP=2 on 2 cores).
             "SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(i % ncpu) for i in range(n_ranks)),
         }
+        pd_mode = flag_value(have, PD_MODE_FLAG)
+        if pd_mode in ("prefill", "decode"):
+            # The compat layer's Mooncake switch (MooncakeKVSender.supports_host_tensor_indices=False) and TCP.
+            env.update(_PD_CPU_ENV)
+            env[testbed.COMPAT_ENV] = "1"
+            env[testbed.COMPAT_DIR_ENV] = str(testbed.compat_dir())
+            if pd_mode == "decode":
+                _add_missing(args, have, _PD_DECODE_CPU_FLAGS)
         if _has_flag(have, HICACHE_FLAG):
             _add_missing(args, have, _HICACHE_CPU_FLAGS)
             env[testbed.COMPAT_ENV] = "1"
