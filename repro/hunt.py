@@ -618,7 +618,7 @@ class HuntLog:
         """HUNT.md: header, findings (scheduling/cache deadlocks first), the full trial table, the rows."""
         h = self.header
         out = ["# repro hunt", ""]
-        for k in ("scenario", "catalogue", "ref", "sglang", "torch", "python", "ranks", "budget_min", "command",
+        for k in ("scenario", "catalogue", "discovery", "ref", "sglang", "torch", "python", "ranks", "budget_min", "command",
                   "interrupted_during", "error"):
             if h.get(k) not in (None, ""):
                 out.append(f"- **{k}**: {_md(h[k])}")
@@ -776,6 +776,9 @@ class HuntOptions:
         sites: also perturb every collective call site the ledger saw in the baseline burst (skip once, extra once);
             ``sites_matching``: only call sites whose frames match these globs.
         confirm: re-run each new scheduling/cache finding from its scenario file on a fresh server.
+        discover: add the decision points ``repro discover`` proposes from the engine's source (hand points win);
+            ``hand_points`` False drops the hand catalogue's points (discovery alone; its perturbations, collective
+            names and known issues stay); ``discover_rules``: the rules file (default: the adapter's).
     """
 
     scenario_path: Path
@@ -792,6 +795,9 @@ class HuntOptions:
     confirm: bool = False
     requests: Optional[int] = None
     command_line: str = ""
+    discover: bool = False
+    hand_points: bool = True
+    discover_rules: Optional[Path] = None
 
 
 @dataclass
@@ -805,6 +811,7 @@ class HuntResult:
     budget_exhausted: bool = False
     wall_s: float = 0.0
     baseline: Optional[Path] = None
+    discovery: Optional[dict] = None  # --discover: rows reached/fired by origin and discovery's precision
 
     @property
     def deadlocks(self) -> list:
@@ -874,6 +881,14 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
     except ScenarioError as e:
         raise HuntError(str(e)) from None
     cat = load_catalogue(opts.catalogue_path)
+    disc = None  # discovery's state (repro/discover/hunting.py) when --discover
+    if opts.discover:
+        from repro.discover import hunting
+
+        cat, disc = hunting.prepare(cat, _discovery_python(opts), rules_path=opts.discover_rules,
+                                    keep_hand_points=opts.hand_points, adapter=base.server.adapter)
+    elif not opts.hand_points:
+        raise HuntError("--no-hand-catalogue needs --discover (without either, there is nothing to hunt)")
     _check_sites_option(opts.sites, cat, base)
     points = [cat.point(n) for n in opts.only] if opts.only else list(cat.points)
     tp = base.server.tp_size
@@ -912,6 +927,10 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
     (hf / "scenarios").mkdir(exist_ok=True)
     header = {"scenario": str(opts.scenario_path), "catalogue": str(cat.path), "ref": f"{opts.ref} ({mat.description})" if mat else opts.ref,
               "ranks": ", ".join(map(str, ranks)), "budget_min": opts.budget_min, "command": opts.command_line}
+    if disc is not None:
+        hunting.write_inputs(disc, hf)
+        header["discovery"] = (f"{len(disc.discovery.candidates)} candidates, {len(disc.added)} points added "
+                               f"({'with' if opts.hand_points else 'without'} the hand points): discovery/DISCOVERY.md")
     log = HuntLog(hf, header)
     observe("hunt_folder", {"folder": str(hf)})
     result = HuntResult(hf, [], log.results)
@@ -981,6 +1000,8 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
         result.rows = rows
         seen_points = {r.point for r in rows}
         log.header["points_not_seen"] = [p.name for p in points if p.name not in seen_points]
+        if disc is not None:
+            log.event("discovery_not_reached", points=hunting.after_baseline(disc, rows))
         log.set_rows(rows)
         log.event("baseline", evidence=str(p0.evidence.path), seen=len(seen), rows=len(rows), healthy_s=s0.healthy_s,
                   burst_s=oc.timings.get("burst_s"))
@@ -1007,6 +1028,9 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
         result.budget_exhausted = any(r.verdict == NOT_RUN for r in log.results)
         if opts.confirm:
             _confirm(runner, log, python, prepend, opts, clock, observe)
+            from repro.discover.finding import write_findings
+
+            write_findings(log, cat, base, opts.scenario_path, disc)
     except KeyboardInterrupt:
         interrupted = True
     except HuntError as e:
@@ -1017,6 +1041,9 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
             mat.close()
         result.wall_s = clock.elapsed
         result.interrupted = interrupted
+        if disc is not None:
+            result.discovery = hunting.finish(disc, hf, result.rows, log.results)
+            log.event("discovery", **result.discovery)
         status = "interrupted" if interrupted else "complete"
         if log.status == "running":
             log.finish(status, wall_s=result.wall_s)
@@ -1024,6 +1051,17 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
     if interrupted:
         raise KeyboardInterrupt
     return result
+
+
+def _discovery_python(opts: HuntOptions) -> str:
+    """The interpreter whose engine source discovery scans: ``--ref python:PATH``'s, else as the server's."""
+    from repro.interpreter import InterpreterError, choose_python
+
+    explicit = opts.ref[len("python:"):] if opts.ref.startswith("python:") else opts.python
+    try:
+        return choose_python(explicit)
+    except InterpreterError as e:
+        raise HuntError(str(e)) from None
 
 
 def _materialize(ref: str, python: Optional[str]) -> Any:
@@ -1055,75 +1093,42 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
     if clock.remaining <= 0:  # the baseline used up the budget: do not start a trial server for nothing
         _not_run(log, trials, f"budget of {opts.budget_min:g} min ended before this trial")
         return
+    from repro.runner import VariantItem, run_variants  # the one multi-variant loop (runner may be a stand-in)
+
     session = runner.Session(p, observe)
-    failures = 0
-    need_restart = False  # lazily, before the next trial: no restart after the last one
-    last_clean: Optional[TrialResult] = None  # the last trial, when it ended clean on a live server
-    last_clean_t, last_log_off = 0.0, 0
-    log_path = p.evidence.server_log.path
+    by_name = {t.name: t for t in trials}
+    items = [VariantItem(t.name, command=(opts.command_line or f"repro hunt {opts.scenario_path}") + f"  # trial {t.name}",
+                         seed=trial_seed(base, t), session_info={"hunt": str(log.folder)}) for t in trials]
+
+    def before(i: int, item: Any) -> Optional[str]:
+        return f"budget of {opts.budget_min:g} min ended before this trial" if clock.remaining <= 0 else None
+
+    def on_start(i: int, item: Any) -> None:
+        observe("trial_start", {"trial": by_name[item.variant], "n": i + 1, "total": len(trials), "remaining_s": clock.remaining})
+
+    def on_result(d: Any) -> None:
+        t = by_name[d.item.variant]
+        tr = _trial_result(runner, p, base, cat, t, d.variant, d.outcome, d.run_dir.path, session.rank_pids, log.folder,
+                           opts, _log_since(log_path, d.log_offset) if not d.outcome.clean else "")
+        results[d.item.variant] = tr
+        log.add(tr)
+        observe("trial", {"result": tr, "n": d.index + 1, "total": len(trials), "remaining_s": clock.remaining})
+
+    def on_died_between(prev: Any, since_s: float, log_text: str) -> None:
+        _amend_died_after(log, results[prev.item.variant], since_s, log_text, cat)
+
+    def on_interrupt(item: Any, run_dir: Any) -> None:
+        log.event("interrupted_during", trial=item.variant, evidence=str(run_dir.path))
+        log.header["interrupted_during"] = f"{item.variant} (partial evidence: {run_dir.path})"
+
+    results: dict[str, TrialResult] = {}
+    log_path = p.evidence.file("server.log")
     try:
-        failed = session.start()
-        for i, t in enumerate(trials):
-            if clock.remaining <= 0:
-                _not_run(log, trials[i:], f"budget of {opts.budget_min:g} min ended before this trial")
-                break
-            server = getattr(session, "server", None)
-            if last_clean is not None and server is not None and not server.is_running():
-                # the server outlived SETTLE_S after the last trial's clean burst but died before this one: blame
-                # that trial (the only thing that ran since), not this one, and start this trial on a fresh server
-                _amend_died_after(log, last_clean, time.time() - last_clean_t, _log_since(log_path, last_log_off), cat)
-                need_restart = True
-            last_clean = None
-            if need_restart:
-                failed = session.restart()
-                need_restart = False
-            while failed is not None:
-                failures += 1
-                if failures > MAX_RESTART_FAILURES:
-                    _not_run(log, trials[i:], f"server could not be (re)started: {failed.reason}")
-                    return
-                failed = session.restart()
-            failures = 0
-            observe("trial_start", {"trial": t, "n": i + 1, "total": len(trials), "remaining_s": clock.remaining})
-            # fresh prompts per trial: a burst the server already served hits its prefix/HiCache caches and would not
-            # reach the same code paths (e.g. no storage prefetch, so no prefetch collective in the admission loop)
-            p.scenario = p.scenario.model_copy(update={"burst": base.burst.model_copy(update={"seed": trial_seed(base, t)})})
-            variant = p.scenario.variant(t.name)
-            run_dir = ev.EvidenceDir(p.evidence.root, p.scenario.name, t.name)
-            run_dir.session.write({"session": str(p.evidence.path), "hunt": str(log.folder),
-                                                "rank_pids": {str(k): v for k, v in session.rank_pids.items()}})
-            run_dir.command.write((opts.command_line or f"repro hunt {opts.scenario_path}") + f"  # trial {t.name}\n")
-            log_off = log_path.stat().st_size if log_path.exists() else 0
-            t0 = time.time()
-            try:
-                outcome = session.drive(variant, run_dir, opts.requests)
-            except KeyboardInterrupt:
-                run_dir.set_status("interrupted")
-                log.event("interrupted_during", trial=t.name, evidence=str(run_dir.path))
-                log.header["interrupted_during"] = f"{t.name} (partial evidence: {run_dir.path})"
-                raise
-            outcome.timings["to_verdict_s"] = time.time() - t0
-            if outcome.clean:
-                # a divergence can outlive the burst (ranks a tick apart): the next collective, even the idle
-                # request broadcast, then crashes or hangs. Give it SETTLE_S to show before calling the trial clean.
-                time.sleep(SETTLE_S)
-                server = getattr(session, "server", None)
-                if server is not None and not server.is_running():
-                    outcome.clean = False
-                    outcome.verdict = Verdict(INCONCLUSIVE, f"server died within {SETTLE_S:g} s after the burst ended "
-                                                            f"(a divergence that outlived the burst); verdict before: "
-                                                            f"{outcome.verdict.verdict}")
-            runner.snapshot_session(p, run_dir)
-            runner.finish_evidence(p, ro, variant, run_dir, outcome, session.rank_pids, False)
-            run_dir.set_status("complete", timings=outcome.timings)
-            tr = _trial_result(runner, p, base, cat, t, variant, outcome, run_dir.path, session.rank_pids, log.folder, opts,
-                               _log_since(log_path, log_off) if not outcome.clean else "")
-            log.add(tr)
-            observe("trial", {"result": tr, "n": i + 1, "total": len(trials), "remaining_s": clock.remaining})
-            if not outcome.clean:
-                need_restart = True
-            else:
-                last_clean, last_clean_t, last_log_off = tr, time.time(), log_off
+        run_variants(session, ro, items, on_result, before=before, on_start=on_start,
+                     on_not_run=lambda rest, why: _not_run(log, [by_name[x.variant] for x in rest], why),
+                     on_died_between=on_died_between, on_interrupt=on_interrupt, settle_s=SETTLE_S,
+                     max_restart_failures=MAX_RESTART_FAILURES, finish=runner.finish_evidence,
+                     snapshot=runner.snapshot_session)
     finally:
         session.stop()
         session.close_drivers()
@@ -1157,14 +1162,10 @@ def _amend_died_after(log: HuntLog, r: TrialResult, after_s: float, log_text: st
 
 
 def _log_since(path: Path, offset: int, max_bytes: int = 4_000_000) -> str:
-    """The server log written since ``offset`` (bytes), at most the last ``max_bytes``."""
-    try:
-        with open(path, "rb") as fh:
-            size = path.stat().st_size
-            fh.seek(max(offset, size - max_bytes))
-            return fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
+    """The server log written since ``offset`` (bytes), at most the last ``max_bytes`` (``repro.runner.log_since``)."""
+    from repro.runner import log_since
+
+    return log_since(path, offset, max_bytes)
 
 
 def _trial_result(runner: Any, p: Any, base: Any, cat: Catalogue, t: Trial, variant: Any, outcome: Any, run_dir: Path,

@@ -91,7 +91,6 @@ class Prepared:
     python: str
     on_testbed: bool
     arm_file: Path
-    temp_dirs: list = field(default_factory=list)
 
 
 def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: Optional[Sequence[str]] = None) -> Prepared:
@@ -169,7 +168,6 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
     args = list(scenario.server.args)
     env = dict(scenario.server.env)
     prepend = [str(resources.injectors_dir()), *opts.pythonpath_prepend]  # a clone's injectors/ or the wheel's copy
-    temp_dirs: list = []
     env.update(opts.extra_env)
     env[PLAN_ENV] = str(evd.plan.path.resolve())
     spec = LaunchSpec(python=python, model=model, tp_size=tp, port=0, nccl_port=0, args=args, env=env, pythonpath_prepend=prepend)
@@ -178,7 +176,7 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
         spec = dataclasses.replace(
             spec, args=[*args, *extra_args], env={**env, **extra_env}, pythonpath_prepend=[*prepend, *tb_prepend]
         )
-    return Prepared(scenario, variant, evd, plan, spec, adapter, python, on_testbed, arm_file, temp_dirs)
+    return Prepared(scenario, variant, evd, plan, spec, adapter, python, on_testbed, arm_file)
 
 
 def _looks_like_path(model: str) -> bool:
@@ -384,11 +382,14 @@ class Session:
         from repro.sites import SitesUnresolved, check_launched_sites
 
         p = self.p
+        if getattr(self, "_sites_ok", False):
+            return  # checked once for this plan (a restart after a hang loads the same sites)
         try:
             check_launched_sites(p.scenario, str(p.plan.get("variant") or p.variant.name).split(","),
                                  p.evidence.injector_dir, p.python, env=getattr(self.server, "env", None))
         except SitesUnresolved as e:
             raise UnresolvedSitesError(str(e)) from None
+        self._sites_ok = True
 
     def stop(self) -> list:
         """End the whole server tree (idempotent); records what was left in ``teardown.json``."""
@@ -490,6 +491,8 @@ class Session:
                     break
         except BaseException:
             driver.abandon()
+            self.interrupted_state = driver.state()  # what was sent so far: the report of an interrupted run says it
+            self._open_drivers = getattr(self, "_open_drivers", []) + [driver]
             raise
         finally:
             for d in detectors:
@@ -546,7 +549,8 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop) -> Ru
         outcome = Outcome(Verdict(INCONCLUSIVE, f"not run: {e}"), clean=False)
     except KeyboardInterrupt:
         interrupted = True
-        outcome = Outcome(Verdict(INCONCLUSIVE, "interrupted by the user (Ctrl-C/SIGTERM) before a verdict; evidence is partial"), clean=False)
+        outcome = Outcome(Verdict(INCONCLUSIVE, "interrupted by the user (Ctrl-C/SIGTERM) before a verdict; evidence is partial"),
+                          state=getattr(session, "interrupted_state", None), clean=False)
     finally:
         if outcome is None:
             outcome = Outcome(Verdict(INCONCLUSIVE, "internal error before a verdict (see the console)"), clean=False)
@@ -556,8 +560,6 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop) -> Ru
         finally:
             session.stop()
             session.close_drivers()
-            for d in p.temp_dirs:
-                shutil.rmtree(d, ignore_errors=True)
             outcome.timings["total_s"] = time.time() - t0
             interrupted = interrupted or session.interrupted_in_teardown
             evd.set_status("interrupted" if interrupted else "complete", timings=outcome.timings)
@@ -574,14 +576,193 @@ def _result(outcome: Outcome, expect: Optional[str], path: Path) -> RunResult:
                      outcome.timings, st.ok if st else 0, st.total if st else 0)
 
 
-def run_many(opts: RunOptions, variants: Sequence[str], observe: Observer = _noop) -> list[RunResult]:
-    """Drive several variants of one scenario on ONE server, each with its own evidence folder.
+@dataclass(frozen=True)
+class VariantItem:
+    """One variant to drive in :func:`run_variants`.
+
+    Attributes:
+        variant: the variant's name (its injections must be in the session's plan).
+        label: the run folder's label (default: the variant's name).
+        command: the line written to the run folder's ``command.txt``.
+        seed: burst seed for this variant only (None: the scenario's); fresh prompts avoid warm prefix caches.
+        session_info: extra keys for the run folder's ``session.json`` (after ``session``, before ``rank_pids``).
+    """
+
+    variant: str
+    label: Optional[str] = None
+    command: str = ""
+    seed: Optional[int] = None
+    session_info: dict = field(default_factory=dict)
+
+
+@dataclass
+class VariantDone:
+    """What :func:`run_variants` hands its per-result callback for one driven variant.
+
+    Attributes:
+        index: position in the items; item / variant: what was driven; outcome: the session's Outcome (after the
+        settle check); run_dir: its evidence folder (complete); result: the RunResult (exit code with the
+        variant's own expectation unless ``--expect`` was given); log_offset: size in bytes of the session's
+        ``server.log`` before the burst (:func:`log_since` reads what this variant's server wrote);
+        ended_t: ``time.time()`` when its evidence was complete.
+    """
+
+    index: int
+    item: VariantItem
+    variant: Variant
+    outcome: Outcome
+    run_dir: ev.EvidenceDir
+    result: RunResult
+    log_offset: int
+    ended_t: float
+
+
+def log_since(path: Path, offset: int, max_bytes: int = 4_000_000) -> str:
+    """The server log written since ``offset`` (bytes), at most the last ``max_bytes``; "" when unreadable."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            end = fh.tell()
+            fh.seek(max(offset, end - max_bytes))
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def run_variants(
+    session: Any,
+    opts: RunOptions,
+    items: Sequence[VariantItem],
+    on_result: Callable[[VariantDone], None],
+    *,
+    before: Optional[Callable[[int, VariantItem], Optional[str]]] = None,
+    on_start: Optional[Callable[[int, VariantItem], None]] = None,
+    on_not_run: Optional[Callable[[Sequence[VariantItem], str], None]] = None,
+    on_died_between: Optional[Callable[[VariantDone, float, str], None]] = None,
+    on_interrupt: Optional[Callable[[VariantItem, ev.EvidenceDir], None]] = None,
+    settle_s: Optional[float] = None,
+    max_restart_failures: Optional[int] = None,
+    finish: Optional[Callable[..., None]] = None,
+    snapshot: Optional[Callable[[Any, ev.EvidenceDir], None]] = None,
+) -> list[VariantDone]:
+    """THE multi-variant loop: start ``session``, drive every item on it in turn, one evidence folder each.
+
+    Used by :func:`run_many` (tests, several variants of one scenario) and ``repro hunt`` (trials). The caller owns
+    the session's stop (``finally: session.stop()``). Per item: ``before`` may end the loop (its reason goes to
+    ``on_not_run`` with the items not run); a server that died after the previous item ended clean is reported to
+    ``on_died_between(previous, seconds since, log since)`` and restarted; after an unclean outcome (hang, crash,
+    requests outstanding) the server is restarted before the next item (never after the last); ``on_start`` is
+    called; the run folder gets ``session.json`` and ``command.txt``; the session drives the variant; with
+    ``settle_s`` (seconds; None: no check) a clean outcome whose server is dead ``settle_s`` later becomes INCONCLUSIVE (a divergence that
+    outlived the burst); the session's injector records and log are copied in (``snapshot``), the evidence is
+    written (``finish``, default :func:`finish_evidence`) and ``on_result`` gets a :class:`VariantDone`.
+
+    Start failures: with ``max_restart_failures`` None, every item after a failed (re)start gets that failure as its
+    INCONCLUSIVE outcome (its evidence says why); with a number, the start is retried up to that many more times,
+    then the remaining items go to ``on_not_run``.
+
+    Returns:
+        The VariantDone of every driven item, in order.
+    Raises:
+        KeyboardInterrupt: passed through after the interrupted item's folder was marked ``interrupted`` and
+            ``on_interrupt`` was called (the caller tears down).
+    """
+    p = session.p
+    finish = finish or finish_evidence
+    snapshot = snapshot or snapshot_session
+    log_path = p.evidence.file("server.log")
+    done: list[VariantDone] = []
+    failures = 0
+    need_restart = False  # lazily, before the next item: no restart after the last one
+    last_clean: Optional[VariantDone] = None  # the previous item, when it ended clean on a live server
+
+    def not_run(rest: Sequence[VariantItem], why: str) -> None:
+        if on_not_run is not None:
+            on_not_run(rest, why)
+
+    failed = session.start()
+    for i, item in enumerate(items):
+        if before is not None:
+            why = before(i, item)
+            if why:
+                not_run(items[i:], why)
+                break
+        server = getattr(session, "server", None)
+        if last_clean is not None and server is not None and not server.is_running():
+            # the server outlived the settle check after the previous clean burst but died before this item: that
+            # item is the only thing that ran since; this one starts on a fresh server
+            if on_died_between is not None:
+                on_died_between(last_clean, time.time() - last_clean.ended_t, log_since(log_path, last_clean.log_offset))
+            need_restart = True
+        last_clean = None
+        if need_restart:
+            failed = session.restart()
+            need_restart = False
+        if max_restart_failures is not None:
+            while failed is not None:
+                failures += 1
+                if failures > max_restart_failures:
+                    not_run(items[i:], f"server could not be (re)started: {failed.reason}")
+                    return done
+                failed = session.restart()
+            failures = 0
+        if on_start is not None:
+            on_start(i, item)
+        if item.seed is not None:
+            p.scenario = p.scenario.model_copy(update={"burst": p.scenario.burst.model_copy(update={"seed": item.seed})})
+        variant = p.scenario.variant(item.variant)
+        run_dir = ev.EvidenceDir(p.evidence.root, p.scenario.name, item.label or item.variant)
+        run_dir.session.write({"session": str(p.evidence.path), **item.session_info,
+                               "rank_pids": {str(k): v for k, v in session.rank_pids.items()}})
+        run_dir.command.write((item.command or f"repro run {opts.scenario_path} --variant {item.variant}") + "\n")
+        log_off = log_path.stat().st_size if log_path.exists() else 0
+        t0 = time.time()
+        if failed is not None:
+            outcome = Outcome(failed, clean=False)
+        else:
+            try:
+                outcome = session.drive(variant, run_dir, opts.requests, opts.native)
+            except KeyboardInterrupt:
+                run_dir.set_status("interrupted")
+                if on_interrupt is not None:
+                    on_interrupt(item, run_dir)
+                raise
+        outcome.timings["to_verdict_s"] = time.time() - t0
+        if outcome.clean and settle_s is not None:
+            # a divergence can outlive the burst (ranks a tick apart): the next collective, even the idle request
+            # broadcast, then crashes or hangs. Give it settle_s to show before calling the variant clean.
+            time.sleep(settle_s)
+            server = getattr(session, "server", None)
+            if server is not None and not server.is_running():
+                outcome.clean = False
+                outcome.verdict = Verdict(INCONCLUSIVE, f"server died within {settle_s:g} s after the burst ended "
+                                                        f"(a divergence that outlived the burst); verdict before: "
+                                                        f"{outcome.verdict.verdict}")
+        snapshot(p, run_dir)
+        finish(p, opts, variant, run_dir, outcome, session.rank_pids, False)
+        run_dir.set_status("complete", timings=outcome.timings)
+        res = _result(outcome, variant.expect if opts.expect is None else opts.expect, run_dir.path)
+        d = VariantDone(i, item, variant, outcome, run_dir, res, log_off, time.time())
+        done.append(d)
+        on_result(d)
+        if failed is None and not outcome.clean:
+            need_restart = True
+        elif outcome.clean:
+            last_clean = d
+    return done
+
+
+def run_many(opts: RunOptions, variants: Sequence[str], observe: Observer = _noop,
+             on_result: Optional[Callable[[VariantDone], None]] = None) -> list[RunResult]:
+    """Drive several variants of one scenario on ONE server, each with its own evidence folder (:func:`run_variants`).
 
     The plan holds every listed variant's injections (ids must be unique across them); each variant is armed in
     turn, so counts restart per variant. After a variant leaves the server unusable (deadlock, crash, requests
     outstanding) the server is restarted before the next one. Each run folder gets a copy of the injector
     records and the server log taken when its variant ended, and ``session.json`` naming the session folder.
 
+    Args:
+        on_result: called with each variant's :class:`VariantDone` as soon as its evidence is complete.
     Raises:
         RunError: bad input, before anything was launched.
         KeyboardInterrupt: after teardown.
@@ -590,32 +771,21 @@ def run_many(opts: RunOptions, variants: Sequence[str], observe: Observer = _noo
     session = Session(p, observe)
     results: list[RunResult] = []
     interrupted = False
+
+    def collect(d: VariantDone) -> None:
+        results.append(d.result)
+        if on_result is not None:
+            on_result(d)
+
+    items = [VariantItem(name, command=opts.command_line or f"repro run {opts.scenario_path} --variant {name}")
+             for name in variants]
     try:
-        failed = session.start()
-        for name in variants:
-            variant = p.scenario.variant(name)
-            run_dir = ev.EvidenceDir(p.evidence.root, p.scenario.name, name)
-            run_dir.session.write({"session": str(p.evidence.path), "rank_pids": {str(k): v for k, v in session.rank_pids.items()}})
-            run_dir.command.write((opts.command_line or f"repro run {opts.scenario_path} --variant {name}") + "\n")
-            t0 = time.time()
-            if failed is not None:
-                outcome = Outcome(failed, clean=False)
-            else:
-                outcome = session.drive(variant, run_dir, opts.requests, opts.native)
-            outcome.timings["to_verdict_s"] = time.time() - t0
-            snapshot_session(p, run_dir)
-            finish_evidence(p, opts, variant, run_dir, outcome, session.rank_pids, False)
-            run_dir.set_status("complete", timings=outcome.timings)
-            results.append(_result(outcome, variant.expect if opts.expect is None else opts.expect, run_dir.path))
-            if failed is None and not outcome.clean:
-                failed = session.restart()
+        run_variants(session, opts, items, collect)
     except KeyboardInterrupt:
         interrupted = True
     finally:
         session.stop()
         session.close_drivers()
-        for d in p.temp_dirs:
-            shutil.rmtree(d, ignore_errors=True)
         p.evidence.set_status("interrupted" if interrupted else "complete")
     if interrupted:
         raise KeyboardInterrupt
