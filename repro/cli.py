@@ -65,6 +65,16 @@ def _rule(c: Console, title: str) -> None:
 EXPECT_HELP = "Expected verdict: deadlock | success | inconclusive. Exit 0 iff it matches, else 5."
 
 
+EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + 2
+EXIT_TERMINATED = 143  # SIGTERM: 128 + 15
+_INTERRUPT_SIGNAL: Optional[int] = None  # the signal that interrupted this command, once one did
+
+
+def _interrupted_exit() -> int:
+    """Exit code after an interrupt: 143 when SIGTERM ended the command, else 130 (Ctrl-C), as a shell reports them."""
+    return EXIT_TERMINATED if _INTERRUPT_SIGNAL == signal.SIGTERM else EXIT_INTERRUPTED
+
+
 def _sigterm_to_interrupt() -> None:
     """Turn SIGTERM into KeyboardInterrupt so every command tears down its server tree the same way as on Ctrl-C.
 
@@ -73,6 +83,8 @@ def _sigterm_to_interrupt() -> None:
     """
 
     def handler(signum, frame):  # noqa: ARG001
+        global _INTERRUPT_SIGNAL
+        _INTERRUPT_SIGNAL = signum
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         console.print("[yellow]interrupt: tearing down the server tree (further Ctrl-C is ignored until it is gone)[/]")
@@ -104,13 +116,13 @@ def _scenario_arg(value: Path) -> Path:
 
 
 def _check_expect(expect: Optional[str]) -> None:
-    if expect is not None and expect not in ("deadlock", "success", "inconclusive"):
-        console.print(f"[red]error:[/] --expect must be deadlock, success or inconclusive (got {expect!r})")
+    if expect is not None and expect not in ("deadlock", "success", "inconclusive", "desync"):
+        console.print(f"[red]error:[/] --expect must be deadlock, success, inconclusive or desync (got {expect!r})")
         raise typer.Exit(EXIT_USAGE)
 
 
 def _verdict_style(verdict: str) -> str:
-    return {"DEADLOCKED": "bold red", "ALL REQUESTS SUCCEEDED": "bold green"}.get(verdict, "bold yellow")
+    return {"DEADLOCKED": "bold red", "DESYNCED": "bold magenta", "ALL REQUESTS SUCCEEDED": "bold green"}.get(verdict, "bold yellow")
 
 
 class _Progress:
@@ -227,7 +239,7 @@ def run(
         raise typer.Exit(EXIT_USAGE)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: server tree torn down; partial evidence kept")
-        raise typer.Exit(130)
+        raise typer.Exit(_interrupted_exit())
     _render_result(res, as_json)
     raise typer.Exit(res.exit_code)
 
@@ -277,7 +289,7 @@ def compare(
         raise typer.Exit(EXIT_USAGE)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: server tree torn down; overlays/worktrees removed; partial evidence kept")
-        raise typer.Exit(130)
+        raise typer.Exit(_interrupted_exit())
     if as_json:
         out.print_json(dumps(res))
         raise typer.Exit(res.exit_code)
@@ -329,7 +341,7 @@ def demo(
             raise typer.Exit(EXIT_USAGE)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted[/]: server tree torn down; partial evidence kept")
-            raise typer.Exit(130)
+            raise typer.Exit(_interrupted_exit())
         if not as_json:
             _render_result(res, False)
         results.append((v, res))
@@ -376,12 +388,30 @@ def serve(
     write_arm_file(p.arm_file, [])
     p.evidence.write_text("command.txt", opts.command_line + "\n")
     server = None
+    healthy = interrupted = False
     try:
         server = start_server(p.adapter, p.spec, p.evidence.file("server.log"))
         save_server_procs(p.evidence, server)
+        t_start = p.scenario.server.startup_timeout_s
+        console.print(f"starting the server (pid {server.pid}; log {p.evidence.file('server.log')}); waiting for "
+                      f"{server.url}/health, up to {t_start:.0f} s (30–100 s on the CPU testbed) …")
+
+        def still_starting(waited_s: float, last_line: str) -> None:
+            console.print(f"  still starting after {waited_s:.0f} s" + (f": {escape(last_line)}" if last_line else ""),
+                          highlight=False)
+
         with console.status(f"waiting for {server.url}/health …"):
-            server.wait_healthy(p.scenario.server.startup_timeout_s)
+            waited = server.wait_healthy(t_start, progress=still_starting)
+        healthy = True
+        console.print(f"healthy after {waited:.0f} s")
         save_server_procs(p.evidence, server)
+        from repro.sites import SitesUnresolved, check_launched_sites
+
+        try:  # every site must resolve in this sglang before anyone arms it
+            check_launched_sites(p.scenario, [p.variant.name], p.evidence.injector_dir, p.python, env=server.env)
+        except SitesUnresolved as e:
+            console.print(f"[red]error:[/] {escape(str(e))}")
+            raise typer.Exit(EXIT_USAGE)
         ranks = server.rank_pids()
         p.evidence.write_json("serve.json", {"url": server.url, "pid": server.pid, "rank_pids": {str(k): v for k, v in ranks.items()},
                                              "injections": [i.id for i in p.variant.injections], "arm_file": str(p.arm_file)})
@@ -403,15 +433,19 @@ def serve(
         raise typer.Exit(EXIT_INTERNAL)
     except KeyboardInterrupt:
         console.print("stopping the server tree …")
+        interrupted = True
     finally:
         left = []
         if server is not None:
             left = server.stop()
             p.evidence.write_json("teardown.json", {"left_running": [getattr(x, "pid", x) for x in left], "time": time.time()})
-        p.evidence.set_status("complete")
+        # Ctrl-C once serving is the way to stop it; before it was healthy it cut the start-up short
+        p.evidence.set_status("complete" if healthy or not interrupted else "interrupted")
         if as_json:
             _json_line({"event": "stopped", "evidence": str(p.evidence.path),
                         "left_running": [getattr(x, "pid", x) for x in left]})
+    if interrupted and (not healthy or _INTERRUPT_SIGNAL == signal.SIGTERM):
+        raise typer.Exit(_interrupted_exit())  # cut short before healthy (130), or SIGTERM (143)
 
 
 def _json_line(rec: dict) -> None:
@@ -774,6 +808,59 @@ def watch(
 
 
 @app.command()
+def discover(
+    scenario: Path = typer.Argument(..., callback=_scenario_arg, help="base scenario (its server.adapter picks the rules), e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
+    python: Optional[str] = typer.Option(None, "--python", help="target interpreter whose engine source is scanned (default: as `repro run` picks it)"),
+    rules: Optional[Path] = typer.Option(None, "--rules", help="discovery rules TOML (default: the adapter's, scenarios/sglang/discover_rules.toml)"),
+    out_file: Optional[Path] = typer.Option(None, "--out", help="write the huntable candidates as hunt catalogue [[points]] TOML to this file"),
+    limit: int = typer.Option(30, "--limit", help="candidates shown in the table (all are in --json)"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
+) -> None:
+    """List rank-local decision points around collectives, found in the engine's source (AST only, run in the target
+    interpreter; nothing is launched): ranked candidates with their caller, rank-local source, guard and guarded
+    collective. `repro hunt --discover` hunts them. Exit 0, 2 on bad input, 1 when the scan failed.
+    """
+    from repro.discover import DiscoverError, default_rules_path, discover as run_discover, points_toml
+    from repro.hunt import DEFAULT_CATALOGUE, HuntError, load_catalogue
+    from repro.interpreter import InterpreterError, choose_python
+    from repro.scenario import ScenarioError, load_scenario
+
+    try:
+        sc = load_scenario(scenario)
+        py = choose_python(python)
+        cat = load_catalogue(DEFAULT_CATALOGUE)
+    except (ScenarioError, InterpreterError, HuntError) as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(EXIT_USAGE)
+    path = rules or default_rules_path(sc.server.adapter, cat.path)
+    try:
+        d = run_discover(py, path, known_perturbations=list(cat.perturbations))
+    except DiscoverError as e:
+        bad_input = "rules not found" in str(e) or "not valid TOML" in str(e) or ": expected" in str(e)
+        console.print(f"[red]error:[/] {e}", soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE if bad_input else EXIT_INTERNAL)
+    if out_file is not None:
+        out_file.write_text(points_toml(d.points, header=f"repro discover {scenario} ({path}, {py})"), encoding="utf-8")
+    if as_json:
+        out.print_json(json.dumps(d.to_json(), default=str))
+        raise typer.Exit(EXIT_SUCCESS)
+    s = d.summary()
+    table = Table(title=f"rank-local decision points in {s['package']} ({s['functions']} functions, "
+                        f"{s['reaching_functions']} reach a collective)")
+    for col in ("#", "caller", "rank-local source", "loop", "guard", "guarded collective", "site"):
+        table.add_column(col, overflow="fold")
+    for i, c in enumerate(d.candidates[:limit], 1):
+        table.add_row(str(i), c.caller.split(":", 1)[-1], f"{c.source} ({c.source_kind})", f"for {c.loop_var}" if c.loop_var else "",
+                      f"{c.guard} l.{c.guard_line}", f"{c.collective} → {c.chain[-1] if c.chain else ''}",
+                      ", ".join(x.split(':', 1)[-1] for x in c.sites[:2]) or "none (listed only)")
+    out.print(table)
+    out.print(f"{s['candidates']} candidates ({s['huntable']} with a patchable site) → {s['points']} hunt points; "
+              f"{s['unresolved_calls']} of {s['calls']} calls resolve to nothing in the package (not followed); "
+              f"scan {s['seconds'].get('total')} s" + (f"; points written to {out_file}" if out_file else ""))
+    raise typer.Exit(EXIT_SUCCESS)
+
+
+@app.command()
 def hunt(
     scenario: Path = typer.Argument(..., callback=_scenario_arg, help="base scenario: its server and burst (variants ignored), e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
     budget_min: float = typer.Option(30.0, "--budget-min", help="wall-clock budget in minutes; trials not started in time are reported NOT RUN"),
@@ -788,6 +875,9 @@ def hunt(
     evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
     requests_: Optional[int] = typer.Option(None, "--requests", help="requests per burst (default: the scenario's)"),
     confirm: bool = typer.Option(False, "--confirm", help="re-run each new scheduling/cache finding from its scenario file on a fresh server"),
+    discover_: bool = typer.Option(False, "--discover", help="also hunt the decision points `repro discover` proposes from the engine's source (hand catalogue entries win)"),
+    no_hand: bool = typer.Option(False, "--no-hand-catalogue", help="with --discover: drop the hand catalogue's points (discovery alone decides where to search)"),
+    discover_rules: Optional[Path] = typer.Option(None, "--discover-rules", help="discovery rules TOML (default: the adapter's, scenarios/sglang/discover_rules.toml)"),
     as_json: bool = typer.Option(False, "--json", help="print the results as JSON on stdout"),
 ) -> None:
     """Search a live server for collective-desync hazards: perturb each rank-local decision point once, on one rank
@@ -805,11 +895,12 @@ def hunt(
     from repro.runner import RunError
 
     _sigterm_to_interrupt()
-    opts = HuntOptions(scenario_path=scenario, catalogue_path=resources.find_data_file(catalogue) if catalogue else DEFAULT_CATALOGUE, only=tuple(only or ()),
+    opts = HuntOptions(scenario_path=scenario, catalogue_path=resources.find_data_file(catalogue) if catalogue else None, only=tuple(only or ()),
                        perturbations=tuple(perturbation or ()), ranks=tuple(rank or ()), budget_min=budget_min,
                        evidence_root=evidence_dir, python=python, ref=ref, sites=sites,
                        sites_matching=tuple(sites_matching or ()), confirm=confirm,
-                       requests=requests_, command_line=shlex.join(["repro", *sys.argv[1:]]))
+                       requests=requests_, command_line=shlex.join(["repro", *sys.argv[1:]]),
+                       discover=discover_, hand_points=not no_hand, discover_rules=discover_rules)
     prog = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[left]}"), console=console, transient=True, disable=as_json)
     state: dict = {"task": None, "folder": None}
@@ -845,12 +936,12 @@ def hunt(
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: server tree torn down; results so far kept"
                       + (f" in {state['folder']}/HUNT.md" if state["folder"] else ""))
-        raise typer.Exit(130)
+        raise typer.Exit(_interrupted_exit())
     sched = [r for r in res.deadlocks if r.diagnosis and r.diagnosis.family == FAMILY_SCHED]
     if as_json:
         out.print_json(json.dumps({
             "folder": str(res.folder), "hunt_md": str(res.folder / "HUNT.md"), "baseline": str(res.baseline),
-            "wall_s": round(res.wall_s, 1), "budget_exhausted": res.budget_exhausted,
+            "wall_s": round(res.wall_s, 1), "budget_exhausted": res.budget_exhausted, "discovery": res.discovery,
             "rows": [{"point": r.point, "caller": r.caller, "loop_frame": r.loop_frame, "loop_var": r.loop_var,
                       "where": r.where, "ranks": list(r.ranks)} for r in res.rows],
             "results": [r.to_json() for r in res.results],

@@ -41,7 +41,17 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-DEFAULT_CATALOGUE = resources.hunt_catalogue()  # a clone's scenarios/ or the installed wheel's copy
+def catalogue_for(adapter_name: Optional[str] = None) -> Path:
+    """The hunt catalogue of an engine adapter (``repro.targets.registry``; default: the default adapter's)."""
+    from repro.targets.registry import get_adapter
+
+    path = getattr(get_adapter(adapter_name), "hunt_catalogue", None)
+    if path is None:
+        raise HuntError(f"adapter {adapter_name!r} has no hunt catalogue; pass --catalogue FILE")
+    return Path(path)
+
+
+DEFAULT_CATALOGUE = catalogue_for()  # the default adapter's: a clone's scenarios/ or the installed wheel's copy
 FAMILY_SCHED = CollectiveFamily.SCHEDULING  # the enums of repro.diagnosis; names kept for callers
 FAMILY_FORWARD = CollectiveFamily.FORWARD
 FAMILY_UNCLEAR = CollectiveFamily.UNCLEAR
@@ -79,13 +89,18 @@ class Perturbation:
 @dataclass(frozen=True)
 class DecisionPoint:
     """A rank-local decision point: ``sites`` (``module:Class.method`` alternatives), what its value means, the
-    perturbations that apply, and (for functions read everywhere, like clocks) caller globs that keep a row."""
+    perturbations that apply, and (for functions read everywhere, like clocks) caller globs that keep a row.
+
+    ``loops``: keep only rows whose direct caller runs the call inside a ``for`` loop over one of these targets
+    (``""`` = in no loop of the caller); empty keeps every row (discovered points name the loop their guard is in).
+    """
 
     name: str
     sites: tuple[str, ...]
     what: str
     perturbations: tuple[str, ...]
     callers: tuple[str, ...] = ()
+    loops: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -197,7 +212,7 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
         except ValidationError as e:
             raise HuntError(f"{where}.site: {e.errors()[0]['msg']}") from None
         points.append(DecisionPoint(spec["name"], _tuple(spec["site"]), str(spec.get("what", "")),
-                                    _tuple(spec.get("perturbations")), _tuple(spec.get("callers"))))
+                                    _tuple(spec.get("perturbations")), _tuple(spec.get("callers")), _tuple(spec.get("loops"))))
     if not points:
         raise HuntError(f"{p}: no [[points]]: the catalogue must list at least one decision point")
     names = [x.name for x in points]
@@ -312,6 +327,8 @@ def rows_from_seen(catalogue: Catalogue, seen: Sequence[dict], probe_points: dic
                 loop_frame, loop_var = stack[i], names[-1]
                 break
         caller = e.get("caller") or stack[0]
+        if p.loops and ((loop_var or "") if loop_frame == caller else "") not in p.loops:
+            continue
         key = (point, caller, loop_frame, loop_var)
         r = rows.setdefault(key, {"stack": stack, "ranks": set()})
         r["ranks"].add(int(e["rank"]))
@@ -768,7 +785,7 @@ class HuntOptions:
 
     Attributes:
         scenario_path: base scenario (server + burst; its variants are ignored).
-        catalogue_path: hunt catalogue (default: the SGLang adapter's).
+        catalogue_path: hunt catalogue (default: the base scenario's adapter's, ``Adapter.hunt_catalogue``).
         only: decision point names to hunt (default all). perturbations: perturbation names (default all that apply).
         ranks: ranks to perturb one at a time (default every rank of the TP group).
         budget_min: wall-clock budget in minutes for the whole hunt; trials not started in time are NOT RUN.
@@ -782,7 +799,7 @@ class HuntOptions:
     """
 
     scenario_path: Path
-    catalogue_path: Path = DEFAULT_CATALOGUE
+    catalogue_path: Optional[Path] = None  # None: the base scenario's adapter's catalogue
     only: Sequence[str] = ()
     perturbations: Sequence[str] = ()
     ranks: Sequence[int] = ()
@@ -880,7 +897,7 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
         base = load_scenario(opts.scenario_path)
     except ScenarioError as e:
         raise HuntError(str(e)) from None
-    cat = load_catalogue(opts.catalogue_path)
+    cat = load_catalogue(opts.catalogue_path or catalogue_for(base.server.adapter))
     disc = None  # discovery's state (repro/discover/hunting.py) when --discover
     if opts.discover:
         from repro.discover import hunting

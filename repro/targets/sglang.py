@@ -39,7 +39,6 @@ from repro.targets.base import (
     flag_value,
 )
 
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 TITLE_NAMESPACE = "sglang::"
 SCHEDULER_TITLE_PREFIX = "sglang::scheduler"
 HICACHE_FLAG = "--enable-hierarchical-cache"
@@ -47,9 +46,9 @@ HICACHE_STORAGE_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
 HICACHE_TMP_PREFIX = "repro-hicache-"
 
 # Title suffix tokens, e.g. "_DP0_PP1_TP3" -> {"DP": 0, "PP": 1, "TP": 3}. ATTN_CP / MOE_DP contain an underscore.
-# The title is found as a whole word anywhere in the string (a platform may keep arguments after it, a log may put a
-# prefix before it).
-_TITLE_RE = re.compile(r"(?:^|\s)sglang::scheduler((?:_(?:DP|PP|ATTN_CP|MOE_DP|TP|EP)\d+)*)(?=\s|$)")
+# The title is found as a whole word anywhere in the string (a platform may keep arguments after it, a log or a quote
+# may put a prefix before it).
+_TITLE_RE = re.compile(r"(?<![\w.:])sglang::scheduler((?:_(?:DP|PP|ATTN_CP|MOE_DP|TP|EP)\d+)*)(?!\w)")
 _TOKEN_RE = re.compile(r"_(DP|PP|ATTN_CP|MOE_DP|TP|EP)(\d+)")
 
 # Flags of the CPU testbed profile (DESIGN §5, measured on sglang 0.5.23). (flag, value or None for a switch).
@@ -202,7 +201,14 @@ class SGLangAdapter(AdapterBase):
     frame_rules = FRAME_RULES
     injector_profile = INJECTOR_PROFILE
     ref_location = RefLocation(package="sglang", checkout_subdir="python", version_key="sglang")
-    hunt_catalogue = REPO_ROOT / "scenarios" / "sglang" / "hunt_catalogue.toml"
+
+    @property
+    def hunt_catalogue(self) -> Path:  # type: ignore[override]
+        """``scenarios/sglang/hunt_catalogue.toml`` of a clone, or the installed wheel's copy (``repro.resources``)."""
+        from repro import resources
+
+        return resources.hunt_catalogue()
+
     watch_defaults = WatchDefaults(title_match=SCHEDULER_TITLE_PREFIX, title_example="sglang::scheduler_TP<k>",
                                    health_timeout_s=25.0, metrics_path="/metrics")
     title_namespace = TITLE_NAMESPACE
