@@ -30,6 +30,7 @@ from typing import Iterable, Literal, Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from repro.diagnosis import COLLECTIVE_OPS, describe_where, md_cell
 from repro.stacks import (
     Frame,
     ProcessDump,
@@ -44,16 +45,7 @@ from repro.stacks import (
 
 RankStateName = Literal["collective", "idle-wait", "busy", "unknown"]
 
-COLLECTIVE_OPS = frozenset(
-    {
-        "all_reduce", "allreduce", "broadcast", "all_gather", "all_gather_into_tensor", "allgather",
-        "reduce_scatter", "reduce_scatter_tensor", "reduce", "gather", "scatter", "barrier", "monitored_barrier",
-        "all_to_all", "all_to_all_single", "broadcast_object_list", "all_gather_object", "gather_object",
-        "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list",
-        "recv_object_list", "broadcast_object", "broadcast_tensor_dict", "send_object", "recv_object",
-        "all_gatherv", "reduce_scatterv", "wait",
-    }
-)
+# the one op list lives in repro.diagnosis (COLLECTIVES); re-exported here for callers
 _NATIVE_OP_HINTS = (
     ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"), ("broadcast", "broadcast"),
     ("allgather", "all_gather"), ("all_gather", "all_gather"), ("reducescatter", "reduce_scatter"),
@@ -354,20 +346,10 @@ class RankState(BaseModel):
     location_key: str = ""
 
     def where(self) -> str:
-        """Short human description: ``all_reduce via GroupCoordinator ← VocabParallelEmbedding.forward ← …``."""
-        chain = " ← ".join(self.caller_chain[:3])
-        if self.state == "collective" and self.injected_site:
-            callers = [c for c in self.caller_chain if not c.startswith("[injected")][:2]
-            return f"the injected {self.op} at " + " ← ".join([self.injected_site] + callers)
-        if self.state == "collective":
-            via = f" via {self.via}" if self.via and self.via != "torch.distributed" else ""
-            return f"{self.op}{via} ← {chain}" if chain else f"{self.op}{via}"
-        if self.state == "idle-wait":
-            return f"idle ({self.wait}) ← {chain}" if chain else f"idle ({self.wait})"
-        if self.state == "busy":
-            return f"busy in {self.blocked_frame}" + (f" ← {' ← '.join(self.caller_chain[1:3])}"
-                                                      if len(self.caller_chain) > 1 else "")
-        return f"unknown ({self.error})" if self.error else "unknown"
+        """Short human description: ``all_reduce via GroupCoordinator ← VocabParallelEmbedding.forward ← …``
+        (``repro.diagnosis.describe_where``, the one formatter every report uses)."""
+        return describe_where(self.state, op=self.op, via=self.via, wait=self.wait, blocked_frame=self.blocked_frame,
+                              caller_chain=self.caller_chain, injected_site=self.injected_site, error=self.error)
 
 
 class RankGroup(BaseModel):
@@ -443,8 +425,7 @@ class Analysis(BaseModel):
         return "\n".join(out) + "\n"
 
 
-def _md(s: str) -> str:
-    return s.replace("|", "\\|")
+_md = md_cell  # the one markdown escape (repro.diagnosis)
 
 
 # --------------------------------------------------------------------------------------------------------------
