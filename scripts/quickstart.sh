@@ -57,7 +57,7 @@ if harness_ok; then
   echo "  in place: this clone's repro and its dependencies import"
 else
   echo "  installing: $PY -m pip install -e '.[test]' (typer, rich, pydantic, requests, psutil, py-spy, pytest, build: ~30 MB)"
-  "$PY" -m pip install --no-input --progress-bar off -e '.[test]' \
+  "$PY" -m pip install --no-input -q --progress-bar off -e '.[test]' \
     || fail "pip could not install the harness (output above); check network access to the package index (pip config list)"
   harness_ok || fail "$PY still cannot import this clone's repro after the install (is another checkout installed editable? run: $PY -m pip install -e '$root[test]')"
 fi

@@ -70,6 +70,11 @@ def test_wheel_carries_injector_scenarios_and_testbed_files(installed):
         assert files, src
         missing = [f for f in files if f"repro/_data/{name}/{f}" not in names]
         assert not missing, f"{src} files missing from {installed['wheel'].name}: {missing}"
+    pkg = ROOT / "repro"  # data files inside the package itself (frame rules, pairing tables, …)
+    in_pkg = [p.relative_to(ROOT).as_posix() for p in pkg.rglob("*")
+              if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts and "_data" not in p.parts]
+    missing = [f for f in in_pkg if f not in names]
+    assert not missing, f"package data missing from {installed['wheel'].name}: {missing}"
 
 
 def test_installed_package_reads_its_own_data_not_the_clone(installed):
