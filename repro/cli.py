@@ -374,8 +374,7 @@ def serve(
     Arm it with `repro arm EVIDENCE_DIR [INJECTION…]`, disarm with `repro disarm EVIDENCE_DIR`. With --json, stdout
     carries only JSON lines (flushed as written, for a script waiting on the URL).
     """
-    from repro.launcher import LaunchError, start_server
-    from repro.runner import RunError, RunOptions, save_server_procs, prepare, write_arm_file
+    from repro.runner import RunError, RunOptions, Session, UnresolvedSitesError, prepare
 
     _sigterm_to_interrupt()
     opts = RunOptions(scenario_path=scenario, variant=variant, python=python, model=model, tp=tp, evidence_root=evidence_dir,
@@ -385,34 +384,36 @@ def serve(
     except RunError as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(EXIT_USAGE)
-    write_arm_file(p.arm_file, [])
     p.evidence.write_text("command.txt", opts.command_line + "\n")
+
+    def starting(event: str, data: dict) -> None:
+        if event == "wait_healthy":
+            console.print(f"starting the server (pid {data['pid']}; log {data['log']}); waiting for "
+                          f"{data['url']}/health, up to {data['timeout_s']:.0f} s (30–100 s on the CPU testbed) …")
+        elif event == "still_starting":
+            line = data["last_line"]
+            console.print(f"  still starting after {data['waited_s']:.0f} s" + (f": {escape(line)}" if line else ""),
+                          highlight=False)
+        elif event == "relaunch":
+            console.print(f"  {data['why']}: starting again (attempt {data['attempt']})")
+        elif event == "healthy":
+            console.print(f"healthy after {data['waited_s']:.0f} s")
+
+    session = Session(p, starting)  # the run's start: port-race retry, rank check, every site resolved
     server = None
     healthy = interrupted = False
     try:
-        server = start_server(p.adapter, p.spec, p.evidence.file("server.log"))
-        save_server_procs(p.evidence, server)
-        t_start = p.scenario.server.startup_timeout_s
-        console.print(f"starting the server (pid {server.pid}; log {p.evidence.file('server.log')}); waiting for "
-                      f"{server.url}/health, up to {t_start:.0f} s (30–100 s on the CPU testbed) …")
-
-        def still_starting(waited_s: float, last_line: str) -> None:
-            console.print(f"  still starting after {waited_s:.0f} s" + (f": {escape(last_line)}" if last_line else ""),
-                          highlight=False)
-
-        with console.status(f"waiting for {server.url}/health …"):
-            waited = server.wait_healthy(t_start, progress=still_starting)
-        healthy = True
-        console.print(f"healthy after {waited:.0f} s")
-        save_server_procs(p.evidence, server)
-        from repro.sites import SitesUnresolved, check_launched_sites
-
-        try:  # every site must resolve in this sglang before anyone arms it
-            check_launched_sites(p.scenario, [p.variant.name], p.evidence.injector_dir, p.python, env=server.env)
-        except SitesUnresolved as e:
+        try:
+            failed = session.start()
+        except UnresolvedSitesError as e:  # every site must resolve in this engine before anyone arms it
             console.print(f"[red]error:[/] {escape(str(e))}")
             raise typer.Exit(EXIT_USAGE)
-        ranks = server.rank_pids()
+        if failed is not None:
+            console.print(f"[red]error:[/] {escape(failed.reason)}")
+            raise typer.Exit(EXIT_INTERNAL)
+        server = session.server
+        healthy = True
+        ranks = session.rank_pids
         p.evidence.write_json("serve.json", {"url": server.url, "pid": server.pid, "rank_pids": {str(k): v for k, v in ranks.items()},
                                              "injections": [i.id for i in p.variant.injections], "arm_file": str(p.arm_file)})
         if as_json:
@@ -428,17 +429,11 @@ def serve(
             time.sleep(0.5)
         console.print("[red]the server exited[/]; log: " + str(p.evidence.file("server.log")))
         raise typer.Exit(EXIT_INTERNAL)
-    except LaunchError as e:
-        console.print(f"[red]error:[/] {e}")
-        raise typer.Exit(EXIT_INTERNAL)
     except KeyboardInterrupt:
         console.print("stopping the server tree …")
         interrupted = True
     finally:
-        left = []
-        if server is not None:
-            left = server.stop()
-            p.evidence.write_json("teardown.json", {"left_running": [getattr(x, "pid", x) for x in left], "time": time.time()})
+        left = session.stop()  # the whole tree; teardown.json records what was left
         # Ctrl-C once serving is the way to stop it; before it was healthy it cut the start-up short
         p.evidence.set_status("complete" if healthy or not interrupted else "interrupted")
         if as_json:

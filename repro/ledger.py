@@ -29,7 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
-LEDGER_RE = re.compile(r"^ledger-(\d+)(?:\.(\d+))?\.jsonl$")
+from repro.diagnosis import DivergenceKind, md_cell
+from repro.evidence import Layout
+
+LEDGER_RE = Layout.LEDGER_FILE_RE  # ledger-<pid>[.N].jsonl (the store names the files)
 
 
 class LedgerError(ValueError):
@@ -225,8 +228,8 @@ def load_ledgers(folder: Union[str, Path], pids: Optional[Iterable[int]] = None)
         rank → :class:`RankLedger`; empty when there is no ledger file.
     """
     d = Path(folder)
-    if (d / "injector").is_dir():
-        d = d / "injector"
+    if (d / Layout.INJECTOR.name).is_dir():
+        d = d / Layout.INJECTOR.name
     if not d.is_dir():
         return {}
     by_pid: dict[int, list[Path]] = {}
@@ -267,7 +270,7 @@ class Divergence:
         summary: one sentence for people.
     """
 
-    kind: str
+    kind: DivergenceKind
     group: Optional[GroupInfo] = None
     seq: int = 0
     entered: dict = field(default_factory=dict)
@@ -285,7 +288,7 @@ class Divergence:
             return {"rank": r.rank, "group": r.group, "seq": r.seq, "op": r.op, "api": r.api, "red": r.red,
                     "shapes": r.shapes, "dtypes": r.dtypes, "site": list(r.site), "tick": r.tick,
                     "t_enter": r.t_enter, "t_exit": r.t_exit, "inj": r.inj}
-        return {"kind": self.kind, "group": self.group.key if self.group else None,
+        return {"kind": DivergenceKind(self.kind).value, "group": self.group.key if self.group else None,
                 "group_label": self.group.short() if self.group else None, "seq": self.seq,
                 "entered": {str(k): rec(v) for k, v in self.entered.items()}, "missing": list(self.missing),
                 "culprits": list(self.culprits), "waits": {str(k): rec(v) for k, v in self.waits.items()},
@@ -316,7 +319,7 @@ def align(ledgers: dict[int, RankLedger]) -> Divergence:
         A :class:`Divergence` (see the module docstring for the rules and the order between groups).
     """
     if not ledgers:
-        return Divergence(kind="none", summary="no ledger recorded")
+        return Divergence(kind=DivergenceKind.NONE, summary="no ledger recorded")
     per = {rank: led.by_group() for rank, led in ledgers.items()}
     keys = sorted({k for g in per.values() for k in g})
     waits_all = {rank: led.open_records()[0] for rank, led in ledgers.items() if led.open_records()}
@@ -337,7 +340,7 @@ def align(ledgers: dict[int, RankLedger]) -> Divergence:
                 # still in an earlier collective of this group (its exit not yet written): no desync
             if miss:
                 culprits = tuple(sorted(at)) if len(at) < len(miss) else miss
-                found.append(Divergence(kind="missing", group=info, seq=n, entered=at, missing=miss, culprits=culprits,
+                found.append(Divergence(kind=DivergenceKind.MISSING, group=info, seq=n, entered=at, missing=miss, culprits=culprits,
                                         waits={r: w for r, w in waits_all.items() if r in members}))
                 break
             sigs = Counter(r.signature() for r in at.values())
@@ -349,11 +352,11 @@ def align(ledgers: dict[int, RankLedger]) -> Divergence:
                     culprits = tuple(sorted(r for r, rec in at.items() if rec.signature() != top))
                 names = ("op", "red", "shapes", "dtypes")
                 diff = tuple(nm for i, nm in enumerate(names) if len({rec.signature()[i] for rec in at.values()}) > 1)
-                found.append(Divergence(kind="mismatch", group=info, seq=n, entered=at, culprits=culprits,
+                found.append(Divergence(kind=DivergenceKind.MISMATCH, group=info, seq=n, entered=at, culprits=culprits,
                                         waits={r: w for r, w in waits_all.items() if r in members}, fields=diff))
                 break
     if not found:
-        return Divergence(kind="none", summary=_agree_summary(ledgers))
+        return Divergence(kind=DivergenceKind.NONE, summary=_agree_summary(ledgers))
 
     def order(d: Divergence) -> tuple:
         inj = any(r.inj for r in d.entered.values())
@@ -371,7 +374,7 @@ def _ranks(rs: Sequence[int]) -> str:
 
 def _summary(d: Divergence, ledgers: dict[int, RankLedger]) -> str:
     gname = d.group.display().split(" (")[0] if d.group else "?"
-    if d.kind == "missing":
+    if d.kind == DivergenceKind.MISSING:
         ent = sorted(d.entered)
         first = d.entered[ent[0]]
         parts = [f"{_ranks(ent)} entered {_desc(first, ledgers)}"]
@@ -384,7 +387,7 @@ def _summary(d: Divergence, ledgers: dict[int, RankLedger]) -> str:
             else:
                 waits.append(f"{never} (it is not blocked in any recorded collective)")
         return "; ".join(parts + waits) + "."
-    if d.kind == "mismatch":
+    if d.kind == DivergenceKind.MISMATCH:
         recs = sorted(d.entered.values(), key=lambda r: r.rank)
         if d.culprits:
             culprit = [r for r in recs if r.rank in d.culprits]
@@ -501,7 +504,7 @@ class LedgerDiagnosis:
         """The Diagnosis section's ledger part: the sentence, the aligned table, the timeline picture."""
         d = self.divergence
         out = [f"**Collective ledger:** {d.summary}", ""]
-        if d.kind != "none" and d.group is not None:
+        if d.kind != DivergenceKind.NONE and d.group is not None:
             out += [f"Aligned at the first divergence — {d.group.display()}, sequence #{d.seq}:", "",
                     "| rank | seq | op | reduce op | shapes | dtypes | call site | tick | state |",
                     "|---|---|---|---|---|---|---|---|---|"]
@@ -528,8 +531,7 @@ class LedgerDiagnosis:
         return out
 
 
-def _md(s: str) -> str:
-    return s.replace("|", "\\|")
+_md = md_cell  # the one markdown escape (repro.diagnosis)
 
 
 def diagnose(folder: Union[str, Path], pids: Optional[Iterable[int]] = None) -> Optional[LedgerDiagnosis]:

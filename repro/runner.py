@@ -342,7 +342,17 @@ class Session:
         self.interrupted_in_teardown = False
 
     def start(self) -> Optional[Verdict]:
-        """Launch and wait healthy. Returns None when healthy, else the INCONCLUSIVE verdict saying why."""
+        """Launch and wait healthy (a port taken during start-up is retried on new ports), record the tree, map the
+        ranks, check every site resolved. Used by run, demo, serve, compare, hunt and the tests.
+
+        Events: ``launch``, ``wait_healthy`` (url, pid, log, timeout_s), ``still_starting`` (waited_s, last_line,
+        every ~15 s), ``relaunch``, ``healthy`` (waited_s).
+
+        Returns:
+            None when healthy, else the INCONCLUSIVE verdict saying why (the server may still run: call ``stop``).
+        Raises:
+            UnresolvedSitesError: an injection's site does not resolve in the server's engine.
+        """
         from repro.launcher import LaunchError, start_server
 
         p, t0 = self.p, time.time()
@@ -354,9 +364,14 @@ class Session:
             except LaunchError as e:
                 return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
             save_server_procs(p.evidence, self.server)
-            self.observe("wait_healthy", {"url": self.server.url, "pid": self.server.pid})
+            self.observe("wait_healthy", {"url": self.server.url, "pid": self.server.pid,
+                                          "log": str(p.evidence.server_log.path),
+                                          "timeout_s": p.scenario.server.startup_timeout_s})
             try:
-                self.server.wait_healthy(p.scenario.server.startup_timeout_s)
+                waited = self.server.wait_healthy(
+                    p.scenario.server.startup_timeout_s,
+                    progress=lambda w, line: self.observe("still_starting", {"waited_s": w, "last_line": line}))
+                self.observe("healthy", {"waited_s": waited})
                 break
             except LaunchError as e:
                 raced = _lost_port_race(e, self.server) and p.spec.port == 0 and p.spec.nccl_port == 0
@@ -507,6 +522,10 @@ class Session:
             time.sleep(0.5)  # let the injectors' counters reach disk (they flush every ~0.2 s)
             loaded, armed, checks, injector = injection_checks(p.evidence.injector_dir, variant, rank_pids)
             verdict = judge_completion(driver.state().requests, expected, loaded, armed, checks)
+        for d in detectors:  # the ledgers' word after the burst (repro.proof: DESYNCED, stated fallbacks) + timings
+            if callable(getattr(d, "final_verdict", None)):
+                verdict = d.final_verdict(verdict, ctx)
+            timings.update(getattr(d, "timings", None) or {})
         write_arm_file(p.arm_file, [])
         final = driver.state()
         clean = final.finished and verdict.verdict != DEADLOCKED and server.is_running()
