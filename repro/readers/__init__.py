@@ -1,0 +1,276 @@
+"""Readers of stack dumps as people paste them, all feeding one process model (:mod:`repro.readers.types`).
+
+Formats (one module each): py-spy text, old and new, ``ray stack`` files and ``--json`` (:mod:`.pyspy`),
+faulthandler with or without headers and several dumps per file (:mod:`.faulthandler`), Python tracebacks such
+as torch's timeout errors (:mod:`.traceback`), pystack (:mod:`.pystack`), gdb ``bt`` (:mod:`.gdb`), torch's
+watchdog / Flight Recorder text (:mod:`.flight_recorder`), and hand-written frame lists, arrow chains and ``rank
+N:`` headings (:mod:`.condensed`). Quoting and log prefixes are removed first (:mod:`.prefixes`); each prefixed
+source is read on its own. Lines are read one at a time, so a 50 MB file is read in bounded memory (at most
+``MAX_FRAMES`` frames per thread and ``MAX_THREADS`` threads per process are kept; see :mod:`.assemble`).
+
+Reading never raises on bad content: what could not be read is in each dump's ``warnings`` (unknown lines counted
+and the first one quoted, escaped), what was concluded about the reading in its ``notes``, and every dump says
+which format it was read as (``fmt``).
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import re
+from pathlib import Path
+from typing import Iterable, Iterator, Optional, Sequence, Union
+
+from repro.readers import condensed, faulthandler, flight_recorder, gdb, pyspy, pystack, traceback
+from repro.readers.assemble import MAX_FRAMES, MAX_THREADS, Assembler
+from repro.readers.common import NO_STACK_HINT, guess_main, is_native_file, shorten_path, summarise_ignored
+from repro.readers.prefixes import clean_line, sniff_label_prefixes
+from repro.readers.pyspy import parse_pyspy_json
+from repro.readers.types import (
+    FORMAT_NAMES,
+    CaptureMethod,
+    DumpFormat,
+    Frame,
+    ProcessDump,
+    RankCapture,
+    ThreadStack,
+)
+
+__all__ = [
+    "CaptureMethod", "DumpFormat", "FORMAT_NAMES", "Frame", "MAX_FRAMES", "MAX_THREADS", "ProcessDump",
+    "RankCapture", "ThreadStack", "detect_format", "is_binary", "load_dump_file", "parse_dump", "parse_faulthandler",
+    "parse_lines", "parse_pyspy_json", "parse_pyspy_text", "pp_from_title", "rank_from_filename", "rank_from_title",
+    "render_pyspy_text", "shorten_path", "split_log_prefixes", "threads_of", "guess_main", "is_native_file",
+]
+
+_HANDLERS = (pyspy.handle, faulthandler.handle, pystack.handle, traceback.handle, gdb.handle,
+             flight_recorder.handle, condensed.handle)
+MAX_LINE_CHARS = 4096  # longer lines are cut before reading (a 50 MB one-line file stays cheap)
+SNIFF_LINES = 2000
+_COMMENT_RE = re.compile(r"^#(?!\d)")
+
+
+def parse_lines(lines: Iterable[str], source: str = "") -> list[ProcessDump]:
+    """Read dump lines (any supported format, quoted or prefixed) into one :class:`ProcessDump` per process.
+
+    Returns at least one dump; when no stack was found, one dump of format ``unknown`` whose warnings say what
+    was seen and what was expected. ``source`` (a file name) prefixes every warning.
+    """
+    it = iter(lines)
+    head = list(itertools.islice(it, SNIFF_LINES))
+    compose, bracket = sniff_label_prefixes(head)
+    asms: dict[str, Assembler] = {}
+    current = ""
+    for n, raw in enumerate(itertools.chain(head, it), 1):
+        if len(raw) > MAX_LINE_CHARS:
+            raw = raw[:MAX_LINE_CHARS]
+        cl = clean_line(raw, compose, bracket)
+        label = cl.label if cl.label else (current if (compose or bracket) else "")
+        if cl.label:
+            current = cl.label
+        asm = asms.get(label)
+        if asm is None:
+            asm = asms[label] = Assembler(label)
+        if cl.rank_hint is not None:
+            asm.prefix_rank = (cl.rank_hint, cl.hint_source)
+        if cl.fence:
+            asm.close_process()
+            asm.after_blank = True
+            continue
+        s = cl.text
+        if not s.strip():
+            asm.after_blank = True
+            continue
+        for h in _HANDLERS:
+            if h(asm, s, n):
+                break
+        else:
+            if not _COMMENT_RE.match(s.lstrip()):
+                asm.ignore(n, s)
+        asm.after_blank = False
+    out: list[ProcessDump] = []
+    for asm in asms.values():
+        dumps = asm.finish()
+        common = summarise_ignored(asm.ignored, asm.first_ignored, "lines of a stack dump")
+        if not dumps:
+            if asm.ignored == 0 and not asm.errors:
+                continue
+            w = [f"py-spy reported: {e}" for e in asm.errors[:3]] + common
+            if common and not asm.errors:
+                w = [f"first line: {asm.first_ignored[1][:100]!r}"] + w
+            dumps = [ProcessDump(fmt="unknown", label=asm.label, warnings=w + [NO_STACK_HINT])]
+        elif common:
+            dumps[0] = dumps[0].model_copy(update={"warnings": common + dumps[0].warnings})
+        out.extend(dumps)
+    if not out:
+        out = [ProcessDump(fmt="unknown", warnings=["the input is empty: no line to read", NO_STACK_HINT])]
+    if source:
+        out = [d.model_copy(update={"warnings": [f"{source}: {w}" for w in d.warnings]}) for d in out]
+    return out
+
+
+def _looks_json(text: str) -> bool:
+    s = text.lstrip()
+    return s.startswith(("[{", "[\n", "[]", "{\"", "[\r\n")) or (s.startswith("[") and s[1:2].isspace())
+
+
+def parse_dump(text: str, source: str = "") -> list[ProcessDump]:
+    """Parse any supported dump text; one :class:`ProcessDump` per process found (at least one).
+
+    Never raises on bad content: see each dump's ``warnings``.
+    """
+    if _looks_json(text):
+        dumps = parse_pyspy_json(text)
+        if source:
+            dumps = [d.model_copy(update={"warnings": [f"{source}: {w}" for w in d.warnings]}) for d in dumps]
+        return dumps
+    return parse_lines(text.splitlines(), source=source)
+
+
+def parse_pyspy_text(text: str, label: str = "") -> list[ProcessDump]:
+    """Parse py-spy ``dump`` text (any layout); same reading as :func:`parse_dump`, ``label`` set on each dump."""
+    dumps = parse_lines(text.splitlines())
+    return [d.model_copy(update={"label": d.label or label}) for d in dumps]
+
+
+def parse_faulthandler(text: str, label: str = "", pid: Optional[int] = None, title: str = "") -> list[ProcessDump]:
+    """Parse a CPython ``faulthandler`` dump; ``pid``/``title`` fill what the text does not say. Successive dumps
+    of one process (same thread ids) give the last one, with a warning; dumps of other processes come after it."""
+    dumps = parse_lines(text.splitlines())
+    out = []
+    for d in dumps:
+        upd = {"label": d.label or label}
+        if d.pid is None and pid is not None and len(dumps) == 1:
+            upd["pid"] = pid
+        if not d.title and title and len(dumps) == 1:
+            upd["title"] = title
+        out.append(d.model_copy(update=upd))
+    return out
+
+
+def is_binary(head: bytes) -> bool:
+    """Whether the first bytes of a file are binary (NUL bytes, or over 30 % non-text bytes)."""
+    if not head:
+        return False
+    if b"\x00" in head:
+        return True
+    text = sum(1 for b in head if b >= 32 or b in (9, 10, 13, 27))
+    if text / len(head) < 0.7:
+        return True
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start < len(head) - 4 and sum(1 for b in head if b >= 0x80) / len(head) > 0.3
+    return False
+
+
+def _iter_text_lines(f: io.BufferedReader) -> Iterator[str]:
+    wrapper = io.TextIOWrapper(f, encoding="utf-8", errors="replace", newline=None)
+    while True:
+        line = wrapper.readline(MAX_LINE_CHARS * 4)
+        if not line:
+            return
+        if not line.endswith("\n"):  # an overlong line: keep its start, skip the rest of it
+            rest = line
+            while rest and not rest.endswith("\n"):
+                rest = wrapper.readline(1 << 20)
+        yield line.rstrip("\n")
+
+
+def load_dump_file(path: Union[str, Path]) -> list[ProcessDump]:
+    """Read and parse one dump file (any supported format), streaming it line by line.
+
+    A binary file gives one dump with a warning and no content echoed; an empty file, one saying it is empty.
+
+    Raises:
+        FileNotFoundError / IsADirectoryError: ``path`` is not a readable file.
+    """
+    p = Path(path)
+    with open(p, "rb") as f:
+        head = f.read(65536)
+        if is_binary(head):
+            size = p.stat().st_size
+            return [ProcessDump(fmt="unknown", warnings=[
+                f"{p.name}: a binary file ({size} bytes), not a text stack dump; nothing was read from it (for a core "
+                "file run 'pystack core' or gdb 'thread apply all bt' and pass their text)"])]
+        if not head.strip():
+            return [ProcessDump(fmt="unknown", warnings=[f"{p.name}: the file is empty; expected a stack dump"])]
+        if _looks_json(head.decode("utf-8", errors="replace")):
+            data = head + f.read()
+            return parse_dump(data.decode("utf-8", errors="replace"), source=p.name)
+        f.seek(0)
+        return parse_lines(_iter_text_lines(f), source=p.name)
+
+
+def detect_format(text: str) -> DumpFormat:
+    """Which format ``text`` is read as: the format of its first dump with a thread, else ``unknown``."""
+    for d in parse_dump(text):
+        if d.threads:
+            return d.fmt
+    return "unknown"
+
+
+def split_log_prefixes(text: str) -> list[tuple[str, str]]:
+    """Split a log into per-source texts by line prefix (compose ``svc  | ``, kubectl ``[pod/x] ``, ``[rankN]:``,
+    mpirun tags, ray worker prefixes), prefixes removed; ``[("", text)]`` when no line has one."""
+    lines = text.splitlines()
+    compose, bracket = sniff_label_prefixes(lines[:SNIFF_LINES])
+    groups: dict[str, list[str]] = {}
+    current = ""
+    for ln in lines:
+        cl = clean_line(ln, compose, bracket)
+        label = cl.label if cl.label else (current if (compose or bracket) else "")
+        current = cl.label or current
+        groups.setdefault(label, []).append(cl.text)
+    if list(groups) == [""]:
+        return [("", text)]
+    return [(k, "\n".join(v)) for k, v in groups.items()]
+
+
+def render_pyspy_text(threads: Iterable[ThreadStack], pid: Optional[int] = None, title: str = "") -> str:
+    """Render stacks in py-spy's text layout (for reports and for dumps that arrived in another format)."""
+    lines = []
+    if pid is not None:
+        lines.append(f"Process {pid}: {title}".rstrip())
+        lines.append("")
+    for t in threads:
+        state = f" ({t.status})" if t.status and t.status.replace("+", "").isalpha() and " " not in t.status else (
+            "" if t.active is None else (" (active)" if t.active else " (idle)"))
+        name = f': "{t.name}"' if t.name else ""
+        tid = f" {t.thread_id}" if t.thread_id else ""
+        lines.append(f"Thread{tid}{state}{name}")
+        lines.extend("    " + f.render() for f in t.frames)
+    return "\n".join(lines) + "\n"
+
+
+def threads_of(dumps: Sequence[ProcessDump]) -> list[ThreadStack]:
+    """All threads of the given dumps, in order."""
+    return [t for d in dumps for t in d.threads]
+
+
+# ---- rank identity from titles and names ------------------------------------------------------------------------
+_NAME_RANK_RE = re.compile(r"(?:rank|tp)[_\-]?(\d+)", re.IGNORECASE)
+
+
+def rank_from_title(title: str) -> Optional[int]:
+    """TP rank from a rank process's title, asking every registered engine adapter (``sglang::scheduler_TP1`` →
+    1), then the data title rules (``VLLM::Worker_TP0`` → 0); None when the title names no rank."""
+    from repro.readers.titles import identify_title
+
+    info = identify_title(title)
+    return info.tp if info is not None and info.role == "rank" else None
+
+
+def pp_from_title(title: str) -> Optional[int]:
+    """Pipeline stage from a rank title with a PP part (``sglang::scheduler_PP1_TP0`` → 1), else None."""
+    from repro.readers.titles import identify_title
+
+    info = identify_title(title)
+    return info.pp if info is not None and info.role == "rank" else None
+
+
+def rank_from_filename(name: str) -> Optional[int]:
+    """Rank from a dump file name: ``rank3.txt``, ``rank_3.json``, ``tp3.log`` → 3; else None."""
+    m = _NAME_RANK_RE.search(Path(name).name)
+    return int(m.group(1)) if m else None

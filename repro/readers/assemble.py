@@ -1,0 +1,195 @@
+"""The one rank/process model every reader feeds: open processes and threads, boundaries, bounds, collapsing.
+
+A reader module (``pyspy``, ``faulthandler``, ``traceback``, ``pystack``, ``gdb``, ``flight_recorder``,
+``condensed``) recognises its own lines and calls the :class:`Assembler`: ``new_process``, ``new_thread``,
+``add_frame``, ``note``. The assembler owns what is common: a block without a process header becomes a process of
+its own (never merged into the previous one), successive dumps of one process (same pid, or for faulthandler the
+same set of thread ids) collapse to the last one with a note, at most ``MAX_FRAMES`` frames per thread and
+``MAX_THREADS`` threads per process are kept (memory stays bounded on 50 MB inputs), and unreadable lines are
+counted and the first one quoted.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Optional
+
+from repro.readers.common import guess_main
+from repro.readers.types import FORMAT_NAMES, Frame, ProcessDump, ThreadStack
+
+MAX_FRAMES = 256  # frames kept per thread (innermost ones); the rest are counted
+MAX_THREADS = 512  # threads kept per process
+
+
+class Assembler:
+    """Collects the processes of one source (one file, or one log prefix of it). Not thread-safe."""
+
+    def __init__(self, label: str = "") -> None:
+        self.label = label
+        self.done: list[dict[str, Any]] = []
+        self.cur: Optional[dict[str, Any]] = None
+        self.thr: Optional[dict[str, Any]] = None
+        self.after_blank = False
+        self.mode = ""  # reader sub-state ("fr" after a Flight Recorder header, "tb" in a traceback, …)
+        self.pending_rank: Optional[tuple[int, str]] = None
+        self.prefix_rank: Optional[tuple[int, str]] = None
+        self.ignored = 0
+        self.first_ignored: Optional[tuple[int, str]] = None
+        self.errors: list[str] = []
+        self.blocks = 0
+
+    # ---- processes -------------------------------------------------------------------------------------------
+    def new_process(self, fmt: str, n: int, pid: Optional[int] = None, title: str = "", note: str = "") -> dict:
+        """Close the open process and start another of format ``fmt`` at line ``n``."""
+        self.close_process()
+        self.blocks += 1
+        rank = self.pending_rank or self.prefix_rank
+        self.pending_rank = None
+        self.cur = {"fmt": fmt, "pid": pid, "title": title, "python_version": "", "threads": [], "notes": [],
+                    "warnings": [], "rank_hint": rank, "first_line": n, "block": self.blocks, "backend": None,
+                    "op": None, "group_kind": None, "headerless": False, "successive": 1}
+        if note:
+            self.cur["notes"].append(note)
+        return self.cur
+
+    def process(self, fmt: str, n: int) -> dict:
+        """The open process, or a new headerless one of format ``fmt``."""
+        if self.cur is None:
+            self.new_process(fmt, n)
+            self.cur["headerless"] = True
+        return self.cur
+
+    def close_process(self) -> None:
+        self.close_thread()
+        if self.cur is None:
+            return
+        cur, self.cur = self.cur, None
+        self.mode = ""
+        if not cur["threads"] and not cur["warnings"] and cur["pid"] is None and not cur["title"]:
+            return  # an empty block (e.g. a heading with nothing under it)
+        if cur["fmt"] == "condensed":
+            from repro.readers.condensed import finish_thread_check
+            if not finish_thread_check(cur):  # a stray word, not a frame list
+                self.ignore(cur["first_line"], cur.get("first_text", ""))
+                self.blocks -= 1
+                return
+        prev = self.done[-1] if self.done else None
+        if prev is not None and self._same_process(prev, cur):
+            cur["successive"] = prev["successive"] + 1
+            cur["pid"] = cur["pid"] if cur["pid"] is not None else prev["pid"]
+            cur["title"] = cur["title"] or prev["title"]
+            cur["rank_hint"] = cur["rank_hint"] or prev["rank_hint"]
+            cur["block"] = prev["block"]
+            self.done[-1] = cur
+            return
+        self.done.append(cur)
+
+    @staticmethod
+    def _same_process(a: dict, b: dict) -> bool:
+        if a["fmt"] != b["fmt"] or not b["threads"]:
+            return False
+        if a["pid"] is not None and b["pid"] is not None:
+            return a["pid"] == b["pid"]
+        if a["fmt"] == "faulthandler" and (b["pid"] is None or a["pid"] is None):
+            ids_a = {t["thread_id"] for t in a["threads"]}
+            ids_b = {t["thread_id"] for t in b["threads"]}
+            return bool(ids_a) and "" not in ids_a and ids_a == ids_b
+        return False
+
+    # ---- threads ---------------------------------------------------------------------------------------------
+    def new_thread(self, fmt: str, n: int, thread_id: str = "", name: str = "", *, order: str = "inner",
+                   active: Optional[bool] = None, gil: Optional[bool] = None, status: str = "",
+                   is_main: Optional[bool] = None) -> dict:
+        """Start a thread in the open process (``order``: ``inner`` = frames arrive innermost first)."""
+        self.close_thread()
+        cur = self.process(fmt, n)
+        if len(cur["threads"]) >= MAX_THREADS:
+            cur["dropped_threads"] = cur.get("dropped_threads", 0) + 1
+            self.thr = {"discard": True, "frames": [], "order": order, "dropped": 0}
+            return self.thr
+        frames: Any = [] if order == "inner" else deque(maxlen=MAX_FRAMES)
+        self.thr = {"thread_id": thread_id, "name": name, "active": active, "gil": gil, "status": status,
+                    "is_main": is_main, "frames": frames, "order": order, "dropped": 0}
+        cur["threads"].append(self.thr)
+        self.after_blank = False
+        return self.thr
+
+    def thread_ids(self) -> set:
+        return {t["thread_id"] for t in self.cur["threads"]} if self.cur else set()
+
+    def add_frame(self, f: Frame) -> None:
+        t = self.thr
+        if t is None:
+            return
+        if t["order"] == "inner":
+            if len(t["frames"]) >= MAX_FRAMES:
+                t["dropped"] += 1
+                return
+            t["frames"].append(f)
+        else:
+            if len(t["frames"]) == MAX_FRAMES:
+                t["dropped"] += 1
+            t["frames"].append(f)
+
+    def close_thread(self) -> None:
+        self.thr = None
+
+    # ---- other -----------------------------------------------------------------------------------------------
+    def note(self, text: str) -> None:
+        if self.cur is not None and text not in self.cur["notes"]:
+            self.cur["notes"].append(text)
+
+    def warn(self, text: str) -> None:
+        if self.cur is not None and text not in self.cur["warnings"]:
+            self.cur["warnings"].append(text)
+
+    def ignore(self, n: int, line: str) -> None:
+        self.ignored += 1
+        if self.first_ignored is None:
+            self.first_ignored = (n, line)
+
+    def finish(self) -> list[ProcessDump]:
+        """Close everything and return the processes, in file order."""
+        self.close_process()
+        out = []
+        for d in self.done:
+            out.append(_to_dump(d, self.label))
+        return out
+
+
+def _to_dump(d: dict, label: str) -> ProcessDump:
+    threads = []
+    warnings = list(d["warnings"])
+    notes = list(d["notes"])
+    for t in d["threads"]:
+        frames = list(t["frames"])
+        if t["order"] == "outer":
+            frames.reverse()
+        threads.append(ThreadStack(thread_id=t["thread_id"], name=t["name"], is_main=bool(t["is_main"]),
+                                   frames=frames, active=t["active"], gil=t["gil"], status=t["status"],
+                                   dropped_frames=t["dropped"]))
+    for t in threads:
+        if not t.frames:
+            warnings.append(f"thread {t.thread_id or '(no id)'} ({t.name or 'unnamed'}) has no frames (truncated dump?)")
+        if t.dropped_frames:
+            notes.append(f"thread {t.thread_id or t.name or '(no id)'}: {t.dropped_frames} outer frame(s) beyond the "
+                         f"first {MAX_FRAMES} not kept")
+    if d.get("dropped_threads"):
+        notes.append(f"{d['dropped_threads']} thread(s) beyond the first {MAX_THREADS} not kept")
+    if d["successive"] > 1:
+        what = "same pid" if d["pid"] is not None and d["fmt"] != "faulthandler" else "same set of thread ids"
+        notes.append(f"{d['successive']} successive dumps of one process ({what}): kept the last one")
+        if d["fmt"] == "faulthandler":
+            warnings.append(f"the file holds {d['successive']} faulthandler dumps of one process; used the last one")
+    if d["headerless"] and d["fmt"] in ("py-spy", "ray-stack") and d["threads"]:
+        notes.append("a block without a 'Process <pid>:' header: read as a process of its own")
+    threads = guess_main(threads, d["pid"], d.get("current"))
+    if d["fmt"] in ("py-spy-json", "faulthandler", "pystack", "gdb"):
+        threads.sort(key=lambda t: not t.is_main)
+    if not threads and not warnings:
+        warnings.append(f"a {FORMAT_NAMES.get(d['fmt'], d['fmt'])} block without any thread (truncated dump?)")
+    rank, src = d["rank_hint"] if d["rank_hint"] else (None, "")
+    return ProcessDump(pid=d["pid"], title=d["title"], python_version=d["python_version"], fmt=d["fmt"],
+                       label=label, threads=threads, warnings=warnings, notes=notes, rank_hint=rank,
+                       rank_hint_source=src, block=d["block"], first_line=d["first_line"], backend=d["backend"],
+                       op=d["op"], group_kind=d["group_kind"])

@@ -1,0 +1,82 @@
+"""gdb backtraces (``bt``, ``thread apply all bt``; checked with GNU gdb 13 on Debian, a hung torch gloo job).
+
+``Thread <n> (Thread 0x… (LWP <tid>) "<name>"):`` then ``#<k>  0x… in <symbol> (<args>) from <library>`` or
+``#<k>  <symbol> (<args>) at <file>:<line>``, innermost first; a plain ``bt`` has no thread line. Every frame is
+native: without CPython's gdb extension there are no Python function names, only interpreter frames
+(``_PyEval_EvalFrameDefault``), and the reader says so. ``Attaching to process <pid>`` / ``[Inferior 1 (process
+<pid>) detached]`` give the pid; gdb's own chatter (``[New LWP …]``, libthread_db lines) is skipped.
+"""
+
+from __future__ import annotations
+
+import re
+
+from repro.readers.types import Frame
+
+THREAD_RE = re.compile(r"^Thread (\d+) \(Thread (0x[0-9a-fA-F]+) \(LWP (\d+)\)(?: \"([^\"]*)\")?\):\s*$")
+THREAD2_RE = re.compile(r"^Thread (\d+) \((?:LWP|process) (\d+)\)(?: \"([^\"]*)\")?:\s*$")
+FRAME_RE = re.compile(r"^#(\d+)\s+(?:(0x[0-9a-fA-F]+) in )?(.+?)\s*$")
+TAIL_RE = re.compile(r"^(.*?)(?: (from|at) (\S+))?$")
+PID_RE = re.compile(r"^(?:Attaching to (?:process|program: \S+, process) (\d+)|\[Inferior \d+ \(process (\d+)\) detached\])")
+NOISE_RE = re.compile(r"^(\[New (LWP|Thread) |\[Thread debugging using|Using host libthread_db|Reading symbols from|"
+                      r"\[Inferior \d+|warning: |Downloading |0x[0-9a-f]+ in \S+ \(\) from )")
+_PY_EVAL = ("_PyEval_EvalFrameDefault", "PyEval_EvalCode", "_PyEval_Vector", "_PyFunction_Vectorcall")
+
+
+def _frame(rest: str) -> Frame:
+    m = TAIL_RE.match(rest)
+    body, kind, where = m.group(1), m.group(2), m.group(3)
+    func = body.split(" (", 1)[0].strip() or "??"
+    line = None
+    file = where or "?"
+    if kind == "at" and where and ":" in where:
+        file, _, ln = where.rpartition(":")
+        line = int(ln) if ln.isdigit() else None
+    return Frame(function=func, module_or_file=file.rsplit("/", 1)[-1] if kind == "from" else file, line=line,
+                 native=True)
+
+
+def handle(asm, s: str, n: int) -> bool:
+    """Consume one gdb line; False when it is not one."""
+    m = PID_RE.match(s)
+    if m:
+        pid = int(m.group(1) or m.group(2))
+        cur = asm.cur
+        if cur is not None and cur["fmt"] == "gdb" and cur["pid"] in (None, pid):
+            cur["pid"] = pid
+        elif m.group(1):
+            asm.new_process("gdb", n, pid=pid)
+        return True
+    m = THREAD_RE.match(s) or THREAD2_RE.match(s)
+    if m:
+        num = m.group(1)
+        tid = m.group(3) if m.re is THREAD_RE else m.group(2)
+        name = (m.group(4) if m.re is THREAD_RE else m.group(3)) or ""
+        cur = asm.cur
+        if cur is None or cur["fmt"] != "gdb" or num in {t.get("gdb_num") for t in cur["threads"]}:
+            asm.new_process("gdb", n)
+        asm.new_thread("gdb", n, tid, name, is_main=num == "1" or None)
+        asm.thr["gdb_num"] = num
+        return True
+    if s.startswith("#"):
+        m = FRAME_RE.match(s)
+        if m and (m.group(2) or " at " in s or " from " in s or "()" in s):
+            if " from " in s and re.search(r" from \S+:\d+\s*$", s) and not m.group(2):
+                return False  # '#0 f from file.py:12' is a Flight Recorder frame
+            k = int(m.group(1))
+            t = asm.thr
+            if t is None or not t.get("gdb_num") and t.get("gdb_plain") is None or (k == 0 and t["frames"]):
+                cur = asm.cur
+                if cur is None or cur["fmt"] != "gdb":
+                    asm.new_process("gdb", n)
+                asm.new_thread("gdb", n, "", "", is_main=None)
+                asm.thr["gdb_plain"] = True
+            f = _frame(m.group(3))
+            if f.function in _PY_EVAL:
+                asm.note("gdb shows only native frames: the Python frames are absent (the interpreter's "
+                         "_PyEval_EvalFrameDefault is there; use py-spy or pystack for Python function names)")
+            asm.add_frame(f)
+            return True
+    if asm.cur is not None and asm.cur["fmt"] == "gdb" and NOISE_RE.match(s):
+        return True
+    return False

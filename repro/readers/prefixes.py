@@ -1,0 +1,116 @@
+"""Quoting and log prefixes around pasted dumps: what is stripped from each line, and the source it names.
+
+Always stripped (unambiguous): markdown quote markers (``> ``, ``>> ``), markdown fences (a fence line is a block
+boundary), torch's ``[rank3]:`` prefix (names rank 3), mpirun's ``[1,3]<stderr>:`` tag (job 1, rank 3), ray's
+``(RayWorkerWrapper pid=123, ip=…)`` worker prefix, leading timestamps (ISO ``2026-12-01T09:59:27.944Z``,
+``2026-12-01 09:59:27,944``, bracketed ``[2026-12-01 09:59:27]``) and glog headers (``[E1201 09:59:27.94 x.cpp:68]``).
+Stripped only when most lines carry them (they could be content otherwise): docker compose ``name  | `` and
+kubectl ``[pod/name/container] `` prefixes. Each distinct source (rank, service, pod, ray worker) is read on its
+own, so interleaved logs are split.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+_QUOTE_RE = re.compile(r"^[ \t]{0,3}(?:>[ \t]?)+")
+_FENCE_RE = re.compile(r"^\s*(```|~~~)")
+_RANK_RE = re.compile(r"^\[(?:rank|RANK|Rank)\s?(\d+)\]:?\s?")
+_MPI_RE = re.compile(r"^\[(\d+),(\d+)\]<(?:stdout|stderr|stddiag)>:\s?")
+_RAY_RE = re.compile(r"^\((?P<name>[\w.:\-]+)(?: pid=(?P<pid>\d+))?(?:, ip=[\d.:a-fA-F]+)?(?:, [\w=.\-]+)*\)\s")
+_TS_RE = re.compile(r"^\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?"
+                    r"(?: ?[|:] ?| )?")
+_GLOG_RE = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+(?: +\d+)? [\w.\-]+:\d+\]\s?")
+_COMPOSE_RE = re.compile(r"^(?P<svc>[A-Za-z0-9][A-Za-z0-9_.\-]*)\s*\|\s?")
+_BRACKET_RE = re.compile(r"^\[(?P<br>[A-Za-z0-9_.:/\-]{1,120})\]\s")
+
+
+@dataclass(frozen=True)
+class CleanLine:
+    """One input line with its quoting and prefixes removed.
+
+    ``text``: what is left (indentation kept). ``label``: the source the prefixes name (``rank3``, a compose
+    service, a pod, ``ray pid 123``) or ``""``. ``rank_hint``/``hint_source``: a rank named by the prefix.
+    ``fence``: the line was a markdown fence (a block boundary, no content).
+    """
+
+    text: str
+    label: str = ""
+    rank_hint: Optional[int] = None
+    hint_source: str = ""
+    fence: bool = False
+
+
+def sniff_label_prefixes(sample: Iterable[str]) -> tuple[bool, bool]:
+    """Whether compose (``svc | ``) and bracket (``[pod/x] ``) prefixes are in use: True each when at least half
+    of the sample's non-blank, non-indented lines carry that prefix (after the unambiguous prefixes)."""
+    n = compose = bracket = 0
+    for raw in sample:
+        s = _strip_fixed(raw)[0]
+        if not s.strip() or s.startswith((" ", "\t")):
+            continue
+        n += 1
+        if _COMPOSE_RE.match(s):
+            compose += 1
+        elif _BRACKET_RE.match(s):
+            bracket += 1
+    return (n > 0 and compose * 2 >= n, n > 0 and bracket * 2 >= n)
+
+
+def _strip_fixed(line: str) -> tuple[str, str, Optional[int], str]:
+    label, hint, src = "", None, ""
+    s = line
+    for _ in range(6):
+        before = s
+        m = _QUOTE_RE.match(s)
+        if m and m.end() > 0 and (len(s) == m.end() or not s[m.end():].startswith(">")):
+            s = s[m.end():]
+        m = _RANK_RE.match(s)
+        if m:
+            hint, src, label = int(m.group(1)), f"[rank{m.group(1)}] prefix", f"rank{m.group(1)}"
+            s = s[m.end():]
+        m = _MPI_RE.match(s)
+        if m:
+            hint, src, label = int(m.group(2)), f"mpirun tag [{m.group(1)},{m.group(2)}]", f"rank{m.group(2)}"
+            s = s[m.end():]
+        m = _RAY_RE.match(s)
+        if m:
+            label = f"{m.group('name')} pid={m.group('pid')}" if m.group("pid") else m.group("name")
+            s = s[m.end():]
+        m = _TS_RE.match(s)
+        if m and m.end() > 0:
+            s = s[m.end():]
+        m = _GLOG_RE.match(s)
+        if m:
+            s = s[m.end():]
+        if s == before:
+            break
+    return s, label, hint, src
+
+
+def clean_line(line: str, compose: bool = False, bracket: bool = False) -> CleanLine:
+    """Strip quoting and prefixes from one line (see the module docstring); ``compose``/``bracket`` from
+    :func:`sniff_label_prefixes`."""
+    line = line.rstrip("\r\n")
+    if _FENCE_RE.match(_QUOTE_RE.sub("", line, count=1)):
+        return CleanLine("", fence=True)
+    s, label, hint, src = _strip_fixed(line)
+    if compose and not s.startswith((" ", "\t")):
+        m = _COMPOSE_RE.match(s)
+        if m:
+            label = label or m.group("svc")
+            s, l2, h2, s2 = _strip_fixed(s[m.end():])
+            hint, src = (h2, s2) if h2 is not None else (hint, src)
+            label = l2 or label
+    elif bracket and not s.startswith((" ", "\t")):
+        m = _BRACKET_RE.match(s)
+        if m:
+            label = label or m.group("br")
+            s, l2, h2, s2 = _strip_fixed(s[m.end():])
+            hint, src = (h2, s2) if h2 is not None else (hint, src)
+            label = l2 or label
+    if _FENCE_RE.match(s):
+        return CleanLine("", label=label, rank_hint=hint, hint_source=src, fence=True)
+    return CleanLine(s, label=label, rank_hint=hint, hint_source=src)
