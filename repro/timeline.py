@@ -12,6 +12,7 @@ from __future__ import annotations
 from html import escape
 from typing import Optional
 
+from repro.diagnosis import DivergenceKind, op_abbrev
 from repro.ledger import Divergence, RankLedger
 
 BOX_W = 44
@@ -21,10 +22,6 @@ LANE_H = 44
 LEFT = 70
 TOP = 46
 PALETTE = ("#9ecae1", "#a1d99b", "#fdd0a2", "#dadaeb", "#c7e9c0", "#fdae6b", "#bcbddc", "#d9d9d9")
-ABBREV = {"all_reduce": "AR", "broadcast": "BC", "all_gather": "AG", "all_gather_into_tensor": "AGt",
-          "reduce_scatter": "RS", "reduce_scatter_tensor": "RSt", "barrier": "BAR", "broadcast_object_list": "BOL",
-          "all_gather_object": "AGO", "broadcast_object": "BO", "broadcast_tensor_dict": "BTD", "send": "SND",
-          "recv": "RCV", "gather": "GA", "all_to_all_single": "A2A", "monitored_barrier": "MBAR"}
 
 
 def render_timeline(ledgers: dict[int, RankLedger], divergence: Optional[Divergence] = None, last_n: int = 24,
@@ -53,16 +50,16 @@ def render_timeline(ledgers: dict[int, RankLedger], divergence: Optional[Diverge
     height = TOP + len(ranks) * LANE_H + legend_h + 30
     marked = set()
     missing: set = set()
-    if divergence is not None and divergence.kind != "none":
+    if divergence is not None and divergence.kind != DivergenceKind.NONE:
         marked = {(r.rank, r.group, r.seq) for r in divergence.entered.values()}
-        marked |= {(r.rank, r.group, r.seq) for r in divergence.waits.values()} if divergence.kind == "missing" else set()
+        marked |= {(r.rank, r.group, r.seq) for r in divergence.waits.values()} if divergence.kind == DivergenceKind.MISSING else set()
         missing = set(divergence.missing)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" font-family="monospace" font-size="10">',
            f'<rect width="{width}" height="{height}" fill="white"/>',
            f'<text x="8" y="18" font-size="13" font-weight="bold">{escape(title)}</text>']
-    if divergence is not None and divergence.kind != "none":
-        out.append(f'<text x="8" y="34" fill="#b30000">first divergence: {escape(divergence.kind)} at '
+    if divergence is not None and divergence.kind != DivergenceKind.NONE:
+        out.append(f'<text x="8" y="34" fill="#b30000">first divergence: {escape(str(divergence.kind))} at '
                    f'{escape(divergence.group.short() if divergence.group else "?")} #{divergence.seq}</text>')
     for i, rank in enumerate(ranks):
         y = TOP + i * LANE_H
@@ -83,7 +80,7 @@ def render_timeline(ledgers: dict[int, RankLedger], divergence: Optional[Diverge
             out.append(f'<g><title>{escape(tip)}</title><rect x="{x}" y="{y}" width="{BOX_W}" height="{BOX_H}" '
                        f'rx="3" fill="{colour.get(r.group, "#eeeeee")}" stroke="{stroke}" stroke-width="{sw}"{dash}/>'
                        f'<text x="{x + BOX_W / 2}" y="{y + 11}" text-anchor="middle">'
-                       f'{escape(ABBREV.get(r.op, r.op[:4]))}{"*" if r.inj else ""}</text>'
+                       f'{escape(op_abbrev(r.op))}{"*" if r.inj else ""}</text>'
                        f'<text x="{x + BOX_W / 2}" y="{y + 22}" text-anchor="middle">#{r.seq}</text></g>')
         if rank in missing:
             out.append(f'<text x="{LEFT}" y="{y + BOX_H + 12}" fill="#b30000">never entered '
