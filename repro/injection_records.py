@@ -170,6 +170,20 @@ class InjectorReport:
                 return s.resolved
         return None
 
+    def absent_detail(self, injection_id: str) -> Optional[str]:
+        """When no process patched the injection and some process recorded its alternatives as ``absent`` (module
+        imported, name missing): one line naming each such alternative and why (``has no attribute 'Schedular'``);
+        else None (patched somewhere, or never looked up yet)."""
+        if self.resolved_site(injection_id) is not None:
+            return None
+        why: dict[str, str] = {}
+        for m in self.markers:
+            s = m.sites.get(injection_id)
+            for t in (s.alternatives_tried if s is not None else ()):
+                if t.get("status") in ("absent", "error") and t.get("site"):
+                    why.setdefault(str(t["site"]), str(t.get("error") or t.get("status")))
+        return "; ".join(f"{k}: {v}" for k, v in why.items()) or None
+
     def errors(self) -> list[str]:
         """Error lines from the fire logs (``errors.log`` keeps tracebacks)."""
         return [e for lg in self.logs for e in lg.errors]

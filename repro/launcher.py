@@ -18,7 +18,7 @@ import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import requests
 
@@ -73,6 +73,12 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(data.splitlines()[-lines:])
+
+
+def _last_line(tail: str) -> str:
+    """The last non-empty line of a log tail, cut to 200 characters."""
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else ""
 
 
 def _last_error_line(tail: str) -> str:
@@ -171,8 +177,12 @@ class Server:
         except requests.RequestException:
             return False
 
-    def wait_healthy(self, timeout_s: float, poll_s: float = 0.5) -> float:
+    def wait_healthy(self, timeout_s: float, poll_s: float = 0.5,
+                     progress: Optional[Callable[[float, str], None]] = None, progress_every_s: float = 15.0) -> float:
         """Poll health until it answers 200; returns the seconds waited.
+
+        ``progress(waited_s, last_log_line)`` is called every ``progress_every_s`` seconds while it waits (for a
+        start-up that takes 30–100 s on CPU, so a user sees it is still loading).
 
         Raises:
             LaunchError: the server process exited (message: exit code + the log's last error line + log path), or
@@ -181,7 +191,11 @@ class Server:
         """
         t0 = time.monotonic()
         deadline = t0 + timeout_s
+        next_progress = t0 + progress_every_s
         while True:
+            if progress is not None and time.monotonic() >= next_progress:
+                next_progress += progress_every_s
+                progress(time.monotonic() - t0, _last_line(self.log_tail(5)))
             self.procs()  # remember every process seen, so stop() ends children even if the root dies first
             rc = self.popen.poll()
             if rc is not None:

@@ -14,7 +14,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 from repro import resources
 from repro.scenario import Scenario
@@ -160,3 +160,72 @@ def check_sites(scenario: Scenario, python: Union[str, Path], variant: Optional[
                 warnings.append(f"{a.site}: {a.detail}")
         results.append(InjectionSites(vname, inj.id, alts, tuple(warnings)))
     return SitesReport(scenario.name, str(python), answer.get("python", ""), answer.get("versions", {}), tuple(results))
+
+
+class SitesUnresolved(ValueError):
+    """Some injection of a launched plan has no site alternative that resolves in the target interpreter.
+
+    ``str()`` is one line naming each such injection, its alternatives, why each is absent and the nearest
+    existing names (as ``repro sites`` lists them); ``reason`` is the same for a verdict.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.reason = message
+
+
+def unresolved_message(report: "SitesReport", variants: Optional[set] = None) -> Optional[str]:
+    """One line naming every unsatisfied injection of ``report`` (only ``variants`` when given), or None."""
+    parts = []
+    for inj in report.injections:
+        if inj.satisfied or (variants is not None and inj.variant not in variants):
+            continue
+        alts = []
+        for a in inj.alternatives:
+            near = f" (nearest: {', '.join(a.suggestions)})" if a.suggestions else ""
+            alts.append(f"{a.site} is {a.status}: {a.detail}{near}")
+        parts.append(f"variant {inj.variant}, injection {inj.injection_id}: " + "; ".join(alts))
+    if not parts:
+        return None
+    return (f"site(s) absent in {report.python}'s sglang ({report.versions.get('sglang') or 'version unknown'}): "
+            + " | ".join(parts) + "; fix the scenario's site (`repro sites SCENARIO` lists the nearest names)")
+
+
+def check_launched_sites(scenario: Scenario, variant_names: Sequence[str], injector_dir: Path, python: str,
+                         env: Optional[dict] = None, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> None:
+    """After the server became healthy, make sure every injection of the plan can be patched; else stop the run.
+
+    Fast path, no subprocess: every injection is already patched in some process of the server (its loaded
+    markers in ``injector_dir`` say so — sglang imports the scheduler's modules before ``/health`` answers). Only
+    when one is not, the injector's resolver runs in the target interpreter (:func:`check_sites`, ~15 s on 2
+    cores) with the server's environment, so a site in a module imported later is not refused.
+
+    Args:
+        scenario: the launched scenario.
+        variant_names: the variants whose injections are in the plan.
+        injector_dir: the run's injector folder (loaded markers).
+        python: the server's interpreter.
+        env: the server's environment (PYTHONPATH with overlays and the testbed's stand-ins).
+    Raises:
+        SitesUnresolved: an injection has no alternative that resolves (message with the nearest names).
+    """
+    from repro import injection_records
+
+    names = [n for n in variant_names if n]
+    injections = [inj for n in names for inj in scenario.variant(n).injections]
+    try:
+        rep = injection_records.read_injector_dir(injector_dir)
+    except Exception:  # no injector folder: the injector was not loaded, which the verdict names
+        return
+    if not rep.markers:
+        return  # not loaded anywhere: the verdict says "injector not loaded on rank k"
+    missing = [inj for inj in injections if rep.resolved_site(inj.id) is None]
+    if not missing:
+        return
+    try:
+        report = check_sites(scenario, python, None, timeout_s=timeout_s, env=env)
+    except SitesPreflightError:
+        return  # the resolver could not run: the run goes on and the verdict names what was not entered
+    msg = unresolved_message(report, set(names))
+    if msg:
+        raise SitesUnresolved(msg)

@@ -6,7 +6,14 @@ Three verdicts, each with an exit code:
   a collective, the ranks disagree, the blocking frames are unchanged and every rank uses < 10 % of a core.
 - ``ALL REQUESTS SUCCEEDED`` (0): every request answered normally AND the injector was loaded and armed in every
   rank process AND every injected site was entered on every rank after arming.
+- ``DESYNCED`` (7): the collective ledgers show that at one (process group, sequence number) the ranks entered
+  different collectives (op, reduce op, shapes or dtypes) and the backend let them complete (wrong values, no
+  hang) or crashed on them (gloo's size check). ``repro.proof`` finds it; DEADLOCKED wins when both hold, and a
+  run whose ledgers disagree is never ALL REQUESTS SUCCEEDED.
 - ``INCONCLUSIVE`` (4): anything else, always with a reason naming the rank, site or process concerned.
+
+DEADLOCKED is also declared at once, without waiting for a stall, when ``repro.proof`` proves it from the ledgers
+(a closed set of waits, or ops the backend cannot pair); the verdict then carries the proof (``Verdict.proof``).
 """
 
 from __future__ import annotations
@@ -17,9 +24,10 @@ from typing import Any, Mapping, Optional, Sequence
 DEADLOCKED = "DEADLOCKED"
 SUCCEEDED = "ALL REQUESTS SUCCEEDED"
 INCONCLUSIVE = "INCONCLUSIVE"
+DESYNCED = "DESYNCED"
 
-EXIT_CODES = {SUCCEEDED: 0, DEADLOCKED: 3, INCONCLUSIVE: 4}
-EXPECT_WORDS = {"deadlock": DEADLOCKED, "success": SUCCEEDED, "inconclusive": INCONCLUSIVE}
+EXIT_CODES = {SUCCEEDED: 0, DEADLOCKED: 3, INCONCLUSIVE: 4, DESYNCED: 7}
+EXPECT_WORDS = {"deadlock": DEADLOCKED, "success": SUCCEEDED, "inconclusive": INCONCLUSIVE, "desync": DESYNCED}
 EXIT_MISMATCH = 5
 
 IDLE_CPU_PERCENT = 10.0  # a blocked rank uses less than this share of one core
@@ -32,13 +40,33 @@ class Verdict:
     verdict: str
     reason: str
     notes: tuple[str, ...] = ()
+    proof: Optional[Mapping[str, Any]] = None  # DEADLOCKED from the ledgers: repro.proof.Proof.to_dict()
+    desync: Optional[Mapping[str, Any]] = None  # DESYNCED: repro.proof.Desync.to_dict()
 
     @property
     def exit_code(self) -> int:
         return EXIT_CODES[self.verdict]
 
     def to_json(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "reason": self.reason, "notes": list(self.notes), "exit_code": self.exit_code}
+        out: dict[str, Any] = {"verdict": self.verdict, "reason": self.reason, "notes": list(self.notes),
+                               "exit_code": self.exit_code}
+        if self.proof is not None:
+            out["proof"] = dict(self.proof)
+        if self.desync is not None:
+            out["desync"] = dict(self.desync)
+        return out
+
+
+def combine_with_ledger(verdict: "Verdict", desync: Optional["Verdict"]) -> "Verdict":
+    """The run's verdict once the ledgers had their say: DEADLOCKED stays; otherwise a DESYNCED verdict from the
+    ledgers (``desync``, None when they agree) replaces ALL REQUESTS SUCCEEDED and INCONCLUSIVE (a crash on a
+    mismatched collective, e.g. gloo's size check, is a desync), keeping the replaced verdict's sentence as a note."""
+    if desync is None or verdict.verdict == DEADLOCKED:
+        return verdict
+    if verdict.verdict == DESYNCED:
+        return verdict
+    return Verdict(DESYNCED, desync.reason, (*desync.notes, f"without the ledger: {verdict.verdict}: {verdict.reason}",
+                                             *verdict.notes), desync=desync.desync)
 
 
 def exit_code_for(verdict: str, expect: Optional[str]) -> int:
@@ -109,6 +137,7 @@ class InjectionCheck:
     entered: Mapping[int, int]
     matched: Mapping[int, int]
     fired: Mapping[int, int]
+    absent: Optional[str] = None  # the injector found the site absent in every process that looked (why), else None
 
 
 def judge_completion(
@@ -147,6 +176,12 @@ def judge_completion(
     notes: list[str] = []
     for inj in injections:
         never = [k for k in expected_ranks if inj.entered.get(k, 0) == 0]
+        if never and inj.absent:
+            return Verdict(
+                INCONCLUSIVE,
+                f"site {inj.site} ({inj.injection_id}) is absent in this sglang, so it was never patched nor entered: "
+                f"{inj.absent} (`repro sites` lists the nearest names)",
+            )
         if never:
             return Verdict(
                 INCONCLUSIVE,
