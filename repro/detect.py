@@ -149,6 +149,9 @@ class StallDetector:
 
 
 def default_detectors(plan: Optional[Mapping[str, Any]] = None) -> list[Detector]:
-    """The detectors a run uses, in polling order (today: the stall rule). ``plan``: the session's plan (a detector
-    that needs the ledger can check ``plan["ledger"]["enabled"]``)."""
-    return [StallDetector()]
+    """The detectors a run uses, in polling order: the ledger proof (``repro.proof.LedgerProofDetector``, when the
+    plan's ledger is on), then the stall rule. ``plan``: the session's plan."""
+    from repro.proof import LedgerProofDetector
+
+    led = (plan or {}).get("ledger") or {}
+    return ([LedgerProofDetector()] if led.get("enabled") else []) + [StallDetector()]

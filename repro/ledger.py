@@ -93,6 +93,7 @@ class Record:
     err: Optional[str] = None
     bypass: bool = False
     thread: str = ""
+    src: Optional[int] = None  # broadcasts: the global source rank, when the call named it
 
     @property
     def open(self) -> bool:
@@ -212,7 +213,7 @@ def read_ledger_files(files: Sequence[Union[str, Path]]) -> RankLedger:
                            site=tuple(d.get("site") or ()), tick=int(d.get("tick") or 0),
                            t_enter=float(d.get("t") or 0.0), t_exit=float(x["t"]) if x else None,
                            inj=d.get("inj"), err=x.get("err") if x else None, bypass=bool(d.get("bypass")),
-                           thread=str(d.get("thread") or "")))
+                           thread=str(d.get("thread") or ""), src=d.get("src")))
     return RankLedger(rank=rank, pid=pid, groups=groups, records=recs, dropped=dropped, max_records=max_records,
                       files=[str(p) for p in paths], warnings=warnings)
 

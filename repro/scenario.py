@@ -27,7 +27,7 @@ else:  # pragma: no cover
 PLAN_VERSION = 1
 PLAN_ENV = "REPRO_PLAN"
 
-Expect = Literal["deadlock", "success", "inconclusive"]
+Expect = Literal["deadlock", "success", "inconclusive", "desync"]
 VERDICT_OF_EXPECT = {
     "deadlock": "DEADLOCKED",
     "success": "ALL REQUESTS SUCCEEDED",
@@ -143,11 +143,17 @@ class ExtraCollective(_Strict):
     group: Optional[str] = None
     method: Optional[str] = None
     when: Literal["before", "after"] = "before"
+    reduce_op: Optional[Literal["SUM", "MAX", "MIN", "PRODUCT"]] = Field(
+        None, description="all_reduce only: the reduce op (torch.distributed.ReduceOp name); default SUM on a group, "
+                          "MAX through a two-argument method. Two ranks firing all_reduces of the same size with "
+                          "different reduce ops complete on gloo with wrong values: a desync that does not hang")
 
     @model_validator(mode="after")
     def _one_target(self) -> "ExtraCollective":
         if bool(self.group) == bool(self.method):
             raise ValueError("set exactly one of 'group' (attribute path from self) or 'method' (method of self)")
+        if self.reduce_op is not None and self.op != "all_reduce":
+            raise ValueError(f"reduce_op is for op = \"all_reduce\" only (op is {self.op!r}); remove reduce_op")
         return self
 
 

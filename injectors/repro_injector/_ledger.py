@@ -36,10 +36,10 @@ File format (one JSON object per line; ``e`` says which):
   the first record on it (and again when its sglang label becomes known; read the last one). ``g`` is torch's group
   name, the same on every rank.
 - ``{"e": "enter", "g", "seq", "op", "api", "red", "shapes", "dtypes", "site", "tick", "t", "inj", "thread",
-  "bypass"}``: ``seq`` counts collectives per group in this process from 1; ``op`` is the torch-level (wire) op;
+  "bypass", "src"}``: ``seq`` counts collectives per group in this process from 1; ``op`` is the torch-level (wire) op;
   ``api`` the outermost API called (``GroupCoordinator.broadcast_object``, ``torch.distributed.all_reduce``);
   ``red`` the reduce op or null; ``shapes``/``dtypes`` of the tensors passed (a list of tensors counts as
-  ``[n, *shape]``); ``site`` up to 4 caller frames outside the communication layers (``module:qualname``, innermost
+  ``[n, *shape]``); ``src`` (broadcasts only, when given as an int: the global source rank); ``site`` up to 4 caller frames outside the communication layers (``module:qualname``, innermost
   first; an injected collective's first frame is the patched site); ``inj`` the injection id when the injector's
   own action issued it; ``t`` epoch seconds.
 - ``{"e": "exit", "g", "seq", "t", "err"}``: the call returned (for ``async_op=True``, when the call returned, not
@@ -134,6 +134,17 @@ def _rename(fn: Callable, name: str) -> Callable:
             pass
     _gate.OWN_CODES.add(fn.__code__)
     return fn
+
+
+SRC_OPS = ("broadcast", "broadcast_object_list")  # ops whose records carry ``src`` (global rank of the source)
+
+
+def _src(op: str, args: tuple, kwargs: dict, si: int) -> Optional[int]:
+    """The global source rank of a broadcast call (``src=`` or positional), None when not given or not an int."""
+    if op not in SRC_OPS:
+        return None
+    v = kwargs.get("src") if "src" in kwargs else (args[si] if 0 <= si < len(args) else None)
+    return v if isinstance(v, int) else None
 
 
 def _arg_index(fn: Callable, name: str) -> int:
@@ -387,6 +398,7 @@ class Ledger:
         led = self
         gi = _arg_index(orig, "group")
         ri = _arg_index(orig, "op") if op in ("all_reduce", "reduce_scatter", "reduce_scatter_tensor") else -1
+        si = _arg_index(orig, "src") if op in SRC_OPS else -1
         api = f"torch.distributed.{op}"
         tls = _tls
         wall = _wall
@@ -396,7 +408,7 @@ class Ledger:
             if getattr(tls, "d", 0):
                 p = getattr(tls, "p", None)
                 if p is not None and p.key is None:
-                    led._emit_pending(p, op, args, kwargs, gi, ri)
+                    led._emit_pending(p, op, args, kwargs, gi, ri, si)
                 return orig(*args, **kwargs)
             tls.d = 1
             try:
@@ -407,8 +419,9 @@ class Ledger:
                 red = kwargs.get("op") if "op" in kwargs else (args[ri] if 0 <= ri < len(args) else None)
                 if ri >= 0 and red is None:
                     red = "SUM"
+                src = _src(op, args, kwargs, si)
                 q.append(("n", key, seq, op, api, red, args[:2], site, led.tick, wall(), inj,
-                          threading.current_thread().name, False))
+                          threading.current_thread().name, False, src))
                 try:
                     res = orig(*args, **kwargs)
                 except BaseException as e:
@@ -428,7 +441,7 @@ class Ledger:
                 pass
         return _rename(repro_ledger, f"repro_ledger[{api}]")
 
-    def _emit_pending(self, p: _Pending, op: str, args: tuple, kwargs: dict, gi: int, ri: int) -> None:
+    def _emit_pending(self, p: _Pending, op: str, args: tuple, kwargs: dict, gi: int, ri: int, si: int = -1) -> None:
         pg = kwargs.get("group") if "group" in kwargs else (args[gi] if 0 <= gi < len(args) else None)
         key, _ = self._group(pg)
         red = kwargs.get("op") if "op" in kwargs else (args[ri] if 0 <= ri < len(args) else None)
@@ -441,7 +454,7 @@ class Ledger:
             self.seqs[key] = n
             p.key, p.seq = key, n
             self.q.append(("n", key, n, op, p.api, red, args[:2], p.site, p.tick, p.t, p.inj,
-                           threading.current_thread().name, False))
+                           threading.current_thread().name, False, _src(op, args, kwargs, si)))
 
     def _emit_bypass(self, p: _Pending, thread: str) -> None:
         """Write a coordinator call that has reached no torch.distributed call (yet), on its fallback group."""
@@ -453,7 +466,7 @@ class Ledger:
             self.seqs[key] = n
             p.key, p.seq = key, n
             self.q.append(("n", key, n, p.method, p.api, "SUM" if p.method == "all_reduce" else None, p.objs,
-                           p.site, p.tick, p.t, p.inj, thread, True))
+                           p.site, p.tick, p.t, p.inj, thread, True, None))
 
     def flush_pending(self, now: Optional[float] = None) -> None:
         """Writer thread: write coordinator calls open for ``PENDING_AFTER_S`` without a torch-level call."""
@@ -564,7 +577,7 @@ class Ledger:
                 if kind == "x":
                     self._line({"e": "exit", "g": item[1], "seq": item[2], "t": item[3], "err": item[4]})
                 elif kind == "n":
-                    _, key, seq, op, api, red, objs, site, tick, t, inj, thread, bypass = item
+                    _, key, seq, op, api, red, objs, site, tick, t, inj, thread, bypass, src = item
                     shapes, dtypes = self._tensor_meta(objs)
                     if red is not None and not isinstance(red, str):
                         red = str(red).rsplit(".", 1)[-1]
@@ -572,6 +585,8 @@ class Ledger:
                            "dtypes": dtypes, "site": list(site), "tick": tick, "t": t, "inj": inj, "thread": thread}
                     if bypass:
                         rec["bypass"] = True
+                    if src is not None:
+                        rec["src"] = src
                     if self.in_part >= self.max_records // 2:
                         self._rotate()
                     self._line(rec)

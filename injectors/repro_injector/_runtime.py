@@ -248,7 +248,8 @@ class Site:
                                if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
             except (TypeError, ValueError):
                 nparams = 1
-            fn(t0, dist.ReduceOp.MAX) if nparams >= 2 else fn(t0)
+            red = getattr(dist.ReduceOp, a.get("reduce_op") or "MAX")
+            fn(t0, red) if nparams >= 2 else fn(t0)
             return
         g = _attr_path(self_obj, a["group"])
         if not isinstance(g, dist.ProcessGroup) and hasattr(g, "cpu_group"):
@@ -259,7 +260,7 @@ class Site:
             t = t0.to(torch.device("cuda", torch.cuda.current_device()))
         op = a.get("op", "all_reduce")
         if op == "all_reduce":
-            dist.all_reduce(t, group=g)
+            dist.all_reduce(t, op=getattr(dist.ReduceOp, a.get("reduce_op") or "SUM"), group=g)
         elif op == "broadcast":
             dist.broadcast(t, src=dist.get_global_rank(g, 0), group=g)
         elif op == "barrier":

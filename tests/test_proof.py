@@ -1,0 +1,304 @@
+"""The ledger proof on synthetic ledger files written in the injector's format and followed by tail: the closed set of
+waits (smoke shape), unpairable ops (#30760 shape), desyncs that complete, what is never a proof (an idle server, a
+collective in flight, a wait on a background thread, a dead rank), and the stated fallback when a ledger is
+truncated, rotated out of order, corrupt or missing; the pairing tables; the DESYNCED verdict."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from repro.ledger_follow import LedgerFollower
+from repro.proof import PairingTable, Side, find_desyncs, find_proof, table_for
+from repro.verdict import (DEADLOCKED, DESYNCED, EXIT_CODES, INCONCLUSIVE, SUCCEEDED, Verdict, combine_with_ledger,
+                           exit_code_for)
+
+CPU, DEV = "1", "2"
+PIDS = {0: 1000, 1: 1001}
+
+
+class Led:
+    """One rank's ledger file, written line by line like the injector's writer thread."""
+
+    def __init__(self, d: Path, rank: int, part: int = 0, dropped: int = 0) -> None:
+        self.d, self.rank, self.pid = d, rank, PIDS[rank]
+        self.path = d / f"ledger-{self.pid}.jsonl"
+        self.seq = {CPU: 0, DEV: 0}
+        self.t = 100.0 + rank * 0.001
+        self._w({"e": "header", "pid": self.pid, "rank": rank, "part": part, "dropped": dropped, "max_records": 1000,
+                 "time": self.t})
+        for g, lab in ((CPU, "tp:0/cpu"), (DEV, "tp:0/device")):
+            self._w({"e": "group", "g": g, "name": g, "ranks": [0, 1], "backend": "gloo", "label": lab,
+                     "rank_in_group": rank})
+
+    def _w(self, rec: dict, raw: str = None) -> None:
+        with open(self.path, "a") as f:
+            f.write(raw if raw is not None else json.dumps(rec) + "\n")
+
+    def enter(self, g, op="broadcast", red=None, shapes=((1,),), dtypes=("int64",), site=("m:broadcast_pyobj",),
+              thread="MainThread", src=None, inj=None):
+        self.seq[g] += 1
+        self.t += 0.01
+        self._w({"e": "enter", "g": g, "seq": self.seq[g], "op": op, "api": f"torch.distributed.{op}", "red": red,
+                 "shapes": [list(s) for s in shapes], "dtypes": list(dtypes), "site": list(site), "tick": 1,
+                 "t": self.t, "inj": inj, "thread": thread, **({"src": src} if src is not None else {})})
+        return self.seq[g]
+
+    def exit(self, g, seq=None, err=None):
+        self.t += 0.01
+        self._w({"e": "exit", "g": g, "seq": seq or self.seq[g], "t": self.t, "err": err})
+
+    def call(self, g, op="broadcast", **kw):
+        self.enter(g, op, **kw)
+        self.exit(g)
+
+    def tick(self):
+        self.call(CPU, src=0)
+        self.call(CPU, src=0, shapes=((16,),), dtypes=("uint8",))
+        self.call(DEV, "all_reduce", red="SUM", shapes=((16, 64),), dtypes=("float32",), site=("m:VocabParallelEmbedding.forward",))
+
+
+def healthy(tmp: Path, ticks: int = 3) -> tuple[Led, Led]:
+    a, b = Led(tmp, 0), Led(tmp, 1)
+    for _ in range(ticks):
+        a.tick()
+        b.tick()
+    return a, b
+
+
+def follow(tmp: Path, pids=PIDS) -> LedgerFollower:
+    f = LedgerFollower(tmp, pids)
+    f.poll()
+    return f
+
+
+def smoke_hang(a: Led, b: Led) -> None:
+    a.enter(CPU, "all_reduce", red="SUM", shapes=((1,),), dtypes=("int32",), site=("m:Scheduler.run_batch",), inj="x")
+    b.enter(DEV, "all_reduce", red="SUM", shapes=((16, 64),), dtypes=("float32",), site=("m:VocabParallelEmbedding.forward",))
+
+
+def test_closed_set_of_waits_across_two_groups_is_proven(tmp_path: Path):
+    a, b = healthy(tmp_path)
+    smoke_hang(a, b)
+    p = find_proof(follow(tmp_path).alignment)
+    assert p is not None and p.kind == "missing_partner" and p.ranks == (0, 1)
+    edges = {(e.rank, e.group, e.seq, e.on, e.on_group, e.on_seq) for e in p.edges}
+    assert edges == {(0, CPU, 7, 1, DEV, 4), (1, DEV, 4, 0, CPU, 7)}
+    assert p.closing.rank == 1 and p.closing.group == DEV  # the later of the two entries closed the cycle
+    assert "rank 0 is inside the injected all_reduce(SUM) #7 on tp:0/cpu" in p.summary
+    d = p.to_dict()
+    assert d["edges"][0]["kind"] == "missing" and d["closing_t_enter"] == p.closing.t_enter
+
+
+def test_only_one_side_blocked_is_not_yet_a_proof_and_becomes_one_when_the_other_blocks(tmp_path: Path):
+    a, b = healthy(tmp_path)
+    a.enter(CPU, "all_reduce", red="SUM", shapes=((1,),), dtypes=("int32",), inj="x")
+    f = follow(tmp_path)
+    assert find_proof(f.alignment) is None  # rank 1 is between collectives: it may still enter tp/cpu #7
+    b.enter(DEV, "all_reduce", red="SUM", shapes=((16, 64),), dtypes=("float32",))
+    f.poll()
+    assert find_proof(f.alignment) is not None
+
+
+def test_idle_server_with_a_receiver_in_the_request_broadcast_is_not_a_deadlock(tmp_path: Path):
+    a, b = healthy(tmp_path)
+    b.enter(CPU, src=0)  # rank 1 waits for rank 0's next request broadcast; rank 0 polls zmq (no record open)
+    f = follow(tmp_path)
+    assert find_proof(f.alignment) is None and find_desyncs(f.alignment, include_pending=True) == []
+
+
+def test_collective_in_flight_on_both_ranks_is_not_a_deadlock(tmp_path: Path):
+    a, b = healthy(tmp_path)
+    a.enter(DEV, "all_reduce", red="SUM", shapes=((16, 64),), dtypes=("float32",))
+    b.enter(DEV, "all_reduce", red="SUM", shapes=((16, 64),), dtypes=("float32",))
+    assert find_proof(follow(tmp_path).alignment) is None
+
+
+def test_broadcast_against_all_reduce_max_at_one_sequence_number_is_unpairable(tmp_path: Path):
+    a, b = healthy(tmp_path)
+    a.enter(CPU, src=0)  # rank 0: the next tick's request broadcast
+    b.enter(CPU, "all_reduce", red="MAX", shapes=((1,),), dtypes=("int32",), site=("m:_can_terminate_prefetch",))
+    p = find_proof(follow(tmp_path).alignment)
+    assert p is not None and p.kind == "unpairable" and p.ranks == (0, 1)
+    assert {(e.rank, e.on, e.kind) for e in p.edges} == {(0, 1, "unpairable"), (1, 0, "unpairable")}
+    assert "cannot pair" in p.summary
+
+
+def test_unpairable_ops_where_one_rank_left_are_no_proof(tmp_path: Path):
+    a, b = healthy(tmp_path)
+    a.enter(CPU, src=0)
+    a.exit(CPU)
+    b.enter(CPU, "all_reduce", red="MAX", shapes=((1,),), dtypes=("int32",))
+    assert find_proof(follow(tmp_path).alignment) is None
+
+
+def test_same_size_all_reduces_with_different_reduce_ops_complete_as_a_desync_not_a_deadlock(tmp_path: Path):
+    a, b = healthy(tmp_path)
+    a.enter(CPU, "all_reduce", red="MAX", shapes=((1,),), dtypes=("int32",), inj="max")
+    b.enter(CPU, "all_reduce", red="MIN", shapes=((1,),), dtypes=("int32",), inj="min")
+    f = follow(tmp_path)
+    assert find_proof(f.alignment) is None  # gloo pairs them: they will leave
+    assert find_desyncs(f.alignment) == []  # not left yet
+    assert [d.outcome for d in find_desyncs(f.alignment, include_pending=True)] == ["pending"]
+    a.exit(CPU)
+    b.exit(CPU)
+    f.poll()
+    (d,) = find_desyncs(f.alignment)
+    assert d.outcome == "completed" and d.fields == ("red",) and d.pairing == "pairs" and d.seq == 7
+    assert "red differ and the backend let them complete" in d.summary
+
+
+def test_mismatch_that_raised_is_a_crashed_desync(tmp_path: Path):
+    a, b = healthy(tmp_path)
+    a.enter(DEV, "all_reduce", red="SUM", shapes=((16, 64),), dtypes=("float32",))
+    b.enter(DEV, "all_reduce", red="SUM", shapes=((8, 64),), dtypes=("float32",))
+    a.exit(DEV, err="RuntimeError: Connection reset by peer")
+    f = follow(tmp_path)
+    (d,) = find_desyncs(f.alignment, alive=[0])
+    assert d.outcome == "crashed" and d.fields == ("shapes",)
+
+
+def test_wait_on_a_background_thread_does_not_stand_for_the_main_thread(tmp_path: Path):
+    a, b = healthy(tmp_path)
+    a.enter(CPU, "all_reduce", red="SUM", shapes=((1,),), dtypes=("int32",))
+    # rank 1's main thread issues tp/cpu; only a background thread of rank 1 is inside a collective
+    b.enter(DEV, "all_reduce", red="SUM", shapes=((16, 64),), dtypes=("float32",), thread="prefetch-thread")
+    assert find_proof(follow(tmp_path).alignment) is None
+
+
+def test_a_dead_rank_is_in_no_proof(tmp_path: Path):
+    a, b = healthy(tmp_path)
+    smoke_hang(a, b)
+    f = follow(tmp_path)
+    assert find_proof(f.alignment, alive=[0]) is None and find_proof(f.alignment, alive=[0, 1]) is not None
+
+
+def test_missing_ledger_for_one_rank_falls_back_to_the_stall_rule(tmp_path: Path):
+    a, b = healthy(tmp_path)
+    smoke_hang(a, b)
+    b.path.unlink()
+    f = follow(tmp_path)
+    assert find_proof(f.alignment) is None
+    assert f.alignment.fallback_reasons() == ["rank 1: no ledger records (ledger missing for this rank)"]
+
+
+def test_truncated_ledger_falls_back_and_never_proves(tmp_path: Path):
+    a, b = healthy(tmp_path)
+    f = follow(tmp_path)
+    smoke_hang(a, b)
+    data = b.path.read_bytes()
+    b.path.write_bytes(data[: len(data) // 3])  # truncated in place (same inode, shorter)
+    f.poll()
+    assert find_proof(f.alignment) is None
+    assert "shrank" in f.alignment.fallback_reasons()[0] and "truncated" in f.alignment.fallback_reasons()[0]
+
+
+def test_corrupt_line_in_the_middle_falls_back(tmp_path: Path):
+    a, b = healthy(tmp_path)
+    b._w({}, raw='{"e": "exit", "g": "2", "se\n')
+    smoke_hang(a, b)
+    f = follow(tmp_path)
+    assert find_proof(f.alignment) is None and "not JSON" in f.alignment.fallback_reasons()[0]
+
+
+def test_partial_last_line_waits_for_its_newline(tmp_path: Path):
+    a, b = healthy(tmp_path)
+    a.enter(CPU, "all_reduce", red="SUM", shapes=((1,),), dtypes=("int32",), inj="x")
+    line = json.dumps({"e": "enter", "g": DEV, "seq": 4, "op": "all_reduce", "red": "SUM", "shapes": [[16, 64]],
+                       "dtypes": ["float32"], "site": [], "tick": 1, "t": 200.0, "thread": "MainThread"})
+    b._w({}, raw=line[:25])
+    f = follow(tmp_path)
+    assert find_proof(f.alignment) is None and f.alignment.fallback_reasons() == []
+    b._w({}, raw=line[25:] + "\n")
+    f.poll()
+    assert find_proof(f.alignment) is not None
+
+
+def _rotate(led: Led, part: int) -> None:
+    os.replace(led.path, led.d / f"ledger-{led.pid}.1.jsonl")
+    seq = dict(led.seq)
+    led.__init__(led.d, led.rank, part=part, dropped=10)
+    led.seq = seq
+
+
+def test_rotation_by_the_injector_between_polls_is_followed(tmp_path: Path):
+    a, b = healthy(tmp_path)
+    f = follow(tmp_path)
+    a.tick()
+    b.tick()
+    _rotate(b, 1)  # what the injector does: close, rename to .1, open part 1 with a header and the groups
+    b.tick()
+    a.tick()
+    smoke_hang(a, b)
+    f.poll()
+    assert f.alignment.fallback_reasons() == []
+    p = find_proof(f.alignment)
+    assert p is not None and {(e.rank, e.seq) for e in p.edges} == {(0, 11), (1, 6)}
+
+
+def test_rotated_twice_between_polls_is_a_stated_fallback_never_a_proof(tmp_path: Path):
+    a, b = healthy(tmp_path)
+    f = follow(tmp_path)
+    _rotate(b, 1)
+    b.tick()
+    _rotate(b, 2)  # part 1 was replaced before the follower read it: records were missed
+    smoke_hang(a, b)
+    f.poll()
+    assert find_proof(f.alignment) is None
+    assert "part 2 followed part 0" in f.alignment.fallback_reasons()[0]
+
+
+def test_follower_reads_only_what_was_appended(tmp_path: Path):
+    a, b = healthy(tmp_path, ticks=2)
+    f = follow(tmp_path)
+    n0 = f.lines
+    a.tick()
+    assert f.poll() == 6 and f.lines == n0 + 6 and f.poll() == 0
+
+
+def test_gloo_table_is_measured_and_looked_up_by_features():
+    t = table_for("gloo")
+    assert t.solo_blocks("all_reduce") and t.solo_blocks("broadcast")
+    ar = lambda red, n=1, dt="int32": Side("all_reduce", red, n, dt)  # noqa: E731
+    assert t.outcome(ar("SUM", 4096, "float32"), ar("MAX", 4096, "float32")) == "pairs"
+    assert t.outcome(ar("SUM"), ar("SUM", 1, "int64")) == "crash"
+    assert t.outcome(Side("broadcast", None, 1, "int64", True), ar("MAX")) == "hangs"
+    assert t.outcome(ar("MAX"), Side("broadcast", None, 1, "int64", False)) == "hangs"
+    assert t.outcome(Side("barrier"), ar("SUM")) == "hangs"
+    assert t.outcome(Side("reduce_scatter", "SUM", 4, "int32"), ar("SUM")) == "unknown"  # never measured
+
+
+def test_conflicting_measurements_claim_nothing(tmp_path: Path):
+    a = {"op": "all_reduce", "red": "SUM", "numel": 1, "dtype": "int32", "src": None}
+    b = {"op": "broadcast", "red": None, "numel": 1, "dtype": "int64", "src": 0}
+    t = PairingTable("gloo", {"cases": [{"a": a, "b": b, "outcome": "hangs"}, {"a": a, "b": b, "outcome": "pairs"}]})
+    assert t.outcome(Side("all_reduce", "SUM", 1, "int32"), Side("broadcast", None, 1, "int64", False)) == "unknown"
+
+
+def test_nccl_table_from_semantics_never_claims_a_hang():
+    t = table_for("nccl")
+    assert t.outcome(Side("all_reduce", "SUM", 8, "float16"), Side("all_reduce", "MAX", 8, "float16")) == "pairs"
+    assert t.outcome(Side("all_reduce", "SUM", 8, "float16"), Side("all_reduce", "SUM", 4, "float16")) == "undefined"
+    assert t.outcome(Side("all_reduce", "SUM", 8, "float16"), Side("broadcast", None, 8, "float16")) == "undefined"
+    assert table_for("cpu:gloo,cuda:nccl").backend == "nccl" and table_for("mpi") is None
+
+
+def test_desynced_verdict_word_exit_code_and_precedence():
+    assert EXIT_CODES[DESYNCED] == 7 and exit_code_for(DESYNCED, "desync") == 0 and exit_code_for(DESYNCED, None) == 7
+    assert exit_code_for(SUCCEEDED, "desync") == 5
+    ds = Verdict(DESYNCED, "ranks disagree", desync={"seq": 3})
+    ok = combine_with_ledger(Verdict(SUCCEEDED, "all 4 requests answered"), ds)
+    assert ok.verdict == DESYNCED and ok.desync == {"seq": 3} and any("ALL REQUESTS SUCCEEDED" in n for n in ok.notes)
+    assert combine_with_ledger(Verdict(INCONCLUSIVE, "server died"), ds).verdict == DESYNCED
+    assert combine_with_ledger(Verdict(DEADLOCKED, "proof"), ds).verdict == DEADLOCKED
+    assert combine_with_ledger(Verdict(SUCCEEDED, "x"), None).verdict == SUCCEEDED
+    assert Verdict(DEADLOCKED, "p", proof={"kind": "unpairable"}).to_json()["proof"] == {"kind": "unpairable"}
+
+
+def test_cli_accepts_expect_desync():
+    from repro.scenario import Variant
+
+    assert Variant.model_validate({"name": "v", "expect": "desync"}).expect == "desync"
