@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from repro import evidence as ev
+from repro.diagnosis import md_cell, where_of
 from repro.targets.base import RefLocation
 from repro import resources
 from repro.verdict import EXIT_MISMATCH, EXPECT_WORDS
@@ -687,7 +688,9 @@ def side_result(side: str, m: Materialized, expect: str, res: Any, variant: Any,
     injections = tuple((i.id, i.site[0]) for i in variant.injections)
     fires: tuple = ()
     try:
-        rep = injection_records.read_injector_dir(evdir / "injector")
+        rep = getattr(res, "injector", None)  # the records the run already read (not re-read)
+        if rep is None:
+            rep = injection_records.read_injector_dir(ev.EvidenceDir.open(evdir).injector_dir)
         injections = tuple((i.id, rep.resolved_site(i.id) or i.site[0]) for i in variant.injections)
         fires = tuple((rep.rank_of(f.pid), f.injection_id, f.caller, f.completed) for f in rep.fires())
         for inj in variant.injections:
@@ -701,10 +704,14 @@ def side_result(side: str, m: Materialized, expect: str, res: Any, variant: Any,
     analysis = getattr(res, "analysis", None)
     for r in getattr(analysis, "ranks", None) or []:
         chain = tuple(c for c in (getattr(r, "caller_chain", None) or []) if not c.startswith("[injected]"))
-        where[r.rank] = (_where(r, chain), getattr(r, "state", ""), chain)
+        where[r.rank] = (where_of(r, depth=6), getattr(r, "state", ""), chain)
         ranks.setdefault(r.rank, {})
     facts = tuple(RankFacts(k, ranks[k], *where.get(k, ("", "", ()))) for k in sorted(ranks))
-    versions = ev.read_json(evdir / "env.json") or {}
+    try:
+        versions = ev.EvidenceDir.open(evdir).env.read(missing_ok=True)
+        versions = versions.to_json() if versions is not None else {}
+    except ev.EvidenceFileError:
+        versions = {}
     ledger = ledger_summary(evdir)
     return SideResult(
         side=side, ref=m.ref.text, description=m.description, expect=expect, verdict=verdict, reason=res.verdict.reason,
@@ -732,8 +739,8 @@ def ledger_summary(evidence: Path) -> dict:
 
         from repro.ledger import load_ledgers, per_tick_counts
 
-        verdict = ev.read_json(Path(evidence) / "verdict.json") or {}
-        pids = [int(v) for v in (verdict.get("rank_pids") or {}).values()] or None
+        verdict = ev.EvidenceDir.open(evidence).verdict.read(missing_ok=True)
+        pids = (verdict.pids() if verdict is not None else None) or None
         ledgers = load_ledgers(evidence, pids)
         counts = per_tick_counts(ledgers)
     except Exception:
@@ -753,23 +760,12 @@ def ledger_summary(evidence: Path) -> dict:
     return out
 
 
-def _where(r: Any, chain: Sequence[str], depth: int = 6) -> str:
-    """``all_reduce via X ← f ← g …`` with up to ``depth`` callers (injector wrapper frames left out)."""
-    state = getattr(r, "state", "")
-    head = {"collective": f"{r.op}" + (f" via {r.via}" if r.via and r.via != "torch.distributed" else ""),
-            "idle-wait": f"idle ({getattr(r, 'wait', '')})"}.get(state)
-    if head is None:
-        return r.where() if hasattr(r, "where") else state
-    return " ← ".join([head, *chain[:depth]])
-
-
 # ------------------------------------------------------------------------------------------------ COMPARISON.md
 def _s(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:.1f} s"
 
 
-def _md(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+_md = md_cell  # the one markdown escape (repro.diagnosis)
 
 
 def tick_injection(sides: Sequence[SideResult], tick_function: str) -> Optional[str]:
@@ -917,9 +913,9 @@ def write_comparison(result: CompareResult, opts: CompareOptions, scenario: str,
     """Write ``COMPARISON.md`` and ``compare.json`` into ``result.folder``; returns the markdown's path."""
     tick_function, engine_key = _tick_function_of(result, opts)
     md = comparison_markdown(result, opts, scenario, variant, tick_function, engine_key)
-    path = result.folder / "COMPARISON.md"
-    ev.write_text_atomic(path, md + "\n")
-    ev.write_json_atomic(result.folder / "compare.json", compare_json(result))
+    folder = ev.EvidenceDir.open(result.folder)
+    path = folder.comparison.write(md + "\n")
+    folder.compare_json.write(compare_json(result))
     return path
 
 
@@ -929,7 +925,7 @@ def compare_json(result: CompareResult) -> dict:
         "exit_code": result.exit_code,
         "wall_s": round(result.wall_s, 3),
         "folder": str(result.folder),
-        "comparison": str(result.folder / "COMPARISON.md"),
+        "comparison": str(Path(result.folder) / ev.Layout.COMPARISON.name),
         "sides": [
             {
                 "side": s.side, "ref": s.ref, "description": s.description, "expect": s.expect, "verdict": s.verdict,
