@@ -119,7 +119,8 @@ def comm_layer(f: Frame) -> Optional[str]:
     ``device_communicator``, ``GroupCoordinator`` after it).
     """
     if f.native:
-        return "native-wait" if _NATIVE_COMM_RE.search(f.function) else "native"
+        hit = _NATIVE_COMM_RE.search(f.function) or _data_rules().native_backend(f.function)
+        return "native-wait" if hit else "native"
     if is_ledger_frame(f):
         return "native"  # transparent like a native frame
     path = f.module_or_file.replace("\\", "/")
@@ -131,7 +132,17 @@ def comm_layer(f: Frame) -> Optional[str]:
     if "torch/distributed/" in path or path.startswith("distributed/distributed_c10d") or \
             f.basename in ("distributed_c10d.py", "c10d_logger.py"):
         return "monitored_barrier" if short == "monitored_barrier" else "torch.distributed"
-    return _rule_layer(rules.comm_layers, f, path)
+    layer = _rule_layer(rules.comm_layers, f, path)
+    if layer is None:  # engines without an adapter yet (vLLM, DeepSpeed, accelerate): repro/data/frame_rules.toml
+        hit = _data_rules().collective_layer(f.function, path)
+        layer = hit.layer if hit is not None else None
+    return layer
+
+
+def _data_rules():
+    from repro.readers import rules
+
+    return rules
 
 
 _IDLE_RULES: tuple[tuple[str, Optional[str], str], ...] = (
@@ -159,7 +170,7 @@ def idle_kind(f: Frame) -> Optional[str]:
     for where, func, kind in _IDLE_RULES + _frame_rules().idle_waits:
         if (where in path or f.basename == where) and (func is None or f.short_function == func):
             return kind
-    return None
+    return _data_rules().idle_kind(f.function, path)
 
 
 def _is_noise(f: Frame) -> bool:
@@ -214,8 +225,14 @@ def read_thread(t: ThreadStack, max_chain: int = 8) -> ThreadReading:
                 if hint in low:
                     native_ops.append(op)
                     break
+            else:
+                nop = _data_rules().native_op(frames[i].function)
+                if nop:
+                    native_ops.append(nop)
         i += 1
     if i >= len(frames):
+        if not layers and (t.active is False or any(_data_rules().is_native_idle(f.function) for f in frames[:3])):
+            return ThreadReading(state="idle-wait", wait="native wait", innermost=frames[0])
         return ThreadReading(state="collective" if layers else "busy", op=native_ops[0] if native_ops else None,
                              via="native-wait" if layers else None, layers=layers, innermost=frames[0])
     innermost = frames[i]
@@ -236,6 +253,8 @@ def read_thread(t: ThreadStack, max_chain: int = 8) -> ThreadReading:
             layers.append(lay)
         if op is None and _norm_op(f.function) in COLLECTIVE_OPS:
             op = _norm_op(f.function)
+        elif op is None and _data_rules().op_alias(f.function):
+            op = _data_rules().op_alias(f.function)
         j += 1
     if comm_frames or layers:
         if op is None:
@@ -258,6 +277,9 @@ def read_thread(t: ThreadStack, max_chain: int = 8) -> ThreadReading:
                              blocked_frame=frames[site_idx] if site_idx is not None else None,
                              caller_chain=chain, injected=injected)
     site_idx, chain, injected = _call_site(frames, i, max_chain, skip_injector=False)
+    if t.active is False and not is_injector_frame(innermost):
+        return ThreadReading(state="idle-wait", wait="off CPU (py-spy: idle)", innermost=innermost,
+                             blocked_frame=innermost, caller_chain=chain, injected=injected)
     return ThreadReading(state="busy", innermost=innermost,
                          blocked_frame=frames[site_idx] if site_idx is not None else innermost,
                          caller_chain=chain, injected=injected or is_injector_frame(innermost))
