@@ -69,6 +69,7 @@ class RunResult:
     timings: dict = field(default_factory=dict)
     requests_ok: int = 0
     requests_total: int = 0
+    injector: Any = None  # the run's InjectorReport (repro.injection_records), read once; None when never read
 
 
 Observer = Callable[[str, dict], None]
@@ -592,7 +593,7 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop) -> Ru
 def _result(outcome: Outcome, expect: Optional[str], path: Path) -> RunResult:
     st = outcome.state
     return RunResult(outcome.verdict, exit_code_for(outcome.verdict.verdict, expect), path, expect, outcome.analysis,
-                     outcome.timings, st.ok if st else 0, st.total if st else 0)
+                     outcome.timings, st.ok if st else 0, st.total if st else 0, outcome.injector)
 
 
 @dataclass(frozen=True)
