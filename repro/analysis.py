@@ -344,7 +344,13 @@ class RankState(BaseModel):
             ``repro_injected[<site>]``), when known.
         process_group: always None from stacks (py-spy shows no process groups; the ledger fills it).
         cpu_percent: CPU use during capture (percent of one core), when known.
-        error: why the state is unknown.
+        error: why the state is unknown (or a note on a busy thread beside a collective).
+        notes: what the reading says in words (``the main thread is not in this dump``, successive dumps kept the
+            last, Python frames absent, the torch timeout seen).
+        other_collectives: threads besides the deciding one that wait in a collective (``thread prefetch: all_gather``).
+        backend / group_kind: the backend (gloo / NCCL / MPI) and group kind (CPU / device) the frames or the
+            text show, else None.
+        fmt / source / rank_source: the format read, the file (and block) it came from, how the rank was known.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -366,6 +372,13 @@ class RankState(BaseModel):
     cpu_percent: Optional[float] = None
     error: str = ""
     location_key: str = ""
+    notes: list[str] = Field(default_factory=list)
+    other_collectives: list[str] = Field(default_factory=list)
+    backend: Optional[str] = None
+    group_kind: Optional[str] = None
+    fmt: str = ""
+    source: str = ""
+    rank_source: str = ""
 
     def where(self) -> str:
         """Short human description: ``all_reduce via GroupCoordinator ← VocabParallelEmbedding.forward ← …``
@@ -404,6 +417,11 @@ class Analysis(BaseModel):
         busy_ranks / unknown_ranks: ranks in those states.
         summary: one sentence for people.
         warnings: parser/capture warnings worth showing.
+        inputs: every process read, kept or skipped: ``{file, block, format, pid, title, kept, rank, reason}``.
+        formats: format read → number of processes read in it.
+        missing: what the dumps lack, in words (``2 of 8 ranks present (missing: 2-7)``, ``rank 1 has no main
+            thread``).
+        confidence: ``high`` / ``medium`` / ``low``; ``confidence_reasons``: why not higher.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -418,6 +436,34 @@ class Analysis(BaseModel):
     unknown_ranks: list[int] = Field(default_factory=list)
     summary: str = ""
     warnings: list[str] = Field(default_factory=list)
+    inputs: list[dict] = Field(default_factory=list)
+    formats: dict[str, int] = Field(default_factory=dict)
+    missing: list[str] = Field(default_factory=list)
+    confidence: str = ""
+    confidence_reasons: list[str] = Field(default_factory=list)
+
+    def input_lines(self) -> list[str]:
+        """What was read and how sure the conclusion is, in words (one line each): formats read, every process
+        kept or skipped with its reason, what is missing, the confidence and why."""
+        from repro.readers.types import FORMAT_NAMES
+
+        out = []
+        if self.formats:
+            out.append("read as: " + ", ".join(f"{FORMAT_NAMES.get(k, k)} ({n} process{'es' if n != 1 else ''})"
+                                               for k, n in self.formats.items()))
+        for i in self.inputs:
+            where = i.get("file", "") + (f", block {i['block']}" if i.get("block") else "")
+            who = f"pid {i['pid']} " if i.get("pid") is not None else ""
+            title = f"{i['title'][:60]!r} " if i.get("title") else ""
+            if i.get("kept"):
+                out.append(f"kept {where}: {who}{title}as rank {i.get('rank')} ({i.get('reason', '')})")
+            else:
+                out.append(f"skipped {where}: {who}{title}({i.get('reason', '')})")
+        out += [f"missing: {m}" for m in self.missing]
+        if self.confidence:
+            out.append(f"confidence: {self.confidence}" + (f" ({'; '.join(self.confidence_reasons)})"
+                                                           if self.confidence_reasons else ""))
+        return out
 
     def to_json(self) -> str:
         """The analysis as a JSON text (what ``analysis.json`` holds)."""
@@ -454,30 +500,53 @@ _md = md_cell  # the one markdown escape (repro.diagnosis)
 # analysis
 
 
-def select_thread(threads: Sequence[ThreadStack]) -> tuple[Optional[ThreadStack], Optional[ThreadReading], str]:
-    """Pick the thread that decides a rank's state and read it.
+def helper_kind(t: ThreadStack) -> Optional[str]:
+    """What helper a thread is (``watchdog``, ``progress bar monitor``, ``signal / heartbeat``, ``I/O or callback
+    thread``; rules in ``repro/data/frame_rules.toml``), or None. The main thread is never a helper."""
+    if t.is_main:
+        return None
+    return _data_rules().helper_kind(t.name, [(f.function, f.module_or_file) for f in t.frames if not f.native])
 
-    The main thread, unless it is not in a collective while another thread (e.g. a forward thread) is, and the
-    main thread is idle-waiting (e.g. ``Thread.join``) or has no frames: then that thread holds the rank's
-    collective. Background threads (watchdog, tqdm, executor workers) are otherwise ignored.
-    Returns ``(thread, reading, note)``; ``note`` explains a busy main thread beside a collective-holding thread.
+
+def select_thread(threads: Sequence[ThreadStack]) -> tuple[Optional[ThreadStack], Optional[ThreadReading], str]:
+    """Pick the thread that decides a rank's state and read it; every thread is considered.
+
+    Helper threads (:func:`helper_kind`) never stand for the rank. In order: the main thread when it is in a
+    collective; else a non-helper thread that is busy (py-spy saw it on CPU, or the main thread with no flag)
+    — the rank may still progress — with a note naming any thread held in a collective; else a thread in a
+    collective (a background thread's collective counts, and is named); else the main thread's own state. When the
+    dump has no main thread, the first non-helper thread stands in, with a note; with only helper threads the
+    result is ``(None, None, note)``.
+    Returns ``(thread, reading, note)``.
     """
     if not threads:
         return None, None, ""
-    main = next((t for t in threads if t.is_main), threads[0])
-    main_r = read_thread(main)
-    if main_r.state == "collective":
-        return main, main_r, ""
-    holders = [(t, read_thread(t)) for t in threads if t is not main]
-    holders = [(t, r) for t, r in holders if r.state == "collective"]
-    if holders and main_r.state in ("idle-wait", "unknown"):
-        t, r = holders[0]
-        return t, r, ""
-    note = ""
-    if holders and main_r.state == "busy":
-        t, r = holders[0]
-        note = f"thread {t.name or t.thread_id} is in {r.op}, but the main thread is busy"
-    return main, main_r, note
+    readings = [(t, read_thread(t)) for t in threads]
+    main = next(((t, r) for t, r in readings if t.is_main), None)
+    own = [(t, r) for t, r in readings if helper_kind(t) is None]
+    colls = [(t, r) for t, r in own if r.state == "collective"]
+    if main is not None and main[1].state == "collective":
+        return main[0], main[1], ""
+    busy = [(t, r) for t, r in own if r.state == "busy" and (t.active is True or (t.active is None and t.is_main))]
+    if busy:
+        t, r = main if main is not None and main in busy else busy[0]
+        note = ""
+        if colls:
+            ct, cr = colls[0]
+            who = "the main thread" if t.is_main else f"thread {t.name or t.thread_id}"
+            note = f"thread {ct.name or ct.thread_id} is in {cr.op}, but {who} is busy"
+        return t, r, note
+    if colls:
+        return colls[0][0], colls[0][1], ""
+    if main is not None:
+        return main[0], main[1], ""
+    rest = [(t, r) for t, r in own if r.state != "unknown"]
+    if rest:
+        t, r = rest[0]
+        return t, r, f"the main thread is not in this dump; read thread {t.name or t.thread_id or '(no id)'}"
+    helpers = sorted({helper_kind(t) or "" for t in threads} - {""})
+    return None, None, ("the main thread is not in this dump; only helper threads ("
+                        + ", ".join(helpers) + ") were captured, and they never stand for the rank")
 
 
 def _location_key(r: ThreadReading) -> str:
@@ -493,24 +562,78 @@ def _location_key(r: ThreadReading) -> str:
     return "unknown"
 
 
+def native_collective(threads: Sequence[ThreadStack]) -> tuple[Optional[str], Optional[str], Optional[str]]:
+    """``(backend, op, group kind)`` named by the native frames of any thread (gdb, ``--native``, pystack
+    ``--native``): ``gloo::…::allreduce`` → ``("gloo", "all_reduce", "CPU")``; Nones where nothing says."""
+    rules = _data_rules()
+    backend = op = kind = None
+    for t in threads:
+        for f in t.frames:
+            if not f.native:
+                continue
+            hit = rules.native_backend(f.function)
+            if hit is None:
+                continue
+            if hit.backend and backend is None:
+                backend, kind = hit.backend, hit.group_kind
+            if op is None:
+                nop = rules.native_op(f.function)
+                if nop and not (nop in ("send", "recv") and "wait" in f.function.lower()):
+                    op = nop
+    return backend, op, kind
+
+
+def _python_layer_kind(threads: Sequence[ThreadStack]) -> tuple[Optional[str], Optional[str]]:
+    rules = _data_rules()
+    for t in threads:
+        for f in t.python_frames:
+            hit = rules.collective_layer(f.function, f.module_or_file)
+            if hit is not None and (hit.group_kind or hit.backend):
+                return hit.backend, hit.group_kind
+    return None, None
+
+
 def rank_state(c: RankCapture) -> RankState:
     """The :class:`RankState` of one capture (``unknown`` with the capture's error when no stack was read)."""
     rank = c.rank if c.rank is not None else -1
+    info = dict(fmt=c.fmt, source=c.source, rank_source=c.rank_source, cpu_percent=c.cpu_percent, pid=c.pid)
+    notes = list(c.notes)
     if not c.threads:
         err = c.error or ("; ".join(c.warnings[:2]) if c.warnings else "no stack captured")
-        return RankState(rank=rank, pid=c.pid, state="unknown", error=err, cpu_percent=c.cpu_percent,
-                         location_key="unknown")
+        return RankState(rank=rank, state="unknown", error=err, location_key="unknown", notes=notes, **info)
+    if not any(t.is_main for t in c.threads):
+        notes.append("the main thread is not in this dump")
     t, r, note = select_thread(c.threads)
-    assert t is not None and r is not None
+    if t is None or r is None:
+        return RankState(rank=rank, state="unknown", error=note, location_key="unknown", notes=notes, **info)
+    if note and note.startswith("the main thread is not in this dump"):
+        notes = [n for n in notes if n != "the main thread is not in this dump"] + [note]
+        note = ""
+    backend, nop, kind = native_collective(c.threads)
+    pb, pk = _python_layer_kind(c.threads)
+    backend, kind = c.backend or backend or pb, c.group_kind or kind or pk
+    op = r.op
+    if r.state == "collective" and op in (None, "wait") and (c.op or nop):
+        op = c.op or nop
+    others = []
+    for ot in c.threads:
+        if ot is t or helper_kind(ot) is not None:
+            continue
+        orr = read_thread(ot)
+        if orr.state == "collective":
+            others.append(f"thread {ot.name or ot.thread_id}: {orr.op}")
     if r.state == "unknown":
-        return RankState(rank=rank, pid=c.pid, state="unknown", error="the main thread has no frames",
-                         thread=t.name or t.thread_id, cpu_percent=c.cpu_percent, location_key="unknown")
+        return RankState(rank=rank, state="unknown", error="the main thread has no frames",
+                         thread=t.name or t.thread_id, location_key="unknown", notes=notes, **info)
+    key = _location_key(r)
+    if op != r.op and key.startswith("collective|"):
+        key = key.replace(f"collective|{r.op}|", f"collective|{op}|", 1)
     return RankState(
-        rank=rank, pid=c.pid, state=r.state, op=r.op, via=r.via, layers=r.layers, wait=r.wait,
+        rank=rank, state=r.state, op=op, via=r.via, layers=r.layers, wait=r.wait,
         blocked_frame=r.blocked_frame.render() if r.blocked_frame else None, caller_chain=r.caller_chain,
         thread=t.name or t.thread_id, main_thread=t.is_main, injected=r.injected, injected_site=r.injected_site,
-        cpu_percent=c.cpu_percent,
-        error=note, location_key=_location_key(r),
+        error=note, location_key=key, notes=notes, other_collectives=others, backend=backend,
+        group_kind=kind, **info,
     )
 
 
@@ -567,8 +690,60 @@ def analyze(captures: Sequence[RankCapture]) -> Analysis:
     else:
         reason = _reason(judged, busy, unknown, in_coll)
         summary = _summary(states, judged, busy, unknown, diverged, odd, even, reason)
+    inputs, formats, missing, conf, why = _honesty(caps, states)
     return Analysis(ranks=states, groups=groups, odd_ranks=odd, even_split=even, diverged=diverged, reason=reason,
-                    busy_ranks=busy, unknown_ranks=unknown, summary=summary, warnings=warnings)
+                    busy_ranks=busy, unknown_ranks=unknown, summary=summary, warnings=warnings, inputs=inputs,
+                    formats=formats, missing=missing, confidence=conf, confidence_reasons=why)
+
+
+_HAND_WRITTEN = frozenset({"condensed", "arrow-chain"})
+
+
+def _honesty(caps: Sequence[RankCapture], states: Sequence[RankState]):
+    """What was read, what is missing and how sure the conclusion is (see :class:`Analysis`)."""
+    inputs: list[dict] = []
+    for c in caps:
+        inputs += [dict(i) for i in c.inputs]
+    for c in caps:
+        if c.source:
+            inputs.append({"file": c.source, "block": 0, "format": c.fmt, "pid": c.pid, "title": c.title,
+                           "kept": True, "rank": c.rank, "reason": c.rank_source or "rank given"})
+    formats: dict[str, int] = {}
+    for c in caps:
+        if c.fmt:
+            formats[c.fmt] = formats.get(c.fmt, 0) + 1
+    missing: list[str] = []
+    ranks = sorted(s.rank for s in states)
+    why: list[str] = []
+    if ranks and ranks[-1] + 1 > len(ranks):
+        gone = sorted(set(range(ranks[-1] + 1)) - set(ranks))
+        missing.append(f"{len(ranks)} of at least {ranks[-1] + 1} ranks present (missing: "
+                       + ",".join(str(r) for r in gone) + ")")
+        why.append("some ranks are missing")
+    for s in states:
+        if s.state == "unknown":
+            missing.append(f"rank {s.rank}: no readable stack ({s.error[:120]})" if s.error else
+                           f"rank {s.rank}: no readable stack")
+        elif any(n.startswith("the main thread is not in this dump") for n in s.notes):
+            missing.append(f"rank {s.rank} has no main thread in its dump")
+        if any("Python frames are absent" in n for n in s.notes):
+            missing.append(f"rank {s.rank}: Python frames absent (native frames only)")
+    if len(states) == 1:
+        why.append("only one rank: nothing to compare")
+    if any(s.state == "unknown" for s in states):
+        why.append("some ranks unreadable")
+    if any(c.rank_source == "file order" for c in caps):
+        why.append("some ranks numbered in file order (no rank in titles, prefixes or file names)")
+    if any(c.fmt in _HAND_WRITTEN for c in caps):
+        why.append("hand-written frame lists (no thread states, possibly abridged)")
+    if any(any("Python frames are absent" in n for n in s.notes) for s in states):
+        why.append("native frames only")
+    if any(s.state != "unknown" and not s.main_thread for s in states) or \
+            any(m.endswith("has no main thread in its dump") for m in missing):
+        why.append("a rank's state was read from a thread other than the main one")
+    low = len(states) <= 1 or any(s.state == "unknown" for s in states) or (ranks and ranks[-1] + 1 > 2 * len(ranks))
+    conf = "low" if low else ("medium" if why else "high")
+    return inputs, formats, missing, conf, why
 
 
 # An engine's idle tick (its FrameRules: request_broadcast_*, idle_loop_callers; SGLang's in repro/targets/sglang.py):
@@ -766,80 +941,117 @@ def _title_examples() -> str:
     return " or ".join(e for e in ex if e) or "a rank title"
 
 
-def load_captures(paths: Iterable[Union[str, Path]], tag: Optional[str] = None) -> list[RankCapture]:
-    """Read dump files/folders into one :class:`RankCapture` per rank (method ``file``).
+MAX_RAW_TEXT_CHARS = 256 * 1024  # raw dump text kept per rank for reports; longer dumps are re-rendered
 
-    Rank from the process title (``sglang::scheduler_TP{k}``; with ``PP{p}`` → ``p*tp + k``), else from the file
-    name (``rank<k>``, ``tp<k>``), else by order (with a warning). When a rank has both a ``.json`` and a
-    ``.txt`` dump, the JSON stacks are used and the text supplies title and raw text. Processes whose title
-    names a non-scheduler process (``sglang::detokenizer``) are skipped with a warning.
+
+def _src(f: Path, d: ProcessDump, multi: bool) -> str:
+    return f"{f.name}, block {d.block}" if multi and d.block else f.name
+
+
+def load_captures(paths: Iterable[Union[str, Path]], tag: Optional[str] = None) -> list[RankCapture]:
+    """Read dump files/folders (any format :mod:`repro.readers` reads) into one :class:`RankCapture` per rank.
+
+    Every process read is kept as a rank or skipped, with its reason. The rank comes from, in order: the process
+    title (every registered adapter's parser, then the data title rules: ``sglang::scheduler_TP1``,
+    ``VLLM::Worker_TP0_EP0``; with a PP part ``pp * tp_size + tp``), a rank the text states (``[rank3]:``, an
+    mpirun tag, a ``rank 3:`` heading, a watchdog message), the log prefix's name, the file name (``rank<k>``,
+    ``tp<k>``) when the file holds one process, else the file order (said so). Skipped: titles that name a
+    process that is not a rank (``sglang::detokenizer``, ``VLLM::EngineCore``, ``ray::IDLE``, launchers), and —
+    when other processes carry rank titles — processes whose title names no rank (the HTTP server). When a rank
+    has several dumps (``.json`` and ``.txt``) the JSON stacks are used and the text supplies title and raw text.
 
     Raises:
         AnalyzeInputError: a path does not exist or a folder holds no dump file.
     """
+    from repro.readers.titles import identify_title
+
     files = _collect_files(paths, tag)
-    entries: list[tuple[Path, ProcessDump, str]] = []
+    entries: list[tuple[Path, ProcessDump]] = []
+    per_file: dict[Path, int] = {}
     for f in files:
-        text = f.read_bytes().decode("utf-8", errors="replace")
         for d in load_dump_file(f):
-            entries.append((f, d, text))
-    # ranks
-    pp_seen = [pp_from_title(d.title) for _, d, _ in entries]
-    tp_size = 1 + max((rank_from_title(d.title) or 0) for _, d, _ in entries) if entries else 1
+            entries.append((f, d))
+            per_file[f] = per_file.get(f, 0) + 1
+    infos = [identify_title(d.title) if d.title else None for _, d in entries]
+    ranked = [i for i in infos if i is not None and i.role == "rank" and i.tp is not None]
+    pp_any = any(i.pp is not None for i in ranked)
+    tp_size = 1 + max((i.tp or 0) for i in ranked) if ranked else 1
     per_rank: "OrderedDict[int, list[tuple[Path, ProcessDump, str]]]" = OrderedDict()
-    unranked: list[tuple[Path, ProcessDump, str]] = []
+    unranked: list[tuple[Path, ProcessDump]] = []
     skipped: list[str] = []
-    for (f, d, text), pp in zip(entries, pp_seen):
-        r = rank_from_title(d.title)
-        if r is not None and pp is not None and any(x for x in pp_seen):
-            r = pp * tp_size + r
-        if r is None and d.title and is_engine_title(d.title):
-            skipped.append(f"{f.name}: skipped {d.title!r} (not a scheduler rank)")
+    skipped_inputs: list[dict] = []
+
+    def skip(f: Path, d: ProcessDump, reason: str) -> None:
+        multi = per_file[f] > 1
+        skipped.append(f"{_src(f, d, multi)}: skipped pid {d.pid} {d.title[:60]!r} ({reason})")
+        skipped_inputs.append({"file": _src(f, d, multi), "block": 0, "format": d.fmt, "pid": d.pid,
+                               "title": d.title, "kept": False, "rank": None, "reason": reason})
+
+    for (f, d), info in zip(entries, infos):
+        multi = per_file[f] > 1
+        if info is not None and info.role == "not-rank":
+            skip(f, d, info.reason)
             continue
-        multi = sum(1 for e in entries if e[0] == f) > 1
-        if r is None:
-            r = rank_from_filename(d.label) if d.label else None
+        if multi and not d.threads and d.fmt == "unknown":
+            continue  # a part of a file with nothing readable: its warnings stay in the file's other dumps
+        r: Optional[int] = None
+        how = ""
+        if info is not None and info.tp is not None:
+            r = (info.pp or 0) * tp_size + info.tp if pp_any else info.tp
+            how = info.reason
+        if r is None and d.rank_hint is not None:
+            r, how = d.rank_hint, d.rank_hint_source
+        if r is None and d.label:
+            r = rank_from_filename(d.label)
+            how = f"log prefix {d.label!r}" if r is not None else ""
         if r is None and not multi:
             r = rank_from_filename(f.name)
-        if r is None and multi:
-            # one of several processes in one file (py-spy --subprocesses, a compose log): not a scheduler rank
-            skipped.append(f"{f.name}: skipped pid {d.pid} {d.title[:60]!r} (no rank title such as {_title_examples()})")
+            how = f"file name {f.name!r}" if r is not None else ""
+        if r is None and ranked and info is None and d.title:
+            skip(f, d, f"its title names no rank while other processes' titles do (such as {_title_examples()})")
             continue
+        if r is None and info is not None and info.reason and not how:
+            how = info.reason
         if r is None:
-            unranked.append((f, d, text))
+            unranked.append((f, d, how))
         else:
-            per_rank.setdefault(r, []).append((f, d, text))
+            per_rank.setdefault(r, []).append((f, d, how))
     next_rank = 0
-    for item in unranked:
+    for f, d, how in unranked:
         while next_rank in per_rank:
             next_rank += 1
-        per_rank[next_rank] = [item]
-        w = (f"{item[0].name}: no rank in the process title or file name; assumed rank {next_rank} "
-             "(name files rank<k>.txt to say)")
-        per_rank[next_rank] = [(item[0], item[1].model_copy(update={"warnings": item[1].warnings + [w]}), item[2])]
+        multi = per_file[f] > 1
+        w = (f"{_src(f, d, multi)}: no rank in the process title, prefixes or file name; numbered rank {next_rank} "
+             "in file order (name files rank<k>.txt, or keep the [rankN] prefixes, to say)")
+        per_rank[next_rank] = [(f, d.model_copy(update={"warnings": d.warnings + [w]}),
+                                "file order" + (f"; {how}" if how else ""))]
     caps: list[RankCapture] = []
     for r in sorted(per_rank):
         items = per_rank[r]
         withthreads = [x for x in items if x[1].threads]
         best = next((x for x in withthreads if x[1].fmt == "py-spy-json"), withthreads[0] if withthreads else items[0])
-        f, d, text = best
+        f, d, how = best
         title = next((x[1].title for x in items if x[1].title), d.title)
         pid = next((x[1].pid for x in items if x[1].pid is not None), None)
         non_json = [x for x in items if x[1].fmt != "py-spy-json"]
-        if non_json and sum(1 for e in entries if e[0] == non_json[0][0]) == 1:
-            raw = non_json[0][2]  # the file as given (one process in it)
-        else:
+        raw = ""
+        if non_json and per_file[non_json[0][0]] == 1 and non_json[0][0].stat().st_size <= MAX_RAW_TEXT_CHARS:
+            raw = non_json[0][0].read_bytes().decode("utf-8", errors="replace")  # the file as given
+        if not raw:
             raw = render_pyspy_text(d.threads, pid, title)
         warnings = [w for x in items for w in x[1].warnings]
-        if len({x[1].fmt for x in items}) < len(items):
-            warnings.append(f"rank {r}: {len(items)} dumps found ({', '.join(x[0].name for x in items)}); "
-                            f"used {f.name}")
+        if len(items) > 1:
+            warnings.append(f"rank {r}: {len(items)} dumps found ({', '.join(_src(x[0], x[1], per_file[x[0]] > 1) for x in items)}); "
+                            f"used {_src(f, d, per_file[f] > 1)}")
         method = "faulthandler" if d.fmt == "faulthandler" else "file"
+        how = "file order" if how.startswith("file order") else (how or "rank given")
         caps.append(RankCapture(rank=r, pid=pid, label=f"rank{r}", ok=bool(d.threads), method=method,
                                 error="" if d.threads else "; ".join(d.warnings) or "no stack in the dump",
-                                text=raw, threads=d.threads, title=title, warnings=warnings))
+                                text=raw, threads=d.threads, title=title, warnings=warnings, fmt=d.fmt,
+                                source=_src(f, d, per_file[f] > 1), rank_source=how, notes=list(d.notes),
+                                backend=d.backend, op=d.op, group_kind=d.group_kind))
     if skipped and caps:
-        caps[0] = caps[0].model_copy(update={"warnings": skipped + caps[0].warnings})
+        caps[0] = caps[0].model_copy(update={"warnings": skipped + caps[0].warnings, "inputs": skipped_inputs})
     return caps
 
 

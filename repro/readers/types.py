@@ -162,6 +162,8 @@ class RankCapture(_Frozen):
         rank_source: how the rank was known (``title 'sglang::scheduler_TP1'``, ``file name``, ``file order``).
         notes: facts about the reading (successive dumps collapsed, Python frames absent, …).
         backend / op / group_kind: what a native or watchdog text names beyond the stacks (see ProcessDump).
+        inputs: processes read from the same files but not kept as a rank, each ``{file, block, format, pid,
+            title, kept: False, reason}`` (set on the first capture by ``repro.analysis.load_captures``).
     """
 
     rank: Optional[int]
@@ -186,6 +188,7 @@ class RankCapture(_Frozen):
     backend: Optional[str] = None
     op: Optional[str] = None
     group_kind: Optional[str] = None
+    inputs: list[dict] = Field(default_factory=list)
 
     def to_json(self) -> str:
         """This capture as JSON."""
