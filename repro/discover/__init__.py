@@ -1,0 +1,413 @@
+"""``repro discover`` / ``repro hunt --discover``: propose rank-local decision points from the engine's source.
+
+Discovery proposes, the live hunt confirms. The AST scan (``repro/discover/scan.py``, standard library only) runs
+in the TARGET interpreter, as ``repro sites`` runs the injector's resolver there: the harness never imports the
+engine. It reads the adapter's rules (data: ``scenarios/sglang/discover_rules.toml``, found through the adapter's
+``discover_rules`` or next to the hunt catalogue) and answers with *guards*: a branch, loop bound, ``break``,
+``continue`` or ``return`` whose condition depends on a rank-local source and which changes whether, or how many
+times, a collective-reaching call runs. This module turns them into ranked :class:`Candidate` records and into hunt
+catalogue points (the same shape as ``hunt_catalogue.toml``'s ``[[points]]``), merged with the hand catalogue
+(hand entries win). Nothing here renders; the CLI prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SCAN_SCRIPT = Path(__file__).resolve().parent / "scan.py"
+RULES_NAME = "discover_rules.toml"
+SCAN_TIMEOUT_S = 600.0
+_MARK = "REPRO-DISCOVER "
+POINT_PREFIX = "d."
+
+# rank order of guard kinds and source kinds (higher first): a `break`/`return` on a pool query is the #30760 shape
+_GUARD_SCORE = {"break": 5, "return": 4, "continue": 4, "branch": 3, "loop bound": 3, "loop condition": 3,
+                "raise": 2, "except": 1}
+_SOURCE_SCORE = {"pool query": 3, "poll": 2, "clock": 2, "thread-written attribute": 1,
+                 "len of per-rank container": 1, "except path": 0}
+
+
+class DiscoverError(Exception):
+    """Discovery could not run: missing/bad rules file (named, with the field), the interpreter failed or timed out."""
+
+
+# ------------------------------------------------------------------------------------------------------ rules
+def default_rules_path(adapter: str = "sglang", catalogue: Optional[Path] = None) -> Path:
+    """The rules file of an engine: the adapter's ``discover_rules`` when it has one, else ``discover_rules.toml``
+    next to ``catalogue`` (default: the adapter's hunt catalogue)."""
+    try:
+        from repro.targets.registry import get_adapter
+
+        a = get_adapter(adapter)
+        p = getattr(a, "discover_rules", None)
+        if p:
+            return Path(p)
+        if catalogue is None and getattr(a, "hunt_catalogue", None):
+            catalogue = Path(a.hunt_catalogue)
+    except Exception:  # an unknown adapter falls back to the catalogue's folder
+        pass
+    if catalogue is None:
+        from repro import resources
+
+        catalogue = resources.hunt_catalogue()
+    return Path(catalogue).parent / RULES_NAME
+
+
+def load_rules(path: Path) -> dict:
+    """Read and check a discovery rules TOML file.
+
+    Returns:
+        The rules as a dict (``package``, ``scope``, ``collectives``, ``sanitizers``, ``sources``,
+        ``perturbations_by_kind``, ``perturbations``).
+    Raises:
+        DiscoverError: missing file, bad TOML, or a missing/ill-typed field (named, with what was expected).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DiscoverError(f"{p}: discovery rules not found (expected a TOML file like scenarios/sglang/{RULES_NAME})")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise DiscoverError(f"{p}: not valid TOML: {e}") from None
+    if not isinstance(data.get("package"), str) or not data["package"]:
+        raise DiscoverError(f"{p}: package: expected the engine's top-level package name, e.g. package = \"sglang\"")
+    coll = data.get("collectives")
+    if not isinstance(coll, dict) or not coll.get("torch_functions"):
+        raise DiscoverError(f"{p}: collectives.torch_functions: expected a list of torch.distributed collective names")
+    for key in ("coordinator_methods", "object_broadcasts", "sanitizers", "torch_modules"):
+        if key in coll and not _str_list(coll[key]):
+            raise DiscoverError(f"{p}: collectives.{key}: expected a list of strings ('module:Class.method' globs)")
+    methods = (data.get("sources") or {}).get("methods")
+    if not isinstance(methods, dict) or not all(_str_list(v) for v in methods.values()):
+        raise DiscoverError(f"{p}: sources.methods: expected a table of kind = [method-name globs], e.g. "
+                            f"\"pool query\" = [\"*available_size\"]")
+    by_kind = data.get("perturbations_by_kind") or {}
+    if not isinstance(by_kind, dict) or not all(_str_list(v) for v in by_kind.values()):
+        raise DiscoverError(f"{p}: perturbations_by_kind: expected a table of source kind = [perturbation names]")
+    return data
+
+
+def _str_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+# ------------------------------------------------------------------------------------------------------ scan
+def run_scan(python: str, rules: dict, *, root: Optional[str] = None, timeout_s: float = SCAN_TIMEOUT_S,
+             only_functions: Sequence[str] = ()) -> dict:
+    """Run the AST scan in ``python`` (the target interpreter) and return its answer.
+
+    Args:
+        python: interpreter whose installed engine package is scanned (located with ``find_spec``, not imported).
+        rules: :func:`load_rules`'s dict.
+        root: scan this folder as the package instead (tests: a synthetic engine package).
+        timeout_s: bound on the subprocess in seconds (sglang 0.5.23's ``srt``: ~15–35 s on 2 cores).
+        only_functions: ``module:Qual`` globs; analyse guards only in these functions (the call graph is whole).
+    Returns:
+        The scan's JSON (``guards``, ``families``, counts, ``seconds``).
+    Raises:
+        DiscoverError: the interpreter is missing, timed out, or crashed (its output tail is in the message).
+    """
+    req = {"package": rules["package"], "rules": rules, "root": root, "only_functions": list(only_functions)}
+    env = dict(os.environ)
+    env.pop("REPRO_PLAN", None)
+    try:
+        proc = subprocess.run([python, str(SCAN_SCRIPT)], input=json.dumps(req), capture_output=True, text=True,
+                              timeout=timeout_s, env=env)
+    except FileNotFoundError:
+        raise DiscoverError(f"interpreter {python} not found (pass --python PATH to a Python that has the engine installed)") from None
+    except subprocess.TimeoutExpired:
+        raise DiscoverError(f"the discovery scan in {python} took more than {timeout_s:.0f} s") from None
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(_MARK):
+            return json.loads(line[len(_MARK):])
+    tail = "\n".join((proc.stderr or proc.stdout).splitlines()[-15:])
+    raise DiscoverError(f"the discovery scan in {python} failed (exit {proc.returncode}):\n{tail}")
+
+
+# ------------------------------------------------------------------------------------------------ candidates
+@dataclass(frozen=True)
+class Candidate:
+    """One rank-local decision point the scan proposes.
+
+    Attributes:
+        caller: ``module:Qual`` of the function holding the guard (the direct caller of the source).
+        source_kind: ``pool query`` | ``poll`` | ``clock`` | ``thread-written attribute`` |
+            ``len of per-rank container`` | ``except path``.
+        source: the source expression as written (``self.get_num_allocatable_reqs()``), ``source_line`` its line.
+        sites: ``module:Qual`` definitions the source call may land in (empty: not a patchable call — listed, not
+            hunted).
+        loop_var: the ``for`` loop target enclosing the source call in ``caller`` (None: in no loop).
+        guard: ``break`` | ``return`` | ``continue`` | ``branch`` | ``loop bound`` | ``loop condition`` |
+            ``raise`` | ``except``; ``guard_line`` its line.
+        collective: the first collective-reaching call the guard controls; ``chain`` the functions from it to the
+            collective API (innermost last).
+        why: one sentence.
+        score: rank (higher first).
+        file: source file of ``caller``.
+    """
+
+    caller: str
+    source_kind: str
+    source: str
+    source_line: int
+    sites: tuple[str, ...]
+    loop_var: Optional[str]
+    guard: str
+    guard_line: int
+    collective: str
+    chain: tuple[str, ...]
+    why: str
+    score: int
+    file: str = ""
+
+    @property
+    def huntable(self) -> bool:
+        return bool(self.sites)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["huntable"] = self.huntable
+        return d
+
+
+def candidates_from_scan(scan: dict) -> list[Candidate]:
+    """Ranked candidates (score, then caller and line), one per (guard, source occurrence); duplicates merged."""
+    out: dict[tuple, Candidate] = {}
+    for g in scan.get("guards") or []:
+        coll = g.get("collective") or {}
+        chain = tuple(coll.get("chain") or ())
+        for s in g.get("sources") or []:
+            sites = tuple(s.get("sites") or ())
+            score = (_GUARD_SCORE.get(g["guard"], 0) * 10 + _SOURCE_SCORE.get(s["kind"], 0) * 3
+                     + (5 if sites else 0) + (2 if s.get("loop_var") else 0) - min(len(chain), 8) // 3)
+            api = chain[-1] if chain else coll.get("call", "")
+            why = (f"`{s['text']}` ({s['kind']}, line {s['line']}"
+                   + (f", inside `for {s['loop_var']}`" if s.get("loop_var") else "") + f") decides a {g['guard']} at "
+                   f"line {g['line']}: {g['why']} (`{coll.get('call', '?')}` → {_short(api)})")
+            c = Candidate(g["caller"], s["kind"], s["text"], int(s["line"]), sites, s.get("loop_var"), g["guard"],
+                          int(g["line"]), str(coll.get("call", "")), chain, why, score, g.get("file", ""))
+            key = (c.caller, c.source, c.source_line, c.guard, c.guard_line)
+            if key not in out or out[key].score < c.score:
+                out[key] = c
+    return sorted(out.values(), key=lambda c: (-c.score, c.caller, c.source_line, c.guard_line))
+
+
+def _short(q: str) -> str:
+    return q.split(":", 1)[-1]
+
+
+# ------------------------------------------------------------------------------------------------ catalogue
+@dataclass(frozen=True)
+class DiscoveredPoint:
+    """A catalogue point made from candidates: one site, restricted to the caller that holds the guard(s)."""
+
+    name: str
+    site: str
+    caller: str
+    what: str
+    perturbations: tuple[str, ...]
+    candidates: tuple[Candidate, ...]
+    family: tuple[str, ...] = ()  # other definitions of the site's method in its class hierarchy
+    loop_var: Optional[str] = None  # the caller's `for` loop the source call is in (None: in no loop)
+
+    @property
+    def loop_vars(self) -> tuple[Optional[str], ...]:
+        return (self.loop_var,)
+
+
+def _point_name(site: str, caller: str, loop_var: Optional[str], taken: set) -> str:
+    method = _short(site).rsplit(".", 1)[-1]
+    cls_site = _short(site).rsplit(".", 1)[0] if "." in _short(site) else site.split(":")[0].rsplit(".", 1)[-1]
+    where = _short(caller).rsplit(".", 1)[-1] + (f".in-{loop_var}" if loop_var else "")
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{POINT_PREFIX}{cls_site}.{method}--{where}")
+    name, i = base, 2
+    while name in taken:
+        name, i = f"{base}-{i}", i + 1
+    taken.add(name)
+    return name
+
+
+def discovered_points(cands: Sequence[Candidate], rules: dict, known_perturbations: Sequence[str],
+                      families: Optional[dict] = None) -> list[DiscoveredPoint]:
+    """One point per (site, caller, enclosing loop of the source call) of the huntable candidates, in candidate rank
+    order (the loop splits "before the admission loop" from "inside `for req`": one row each in the baseline).
+
+    Args:
+        known_perturbations: names the merged catalogue defines (the hand catalogue's plus the rules' own);
+            a kind's perturbation not among them is dropped.
+    """
+    by_kind = rules.get("perturbations_by_kind") or {}
+    groups: dict[tuple, list[Candidate]] = {}
+    for c in cands:
+        if not c.huntable:
+            continue
+        for site in c.sites:
+            groups.setdefault((site, c.caller, c.loop_var), []).append(c)
+    taken: set = set()
+    out = []
+    for (site, caller, loop_var), cs in groups.items():
+        kinds = []
+        for c in cs:
+            if c.source_kind not in kinds:
+                kinds.append(c.source_kind)
+        perts: list[str] = []
+        for k in kinds:
+            for p in by_kind.get(k, []):
+                if p in known_perturbations and p not in perts:
+                    perts.append(p)
+        if not perts:
+            continue
+        guards = sorted({f"{c.guard} at line {c.guard_line}" for c in cs})
+        what = (f"discovered: {cs[0].source} ({cs[0].source_kind}) in {_short(caller)} decides "
+                f"{', '.join(guards)} around {cs[0].collective or 'a collective-reaching call'}")
+        out.append(DiscoveredPoint(_point_name(site, caller, loop_var, taken), site, caller, what, tuple(perts), tuple(cs),
+                                   tuple((families or {}).get(site) or ()), loop_var))
+    return out
+
+
+def points_toml(points: Sequence[DiscoveredPoint], header: str = "") -> str:
+    """The discovered points as hunt catalogue TOML (``[[points]]`` with name/site/what/perturbations/callers)."""
+    lines = [f"# {x}" for x in header.splitlines()] if header else []
+    lines.append("version = 1")
+    for p in points:
+        lines += ["", "[[points]]", f"name = {json.dumps(p.name)}", f"site = {json.dumps(p.site)}",
+                  f"what = {json.dumps(p.what, ensure_ascii=False)}",
+                  f"perturbations = {json.dumps(list(p.perturbations))}",
+                  f"callers = {json.dumps([p.caller])}", f"loops = {json.dumps([p.loop_var or ''])}"]
+        for c in p.candidates[:4]:
+            lines.append(f"# {c.guard} (line {c.guard_line}) on {c.source} (line {c.source_line}"
+                         + (f", in `for {c.loop_var}`" if c.loop_var else "") + f") → {c.collective}")
+    return "\n".join(lines) + "\n"
+
+
+def merge_catalogue(hand: Any, points: Sequence[DiscoveredPoint], rules: dict, *, keep_hand_points: bool = True) -> tuple[Any, list[DiscoveredPoint]]:
+    """The hunt catalogue with the discovered points added (hand entries win).
+
+    Args:
+        hand: the hand ``repro.hunt.Catalogue`` (its perturbations, classification and known issues are always
+            kept: they say how to read a trial, not where to search).
+        keep_hand_points: False drops the hand catalogue's ``[[points]]`` (discovery alone decides where to search).
+    Returns:
+        (merged Catalogue, the discovered points that were added: a point whose site a kept hand point already
+        names is left out).
+    """
+    import dataclasses
+
+    from repro.hunt import DecisionPoint, Perturbation
+
+    perts = dict(hand.perturbations)
+    for name, spec in (rules.get("perturbations") or {}).items():
+        if name not in perts and isinstance(spec, dict) and isinstance(spec.get("action"), dict):
+            perts[name] = Perturbation(name, dict(spec["action"]), str(spec.get("says", name)),
+                                       bool(spec.get("by_construction", False)))
+    kept = list(hand.points) if keep_hand_points else []
+    hand_sites = {s for p in kept for s in p.sites}
+    names = {p.name for p in kept}
+    added = []
+    for p in points:
+        if p.site in hand_sites or p.name in names:
+            continue
+        added.append(p)
+        names.add(p.name)
+    new = tuple(DecisionPoint(p.name, (p.site,), p.what, p.perturbations, (p.caller,), (p.loop_var or "",))
+                for p in added)
+    return dataclasses.replace(hand, points=tuple(kept) + new, perturbations=perts), added
+
+
+# ------------------------------------------------------------------------------------------------- discovery
+@dataclass
+class Discovery:
+    """What ``repro discover`` found: the scan's counts, the ranked candidates and the catalogue points."""
+
+    rules_path: Path
+    python: str
+    scan: dict
+    candidates: list[Candidate]
+    points: list[DiscoveredPoint] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        s = self.scan
+        return {"package": s.get("package"), "folder": s.get("folder"), "modules": s.get("modules"),
+                "functions": s.get("functions"), "calls": s.get("calls"), "unresolved_calls": s.get("unresolved_calls"),
+                "reaching_functions": s.get("reaching"), "guards": len(s.get("guards") or []),
+                "candidates": len(self.candidates), "huntable": sum(1 for c in self.candidates if c.huntable),
+                "points": len(self.points), "seconds": s.get("seconds")}
+
+    def to_json(self) -> dict:
+        return {"rules": str(self.rules_path), "python": self.python, "summary": self.summary(),
+                "candidates": [c.to_json() for c in self.candidates],
+                "points": [{"name": p.name, "site": p.site, "caller": p.caller, "what": p.what,
+                            "perturbations": list(p.perturbations), "loop_vars": list(p.loop_vars),
+                            "family": list(p.family)} for p in self.points],
+                "unresolved_in_guarded": self.scan.get("unresolved_in_guarded") or {},
+                "thread_attrs": self.scan.get("thread_attrs") or {}}
+
+    def markdown(self, limit: int = 60) -> str:
+        """DISCOVERY.md: what was scanned, the ranked candidates, the points, the unresolved calls."""
+        s = self.summary()
+        out = ["# repro discover", "",
+               f"- **rules**: {self.rules_path}", f"- **python**: {self.python}",
+               f"- **package**: {s['package']} ({s['folder']})",
+               f"- **scanned**: {s['modules']} modules, {s['functions']} functions, {s['calls']} calls "
+               f"({s['unresolved_calls']} resolve to nothing in the package: listed below for the guarded functions, "
+               f"never guessed); {s['reaching_functions']} functions reach a collective",
+               f"- **found**: {s['guards']} guards → {s['candidates']} candidates ({s['huntable']} with a patchable "
+               f"site) → {s['points']} catalogue points", ""]
+        out += ["## Candidates (ranked)", "", "| # | score | caller | source (kind) | loop | guard | guarded collective | sites |",
+                "|---|---|---|---|---|---|---|---|"]
+        for i, c in enumerate(self.candidates[:limit], 1):
+            out.append(f"| {i} | {c.score} | `{_short(c.caller)}` | `{_md(c.source)}` ({c.source_kind}, l.{c.source_line}) | "
+                       f"{('`for ' + c.loop_var + '`') if c.loop_var else '—'} | {c.guard} (l.{c.guard_line}) | "
+                       f"`{_md(c.collective)}` → {_md(' → '.join(_short(x) for x in c.chain[-3:]))} | "
+                       f"{', '.join('`' + _short(x) + '`' for x in c.sites[:3]) or 'none (listed only)'} |")
+        if len(self.candidates) > limit:
+            out.append(f"\n({len(self.candidates) - limit} more in discover.json)")
+        out += ["", "## Catalogue points", ""]
+        for p in self.points:
+            out.append(f"- `{p.name}`: `{p.site}` called from `{_short(p.caller)}` "
+                       f"(loops: {', '.join(('for ' + v) if v else 'outside loops' for v in p.loop_vars)}); "
+                       f"perturbations {', '.join(p.perturbations)}")
+        unres = self.scan.get("unresolved_in_guarded") or {}
+        if unres:
+            out += ["", "## Unresolved calls in the guarded functions (not followed)", ""]
+            for fid, calls in list(unres.items())[:40]:
+                out.append(f"- `{_short(fid)}`: {len(calls)}: " + ", ".join(f"`{_md(x)}`" for x in calls[:12])
+                           + (" …" if len(calls) > 12 else ""))
+        return "\n".join(out) + "\n"
+
+
+def _md(x: Any) -> str:
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def discover(python: str, rules_path: Path, *, known_perturbations: Sequence[str] = (), root: Optional[str] = None,
+             timeout_s: float = SCAN_TIMEOUT_S) -> Discovery:
+    """Scan the engine installed in ``python`` with the rules at ``rules_path``; rank candidates; make points.
+
+    Args:
+        known_perturbations: perturbation names the hunt catalogue defines (the rules' own are added); default:
+            every name the rules mention.
+        root: scan this folder as the engine package instead of the installed one.
+    Raises:
+        DiscoverError: bad rules, or the scan failed (see :func:`run_scan`).
+    """
+    rules = load_rules(rules_path)
+    scan = run_scan(python, rules, root=root, timeout_s=timeout_s)
+    cands = candidates_from_scan(scan)
+    known = set(known_perturbations) | set((rules.get("perturbations") or {}).keys())
+    if not known_perturbations:
+        known |= {p for v in (rules.get("perturbations_by_kind") or {}).values() for p in v}
+    pts = discovered_points(cands, rules, sorted(known), scan.get("families"))
+    return Discovery(Path(rules_path), python, scan, cands, pts)

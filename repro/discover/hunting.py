@@ -1,0 +1,186 @@
+"""The hunt's side of discovery: merge discovered points into the catalogue, then judge them by what the hunt saw.
+
+``repro hunt --discover`` calls :func:`prepare` before choosing points (the discovered points join the hand
+catalogue; hand entries win, ``--no-hand-catalogue`` drops the hand points), :func:`after_baseline` once the baseline
+burst has made the rows (a discovered point never reached is reported with the sibling class the model did build,
+where one was reached), and :func:`finish` at the end: DISCOVERY.md + discover.json in the hunt folder with the
+precision of discovery (of the candidates' points: reached, fired, deadlocked/desynced) and the rows reached and
+fired by hand points vs discovered points. Nothing here renders to a console.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from repro.discover import (DiscoverError, Discovery, DiscoveredPoint, POINT_PREFIX, default_rules_path, discover,
+                            merge_catalogue, points_toml)
+
+DESYNCED = "DESYNCED"  # the ledger proof's verdict (repro/verdict.py, when present); compared by name
+
+
+@dataclass
+class DiscoveryState:
+    """Discovery's part of one hunt: the scan, the points it added, and what the hunt learned about them."""
+
+    discovery: Discovery
+    added: list[DiscoveredPoint]
+    hand_points: tuple[str, ...]
+    keep_hand: bool
+    not_reached: dict = field(default_factory=dict)  # point -> sentence ("the model built Y instead")
+
+    @property
+    def added_names(self) -> set:
+        return {p.name for p in self.added}
+
+
+def prepare(cat: Any, python: str, *, rules_path: Optional[Path] = None, keep_hand_points: bool = True,
+            adapter: str = "sglang") -> tuple[Any, DiscoveryState]:
+    """Run discovery in ``python`` and merge its points into ``cat`` (a ``repro.hunt.Catalogue``).
+
+    Raises:
+        repro.hunt.HuntError: the rules file is bad or the scan failed (the message names the file / interpreter),
+            or discovery proposed nothing huntable while the hand points were dropped.
+    """
+    from repro.hunt import HuntError
+
+    path = Path(rules_path) if rules_path else default_rules_path(adapter, cat.path)
+    try:
+        d = discover(python, path, known_perturbations=list(cat.perturbations))
+    except DiscoverError as e:
+        raise HuntError(f"--discover: {e}") from None
+    merged, added = merge_catalogue(cat, d.points, _rules(path), keep_hand_points=keep_hand_points)
+    if not merged.points:
+        raise HuntError(f"--discover: {path} proposed no huntable decision point in {python}'s "
+                        f"{d.scan.get('package')} and --no-hand-catalogue dropped the hand points: nothing to hunt")
+    return merged, DiscoveryState(d, added, tuple(p.name for p in cat.points) if keep_hand_points else (), keep_hand_points)
+
+
+def _rules(path: Path) -> dict:
+    from repro.discover import load_rules
+
+    return load_rules(path)
+
+
+def write_inputs(state: DiscoveryState, folder: Path) -> None:
+    """The hunt folder's ``discovery/``: DISCOVERY.md, discover.json, catalogue.toml (the added points as data)."""
+    d = Path(folder) / "discovery"
+    d.mkdir(exist_ok=True)
+    (d / "catalogue.toml").write_text(points_toml(state.added, header=(
+        f"Points proposed by `repro hunt --discover` ({state.discovery.rules_path}, {state.discovery.python}).\n"
+        "Same shape as hunt_catalogue.toml's [[points]]: append them there to keep them.")), encoding="utf-8")
+    (d / "discover.json").write_text(json.dumps(state.discovery.to_json(), indent=1, default=str), encoding="utf-8")
+    (d / "DISCOVERY.md").write_text(state.discovery.markdown(), encoding="utf-8")
+
+
+def after_baseline(state: DiscoveryState, rows: Sequence[Any]) -> dict:
+    """For each added point the baseline never reached: which sibling class (the same method elsewhere in the
+    hierarchy) was reached instead, when one was. Returns (and keeps) point -> sentence."""
+    seen_sites = {}
+    by_name = {p.name: p for p in state.added}
+    for r in rows:
+        p = by_name.get(r.point)
+        if p is not None:
+            seen_sites.setdefault(p.site, p.name)
+    reached = {r.point for r in rows}
+    out = {}
+    for p in state.added:
+        if p.name in reached:
+            continue
+        built = [s for s in p.family if s in seen_sites]
+        if built:
+            out[p.name] = (f"`{_short(p.site)}` is never built by this model; it built `{_short(built[0])}` instead "
+                           f"(point `{seen_sites[built[0]]}`)")
+        elif p.family:
+            out[p.name] = f"not reached; the same method elsewhere in its hierarchy: {', '.join('`' + _short(s) + '`' for s in p.family[:4])}"
+        else:
+            out[p.name] = "not reached by the baseline burst"
+    state.not_reached = out
+    return out
+
+
+def _short(q: str) -> str:
+    return q.split(":", 1)[-1]
+
+
+def _fired(r: Any) -> bool:
+    return sum((r.fired or {}).values()) > 0
+
+
+def tally(state: Optional[DiscoveryState], rows: Sequence[Any], results: Sequence[Any]) -> dict:
+    """Rows reached and fired, split by where the point came from (hand / discovered), and discovery's precision.
+
+    A row is *fired* when at least one of its trials fired its perturbation; a discovered point is *reached* when
+    the baseline saw it (≥ 1 row), *fired* when one of its trials fired, *deadlocked* / *desynced* when one trial
+    ended so (by-construction perturbations excluded). Returns a JSON-able dict.
+    """
+    from repro.verdict import DEADLOCKED
+
+    added = state.added_names if state else set()
+
+    def origin(point: str) -> str:
+        if point in added:
+            return "discovered"
+        if point.startswith("coll-"):
+            return "sites"
+        return "hand"
+
+    out: dict = {"rows": {}, "points": {}}
+    keys = {}
+    for r in rows:
+        keys[r.key] = origin(r.point)
+    fired_rows = {}
+    for res in results:
+        k = res.trial.row.key
+        if _fired(res):
+            fired_rows[k] = True
+    for k, o in keys.items():
+        e = out["rows"].setdefault(o, {"reached": 0, "fired": 0})
+        e["reached"] += 1
+        e["fired"] += 1 if fired_rows.get(k) else 0
+    if state:
+        names = [p.name for p in state.added]
+        reached = {r.point for r in rows if r.point in added}
+        fired = {res.trial.row.point for res in results if res.trial.row.point in added and _fired(res)}
+        bad = lambda v: {res.trial.row.point for res in results  # noqa: E731
+                         if res.trial.row.point in added and res.verdict == v and not res.trial.perturbation.by_construction}
+        crashed = {res.trial.row.point for res in results if res.trial.row.point in added and getattr(res, "desync_crash", False)}
+        out["points"] = {"candidates": len(state.discovery.candidates),
+                         "huntable_candidates": sum(1 for c in state.discovery.candidates if c.huntable),
+                         "points_added": len(names), "reached": len(reached), "fired": len(fired),
+                         "deadlocked": len(bad(DEADLOCKED)), "desynced": len(bad(DESYNCED)),
+                         "desync_crashed": len(crashed),
+                         "deadlocked_points": sorted(bad(DEADLOCKED)), "desynced_points": sorted(bad(DESYNCED) | crashed)}
+    return out
+
+
+def finish(state: DiscoveryState, folder: Path, rows: Sequence[Any], results: Sequence[Any]) -> dict:
+    """Write the hunt's verdict on discovery (``discovery/PRECISION.md`` + into discover.json); returns :func:`tally`."""
+    t = tally(state, rows, results)
+    d = Path(folder) / "discovery"
+    d.mkdir(exist_ok=True)
+    p = t.get("points") or {}
+    lines = ["# Discovery, judged by the hunt", "",
+             f"- candidates: {p.get('candidates', 0)} ({p.get('huntable_candidates', 0)} with a patchable site) → "
+             f"{p.get('points_added', 0)} points added to the catalogue"
+             + ("" if state.keep_hand else " (hand points dropped: discovery alone)"),
+             f"- of those points: reached by the baseline {p.get('reached', 0)}, perturbation fired {p.get('fired', 0)}, "
+             f"deadlocked {p.get('deadlocked', 0)}, desynced {p.get('desynced', 0)} (ledger) / {p.get('desync_crashed', 0)} "
+             "(gloo caught a size mismatch)", ""]
+    lines += ["| rows from | reached | fired |", "|---|---|---|"]
+    for o, e in sorted(t["rows"].items()):
+        lines.append(f"| {o} | {e['reached']} | {e['fired']} |")
+    if state.not_reached:
+        lines += ["", "## Discovered points the baseline never reached", ""]
+        for name, why in state.not_reached.items():
+            lines.append(f"- `{name}`: {why}")
+    (d / "PRECISION.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (d / "tally.json").write_text(json.dumps({**t, "not_reached": state.not_reached}, indent=1), encoding="utf-8")
+    return t
+
+
+def is_discovered(point: str) -> bool:
+    """Is this a point name discovery made (``d.`` prefix)?"""
+    return point.startswith(POINT_PREFIX)

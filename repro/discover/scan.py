@@ -1,0 +1,1093 @@
+"""Target-side scan for ``repro discover``: find rank-local decision points around collectives in an engine's source.
+
+Runs in the TARGET interpreter (the one that runs the server) as a plain script, with the standard library only: it
+never imports ``repro`` nor the engine's modules (it only locates the package with ``importlib.util.find_spec``
+and reads its ``.py`` files with ``ast``). Request: one JSON object on stdin (the adapter's rules, see
+``scenarios/sglang/discover_rules.toml``); answer: one line ``REPRO-DISCOVER {json}`` on stdout.
+
+What it computes (all from the AST, nothing executed):
+
+1. **Collective-reaching functions**: a call graph over the package, resolving plain names and imports, module
+   attributes, ``self.method`` (the class's MRO, plus overrides in subclasses: a call on a declared class may land
+   in any subclass), ``super().method`` and ``x.method`` where the class of ``x`` is known (constructor calls,
+   annotations of parameters/attributes/returns, ``self.attr = …`` in any method, keyword arguments of a class's
+   constructor calls). Seeds: ``torch.distributed`` collectives, the coordinator's collective methods, object
+   broadcasts. Calls that resolve to nothing in the package are listed (``unresolved``), never guessed.
+2. **Guards**, per function that calls a collective-reaching function: a may-taint analysis over its statements
+   (through local assignments, attribute paths such as ``batch.is_full``, and implicit flows: an assignment made
+   under a tainted condition is tainted) from **rank-local sources** (pool/allocator queries matched by name,
+   clocks, non-blocking polls, attributes written inside a ``Thread`` target, ``len()`` of those, ``except``
+   paths) to a branch, loop bound, ``break``, ``continue`` or ``return`` that changes whether, or how many times, a
+   collective-reaching call runs in the same invocation — a ``break`` counts every later iteration of its loop.
+   **Sanitizers**: results of collectives and of collective-reaching calls (every rank agrees on them), the
+   attributes named as derived from the request broadcast (e.g. the waiting queue), and the tensor an in-place
+   collective reduced.
+
+Mirrors no sglang function; written against sglang 0.5.23's layout (``sglang.srt``), but every engine name comes
+from the request.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import importlib.util
+import json
+import os
+import sys
+import time
+from collections import defaultdict, deque
+
+MARK = "REPRO-DISCOVER "
+COLL = "<collective>"
+
+
+# ------------------------------------------------------------------------------------------------- the package
+def find_package(package, root=None):
+    """(package name, folder) of the engine package: ``root`` if given, else ``find_spec`` (no import of it)."""
+    if root:
+        return package, os.path.abspath(root)
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(f"package {package!r} not found in {sys.executable}")
+    return package, list(spec.submodule_search_locations)[0]
+
+
+def iter_modules(package, folder, include, exclude):
+    """(module name, path) of every ``.py`` file under ``folder`` whose module matches include and not exclude."""
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
+        rel = os.path.relpath(dirpath, folder)
+        parts = [package] + ([] if rel == "." else rel.split(os.sep))
+        for fn in sorted(filenames):
+            if not fn.endswith(".py"):
+                continue
+            mod = ".".join(parts if fn == "__init__.py" else parts + [fn[:-3]])
+            if include and not any(mod == p or mod.startswith(p + ".") for p in include):
+                continue
+            if any(mod == p or mod.startswith(p + ".") for p in exclude):
+                continue
+            yield mod, os.path.join(dirpath, fn)
+
+
+class Func:
+    __slots__ = ("id", "mod", "cls", "node", "self_name", "calls", "params")
+
+    def __init__(self, fid, mod, cls, node):
+        self.id, self.mod, self.cls, self.node = fid, mod, cls, node
+        args = node.args.posonlyargs + node.args.args
+        self.self_name = args[0].arg if (cls and args and not _is_static(node)) else None
+        self.calls = []  # (call node, frozenset of callee ids or COLL, text)
+        self.params = {a.arg: a.annotation for a in args + node.args.kwonlyargs if a.annotation is not None}
+
+
+class Cls:
+    __slots__ = ("id", "mod", "node", "bases", "methods", "attrs", "ann")
+
+    def __init__(self, cid, mod, node):
+        self.id, self.mod, self.node = cid, mod, node
+        self.bases = []
+        self.methods = {}
+        self.attrs = defaultdict(set)
+        self.ann = {}
+
+
+def _is_static(node):
+    return any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in node.decorator_list)
+
+
+class Index:
+    """Modules, classes, functions of the package and the names each module binds."""
+
+    def __init__(self, package, folder, include, exclude):
+        self.package = package
+        self.mods = {}  # module -> ast
+        self.paths = {}
+        self.binds = defaultdict(dict)  # module -> local name -> ("mod", m) | ("obj", "m:Q") | ("ext", dotted)
+        self.classes = {}
+        self.funcs = {}
+        self.errors = []
+        for mod, path in iter_modules(package, folder, include, exclude):
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    self.mods[mod] = ast.parse(fh.read(), filename=path)
+                self.paths[mod] = path
+            except (SyntaxError, ValueError, OSError) as e:
+                self.errors.append(f"{path}: {e}")
+        for mod, tree in self.mods.items():
+            self._collect(mod, tree)
+        self.subclasses = defaultdict(set)
+        for c in self.classes.values():
+            c.bases = [b for b in (self.resolve_class_expr(c.mod, x) for x in c.node.bases) if b]
+            for b in c.bases:
+                self.subclasses[b].add(c.id)
+
+    def _collect(self, mod, tree):
+        pkg_of = mod if self.paths[mod].endswith("__init__.py") else mod.rsplit(".", 1)[0]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.asname:
+                        self.binds[mod][a.asname] = ("mod", a.name)
+                    else:
+                        top = a.name.split(".")[0]
+                        self.binds[mod].setdefault(top, ("mod", top))
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = pkg_of.split(".")
+                    parts = parts[: len(parts) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                for a in node.names:
+                    if a.name == "*":
+                        continue
+                    name = a.asname or a.name
+                    full = f"{base}.{a.name}"
+                    self.binds[mod][name] = ("mod", full) if full in self.mods or self._is_pkg_dir(full) else ("obj", f"{base}:{a.name}")
+        self._defs(mod, tree.body, "", None)
+
+    def _is_pkg_dir(self, dotted):
+        return any(m.startswith(dotted + ".") for m in self.mods) if dotted.startswith(self.package) else False
+
+    def _defs(self, mod, body, prefix, cls):
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                cid = f"{mod}:{prefix}{node.name}"
+                c = self.classes[cid] = Cls(cid, mod, node)
+                if not prefix:
+                    self.binds[mod][node.name] = ("obj", cid)
+                for st in node.body:
+                    if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name):
+                        c.ann[st.target.id] = st.annotation
+                self._defs(mod, node.body, f"{prefix}{node.name}.", c)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                fid = f"{mod}:{prefix}{node.name}"
+                self.funcs[fid] = Func(fid, mod, cls, node)
+                if cls is not None:
+                    cls.methods.setdefault(node.name, fid)
+                elif not prefix:
+                    self.binds[mod][node.name] = ("obj", fid)
+                self._defs(mod, node.body, f"{prefix}{node.name}.<locals>.", None)
+            elif isinstance(node, (ast.If, ast.Try)):  # TYPE_CHECKING / optional-import blocks
+                for sub in (getattr(node, "body", []), getattr(node, "orelse", []), getattr(node, "finalbody", [])):
+                    self._defs(mod, sub, prefix, cls)
+                for h in getattr(node, "handlers", []):
+                    self._defs(mod, h.body, prefix, cls)
+
+    # ---- names
+    def lookup(self, mod, name, depth=0):
+        """What ``name`` means at module level of ``mod``: ("mod", m) | ("obj", id) | ("ext", dotted) | None."""
+        b = self.binds.get(mod, {}).get(name)
+        if b is None:
+            return None
+        if b[0] == "obj" and b[1] not in self.classes and b[1] not in self.funcs and depth < 6:
+            m, _, q = b[1].partition(":")
+            if m in self.mods:
+                inner = self.lookup(m, q, depth + 1)
+                if inner is not None:
+                    return inner
+            return ("ext", f"{m}.{q}")
+        return b
+
+    def resolve_expr_ref(self, mod, e):
+        """A Name/Attribute chain → ("mod", m) | ("obj", id) | ("ext", dotted) | None."""
+        if isinstance(e, ast.Name):
+            return self.lookup(mod, e.id)
+        if isinstance(e, ast.Attribute):
+            base = self.resolve_expr_ref(mod, e.value)
+            if base is None:
+                return None
+            kind, v = base
+            if kind == "mod":
+                full = f"{v}.{e.attr}"
+                if full in self.mods or self._is_pkg_dir(full):
+                    return ("mod", full)
+                if v in self.mods:
+                    inner = self.lookup(v, e.attr)
+                    if inner is not None:
+                        return inner
+                    oid = f"{v}:{e.attr}"
+                    if oid in self.classes or oid in self.funcs:
+                        return ("obj", oid)
+                return ("ext", full)
+            if kind == "ext":
+                return ("ext", f"{v}.{e.attr}")
+            if kind == "obj" and v in self.classes:
+                oid = f"{v}.{e.attr}"
+                if oid in self.classes or oid in self.funcs:
+                    return ("obj", oid)
+        return None
+
+    def resolve_class_expr(self, mod, e):
+        r = self.resolve_expr_ref(mod, e)
+        return r[1] if r and r[0] == "obj" and r[1] in self.classes else None
+
+    def ann_classes(self, mod, ann):
+        """Package classes an annotation names (Optional/Union/X | None/"X"/List[X] unwrapped to X)."""
+        out = set()
+        if ann is None:
+            return out
+        if isinstance(ann, ast.Constant) and isinstance(ann.value, str):
+            try:
+                ann = ast.parse(ann.value, mode="eval").body
+            except SyntaxError:
+                return out
+        if isinstance(ann, ast.BinOp) and isinstance(ann.op, ast.BitOr):
+            return self.ann_classes(mod, ann.left) | self.ann_classes(mod, ann.right)
+        if isinstance(ann, ast.Subscript):
+            head = ann.value.attr if isinstance(ann.value, ast.Attribute) else getattr(ann.value, "id", "")
+            if head in ("Optional", "Union"):
+                sl = ann.slice
+                elts = sl.elts if isinstance(sl, ast.Tuple) else [sl]
+                for x in elts:
+                    out |= self.ann_classes(mod, x)
+            return out
+        c = self.resolve_class_expr(mod, ann)
+        if c:
+            out.add(c)
+        return out
+
+    def mro(self, cid):
+        out, seen, stack = [], set(), [cid]
+        while stack:
+            c = stack.pop(0)
+            if c in seen or c not in self.classes:
+                continue
+            seen.add(c)
+            out.append(c)
+            stack = self.classes[c].bases + stack
+        return out
+
+    def all_subclasses(self, cid):
+        out, todo = set(), [cid]
+        while todo:
+            for s in self.subclasses.get(todo.pop(), ()):
+                if s not in out:
+                    out.add(s)
+                    todo.append(s)
+        return out
+
+    def method_targets(self, cid, name, include_overrides=True):
+        """Method ``name`` on an object declared as ``cid``: the MRO's first definition, plus every override in a
+        subclass (the object may be any subclass)."""
+        out = set()
+        for c in self.mro(cid):
+            m = self.classes[c].methods.get(name)
+            if m:
+                out.add(m)
+                break
+        if include_overrides:
+            for s in self.all_subclasses(cid):
+                m = self.classes[s].methods.get(name)
+                if m:
+                    out.add(m)
+        return out
+
+    def attr_types(self, cid, attr):
+        out = set()
+        for c in self.mro(cid):
+            k = self.classes[c]
+            out |= k.attrs.get(attr, set())
+            if attr in k.ann:
+                out |= self.ann_classes(k.mod, k.ann[attr])
+        return out
+
+
+# ---------------------------------------------------------------------------------------------- type inference
+class Types:
+    """Flow-insensitive class inference for locals and attributes (iterated a few rounds to a rough fixpoint)."""
+
+    def __init__(self, ix):
+        self.ix = ix
+        self.envs = {}
+
+    def env(self, f):
+        e = self.envs.get(f.id)
+        if e is None:
+            e = self.envs[f.id] = defaultdict(set)
+            for p, ann in f.params.items():
+                e[p] |= self.ix.ann_classes(f.mod, ann)
+        return e
+
+    def of(self, f, e, depth=0):
+        ix = self.ix
+        if depth > 4 or e is None:
+            return set()
+        if isinstance(e, ast.Name):
+            if f.self_name and e.id == f.self_name and f.cls is not None:
+                return {f.cls.id}
+            got = set(self.env(f).get(e.id, ()))
+            return got
+        if isinstance(e, ast.Attribute):
+            if isinstance(e.value, ast.Name) and f.self_name and e.value.id == f.self_name and f.cls is not None:
+                return ix.attr_types(f.cls.id, e.attr)
+            out = set()
+            for t in self.of(f, e.value, depth + 1):
+                out |= ix.attr_types(t, e.attr)
+            return out
+        if isinstance(e, ast.Call):
+            out = set()
+            for tgt in self.callees(f, e, with_overrides=False):
+                if tgt in ix.classes:
+                    out.add(tgt)
+                elif tgt in ix.funcs:
+                    g = ix.funcs[tgt]
+                    out |= ix.ann_classes(g.mod, g.node.returns)
+            return out
+        if isinstance(e, ast.IfExp):
+            return self.of(f, e.body, depth + 1) | self.of(f, e.orelse, depth + 1)
+        if isinstance(e, ast.BoolOp):
+            out = set()
+            for v in e.values:
+                out |= self.of(f, v, depth + 1)
+            return out
+        if isinstance(e, ast.NamedExpr):
+            return self.of(f, e.value, depth + 1)
+        return set()
+
+    def callees(self, f, call, with_overrides=True):
+        """Package callees of ``call`` (function ids, class ids for constructors); COLL for a torch collective;
+        empty when nothing resolved."""
+        ix = self.ix
+        fn = call.func
+        out = set()
+        if isinstance(fn, ast.Name):
+            if fn.id in local_defs(f):
+                return {local_defs(f)[fn.id]}
+            r = ix.lookup(f.mod, fn.id)
+            if r and r[0] == "obj":
+                out.add(r[1])
+            elif r and r[0] == "ext":
+                out.add("ext:" + r[1])
+            return out
+        if not isinstance(fn, ast.Attribute):
+            return out
+        name = fn.attr
+        v = fn.value
+        if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "super" and f.cls is not None:
+            for c in ix.mro(f.cls.id)[1:]:
+                m = ix.classes[c].methods.get(name)
+                if m:
+                    return {m}
+            return out
+        if isinstance(v, ast.Name) and f.self_name and v.id == f.self_name and f.cls is not None:
+            return ix.method_targets(f.cls.id, name, with_overrides)
+        ref = ix.resolve_expr_ref(f.mod, v) if not (isinstance(v, ast.Name) and v.id in self.env(f)) else None
+        if ref and ref[0] == "mod":
+            r = ix.lookup(ref[1], name) if ref[1] in ix.mods else None
+            if r and r[0] == "obj":
+                return {r[1]}
+            return {f"ext:{ref[1]}.{name}"}
+        if ref and ref[0] == "ext":
+            return {f"ext:{ref[1]}.{name}"}
+        if ref and ref[0] == "obj" and ref[1] in ix.classes:
+            return ix.method_targets(ref[1], name, False)
+        for t in self.of(f, v):
+            out |= ix.method_targets(t, name, with_overrides)
+        return out
+
+    def round(self):
+        """One pass over every function: local variable classes, ``self.attr`` classes, constructor keywords."""
+        ix = self.ix
+        for f in ix.funcs.values():
+            env = self.env(f)
+            for node in walk_body(f.node):
+                if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                    val = node.value
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    ts = self.of(f, val) if val is not None else set()
+                    if isinstance(node, ast.AnnAssign):
+                        ts = ts | ix.ann_classes(f.mod, node.annotation)
+                    if not ts:
+                        continue
+                    for t in targets:
+                        if isinstance(t, ast.Name):
+                            env[t.id] |= ts
+                        elif (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and f.self_name
+                              and t.value.id == f.self_name and f.cls is not None):
+                            f.cls.attrs[t.attr] |= ts
+                elif isinstance(node, ast.Call) and node.keywords:
+                    for c in self.callees(f, node, with_overrides=False):
+                        if c in ix.classes:
+                            for kw in node.keywords:
+                                if kw.arg:
+                                    ts = self.of(f, kw.value)
+                                    if ts:
+                                        ix.classes[c].attrs[kw.arg] |= ts
+
+
+_LOCAL_DEFS = {}
+
+
+def local_defs(f):
+    d = _LOCAL_DEFS.get(f.id)
+    if d is None:
+        d = _LOCAL_DEFS[f.id] = {n.name: f"{f.id}.<locals>.{n.name}" for n in f.node.body
+                                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return d
+
+
+def walk_body(fnode):
+    """Every node of a function's body, not descending into nested functions/classes/lambdas."""
+    todo = deque(fnode.body)
+    while todo:
+        n = todo.popleft()
+        yield n
+        for c in ast.iter_child_nodes(n):
+            if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                todo.append(c)
+
+
+def walk_stmts(stmts):
+    for s in stmts:
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        yield s
+        todo = deque(ast.iter_child_nodes(s))
+        while todo:
+            n = todo.popleft()
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                continue
+            yield n
+            todo.extend(ast.iter_child_nodes(n))
+
+
+# --------------------------------------------------------------------------------------------- collectives
+class Reach:
+    """Which functions reach a collective, with one chain each (function ids, innermost last, then the API)."""
+
+    def __init__(self, ix, types, rules):
+        self.ix, self.types = ix, types
+        coll = rules.get("collectives", {})
+        self.torch_mods = tuple(coll.get("torch_modules", ["torch.distributed"]))
+        self.torch_fns = set(coll.get("torch_functions", []))
+        self.seed_globs = list(coll.get("coordinator_methods", [])) + list(coll.get("object_broadcasts", []))
+        self.sanitizer_globs = list(coll.get("sanitizers", []))
+        self.next = {}  # fid -> (next fid or API string)
+        self.unresolved = defaultdict(list)
+        edges_rev = defaultdict(set)
+        for f in ix.funcs.values():
+            for node in walk_body(f.node):
+                if not isinstance(node, ast.Call):
+                    continue
+                api = self.torch_api(f, node)
+                if api:
+                    f.calls.append((node, frozenset([COLL]), api))
+                    continue
+                tg = types.callees(f, node)
+                resolved = set()
+                for t in tg:
+                    if t in ix.funcs:
+                        resolved.add(t)
+                    elif t in ix.classes:
+                        for init in ("__init__", "__post_init__"):
+                            resolved |= ix.method_targets(t, init, False)
+                ext = {t for t in tg if t.startswith("ext:")}
+                f.calls.append((node, frozenset(resolved | ext), _text(node.func)))
+                if not tg:
+                    self.unresolved[f.id].append((node.lineno, _text(node.func)))
+                for t in resolved:
+                    edges_rev[t].add(f.id)
+        todo = deque()
+        for fid in ix.funcs:
+            if _match(fid, self.seed_globs):
+                self.next[fid] = fid.split(":", 1)[1]
+                todo.append(fid)
+        for f in ix.funcs.values():
+            for node, tg, text in f.calls:
+                if COLL in tg and f.id not in self.next:
+                    self.next[f.id] = text
+                    todo.append(f.id)
+        while todo:
+            g = todo.popleft()
+            for caller in edges_rev.get(g, ()):
+                if caller not in self.next:
+                    self.next[caller] = g
+                    todo.append(caller)
+
+    def torch_api(self, f, call):
+        """``torch.distributed.all_reduce`` (however imported) → that dotted name; else None."""
+        fn = call.func
+        name = fn.attr if isinstance(fn, ast.Attribute) else (fn.id if isinstance(fn, ast.Name) else None)
+        if name not in self.torch_fns:
+            return None
+        if isinstance(fn, ast.Attribute):
+            r = self.ix.resolve_expr_ref(f.mod, fn.value)
+            dotted = r[1] if r else _text(fn.value)
+        else:
+            r = self.ix.lookup(f.mod, fn.id)
+            dotted = r[1].rsplit(".", 1)[0] if r and r[0] == "ext" else ""
+        return f"{dotted}.{name}" if any(dotted == m or dotted.startswith(m + ".") for m in self.torch_mods) else None
+
+    def reaches(self, fid):
+        return fid in self.next
+
+    def chain(self, fid, limit=8):
+        out = []
+        cur = fid
+        while cur in self.next and len(out) < limit:
+            out.append(cur)
+            nxt = self.next[cur]
+            if nxt == cur.split(":", 1)[1] or nxt not in self.ix.funcs:
+                if nxt != cur.split(":", 1)[1]:
+                    out.append(nxt)
+                break
+            cur = nxt
+        return out
+
+    def call_reaches(self, tg):
+        if COLL in tg:
+            return True
+        return any(t in self.next for t in tg)
+
+    def is_sanitizer(self, tg):
+        return COLL in tg or any(_match(t, self.sanitizer_globs) for t in tg) or any(t in self.next for t in tg)
+
+
+def _match(name, globs):
+    return any(fnmatch.fnmatchcase(name, g) for g in globs)
+
+
+def _text(node, limit=120):
+    try:
+        s = ast.unparse(node)
+    except Exception:  # pragma: no cover - ast.unparse handles every parsed node
+        s = type(node).__name__
+    s = " ".join(s.split())
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+# ------------------------------------------------------------------------------------------------------- taint
+class Src:
+    """A rank-local source occurrence: kind, text, resolved site (``module:Qual``) or None, line, loop var."""
+
+    __slots__ = ("kind", "text", "sites", "line", "loop")
+
+    def __init__(self, kind, text, sites, line, loop):
+        self.kind, self.text, self.line, self.loop = kind, text, line, loop
+        self.sites = tuple(sites or ())
+
+    def key(self):
+        return (self.kind, self.text, self.sites, self.line, self.loop)
+
+    def __hash__(self):
+        return hash(self.key())
+
+    def __eq__(self, o):
+        return isinstance(o, Src) and self.key() == o.key()
+
+    def to_json(self):
+        return {"kind": self.kind, "text": self.text, "sites": list(self.sites), "line": self.line, "loop_var": self.loop}
+
+
+class Guards:
+    """The guard analysis of one function (see the module docstring)."""
+
+    def __init__(self, ctx, f):
+        self.ctx, self.f = ctx, f
+        self.ix, self.reach, self.types = ctx.ix, ctx.reach, ctx.types
+        self.calls = {id(n): (tg, text) for n, tg, text in f.calls}
+        self.found = []
+        self.returned = frozenset()  # sources the function's return values depend on
+        self.seen = set()
+        self.loops = []  # stack of (loop node, target names)
+        self.frames = []  # stack of (kind, stmts, index) for skipped-code computation
+        self.pc = []  # stack of (frozenset[Src], loop depth when pushed)
+
+    # ---- sources
+    def source_of_call(self, call):
+        r = self.ctx.rules_src
+        fn = call.func
+        tg, text = self.calls.get(id(call), (frozenset(), _text(fn)))
+        loop = self.loops[-1][1] if self.loops else None
+        name = fn.attr if isinstance(fn, ast.Attribute) else (fn.id if isinstance(fn, ast.Name) else "")
+        sites = sorted(t for t in tg if t in self.ix.funcs)
+        ext = next((t[4:] for t in tg if isinstance(t, str) and t.startswith("ext:")), None)
+        if ext and any(ext == c for c in r["clocks"]):
+            m, _, q = ext.rpartition(".")
+            return Src("clock", text + "()", [f"{m}:{q}"], call.lineno, loop)
+        if ext and ext.split(".")[0] in r["non_source_modules"]:
+            return None
+        if isinstance(fn, ast.Attribute):
+            for kind, globs in r["method_kinds"]:
+                if _match(name, globs):
+                    return Src(kind, text + "()", sites, call.lineno, loop)
+        elif sites:
+            for kind, globs in r["method_kinds"]:
+                if kind != "poll" and _match(name, globs):
+                    return Src(kind, text + "()", sites, call.lineno, loop)
+        ret = [t for t in sites if t in self.ctx.returners]
+        if ret and not self.reach.is_sanitizer(tg):
+            return Src(self.ctx.returners[ret[0]], text + "()", ret, call.lineno, loop)
+        return None
+
+    def taint(self, e, st):
+        """The rank-local sources an expression depends on (a frozenset, empty when none)."""
+        if e is None:
+            return frozenset()
+        if isinstance(e, ast.Call):
+            tg, _ = self.calls.get(id(e), (frozenset(), ""))
+            s = self.source_of_call(e)
+            if s is not None:
+                return frozenset([s])
+            if self.reach.is_sanitizer(tg):
+                return frozenset()
+            fn = e.func
+            if isinstance(fn, ast.Name) and fn.id == "len" and e.args:
+                return self.len_taint(e.args[0], st)
+            out = frozenset()
+            if isinstance(fn, ast.Attribute):
+                out |= self.taint(fn.value, st)
+            for a in e.args:
+                out |= self.taint(a.value if isinstance(a, ast.Starred) else a, st)
+            for k in e.keywords:
+                out |= self.taint(k.value, st)
+            return out
+        if isinstance(e, ast.Name):
+            return st.get(e.id, frozenset())
+        if isinstance(e, ast.Attribute):
+            p = _path(e)
+            if p is not None and p in st:
+                return st[p]
+            if self.is_self_attr(e):
+                if e.attr in self.ctx.sanitized_attrs:
+                    return frozenset()
+                if e.attr in self.ctx.thread_attrs.get(self.f.cls.id, ()):
+                    loop = self.loops[-1][1] if self.loops else None
+                    return frozenset([Src("thread-written attribute", _text(e), (), e.lineno, loop)])
+                return frozenset()
+            return self.taint(e.value, st)
+        if isinstance(e, (ast.Lambda, ast.Constant)):
+            return frozenset()
+        out = frozenset()
+        for c in ast.iter_child_nodes(e):
+            if isinstance(c, ast.expr):
+                out |= self.taint(c, st)
+            elif isinstance(c, ast.comprehension):
+                out |= self.taint(c.iter, st)
+                for i in c.ifs:
+                    out |= self.taint(i, st)
+        return out
+
+    def len_taint(self, arg, st):
+        t = self.taint(arg, st)
+        if t:
+            return t
+        if isinstance(arg, ast.Attribute) and self.is_self_attr(arg):
+            name = arg.attr
+            if name in self.ctx.sanitized_attrs:
+                return frozenset()
+            if _match(name, self.ctx.rules_src["containers"]):
+                loop = self.loops[-1][1] if self.loops else None
+                return frozenset([Src("len of per-rank container", f"len({_text(arg)})", (), arg.lineno, loop)])
+        return frozenset()
+
+    def is_self_attr(self, e):
+        return (isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and self.f.self_name is not None
+                and e.value.id == self.f.self_name and self.f.cls is not None)
+
+    def pc_taint(self, loop_only=False):
+        out = frozenset()
+        depth = len(self.loops)
+        for s, d in self.pc:
+            if not loop_only or d == depth:
+                out |= s
+        return out
+
+    # ---- reach
+    def region_reach(self, stmts):
+        """The first collective-reaching call in ``stmts``: (call text, line, chain) or None."""
+        for n in walk_stmts(stmts):
+            if isinstance(n, ast.Call):
+                tg, text = self.calls.get(id(n), (frozenset(), ""))
+                if self.reach.call_reaches(tg):
+                    chains = [self.reach.chain(t) for t in sorted(x for x in tg if x != COLL) if self.reach.reaches(t)]
+                    chain = min(chains, key=len) if chains else [text]
+                    return (text, n.lineno, chain)
+        return None
+
+    # ---- statements
+    def run(self):
+        self.block(self.f.node.body, {})
+
+    def block(self, stmts, st):
+        for i, s in enumerate(stmts):
+            self.frames.append(("block", stmts, i))
+            try:
+                st = self.stmt(s, st)
+            finally:
+                self.frames.pop()
+        return st
+
+    def assign(self, target, t, st):
+        if isinstance(target, (ast.Tuple, ast.List)):
+            for x in target.elts:
+                self.assign(x.value if isinstance(x, ast.Starred) else x, t, st)
+            return
+        key = target.id if isinstance(target, ast.Name) else _path(target)
+        if key is None:
+            if isinstance(target, ast.Subscript):
+                key = _path(target.value) if not isinstance(target.value, ast.Name) else target.value.id
+                if key and t:
+                    st[key] = st.get(key, frozenset()) | t
+            return
+        if t:
+            st[key] = t if isinstance(target, ast.Name) else st.get(key, frozenset()) | t
+        elif isinstance(target, ast.Name):
+            st.pop(key, None)
+
+    def stmt(self, s, st):
+        st = dict(st)
+        pc = self.pc_taint()
+        if isinstance(s, ast.Assign):
+            t = self.taint(s.value, st) | pc
+            for tgt in s.targets:
+                self.assign(tgt, t, st)
+        elif isinstance(s, (ast.AnnAssign, ast.AugAssign)):
+            if s.value is not None:
+                t = self.taint(s.value, st) | pc
+                if isinstance(s, ast.AugAssign):
+                    t |= self.taint(s.target, st)
+                self.assign(s.target, t, st)
+        elif isinstance(s, ast.Expr):
+            self.expr_stmt(s.value, st, pc)
+        elif isinstance(s, ast.If):
+            c = self.taint(s.test, st)
+            if c:
+                self.branch_guard(s, c, st)
+            self.pc.append((c, len(self.loops)))
+            a = self.block(s.body, st)
+            b = self.block(s.orelse, st)
+            self.pc.pop()
+            st = _join(a, b)
+        elif isinstance(s, (ast.For, ast.AsyncFor)):
+            c = self.taint(s.iter, st)
+            if c:
+                r = self.region_reach(s.body)
+                if r:
+                    self.record("loop bound", s, c, r, "the number of iterations of a loop that reaches a collective")
+            names = tuple(n.id for n in ast.walk(s.target) if isinstance(n, ast.Name))
+            self.assign(s.target, c | pc, st)
+            self.loops.append((s, names[-1] if names else None))
+            self.pc.append((c, len(self.loops)))
+            self.frames.append(("loop", s.body, -1))
+            cur = st
+            for _ in range(2):
+                cur = _join(cur, self.block(s.body, cur))
+            self.frames.pop()
+            self.pc.pop()
+            self.loops.pop()
+            st = _join(cur, self.block(s.orelse, cur))
+        elif isinstance(s, ast.While):
+            c = self.taint(s.test, st)
+            if c:
+                r = self.region_reach(s.body)
+                if r:
+                    self.record("loop condition", s, c, r, "whether/how often a loop that reaches a collective runs")
+            self.loops.append((s, None))
+            self.pc.append((c, len(self.loops)))
+            self.frames.append(("loop", s.body, -1))
+            cur = st
+            for _ in range(2):
+                cur = _join(cur, self.block(s.body, cur))
+            self.frames.pop()
+            self.pc.pop()
+            self.loops.pop()
+            st = _join(cur, self.block(s.orelse, cur))
+        elif isinstance(s, (ast.Break, ast.Continue, ast.Return, ast.Raise)):
+            if isinstance(s, ast.Return):
+                self.returned |= (self.taint(s.value, st) if s.value is not None else frozenset()) | pc
+            self.exit_guard(s)
+        elif isinstance(s, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+            a = self.block(s.body, st)
+            outs = [a]
+            for h in s.handlers:
+                loop = self.loops[-1][1] if self.loops else None
+                src = Src("except path", f"except {_text(h.type) if h.type else ''}".strip(), (), h.lineno, loop)
+                self.try_guard(s, h, src)
+                self.pc.append((frozenset([src]), len(self.loops)))
+                outs.append(self.block(h.body, _join(st, a)))
+                self.pc.pop()
+            st = outs[0]
+            for o in outs[1:]:
+                st = _join(st, o)
+            st = self.block(s.orelse, st)
+            st = self.block(s.finalbody, st)
+        elif isinstance(s, (ast.With, ast.AsyncWith)):
+            st = self.block(s.body, st)
+        elif isinstance(s, getattr(ast, "Match", ())) if hasattr(ast, "Match") else False:
+            c = self.taint(s.subject, st)
+            self.pc.append((c, len(self.loops)))
+            outs = [self.block(case.body, st) for case in s.cases]
+            self.pc.pop()
+            for o in outs:
+                st = _join(st, o)
+        return st
+
+    def expr_stmt(self, e, st, pc):
+        if not isinstance(e, ast.Call):
+            return
+        tg, _ = self.calls.get(id(e), (frozenset(), ""))
+        if COLL in tg or self.reach.is_sanitizer(tg):
+            for a in e.args:  # an in-place collective: every rank holds the reduced value afterwards
+                if isinstance(a, ast.Name):
+                    st.pop(a.id, None)
+            return
+        fn = e.func
+        if isinstance(fn, ast.Attribute) and fn.attr in ("append", "extend", "add", "update", "insert", "appendleft"):
+            t = frozenset()
+            for a in e.args:
+                t |= self.taint(a, st)
+            t |= pc
+            key = fn.value.id if isinstance(fn.value, ast.Name) else _path(fn.value)
+            if key and t:
+                st[key] = st.get(key, frozenset()) | t
+
+    # ---- guard records
+    def branch_guard(self, s, c, st):
+        rb, ro = self.region_reach(s.body), self.region_reach(s.orelse)
+        r = rb or ro
+        if r:
+            self.record("branch", s, c, r, "whether a collective-reaching call runs (if/else)")
+
+    def exit_guard(self, s):
+        kind = type(s).__name__.lower()
+        loop_only = kind in ("break", "continue")
+        if loop_only and not self.loops:
+            return
+        c = self.pc_taint(loop_only=loop_only)
+        if not c:
+            return
+        if kind == "break":
+            loop = self.loops[-1][0]
+            r = self.region_reach(loop.body)
+            why = f"a `break` out of `for {self.loops[-1][1]}` skips every later iteration, which reach a collective"
+        else:
+            skipped = []
+            for fk, stmts, i in reversed(self.frames):
+                if fk == "loop":
+                    if loop_only:
+                        break
+                    continue
+                skipped.extend(stmts[i + 1:])
+            r = self.region_reach(skipped)
+            why = {"continue": "a `continue` skips the rest of this iteration, which reaches a collective",
+                   "return": "an early `return` skips the rest of the function, which reaches a collective",
+                   "raise": "a `raise` skips the rest of the function, which reaches a collective"}[kind]
+        if r:
+            self.record(kind, s, c, r, why)
+
+    def try_guard(self, s, h, src):
+        r_h = self.region_reach(h.body)
+        r_t = self.region_reach(s.body)
+        if (r_h or r_t) and ("except", h.lineno) not in self.seen:
+            self.seen.add(("except", h.lineno))
+            self.found.append({"guard": "except", "line": h.lineno, "sources": [src.to_json()],
+                               "collective": _coll_json(r_h or r_t),
+                               "why": "an exception raised on one rank only takes the handler, which changes whether "
+                                      "a collective-reaching call runs"})
+
+    def record(self, kind, s, c, r, why):
+        key = (kind, s.lineno, tuple(sorted(x.key() for x in c)))
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        self.found.append({"guard": kind, "line": s.lineno, "sources": [x.to_json() for x in sorted(c, key=Src.key)],
+                           "collective": _coll_json(r), "why": why})
+
+
+def _coll_json(r):
+    text, line, chain = r
+    return {"call": text, "line": line, "chain": chain}
+
+
+def _path(e):
+    """``a.b.c`` for a Name/Attribute chain, else None."""
+    parts = []
+    while isinstance(e, ast.Attribute):
+        parts.append(e.attr)
+        e = e.value
+    if not isinstance(e, ast.Name):
+        return None
+    parts.append(e.id)
+    return ".".join(reversed(parts))
+
+
+def _join(a, b):
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, frozenset()) | v
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- driver
+class Ctx:
+    pass
+
+
+def thread_attrs(ix, types):
+    """class id -> attributes written (``self.x = …``, ``self.x.append(…)``) inside a ``Thread(target=self.m)``."""
+    out = defaultdict(set)
+    for f in ix.funcs.values():
+        for node in walk_body(f.node):
+            if not isinstance(node, ast.Call):
+                continue
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+            if name != "Thread":
+                continue
+            tgt = next((k.value for k in node.keywords if k.arg == "target"), None)
+            if tgt is None or not isinstance(tgt, ast.Attribute) or f.cls is None:
+                continue
+            if not (isinstance(tgt.value, ast.Name) and tgt.value.id == f.self_name):
+                continue
+            for m in ix.method_targets(f.cls.id, tgt.attr, False):
+                g = ix.funcs[m]
+                for n in walk_body(g.node):
+                    if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                        for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == g.self_name:
+                                out[f.cls.id].add(t.attr)
+                    elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in (
+                            "append", "extend", "add", "update", "put", "pop", "popleft", "clear"):
+                        v = n.func.value
+                        if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.value.id == g.self_name:
+                            out[f.cls.id].add(v.attr)
+    return out
+
+
+def returners(ctx, rounds):
+    """fid -> source kind, for functions whose return value depends on a rank-local source (``free_slots()``
+    returning ``pool.available_size()``): calling them is a source too. Functions that reach a collective are not
+    (their results count as agreed), nor are functions whose only taint is an ``except`` path."""
+    ctx.returners = {}
+    for _ in range(rounds):
+        new = {}
+        for f in ctx.ix.funcs.values():
+            if f.id in ctx.returners or ctx.reach.reaches(f.id):
+                continue
+            if not any(isinstance(n, ast.Return) and n.value is not None for n in walk_body(f.node)):
+                continue
+            g = Guards(ctx, f)
+            g.record = lambda *a, **k: None  # only the return taint is wanted here
+            g.try_guard = lambda *a, **k: None
+            try:
+                g.run()
+            except RecursionError:  # pragma: no cover
+                continue
+            kinds = [x.kind for x in sorted(g.returned, key=Src.key) if x.kind != "except path"]
+            if kinds:
+                new[f.id] = kinds[0]
+        if not new:
+            break
+        ctx.returners.update(new)
+    return ctx.returners
+
+
+def scan(req):
+    t0 = time.time()
+    rules = req.get("rules") or {}
+    pkg, folder = find_package(req["package"], req.get("root"))
+    scope = rules.get("scope", {})
+    ix = Index(pkg, folder, scope.get("include", []), scope.get("exclude", []))
+    t_parse = time.time() - t0
+    types = Types(ix)
+    for _ in range(int(scope.get("type_rounds", 3))):
+        types.round()
+    reach = Reach(ix, types, rules)
+    src = rules.get("sources", {})
+    ctx = Ctx()
+    ctx.ix, ctx.types, ctx.reach = ix, types, reach
+    opts = src.get("options") or {}
+    ctx.rules_src = {
+        "clocks": list((src.get("clock") or {}).get("functions", [])),
+        "method_kinds": [(k, list(v)) for k, v in (src.get("methods") or {}).items()],
+        "containers": list(opts.get("containers", [])),
+        "non_source_modules": list(opts.get("non_source_modules", ["torch", "numpy", "np", "os", "json"])),
+    }
+    ctx.sanitized_attrs = set((rules.get("sanitizers") or {}).get("attributes", []))
+    ctx.thread_attrs = thread_attrs(ix, types) if opts.get("thread_written", True) else {}
+    ctx.returners = returners(ctx, int(scope.get("return_rounds", 2)))
+    guards = []
+    only = req.get("only_functions") or []
+    for f in ix.funcs.values():
+        if only and not _match(f.id, only):
+            continue
+        if not any(reach.call_reaches(tg) for _, tg, _ in f.calls):
+            continue
+        g = Guards(ctx, f)
+        try:
+            g.run()
+        except RecursionError:  # pragma: no cover - pathological nesting
+            continue
+        for x in g.found:
+            x["caller"] = f.id
+            x["file"] = ix.paths[f.mod]
+            guards.append(x)
+    families = {}
+    for g in guards:
+        for x in g["sources"]:
+            for site in x["sites"]:
+                if site not in families:
+                    families[site] = site_family(ix, site)
+    n_calls = sum(len(f.calls) for f in ix.funcs.values())
+    n_unres = sum(len(v) for v in reach.unresolved.values())
+    guarded_callers = {g["caller"] for g in guards}
+    return {
+        "package": pkg, "folder": folder, "python": sys.version.split()[0],
+        "version": _version(folder),
+        "modules": len(ix.mods), "classes": len(ix.classes), "functions": len(ix.funcs),
+        "calls": n_calls, "unresolved_calls": n_unres,
+        "reaching": len(reach.next),
+        "reaching_functions": sorted(reach.next) if req.get("list_reaching") else [],
+        "unresolved_in_guarded": {fid: [f"{ln}: {t}" for ln, t in reach.unresolved.get(fid, [])]
+                                  for fid in sorted(guarded_callers)},
+        "thread_attrs": {k: sorted(v) for k, v in ctx.thread_attrs.items()},
+        "returners": len(ctx.returners),
+        "parse_errors": ix.errors[:20],
+        "guards": guards,
+        "families": families,
+        "seconds": {"parse": round(t_parse, 2), "total": round(time.time() - t0, 2)},
+    }
+
+
+def site_family(ix, site):
+    """Other definitions of a method site's name in its class hierarchy (the classes a model may build instead)."""
+    f = ix.funcs.get(site)
+    if f is None or f.cls is None:
+        return []
+    name = f.node.name
+    roots = [c for c in ix.mro(f.cls.id) if name in ix.classes[c].methods]
+    out = set()
+    for r in roots or [f.cls.id]:
+        for c in {r} | ix.all_subclasses(r):
+            m = ix.classes[c].methods.get(name)
+            if m and m != site:
+                out.add(m)
+    return sorted(out)
+
+
+def _version(folder):
+    for name in ("version.py", "_version.py"):
+        p = os.path.join(folder, name)
+        if os.path.isfile(p):
+            try:
+                tree = ast.parse(open(p, encoding="utf-8").read())
+            except SyntaxError:
+                continue
+            for n in ast.walk(tree):
+                if isinstance(n, ast.Assign) and any(getattr(t, "id", "") in ("__version__", "version") for t in n.targets):
+                    if isinstance(n.value, ast.Constant) and isinstance(n.value.value, str):
+                        return n.value.value
+    return None
+
+
+def main():
+    req = json.loads(sys.stdin.read())
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
+    out = scan(req)
+    sys.stdout.write(MARK + json.dumps(out) + "\n")
+
+
+if __name__ == "__main__":
+    main()

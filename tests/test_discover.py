@@ -1,0 +1,262 @@
+"""Discovery's AST analysis (repro/discover/scan.py, run as a subprocess like in the target interpreter) on a small
+synthetic engine package the test writes, plus the catalogue merge and one scan of the installed sglang 0.5.23.
+
+The fake engine has the #30760 shape (a free-slot count read before and inside the loop over the waiting queue,
+a `break` that skips later iterations reaching an all_reduce through a cache built by a factory), values every rank
+agrees on that must NOT be candidates (the waiting queue's length, an all_reduced value, a broadcast object), an
+attribute written by a Thread target, and a call that resolves to nothing (listed, not guessed).
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from repro import discover as D
+from repro import hunt as H
+
+REPO = Path(__file__).resolve().parent.parent
+RULES = REPO / "scenarios" / "sglang" / "discover_rules.toml"
+
+FAKE = {
+    "__init__.py": "",
+    "dist/__init__.py": "",
+    "dist/coord.py": """
+        import torch.distributed as dist
+
+        class GroupCoordinator:
+            def all_reduce(self, t):
+                dist.all_reduce(t, group=self.cpu_group)
+                return t
+
+        def broadcast_pyobj(data, rank, group):
+            dist.broadcast_object_list([data], src=0, group=group)
+            return data
+
+        def get_tp_group() -> GroupCoordinator:
+            return _TP
+    """,
+    "cache.py": """
+        import torch
+        from torch import distributed as tdist
+
+        class BaseCache:
+            def check_progress(self, handle):
+                return True
+
+        class PrefetchCache(BaseCache):
+            def check_progress(self, handle):
+                return self._can_terminate(handle)
+
+            def _can_terminate(self, handle):
+                t = torch.tensor([1])
+                tdist.all_reduce(t)
+                return t.item() == 1
+
+        def make_cache() -> BaseCache:
+            return PrefetchCache()
+    """,
+    "pool.py": """
+        class Pool:
+            def available_size(self):
+                return self.free
+    """,
+    "sched.py": """
+        import threading
+        import torch
+        import torch.distributed as dist
+        from fakeengine.cache import make_cache
+        from fakeengine.pool import Pool
+        from fakeengine.dist.coord import broadcast_pyobj, get_tp_group
+
+        class Batch:
+            is_full: bool = False
+
+        class Scheduler:
+            def __init__(self):
+                self.cache = make_cache()
+                self.pool = Pool()
+                self.waiting_queue = []
+                self.ready = 0
+                threading.Thread(target=self._poll_loop, daemon=True).start()
+
+            def _poll_loop(self):
+                while True:
+                    self.ready = 1
+
+            def free_slots(self) -> int:
+                return self.pool.available_size()
+
+            def admit(self, batch: Batch):
+                if self.free_slots() <= 0:
+                    return None
+                n = len(self.waiting_queue)
+                if n > 3:
+                    self.cache.check_progress(None)
+                out = []
+                for req in self.waiting_queue:
+                    if len(out) >= self.free_slots():
+                        batch.is_full = True
+                    if batch.is_full:
+                        break
+                    if not self.cache.check_progress(req):
+                        continue
+                    out.append(req)
+                return out
+
+            def agreed(self):
+                x = self.free_slots()
+                t = torch.tensor([x])
+                dist.all_reduce(t)
+                if t.item() > 0:
+                    self.cache.check_progress(None)
+                y = broadcast_pyobj(self.free_slots(), 0, None)
+                if y:
+                    get_tp_group().all_reduce(t)
+
+            def mystery(self):
+                if self.pool.available_size() == 0:
+                    self.unknown_thing.frobnicate()
+                    self.cache.check_progress(None)
+
+            def tick(self):
+                if self.ready:
+                    dist.barrier()
+    """,
+}
+PKG = "fakeengine"
+
+
+def _write_fake(root: Path) -> Path:
+    pkg = root / PKG
+    for rel, text in FAKE.items():
+        f = pkg / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(textwrap.dedent(text), encoding="utf-8")
+    return pkg
+
+
+def _rules(tmp_path: Path) -> Path:
+    text = RULES.read_text(encoding="utf-8")
+    text = text.replace('package = "sglang"', f'package = "{PKG}"').replace('include = ["sglang.srt"]', f'include = ["{PKG}"]')
+    text = text.replace("sglang.srt.distributed.parallel_state:GroupCoordinator", f"{PKG}.dist.coord:GroupCoordinator")
+    text = text.replace('object_broadcasts = ["sglang.srt.utils.common:broadcast_pyobj"]', f'object_broadcasts = ["{PKG}.dist.coord:broadcast_pyobj"]')
+    p = tmp_path / "rules.toml"
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory: pytest.TempPathFactory) -> D.Discovery:
+    tmp = tmp_path_factory.mktemp("fake")
+    pkg = _write_fake(tmp)
+    return D.discover(sys.executable, _rules(tmp), root=str(pkg))
+
+
+def _cands(d: D.Discovery, caller: str) -> list[D.Candidate]:
+    return [c for c in d.candidates if c.caller == f"{PKG}.sched:Scheduler.{caller}"]
+
+
+def test_the_30760_shape_gives_a_break_inside_the_loop_and_a_return_before_it(fake: D.Discovery) -> None:
+    cs = _cands(fake, "admit")
+    brk = [c for c in cs if c.guard == "break" and c.loop_var == "req"]
+    assert brk, [c.why for c in cs]
+    assert brk[0].sites == (f"{PKG}.sched:Scheduler.free_slots",) and brk[0].source_kind == "pool query"
+    # the skipped later iterations reach the all_reduce through the factory-built cache (declared BaseCache: the
+    # subclass's override is followed, never guessed by name)
+    assert brk[0].chain[0] == f"{PKG}.cache:PrefetchCache.check_progress" and brk[0].chain[-1] == "torch.distributed.all_reduce"
+    assert any(c.guard == "return" and c.loop_var is None for c in cs)
+    names = {p.name: p for p in fake.points}
+    loop_pts = [p for p in fake.points if p.caller.endswith("Scheduler.admit") and p.loop_var == "req"]
+    assert len(loop_pts) == 1 and loop_pts[0].perturbations == ("zero_once", "minus_one") and loop_pts[0].name in names
+
+
+def test_values_every_rank_agrees_on_are_not_candidates(fake: D.Discovery) -> None:
+    # len(waiting_queue) is the request broadcast's: the `n > 3` branch is not a candidate
+    assert not [c for c in _cands(fake, "admit") if c.guard == "branch"]
+    # an all_reduced tensor and a broadcast object decide nothing rank-local
+    assert _cands(fake, "agreed") == []
+    # the result of a collective-reaching call (check_progress) guarding `continue` is not rank-local either
+    assert not [c for c in _cands(fake, "admit") if c.guard == "continue"]
+
+
+def test_an_unresolved_call_is_listed_not_guessed(fake: D.Discovery) -> None:
+    cs = _cands(fake, "mystery")
+    assert cs and cs[0].sites == (f"{PKG}.pool:Pool.available_size",) and cs[0].guard == "branch"
+    unres = fake.scan["unresolved_in_guarded"][f"{PKG}.sched:Scheduler.mystery"]
+    assert any("self.unknown_thing.frobnicate" in u for u in unres)
+    assert "frobnicate" not in " ".join(" ".join(c.chain) for c in fake.candidates)
+
+
+def test_an_attribute_a_thread_writes_is_rank_local_but_has_no_site_to_perturb(fake: D.Discovery) -> None:
+    cs = _cands(fake, "tick")
+    assert [(c.source_kind, c.guard, c.huntable) for c in cs] == [("thread-written attribute", "branch", False)]
+    assert fake.scan["thread_attrs"][f"{PKG}.sched:Scheduler"] == ["ready"]
+
+
+def test_points_merge_into_the_catalogue_and_hand_points_win(fake: D.Discovery, tmp_path: Path) -> None:
+    hand = H.load_catalogue(H.DEFAULT_CATALOGUE)
+    pt = fake.points[0]
+    clash = D.DiscoveredPoint("d.clash", hand.points[0].sites[0], "m:f", "x", ("zero_once",), ())
+    merged, added = D.merge_catalogue(hand, [pt, clash], D.load_rules(RULES))
+    assert [p.name for p in merged.points[: len(hand.points)]] == [p.name for p in hand.points]
+    assert added == [pt] and merged.point(pt.name).callers == (pt.caller,)
+    alone, _ = D.merge_catalogue(hand, [pt, clash], D.load_rules(RULES), keep_hand_points=False)
+    assert [p.name for p in alone.points] == [pt.name, "d.clash"] and alone.known == hand.known
+    # the points as catalogue data load back as a hunt catalogue
+    f = tmp_path / "cat.toml"
+    perts = (REPO / "scenarios" / "sglang" / "hunt_catalogue.toml").read_text().split("[[points]]")[0].replace("version = 1", "")
+    f.write_text(D.points_toml(fake.points) + perts, encoding="utf-8")
+    back = H.load_catalogue(f)
+    assert {p.name for p in back.points} == {p.name for p in fake.points}
+    assert back.point(pt.name).loops == ((pt.loop_var or ""),)
+
+
+def test_a_discovered_point_keeps_only_the_rows_of_its_loop() -> None:
+    cat = H.load_catalogue(H.DEFAULT_CATALOGUE)
+    import dataclasses
+
+    p = H.DecisionPoint("d.x", ("m:C.f",), "", ("zero_once",), ("m:C.g",), ("req",))
+    cat = dataclasses.replace(cat, points=(p,))
+    seen = [{"event": "seen", "id": "probe-d.x", "rank": 0, "caller": "m:C.g", "stack": ["m:C.g"], "loops": [[]]},
+            {"event": "seen", "id": "probe-d.x", "rank": 0, "caller": "m:C.g", "stack": ["m:C.g"], "loops": [["req"]]}]
+    rows = H.rows_from_seen(cat, seen, {"probe-d.x": "d.x"})
+    assert [(r.caller, r.loop_var) for r in rows] == [("m:C.g", "req")]
+
+
+def test_bad_rules_name_the_file_and_field(tmp_path: Path) -> None:
+    with pytest.raises(D.DiscoverError, match="not found"):
+        D.load_rules(tmp_path / "none.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text('package = "x"\n[collectives]\ntorch_functions = []\n')
+    with pytest.raises(D.DiscoverError, match=r"bad\.toml: collectives\.torch_functions"):
+        D.load_rules(bad)
+
+
+def _testbed_python() -> str:
+    from repro import testbed
+
+    if not testbed.is_set_up():
+        pytest.skip("the CPU testbed (sglang 0.5.23) is not set up: bash scripts/cpu_testbed/setup.sh")
+    return str(testbed.testbed_python())
+
+
+def test_the_30760_decision_points_are_among_the_candidates_in_the_installed_sglang() -> None:
+    d = D.discover(_testbed_python(), RULES)
+    prefill = "sglang.srt.managers.scheduler:Scheduler._get_new_batch_prefill_raw"
+    gnar = "sglang.srt.managers.scheduler:Scheduler.get_num_allocatable_reqs"
+    cs = [c for c in d.candidates if c.caller == prefill and gnar in c.sites]
+    # inside `for req in self.waiting_queue`: the free-slot count decides a break that skips the later requests'
+    # check_prefetch_progress (its all_reduce in UnifiedRadixCache._can_terminate_prefetch's path)
+    inloop = [c for c in cs if c.loop_var == "req" and c.guard == "break"]
+    assert inloop and "check_prefetch_progress" in inloop[0].collective
+    assert inloop[0].chain[0].endswith("UnifiedRadixCache.check_prefetch_progress")
+    # before the loop: the same count decides an early return / a break of the later loop
+    assert any(c.loop_var is None and c.guard in ("return", "break") for c in cs)
+    pts = {(p.site, p.caller, p.loop_var) for p in d.points}
+    assert {(gnar, prefill, "req"), (gnar, prefill, None)} <= pts
+    # the waiting queue's length is the request broadcast's: no candidate's source is len(self.waiting_queue)
+    assert not [c for c in d.candidates if "waiting_queue" in c.source]
