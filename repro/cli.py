@@ -449,30 +449,6 @@ def _json_line(rec: dict) -> None:
     sys.stdout.flush()
 
 
-def _arm_file_of(evidence: Path, need_live_server: bool = True) -> tuple[Path, list[str]]:
-    """The arm file and injection ids of a served run's plan; exits 2 naming the fix when they cannot be used."""
-    from repro.evidence import read_json
-    from repro.procs import alive, load_procs
-
-    try:
-        plan = read_json(Path(evidence) / "plan.json")
-        arm_file, ids = Path(plan["arm_file"]), [i["id"] for i in plan["injections"]]
-    except Exception as e:  # missing, not JSON, or not a plan
-        why = "not found" if isinstance(e, TypeError) and not (Path(evidence) / "plan.json").exists() else f"is not a plan ({type(e).__name__})"
-        console.print(f"[red]error:[/] {evidence}/plan.json {why}: pass the evidence folder `repro serve` printed")
-        raise typer.Exit(EXIT_USAGE)
-    if need_live_server:
-        try:
-            procs = load_procs(Path(evidence) / "processes.json")
-        except (OSError, ValueError):
-            procs = []
-        if not any(alive(p) for p in procs):
-            console.print(f"[red]error:[/] no live server belongs to {evidence} (its processes.json lists none running); "
-                          "start one with `repro serve SCENARIO` and pass the folder it prints")
-            raise typer.Exit(EXIT_USAGE)
-    return arm_file, ids
-
-
 @app.command()
 def arm(
     evidence: Path = typer.Argument(..., help="evidence folder of a `repro serve` server"),
@@ -484,32 +460,26 @@ def arm(
     Re-arming restarts occurrence counts. Exit 0 when every rank acknowledged the arm file, 4 when a rank did not
     within 10 s (its calls may still run unarmed).
     """
-    from repro.evidence import read_json
-    from repro.runner import ARM_ACK_TIMEOUT_S, arm_and_wait
+    from repro import arming
+    from repro.runner import ARM_ACK_TIMEOUT_S
 
-    arm_file, known = _arm_file_of(evidence)
-    ids = list(injections or known)
-    unknown = [i for i in ids if i not in known]
-    if unknown:
-        console.print(f"[red]error:[/] unknown injection id(s) {', '.join(unknown)}; this plan has: {', '.join(known) or '(none)'}")
-        raise typer.Exit(EXIT_USAGE)
     try:
-        out_dir = Path(read_json(Path(evidence) / "plan.json")["out_dir"])
-        rank_pids = {int(k): int(v) for k, v in (read_json(Path(evidence) / "serve.json") or {}).get("rank_pids", {}).items()}
-    except Exception:  # an older folder without serve.json: arm without waiting
-        out_dir, rank_pids = None, {}
-    late = arm_and_wait(arm_file, ids, out_dir, rank_pids)
+        res = arming.arm(evidence, injections)
+    except arming.ArmError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(EXIT_USAGE)
+    ids, arm_file, late, rank_pids = list(res.armed), res.arm_file, list(res.late), res.rank_pids
     if as_json:
         out.print_json(data={"armed": ids, "arm_file": str(arm_file), "late_ranks": sorted(late),
-                             "read_by": sorted(k for k in rank_pids if k not in late) if out_dir else [],
+                             "read_by": res.read_by,
                              "exit_code": EXIT_INCONCLUSIVE if late else EXIT_SUCCESS})
         raise typer.Exit(EXIT_INCONCLUSIVE if late else EXIT_SUCCESS)
     if late:
         console.print(f"[yellow]warning:[/] TP{', TP'.join(map(str, late))} did not read the arm file within "
-                      f"{ARM_ACK_TIMEOUT_S:g} s; calls there may still run unarmed (its injector log: {out_dir})")
+                      f"{ARM_ACK_TIMEOUT_S:g} s; calls there may still run unarmed (its injector log: {res.injector_dir})")
         out.print(f"armed: {', '.join(ids)} (not confirmed on every rank)")
         raise typer.Exit(EXIT_INCONCLUSIVE)
-    acked = f" (read by TP{', TP'.join(str(k) for k in sorted(rank_pids))})" if ids and out_dir and rank_pids else ""
+    acked = f" (read by TP{', TP'.join(str(k) for k in res.read_by)})" if res.read_by else ""
     out.print(f"armed: {', '.join(ids)}{acked}")
 
 
@@ -519,10 +489,13 @@ def disarm(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object on stdout"),
 ) -> None:
     """Disarm a served server's injector (sites stay patched and counted, nothing fires)."""
-    from repro.runner import write_arm_file
+    from repro import arming
 
-    arm_file, _ = _arm_file_of(evidence, need_live_server=False)
-    write_arm_file(arm_file, [])
+    try:
+        arm_file = arming.disarm(evidence)
+    except arming.ArmError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(EXIT_USAGE)
     if as_json:
         out.print_json(data={"disarmed": True, "arm_file": str(arm_file)})
         return
@@ -620,36 +593,6 @@ def sites(
     raise typer.Exit(EXIT_SUCCESS if rep.ok else EXIT_USAGE)
 
 
-def _ledger_of(paths: List[Path]) -> Any:
-    """The ledger diagnosis of the first evidence/injector folder among ``paths`` that holds ledger files (rank
-    pids from its verdict.json / session.json when present), else None."""
-    import json as _json
-
-    from repro.ledger import diagnose
-
-    for p in paths:
-        if not p.is_dir():
-            continue
-        pids = None
-        for name in ("verdict.json", "session.json"):
-            f = p / name
-            if f.exists():
-                try:
-                    rp = _json.loads(f.read_text()).get("rank_pids") or {}
-                    pids = [int(v) for v in rp.values()] or None
-                except (ValueError, AttributeError):
-                    pids = None
-                if pids:
-                    break
-        try:
-            diag = diagnose(p, pids)
-        except Exception:
-            diag = None
-        if diag is not None:
-            return diag
-    return None
-
-
 @app.command()
 def analyze(
     paths: List[Path] = typer.Argument(..., help="evidence folder (its stacks/), stacks folder, or dump files "
@@ -669,7 +612,9 @@ def analyze(
 
     from repro.analysis import AnalyzeInputError, analyze as analyze_captures, load_captures
 
-    ledger_diag = _ledger_of(paths)
+    from repro.ledger import diagnose_paths
+
+    ledger_diag = diagnose_paths(paths)
     try:
         caps = load_captures(paths, tag=tag)
     except AnalyzeInputError as e:

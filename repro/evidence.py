@@ -168,7 +168,7 @@ class PlanRecord(_Record):
     are the fields the harness reads back: ``arm_file``, ``out_dir`` and the injection ids."""
 
     arm_file: str
-    out_dir: str
+    out_dir: Optional[str] = None
     injections: list[dict] = Field(default_factory=list)
 
     def injection_ids(self) -> list[str]:

@@ -547,5 +547,42 @@ def diagnose(folder: Union[str, Path], pids: Optional[Iterable[int]] = None) -> 
     return LedgerDiagnosis(leds, align(leds), per_tick_counts(leds), check_consistent(leds))
 
 
-__all__ = ["LedgerDiagnosis", "diagnose", "GroupInfo", "Record", "RankLedger", "Divergence", "LedgerError", "read_ledger_files", "load_ledgers",
+def rank_pids_of(folder: Union[str, Path]) -> Optional[list[int]]:
+    """The rank pids an evidence folder recorded (``verdict.json``, else ``session.json``); None when neither
+    names any (then every ledger file counts). A malformed file counts as absent."""
+    from repro import evidence as ev
+
+    try:
+        evd = ev.EvidenceDir.open(folder)
+    except ev.EvidenceFileError:
+        return None
+    for member in (evd.verdict, evd.session):
+        try:
+            rec = member.read(missing_ok=True)
+        except ev.EvidenceFileError:
+            continue
+        pids = [int(v) for v in (rec.rank_pids if rec is not None else {}).values()]
+        if pids:
+            return pids
+    return None
+
+
+def diagnose_paths(paths: Iterable[Union[str, Path]]) -> Optional[LedgerDiagnosis]:
+    """The ledger diagnosis of the first folder among ``paths`` (evidence or injector folders; files are skipped)
+    that holds ledger files, with the rank pids it recorded (:func:`rank_pids_of`); None when none does. What
+    ``repro analyze`` puts beside the stack analysis."""
+    for p in paths:
+        p = Path(p)
+        if not p.is_dir():
+            continue
+        try:
+            diag = diagnose(p, rank_pids_of(p))
+        except Exception:  # an unreadable ledger: the stack analysis still stands
+            diag = None
+        if diag is not None:
+            return diag
+    return None
+
+
+__all__ = ["LedgerDiagnosis", "diagnose", "diagnose_paths", "rank_pids_of", "GroupInfo", "Record", "RankLedger", "Divergence", "LedgerError", "read_ledger_files", "load_ledgers",
            "align", "per_tick_counts", "check_consistent", "short_name"]
