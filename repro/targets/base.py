@@ -390,6 +390,7 @@ class AdapterBase:
     ref_location = RefLocation(package="")
     watch_defaults = WatchDefaults(title_match="")
     hunt_catalogue: Optional[Path] = None
+    discover_rules: Optional[Path] = None  # `repro discover`'s rules (None: discover_rules.toml next to the catalogue)
     title_namespace = ""  # prefix of every process title the engine sets (``sglang::``); "" = none
 
     def parse_title(self, title: str) -> Optional[RankTitle]:  # pragma: no cover - every engine overrides it

@@ -209,9 +209,30 @@ class SGLangAdapter(AdapterBase):
 
         return resources.hunt_catalogue()
 
+    @property
+    def discover_rules(self) -> Path:  # type: ignore[override]
+        """``scenarios/sglang/discover_rules.toml`` (``repro discover``'s rules), next to the hunt catalogue."""
+        return self.hunt_catalogue.parent / "discover_rules.toml"
+
     watch_defaults = WatchDefaults(title_match=SCHEDULER_TITLE_PREFIX, title_example="sglang::scheduler_TP<k>",
                                    health_timeout_s=25.0, metrics_path="/metrics")
     title_namespace = TITLE_NAMESPACE
+
+    def topology(self, server: Any) -> "Topology":
+        """``server.topology``: ``single`` (one server of ``tp_size`` ranks) or ``pd`` (prefill of ``tp_size`` ranks,
+        decode, router: ``repro.targets.sglang_pd.pd_topology``).
+
+        Raises:
+            ValueError: another topology name (the message lists the known ones).
+        """
+        name = getattr(server, "topology", "single") or "single"
+        if name == "single":
+            return super().topology(server)
+        from repro.targets.sglang_pd import PD_TOPOLOGY, pd_topology
+
+        if name == PD_TOPOLOGY:
+            return pd_topology(server)
+        raise ValueError(f"server.topology {name!r} is not known to the sglang adapter; expected 'single' or 'pd'")
 
     def tick_function_for(self, args: Sequence[str]) -> str:
         """The per-tick function for a server started with ``args`` (``--disaggregation-mode`` picks the loop)."""
