@@ -1,7 +1,8 @@
-"""Which Python interpreter runs the server (issue 2 §3). The harness itself never imports sglang.
+"""Which Python interpreter runs the server (see docs/pipeline.md). The harness itself never imports the engine.
 
-Order: ``--python`` if given; else this interpreter if it can import sglang (checked in a subprocess); else the
-CPU testbed's if it is set up; else :class:`InterpreterError` naming both fixes.
+Order: ``--python`` if given; else this interpreter if it can import the engine's package (the adapter's
+``ref_location.package``, ``sglang``; checked in a subprocess); else the CPU testbed's if it is set up; else
+:class:`InterpreterError` naming both fixes.
 """
 
 from __future__ import annotations
@@ -22,47 +23,61 @@ class InterpreterError(Exception):
     """No usable server interpreter; ``str()`` is one line naming ``--python`` and the testbed setup command."""
 
 
-def can_import_sglang(python: str, timeout_s: float = IMPORT_CHECK_TIMEOUT_S) -> bool:
-    """True iff ``python -c "import sglang"`` exits 0 within ``timeout_s`` seconds (run in a subprocess)."""
+def _default_package() -> str:
+    from repro.targets.registry import get_adapter
+
+    return get_adapter().ref_location.package
+
+
+def can_import(python: str, package: str, timeout_s: float = IMPORT_CHECK_TIMEOUT_S) -> bool:
+    """True iff ``python -c "import <package>"`` exits 0 within ``timeout_s`` seconds (run in a subprocess)."""
     try:
-        r = subprocess.run([python, "-c", "import sglang"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        r = subprocess.run([python, "-c", f"import {package}"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return r.returncode == 0
 
 
-def choose_python(explicit: Optional[str], require_sglang: bool = True) -> str:
+def can_import_sglang(python: str, timeout_s: float = IMPORT_CHECK_TIMEOUT_S) -> bool:
+    """:func:`can_import` of the default adapter's engine package (kept for callers of the old name)."""
+    return can_import(python, _default_package(), timeout_s)
+
+
+def choose_python(explicit: Optional[str], require_sglang: bool = True, package: Optional[str] = None) -> str:
     """Pick the interpreter that runs the server.
 
     Args:
         explicit: the ``--python`` value, or None.
-        require_sglang: an explicit interpreter must be able to import sglang (checked in a subprocess, a few
+        require_sglang: an explicit interpreter must be able to import the engine (checked in a subprocess, a few
             seconds); ``repro sites`` passes False so it can report missing modules itself.
+        package: the engine's package (the scenario's adapter's ``ref_location.package``; default: the default
+            adapter's, ``sglang``).
     Returns:
         Path (or command name found on PATH) of the interpreter.
     Raises:
-        InterpreterError: ``explicit`` does not exist, is not an executable file, or cannot import sglang; or no
-            interpreter with sglang was found and the CPU testbed is not set up (message names ``--python`` and
+        InterpreterError: ``explicit`` does not exist, is not an executable file, or cannot import the engine; or
+            no interpreter with it was found and the CPU testbed is not set up (message names ``--python`` and
             ``bash scripts/cpu_testbed/setup.sh``).
     """
+    pkg = package or _default_package()
     if explicit:
         path = Path(explicit)
         found = str(path) if path.exists() else shutil.which(explicit)
         if not found:
-            raise InterpreterError(f"--python {explicit}: no such interpreter; pass the path of a python that has sglang installed")
+            raise InterpreterError(f"--python {explicit}: no such interpreter; pass the path of a python that has {pkg} installed")
         if not (Path(found).is_file() and os.access(found, os.X_OK)):
             raise InterpreterError(f"--python {explicit}: not an executable file; pass the path of a python interpreter (e.g. venv/bin/python)")
-        if require_sglang and not can_import_sglang(found):
+        if require_sglang and not can_import(found, pkg):
             raise InterpreterError(
-                f"--python {explicit}: cannot import sglang; pass a python that has sglang installed, or run `{testbed.setup_command()}` "
+                f"--python {explicit}: cannot import {pkg}; pass a python that has {pkg} installed, or run `{testbed.setup_command()}` "
                 "and omit --python")
         return found
-    if can_import_sglang(sys.executable):
+    if can_import(sys.executable, pkg):
         return sys.executable
     if testbed.is_set_up():
         return str(testbed.testbed_python())
     raise InterpreterError(
-        f"no Python with sglang found: this interpreter ({sys.executable}) cannot import sglang and the CPU testbed "
+        f"no Python with {pkg} found: this interpreter ({sys.executable}) cannot import {pkg} and the CPU testbed "
         f"is not set up at {testbed.testbed_dir()}; pass --python PATH or run `{testbed.setup_command()}`"
     )

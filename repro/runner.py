@@ -135,7 +135,11 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
                 raise RunError(f"{opts.scenario_path}: variants.{v.name}.injections.{inj.id}.gate.ranks lists rank(s) "
                                f"{bad}, outside the TP group of size {tp} (expected 0..{tp - 1})")
     try:
-        python = choose_python(opts.python)
+        adapter = get_adapter(scenario.server.adapter)
+    except UnknownAdapterError as e:
+        raise RunError(f"{opts.scenario_path}: server.adapter: {e}") from None
+    try:
+        python = choose_python(opts.python, package=adapter.ref_location.package or None)
     except InterpreterError as e:
         raise RunError(str(e)) from None
     tb_python = testbed.testbed_python()
@@ -153,10 +157,6 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
     except ev.EvidenceError as e:
         raise RunError(str(e)) from None
     arm_file = evd.path / ARM_FILE_NAME
-    try:
-        adapter = get_adapter(scenario.server.adapter)
-    except UnknownAdapterError as e:
-        raise RunError(f"{opts.scenario_path}: server.adapter: {e}") from None
     plan = compile_plan(scenario, variant, evd.injector_dir, arm_file,
                         tick_function=adapter.tick_function_for(scenario.server.args),
                         injector_profile=adapter.injector_profile.to_plan())
@@ -544,6 +544,16 @@ class Session:
         self._open_drivers = []
 
 
+def make_session(p: Prepared, observe: Observer = _noop, detectors: Optional[Sequence[Any]] = None) -> "Session":
+    """The session for ``p``: a :class:`Session`, or for a multi-server topology (``server.topology`` other than
+    ``single``, e.g. PD disaggregation) ``repro.pd``'s session over the whole stack."""
+    from repro import pd
+
+    if pd.is_multi(p):
+        return pd.make_session_class()(p, observe, detectors)
+    return Session(p, observe, detectors)
+
+
 def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop) -> RunResult:
     """Launch, arm, drive, detect, capture, judge, write evidence, tear down. Never leaves the server running.
 
@@ -553,7 +563,7 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop) -> Ru
     evd = p.evidence
     t0 = time.time()
     evd.command.write((opts.command_line or "repro run " + str(opts.scenario_path)) + "\n")
-    session = Session(p, observe)
+    session = make_session(p, observe)
     outcome: Optional[Outcome] = None
     interrupted = False
     unresolved: Optional[UnresolvedSitesError] = None
@@ -788,7 +798,7 @@ def run_many(opts: RunOptions, variants: Sequence[str], observe: Observer = _noo
         KeyboardInterrupt: after teardown.
     """
     p = prepare(opts, label_default="session", variants=variants)
-    session = Session(p, observe)
+    session = make_session(p, observe)
     results: list[RunResult] = []
     interrupted = False
 
@@ -876,6 +886,10 @@ def finish_evidence(p: Prepared, opts: RunOptions, variant: Variant, evd: ev.Evi
     from repro import injection_records
     from repro.report import ReportInput, write_report
 
+    if getattr(outcome, "pd", None) is not None:  # several servers: evidence per server (repro.pd)
+        from repro.pd import finish_pd_evidence
+
+        return finish_pd_evidence(p, opts, variant, evd, outcome, interrupted)
     verdict, analysis = outcome.verdict, outcome.analysis
     if analysis is not None:
         evd.analysis.write(analysis.to_dict())
