@@ -104,7 +104,7 @@ else
   trap 'kill "$progress_pid" 2>/dev/null' EXIT
   pip_rc=0
   "$py" -m pip install --no-input --progress-bar off "${PACKAGES[@]}" >"$log" 2>&1 || pip_rc=$?
-  kill "$progress_pid" 2>/dev/null; wait "$progress_pid" 2>/dev/null; trap - EXIT
+  kill "$progress_pid" 2>/dev/null || true; wait "$progress_pid" 2>/dev/null || true; trap - EXIT  # (set -e: a killed job's 143)
   if [ "$pip_rc" -ne 0 ]; then
     tail -15 "$log" >&2
     missing=$(grep -oE "No matching distribution found for [^ ]+|Could not find a version that satisfies the requirement [^ ]+" "$log" | head -1 || true)
