@@ -63,6 +63,10 @@ FAKE = {
         class Pool:
             def available_size(self):
                 return self.free
+
+        class PagedPool(Pool):
+            def available_size(self):
+                return self.free // 2
     """,
     "sched.py": """
         import threading
@@ -185,7 +189,9 @@ def test_values_every_rank_agrees_on_are_not_candidates(fake: D.Discovery) -> No
 
 def test_an_unresolved_call_is_listed_not_guessed(fake: D.Discovery) -> None:
     cs = _cands(fake, "mystery")
-    assert cs and cs[0].sites == (f"{PKG}.pool:Pool.available_size",) and cs[0].guard == "branch"
+    # a call on a Pool may land in its subclass's override: both are sites (the model builds one of them)
+    assert cs and cs[0].sites == (f"{PKG}.pool:PagedPool.available_size", f"{PKG}.pool:Pool.available_size")
+    assert cs[0].guard == "branch"
     unres = fake.scan["unresolved_in_guarded"][f"{PKG}.sched:Scheduler.mystery"]
     assert any("self.unknown_thing.frobnicate" in u for u in unres)
     assert "frobnicate" not in " ".join(" ".join(c.chain) for c in fake.candidates)
@@ -260,3 +266,53 @@ def test_the_30760_decision_points_are_among_the_candidates_in_the_installed_sgl
     assert {(gnar, prefill, "req"), (gnar, prefill, None)} <= pts
     # the waiting queue's length is the request broadcast's: no candidate's source is len(self.waiting_queue)
     assert not [c for c in d.candidates if "waiting_queue" in c.source]
+
+
+# ------------------------------------------------------------------------------------------ the hunt, stand-in runner
+def test_hunt_discover_without_hand_points_hunts_the_discovered_rows_and_judges_discovery(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from test_hunt import FakeRunner, _seen
+
+    from repro.verdict import DEADLOCKED
+
+    monkeypatch.setattr(H, "SETTLE_S", 0.0)
+    _write_fake(tmp_path)
+    rules = _rules(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the scan's interpreter finds the fake engine with find_spec
+    monkeypatch.setattr(H, "_discovery_python", lambda opts: sys.executable)
+    admit, mystery = f"{PKG}.sched:Scheduler.admit", f"{PKG}.sched:Scheduler.mystery"
+    fr = FakeRunner({"-zero_once-r0": DEADLOCKED})
+
+    class Session(fr.Session):  # the baseline sees the in-loop free-slot read and the paged pool (never the base Pool)
+        def drive(self, variant, run_dir, n=None, native=False):
+            out = super().drive(variant, run_dir, n, native)
+            if variant.name == "baseline":
+                ids = {i.id for i in variant.injections}
+                loop = next(i for i in ids if i.endswith("free_slots--admit.in-req"))[len("probe-"):]
+                paged = next(i for i in ids if "PagedPool.available_size--mystery" in i)[len("probe-"):]
+                lines = [_seen(loop, [admit, "m:a"], [["req"], []]), _seen(loop, [admit, "m:a"], [[], []]),
+                         _seen(paged, [mystery, "m:a"], [[], []])]
+                (self.p.evidence.injector_dir / "fires-100.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+            return out
+
+    fr.Session = Session
+    res = H.hunt(H.HuntOptions(scenario_path=REPO / "scenarios" / "sglang" / "hicache_prefetch_30760.toml",
+                               evidence_root=tmp_path / "ev", discover=True, hand_points=False, discover_rules=rules,
+                               perturbations=("zero_once",), ranks=(0,)), runner=fr)
+    # only the loop's row of the in-loop point (its out-of-loop sighting belongs to the other point) and the paged pool
+    assert sorted((r.caller, r.loop_var) for r in res.rows) == [(admit, "req"), (mystery, None)]
+    assert all(r.point.startswith("d.") for r in res.rows)
+    p = res.discovery["points"]
+    assert p["reached"] == 2 and p["fired"] == 2 and p["deadlocked"] == 2
+    assert res.discovery["rows"] == {"discovered": {"reached": 2, "fired": 2}}
+    prec = (res.folder / "discovery" / "PRECISION.md").read_text()
+    assert "`Pool.available_size` is never built by this model; it built `PagedPool.available_size` instead" in prec
+    assert (res.folder / "discovery" / "catalogue.toml").is_file() and "discovery/DISCOVERY.md" in (res.folder / "HUNT.md").read_text()
+
+
+def test_no_hand_catalogue_needs_discover(tmp_path: Path) -> None:
+    with pytest.raises(H.HuntError, match="--no-hand-catalogue needs --discover"):
+        H.hunt(H.HuntOptions(scenario_path=REPO / "scenarios" / "sglang" / "hicache_prefetch_30760.toml",
+                             evidence_root=tmp_path, hand_points=False))
