@@ -828,13 +828,12 @@ class Watcher:
         disc = self.discover()
         writes: list[tuple[str, Callable[[], Any]]] = []
         if evd is not None:
-            writes.append(("watch.json", lambda: evd.write_json("watch.json", {
+            writes.append((ev.Layout.WATCH.name, lambda: evd.watch.write({
                 "kind": "watch", "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items()},
                 "pid": os.getpid()})))
-            writes.append(("probes.jsonl", lambda: evd.write_text("probes.jsonl", "".join(
-                json.dumps(r) + "\n" for r in self.history))))
+            writes.append((ev.Layout.PROBES.name, lambda: evd.probes.write(list(self.history))))
             if disc.procs:
-                writes.append(("processes.json", lambda: _procs.save_procs(evd.file("processes.json"), disc.procs)))
+                writes.append((ev.Layout.PROCESSES.name, lambda: _procs.save_procs(evd.processes.path, disc.procs)))
         self._write_all(evd, writes, errors)
         metrics = self._fetch_metrics(evd, errors)
         t_cap = time.time()
@@ -880,15 +879,19 @@ class Watcher:
         if evd is not None:
             writes = []
             if a2 is not None:
-                writes.append(("analysis.json", lambda: evd.write_text("analysis.json", a2.to_json())))
-                writes.append(("analysis-first.json", lambda: evd.write_text("analysis-first.json", a1.to_json())))
-            writes.append(("hang.json", lambda: evd.write_json("hang.json", hang_json)))
-            writes.append(("REPORT.md", lambda: evd.write_text("REPORT.md", watch_report(
+                writes.append((ev.Layout.ANALYSIS.name, lambda: evd.analysis.write(a2.to_dict())))
+                writes.append((ev.Layout.ANALYSIS_FIRST.name, lambda: evd.analysis_first.write(a1.to_dict())))
+            writes.append((ev.Layout.HANG.name, lambda: evd.hang.write(hang_json)))
+            writes.append((ev.Layout.REPORT.name, lambda: evd.report.write(watch_report(
                 o, hang_json, a2, list(self.history), disc, evd.stacks_dir))))
-            writes.append(("verdict.json", lambda: evd.write_json("verdict.json", {
-                "verdict": verdict, "reason": reason, "exit_code": exit_code, "kind": "watch",
-                "hang": health.kind, "notes": [health.detail]})))
-            writes.append(("run.json", lambda: evd.set_status("complete")))
+            # verdict.json takes a run's shape (repro.evidence.VerdictRecord), plus kind = watch and the hang label
+            timings = {"declared_after_first_failure_s": declared_after, "capture_s": capture_s}
+            writes.append((ev.Layout.VERDICT.name, lambda: evd.verdict.write(ev.verdict_record(
+                {"verdict": verdict, "reason": reason, "notes": [health.detail]}, exit_code=exit_code,
+                evidence=evd.path, scenario=evd.scenario_dir.name, partial=False,
+                timings={k: v for k, v in timings.items() if v is not None}, rank_pids=rank_pids, kind="watch",
+                hang=health.kind))))
+            writes.append((ev.Layout.RUN.name, lambda: evd.set_status("complete")))
             ok = self._write_all(evd, writes, errors)
         else:
             ok = False
@@ -955,13 +958,13 @@ class Watcher:
             return {"path": o.metrics_path, "outcome": HTTP_ERROR, "status": status,
                     "note": "sglang serves /metrics only with --enable-metrics"}
         info = {"path": o.metrics_path, "outcome": OK, "status": status, "bytes": len(resp.content),
-                "latency_s": round(lat, 3), "file": "metrics.txt"}
+                "latency_s": round(lat, 3), "file": ev.Layout.METRICS.name}
         if evd is not None:
             try:
-                ev.write_text_atomic(evd.file("metrics.txt"), resp.content.decode("utf-8", errors="replace"))
+                evd.metrics.write(resp.content.decode("utf-8", errors="replace"))
             except OSError as e:
                 errors.append(f"{evd.file('metrics.txt')}: {e.strerror or e}")
-                self._log("evidence_error", path=str(evd.file("metrics.txt")), error=str(e))
+                self._log("evidence_error", path=str(evd.metrics.path), error=str(e))
                 info["file"] = None
         return info
 
@@ -970,7 +973,7 @@ class Watcher:
         """Run ``on_hang`` in its own process group with ``REPRO_EVIDENCE_DIR``; bounded; logged; never raises."""
         o = self.opts
         env = dict(os.environ, **{EVIDENCE_ENV: str(evd.path), "REPRO_WATCH_URL": o.url, "REPRO_VERDICT": verdict})
-        log_path = evd.file("on_hang.log")
+        log_path = evd.on_hang_log.path
         t0 = time.time()
         res: dict[str, Any] = {"command": o.on_hang, "evidence": str(evd.path), "started": _iso(t0)}
         try:
@@ -1001,9 +1004,9 @@ class Watcher:
         except OSError:
             res["output_tail"] = ""
         try:
-            evd.write_json("on_hang.json", res)
+            evd.on_hang.write(res)
         except OSError as e:
-            self._log("evidence_error", path=str(evd.file("on_hang.json")), error=str(e))
+            self._log("evidence_error", path=str(evd.on_hang.path), error=str(e))
         self._log("on_hang", **res)
         return res
 

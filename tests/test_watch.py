@@ -192,6 +192,8 @@ def test_silent_hang_declared_after_k_failures_while_health_answers_200(stub: St
     evd = Path(_of(events, "evidence")[0]["path"])
     verdict = json.loads((evd / "verdict.json").read_text())
     assert verdict["verdict"] == "INCONCLUSIVE" and verdict["exit_code"] == 4 and verdict["hang"] == SILENT
+    # a run's verdict.json shape (repro.evidence.VerdictRecord), kind = watch
+    assert verdict["kind"] == "watch" and verdict["evidence"] == str(evd) and "rank_pids" in verdict and "timings" in verdict
     assert "no rank process found" in verdict["reason"]
     assert (evd / "metrics.txt").read_text() == METRICS_TEXT, "raw /metrics kept as served"
     report = (evd / "REPORT.md").read_text()
