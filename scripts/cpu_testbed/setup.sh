@@ -93,10 +93,12 @@ else
   tp=$(date +%s)
   log="$dir/pip-install.log"
   : >"$log"
-  (  # progress: the venv's size against ~11 GB and pip's last line (full log: $log)
-    while sleep 15; do
-      mb=$(du -sm "$venv" 2>/dev/null | cut -f1)
-      last=$(tail -c 2000 "$log" 2>/dev/null | tr '\r' '\n' | grep -v '^[[:space:]]*$' | tail -1 | cut -c1-110)
+  (  # progress: the venv's size against ~11 GB and pip's last line (full log: $log); on TERM its sleep ends too
+    s=""; trap '[ -n "$s" ] && kill "$s" 2>/dev/null; exit 0' TERM
+    while :; do
+      sleep 15 & s=$!; wait "$s"
+      mb=$(du -sm "$venv" 2>/dev/null | cut -f1 || true)
+      last=$(tail -c 2000 "$log" 2>/dev/null | tr '\r' '\n' | grep -v '^[[:space:]]*$' | tail -1 | cut -c1-110 || true)
       echo "  ... $(( $(date +%s) - tp )) s: venv ${mb:-0} MB of ~11000 MB; pip: ${last:-starting}"
     done
   ) &
