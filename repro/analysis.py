@@ -124,6 +124,8 @@ def comm_layer(f: Frame) -> Optional[str]:
     if is_ledger_frame(f):
         return "native"  # transparent like a native frame
     path = f.module_or_file.replace("\\", "/")
+    if _data_rules().idle_kind(f.function, path) is not None:
+        return None  # a wait for work inside a communication package (vLLM's MessageQueue.dequeue)
     rules = _frame_rules()
     layer = _rule_layer(rules.object_comm, f, path)
     if layer is not None:
@@ -136,6 +138,8 @@ def comm_layer(f: Frame) -> Optional[str]:
     if layer is None:  # engines without an adapter yet (vLLM, DeepSpeed, accelerate): repro/data/frame_rules.toml
         hit = _data_rules().collective_layer(f.function, path)
         layer = hit.layer if hit is not None else None
+    if layer is None and f.module_or_file in ("", "?") and _norm_op(f.function) in COLLECTIVE_OPS - {"wait"}:
+        layer = "named op"  # a hand-written frame list gives the bare op name, no file
     return layer
 
 

@@ -1,0 +1,68 @@
+"""Every case of tests/fixtures/pasted/ (one per dump format and failure class) gets its expected answer.
+
+Each case folder holds the pasted input files and ``expected.json`` (its ``origin`` says which tool produced it,
+or that it was written by hand because no tool here can). The keys checked, where present: ranks, formats read,
+diverged, odd ranks, busy ranks, per-rank (state, op), backend, group kind, how the rank was known, notes and
+errors that must be said, what must be reported missing, and the processes that must be skipped (with a reason).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from repro.analysis import analyze_paths
+
+PASTED = Path(__file__).resolve().parent / "fixtures" / "pasted"
+CASES = sorted(p.name for p in PASTED.iterdir() if (p / "expected.json").is_file())
+
+
+def test_the_corpus_covers_every_format():
+    fmts = set()
+    for c in CASES:
+        fmts |= set(json.loads((PASTED / c / "expected.json").read_text()).get("formats", []))
+    assert fmts >= {"py-spy", "py-spy-json", "faulthandler", "pystack", "gdb", "traceback", "flight-recorder",
+                    "condensed", "arrow-chain", "ray-stack"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_pasted_case_gets_its_expected_answer(case):
+    exp = json.loads((PASTED / case / "expected.json").read_text())
+    files = sorted(p for p in (PASTED / case).iterdir() if p.name != "expected.json")
+    a = analyze_paths(files)
+    by = {r.rank: r for r in a.ranks}
+    ctx = f"{case}: {a.summary} | " + " | ".join(a.input_lines()) + " | " + " | ".join(a.warnings[:5])
+    if "ranks" in exp:
+        assert [r.rank for r in a.ranks] == exp["ranks"], ctx
+    if "formats" in exp:
+        assert sorted(a.formats) == sorted(exp["formats"]), ctx
+    if "diverged" in exp:
+        assert a.diverged is exp["diverged"], ctx
+    if "odd_ranks" in exp:
+        assert a.odd_ranks == exp["odd_ranks"], ctx
+    if "busy_ranks" in exp:
+        assert a.busy_ranks == exp["busy_ranks"], ctx
+    for k, (state, op) in exp.get("states", {}).items():
+        r = by[int(k)]
+        assert (r.state, r.op) == (state, op) or (op is None and r.state == state), (k, r.state, r.op, ctx)
+    for k, v in exp.get("backend", {}).items():
+        assert by[int(k)].backend == v, (k, by[int(k)].backend, ctx)
+    for k, v in exp.get("group_kind", {}).items():
+        assert by[int(k)].group_kind == v, (k, ctx)
+    for k, v in exp.get("rank_source", {}).items():
+        assert v in by[int(k)].rank_source, (k, by[int(k)].rank_source, ctx)
+    for k, v in exp.get("notes_contain", {}).items():
+        assert any(v in n for n in by[int(k)].notes), (k, by[int(k)].notes, ctx)
+    for k, v in exp.get("error_contain", {}).items():
+        assert v in by[int(k)].error, (k, by[int(k)].error, ctx)
+    for v in exp.get("missing_contain", []):
+        assert any(v in m for m in a.missing), (a.missing, ctx)
+    for title in exp.get("skipped", []):
+        hits = [i for i in a.inputs if not i["kept"] and title in (i.get("title") or "")]
+        assert hits and all(i["reason"] for i in hits), (title, a.inputs, ctx)
+    assert a.confidence in ("high", "medium", "low")
+    # the same in --json
+    data = json.loads(a.to_json())
+    assert data["inputs"] == a.inputs and data["confidence"] == a.confidence and data["missing"] == a.missing
