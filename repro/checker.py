@@ -84,3 +84,193 @@ def check_stall(
     a1, a2 = analyze(first), analyze(second)
     unchanged = frames_unchanged(first, second)
     return StallCheck(first, second, a1, a2, unchanged, cpu_pct, judge_stall(a1, a2, unchanged, cpu_pct, expected_ranks))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# rank death: a rank process that ends during a burst is named, never described as waiting
+
+LOG_TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class RankDeath:
+    """A rank process found gone during a burst.
+
+    Attributes:
+        rank: the rank; pid: its process id.
+        reason: why, from the server log (the exit code or signal the engine's parent logged, else the rank's own
+            last error line, else that it left no error of its own: killed from outside, e.g. ``kill -9`` or the
+            OOM killer).
+        seen_t: ``time.time()`` when it was first seen gone.
+    """
+
+    rank: int
+    pid: int
+    reason: str
+    seen_t: float
+
+    def sentence(self) -> str:
+        return f"rank {self.rank} (pid {self.pid}) died: {self.reason}"
+
+
+def _signal_name(code: int) -> str:
+    import signal as _signal
+
+    try:
+        return _signal.Signals(-code).name if code < 0 else ""
+    except ValueError:
+        return ""
+
+
+def death_reason(log_text: str, rank: int, pid: int) -> str:
+    """Why rank ``rank`` (process ``pid``) ended, read from the server log text.
+
+    Looks for, in order: a line naming the pid with an exit code (sglang 0.5.23 ``utils/watchdog.py``
+    ``SubprocessWatchdog``: "Subprocess … (pid=N) crashed with exit code -9"; ``entrypoints/engine.py``: "… N
+    terminated with -9"), shown with the signal of a negative code; the rank's own last error line (lines tagged
+    ``TP<rank>``, e.g. "Scheduler hit an exception"); else says it left no error of its own.
+    """
+    import re
+
+    pat = re.compile(rf"(?:pid[= ]?{pid}\b|\b{pid}\b)[^\n]{{0,120}}?(?:exit ?code|exitcode|terminated with)[ =:]*(-?\d+)", re.I)
+    hits = pat.findall(log_text)
+    if hits:
+        code = int(hits[-1])
+        sig = _signal_name(code)
+        return f"exit code {code}" + (f" ({sig})" if sig else "") + " per the server log"
+    tag = re.compile(rf"\bTP{rank}\b")
+    errs = [ln.strip() for ln in log_text.splitlines() if tag.search(ln) and re.search(r"Error|Exception|Traceback", ln)]
+    if errs:
+        return f"its last error in the server log: {errs[-1][:300]}"
+    return ("it left no error of its own in the server log: it was ended from outside (e.g. kill -9, or the OOM "
+            "killer: `dmesg -T | grep -i oom`)")
+
+
+class RankWatch:
+    """Which rank processes of a server are gone, by pid + start ticks (``repro.procs``): ranks are the harness's
+    grandchildren, so there is no exit status to wait for, and a reused pid must not look alive.
+
+    Args:
+        rank_pids: rank -> pid, read while every rank was alive (e.g. at the start of a burst).
+        log_path: the server log (``server.log``) the reasons are read from; None: no reasons.
+    """
+
+    def __init__(self, rank_pids: Mapping[int, int], log_path: Optional[Path] = None) -> None:
+        from repro import procs as _procs
+
+        self.log_path = Path(log_path) if log_path else None
+        self.procs = {}
+        for rank, pid in rank_pids.items():
+            info = _procs.proc_info(pid)
+            if info is not None:
+                self.procs[rank] = info
+        self.deaths: dict[int, RankDeath] = {}
+
+    def poll(self) -> list[RankDeath]:
+        """Ranks newly found gone (cheap: one /proc read per rank). Reasons are read from the log at once."""
+        from repro import procs as _procs
+
+        now = time.time()
+        gone = [k for k, p in sorted(self.procs.items()) if k not in self.deaths and not _procs.alive(p)]
+        if not gone:
+            return []
+        text = self._log_text()
+        new = [RankDeath(k, self.procs[k].pid, death_reason(text, k, self.procs[k].pid), now) for k in gone]
+        for d in new:
+            self.deaths[d.rank] = d
+        return new
+
+    def refresh_reasons(self) -> None:
+        """Re-read the reasons from the log (the engine's parent may log the exit code a moment after)."""
+        text = self._log_text()
+        for k, d in list(self.deaths.items()):
+            self.deaths[k] = RankDeath(d.rank, d.pid, death_reason(text, d.rank, d.pid), d.seen_t)
+
+    def _log_text(self) -> str:
+        if self.log_path is None:
+            return ""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - 256 * 1024))
+                return f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def verdict_reason(self) -> str:
+        """One reason naming the ranks that died (first seen first; the others died after) and the log tail."""
+        ds = sorted(self.deaths.values(), key=lambda d: (d.seen_t, d.rank))
+        first = [d for d in ds if d.seen_t == ds[0].seen_t]
+        later = [d for d in ds if d.seen_t != ds[0].seen_t]
+        alive = sorted(set(self.procs) - set(self.deaths))
+        text = "; ".join(d.sentence() for d in first)
+        if later:
+            text += "; then " + "; ".join(d.sentence() for d in later)
+        if alive:
+            text += f"; rank(s) {', '.join(map(str, alive))} still running"
+        tail = "\n".join(self._log_text().splitlines()[-LOG_TAIL_LINES:])
+        return f"{text} during the burst (a crash, not a deadlock); server log tail:\n{tail}"
+
+
+class RankDeathDetector:
+    """Detector (``repro.detect``): a rank process that ends during the burst decides the run INCONCLUSIVE, naming
+    the rank, its pid and why (the server log), before the requests' errors or a stall could be blamed."""
+
+    name = "rank-death"
+
+    def __init__(self) -> None:
+        self.watch: Optional[RankWatch] = None
+
+    def start(self, ctx: Any) -> None:
+        self.watch = RankWatch(ctx.rank_pids, getattr(ctx, "server_log", None))
+
+    def poll(self, ctx: Any) -> Any:
+        from repro.detect import Detection
+        from repro.verdict import INCONCLUSIVE, Verdict
+
+        if self.watch is None or not self.watch.poll():
+            return None
+        time.sleep(0.5)  # the engine's parent logs the exit code a moment later; other ranks may follow
+        self.watch.poll()
+        self.watch.refresh_reasons()
+        reason = self.watch.verdict_reason()
+        record = {"rank_deaths": self.records()}
+        return Detection(self.name, True, Verdict(INCONCLUSIVE, reason), None, reason, record,
+                         {"rank_deaths.json": record["rank_deaths"]})
+
+    def records(self) -> list[dict]:
+        """``rank_deaths.json``: one ``{rank, pid, reason, time}`` per rank found gone."""
+        return [{"rank": d.rank, "pid": d.pid, "reason": d.reason, "time": d.seen_t}
+                for d in (self.watch.deaths.values() if self.watch is not None else ())]
+
+    @property
+    def deaths(self) -> list[RankDeath]:
+        """Ranks found gone so far (the session is not usable after one)."""
+        return list(self.watch.deaths.values()) if self.watch is not None else []
+
+    def final_verdict(self, verdict: Any, ctx: Any = None) -> Any:
+        """After the burst: when some rank died meanwhile (requests errored, or the server died, before a poll saw
+        it), the verdict names that rank instead; a DEADLOCKED verdict keeps its word with a note."""
+        from repro.verdict import DEADLOCKED, INCONCLUSIVE, Verdict
+
+        if self.watch is None:
+            return verdict
+        self.watch.poll()
+        if not self.watch.deaths:
+            return verdict
+        self.watch.refresh_reasons()
+        reason = self.watch.verdict_reason()
+        try:  # the ledger diagnosis reads it: a dead rank's open record is where it died, not a wait
+            ctx.run_dir.write_json("rank_deaths.json", self.records())
+        except Exception:
+            pass
+        if verdict.verdict == DEADLOCKED:
+            return Verdict(verdict.verdict, verdict.reason, (*verdict.notes, reason.split("; server log tail")[0]),
+                           verdict.proof, verdict.desync)
+        if verdict.verdict == "DESYNCED":  # the ledgers named the desync that made a rank abort: keep that word
+            return Verdict(verdict.verdict, verdict.reason, (*verdict.notes, reason.split("; server log tail")[0]),
+                           verdict.proof, verdict.desync)
+        return Verdict(INCONCLUSIVE, reason, tuple(verdict.notes))
+
+    def stop(self, ctx: Any) -> None:
+        pass

@@ -62,6 +62,7 @@ class DetectContext:
     now: float = 0.0
     t_burst: float = 0.0
     observe: Any = None  # progress callback ``(event, data)`` of the session (None: no progress events)
+    server_log: Optional[Path] = None  # the server's log (``server.log``): why a rank died is read there
 
     def emit(self, event: str, data: dict) -> None:
         """Send a progress event (``capture``, …) to the session's observer, if any."""
@@ -149,9 +150,12 @@ class StallDetector:
 
 
 def default_detectors(plan: Optional[Mapping[str, Any]] = None) -> list[Detector]:
-    """The detectors a run uses, in polling order: the ledger proof (``repro.proof.LedgerProofDetector``, when the
+    """The detectors a run uses, in polling order: a rank that died (``repro.checker.RankDeathDetector``), the ledger proof (``repro.proof.LedgerProofDetector``, when the
     plan's ledger is on), then the stall rule. ``plan``: the session's plan."""
     from repro.proof import LedgerProofDetector
 
+    from repro.checker import RankDeathDetector
+
     led = (plan or {}).get("ledger") or {}
-    return ([LedgerProofDetector()] if led.get("enabled") else []) + [StallDetector()]
+    # a dead rank first: its survivors wait in a collective it will never join, which is a crash, not a deadlock
+    return [RankDeathDetector()] + ([LedgerProofDetector()] if led.get("enabled") else []) + [StallDetector()]

@@ -25,9 +25,9 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Mapping, Optional, Sequence, Union
 
 from repro.diagnosis import DivergenceKind, md_cell
 from repro.evidence import Layout
@@ -373,17 +373,23 @@ def _ranks(rs: Sequence[int]) -> str:
     return ("rank " if len(rs) == 1 else "ranks ") + ",".join(map(str, rs))
 
 
-def _summary(d: Divergence, ledgers: dict[int, RankLedger]) -> str:
+def _summary(d: Divergence, ledgers: dict[int, RankLedger], dead: Optional[Mapping[int, str]] = None) -> str:
+    """One sentence for ``d``; ``dead``: rank → why it died (a dead rank's open record is where it died, never a
+    wait)."""
+    dead = dead or {}
     gname = d.group.display().split(" (")[0] if d.group else "?"
     if d.kind == DivergenceKind.MISSING:
         ent = sorted(d.entered)
         first = d.entered[ent[0]]
         parts = [f"{_ranks(ent)} entered {_desc(first, ledgers)}"]
+        parts += [f"{_ranks([r])} died there ({dead[r]})" for r in ent if r in dead]
         waits = []
         for r in d.missing:
             w = d.waits.get(r)
             never = f"{_ranks([r])} never did"
-            if w is not None:
+            if r in dead:
+                waits.append(f"{never}: it died ({dead[r]})" + (f"; its last record was {_desc(w, ledgers)}" if w is not None else ""))
+            elif w is not None:
                 waits.append(f"{never} and waits in {_desc(w, ledgers)}")
             else:
                 waits.append(f"{never} (it is not blocked in any recorded collective)")
@@ -481,6 +487,18 @@ class LedgerDiagnosis:
     divergence: Divergence
     per_tick: dict[int, dict[int, int]]
     problems: list[str]
+    dead: dict[int, str] = field(default_factory=dict)  # rank → why it died during the run (never "waits in")
+
+    def mark_dead(self, dead: Mapping[int, str]) -> "LedgerDiagnosis":
+        """Say which ranks died (rank → why): their open records are where they died, not waits. Returns self."""
+        self.dead = {int(k): str(v) for k, v in dead.items()}
+        d = self.divergence
+        if self.dead and d.kind != DivergenceKind.NONE:
+            self.divergence = replace(d, summary=_summary(d, self.ledgers, self.dead))
+        elif self.dead:
+            died = "; ".join(f"rank {k} died ({v})" for k, v in sorted(self.dead.items()))
+            self.divergence = replace(d, summary=f"{died}. {d.summary}")
+        return self
 
     @property
     def dropped(self) -> dict[int, int]:
@@ -513,15 +531,18 @@ class LedgerDiagnosis:
             for rank in members:
                 r = d.entered.get(rank)
                 if r is not None:
-                    state = "blocked (never left)" if r.open else "left"
+                    state = ("died inside" if rank in self.dead else "blocked (never left)") if r.open else "left"
                     inj = f" (injected `{r.inj}`)" if r.inj else ""
                     out.append(f"| {rank} | #{r.seq} | {r.op}{inj} | {r.red or '-'} | {list(r.shapes)} | "
                                f"{','.join(r.dtypes) or '-'} | {_md(r.call_site(3))} | {r.tick} | {state} |")
                 else:
                     w = d.waits.get(rank)
-                    where = (f"never entered; waits in {w.op} #{w.seq} on "
-                             f"{_group_info(self.ledgers, w.group).short()} from {_md(w.call_site(3))}"
-                             if w else "never entered")
+                    if rank in self.dead:
+                        where = f"never entered: died ({_md(self.dead[rank])})" + (f"; last in {w.op} #{w.seq}" if w else "")
+                    else:
+                        where = (f"never entered; waits in {w.op} #{w.seq} on "
+                                 f"{_group_info(self.ledgers, w.group).short()} from {_md(w.call_site(3))}"
+                                 if w else "never entered")
                     out.append(f"| {rank} | - | - | - | - | - | {where} | - | - |")
             out.append("")
         if self.dropped and any(self.dropped.values()):

@@ -157,12 +157,7 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
     except ev.EvidenceError as e:
         raise RunError(str(e)) from None
     arm_file = evd.path / ARM_FILE_NAME
-    plan = compile_plan(scenario, variant, evd.injector_dir, arm_file,
-                        tick_function=adapter.tick_function_for(scenario.server.args),
-                        injector_profile=adapter.injector_profile.to_plan())
-    for extra in loaded[1:]:
-        plan["injections"] += compile_plan(scenario, extra, evd.injector_dir, arm_file)["injections"]
-    plan["variant"] = ",".join(v.name for v in loaded)
+    plan = session_plan(adapter, scenario, loaded, evd.injector_dir, arm_file)
     evd.plan.write(plan)
     shutil.copyfile(opts.scenario_path, evd.scenario.path)
 
@@ -178,6 +173,23 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
             spec, args=[*args, *extra_args], env={**env, **extra_env}, pythonpath_prepend=[*prepend, *tb_prepend]
         )
     return Prepared(scenario, variant, evd, plan, spec, adapter, python, on_testbed, arm_file)
+
+
+def session_plan(adapter: Any, scenario: Scenario, variants: Sequence[Variant], injector_dir: Path, arm_file: Path) -> dict:
+    """The plan of a session that loads ``variants``' injections (all of them; armed one variant at a time).
+
+    The engine's part comes from the adapter: the ledger's tick function is ``adapter.tick_function_for`` the
+    server's args (a ``--disaggregation-mode prefill`` server counts ticks with its own loop's function) and
+    ``adapter.injector_profile`` (coordinator classes, alias and communication-module prefixes) goes into the
+    plan's ``ledger`` for the injector (which never imports the harness).
+    """
+    plan = compile_plan(scenario, variants[0], injector_dir, arm_file,
+                        tick_function=adapter.tick_function_for(scenario.server.args),
+                        injector_profile=adapter.injector_profile.to_plan())
+    for extra in variants[1:]:
+        plan["injections"] += compile_plan(scenario, extra, injector_dir, arm_file)["injections"]
+    plan["variant"] = ",".join(v.name for v in variants)
+    return plan
 
 
 def _looks_like_path(model: str) -> bool:
@@ -463,7 +475,7 @@ class Session:
         stall_history: list[dict] = []
         detectors = self.detectors if self.detectors is not None else default_detectors(p.plan)
         ctx = DetectContext(rank_pids, expected, run_dir, p.evidence.injector_dir, p.plan, scenario.stall_s,
-                            native=native, observe=self.observe)
+                            native=native, observe=self.observe, server_log=getattr(server, "log_path", None))
         t_burst = time.time()
         ctx.t_burst = t_burst
         for d in detectors:
@@ -529,7 +541,8 @@ class Session:
             timings.update(getattr(d, "timings", None) or {})
         write_arm_file(p.arm_file, [])
         final = driver.state()
-        clean = final.finished and verdict.verdict != DEADLOCKED and server.is_running()
+        clean = (final.finished and verdict.verdict != DEADLOCKED and server.is_running()
+                 and not any(getattr(d, "deaths", None) for d in detectors))  # a dead rank: restart first
         driver.abandon()
         if clean:
             driver.close(wait_s=0.5)
@@ -871,6 +884,9 @@ def _ledger_evidence(evd: ev.EvidenceDir, rank_pids: dict[int, int]) -> Any:
         return None
     if diag is None:
         return None
+    deaths = ev.read_json(evd.path / "rank_deaths.json") if (evd.path / "rank_deaths.json").is_file() else None
+    if isinstance(deaths, list) and deaths:  # repro.checker.RankDeathDetector: never say a dead rank "waits"
+        diag.mark_dead({int(d["rank"]): f"pid {d['pid']}: {d['reason']}" for d in deaths if isinstance(d, dict)})
     evd.ledger.write(diag.to_dict())
     evd.timeline.write(render_timeline(diag.ledgers, diag.divergence))
     return diag
