@@ -195,8 +195,8 @@ class InjectorReport:
         for lg in self.logs:
             for e in lg.seen:
                 e = dict(e)
-                if e.get("rank") is None and e.get("pid") is not None:
-                    e["rank"] = self.rank_of(int(e["pid"]))
+                if e.get("rank") is None:  # the line's pid, else the file's (fires-<pid>.jsonl)
+                    e["rank"] = self.rank_of(int(e.get("pid") or lg.pid))
                 out.append(e)
         return out
 
