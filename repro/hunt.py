@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional, Sequence
 from repro import evidence as ev
 from repro import resources
 from repro.diagnosis import DATA_COLLECTIVES, CollectiveDiagnosis, CollectiveFamily, CrashKind, md_cell, where_of
-from repro.verdict import DEADLOCKED, INCONCLUSIVE, SUCCEEDED, Verdict
+from repro.verdict import DEADLOCKED, DESYNCED, INCONCLUSIVE, SUCCEEDED, Verdict
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -510,6 +510,9 @@ def hazard_statement(trial: Trial, verdict: str, diag: Optional[Diagnosis], matc
         return f"{head} → {diag.collective}: {who} → deadlock in {kind}{known}{bc}"
     if verdict == SUCCEEDED:
         return f"{head} → tolerated: every request answered, ranks stayed in step"
+    if verdict == DESYNCED:
+        where = f" in {diag.collective}" if diag is not None else ""
+        return f"{head} → the ranks entered different collectives{where} (DESYNCED: the ledgers disagree)"
     if diag is not None and diag.crash is not None:
         kind = "the model's own forward collective" if diag.family == FAMILY_FORWARD else "a scheduling/cache collective"
         return (f"{head} → ranks issued mismatched collectives; gloo aborted a rank ({diag.collective}, {kind}): "
@@ -571,6 +574,8 @@ def rank_key(r: TrialResult) -> tuple:
         fam = 0 if d and d.family == FAMILY_SCHED else (1 if d and d.family == FAMILY_FORWARD else 2)
         return (0, fam, (2 if r.trial.perturbation.by_construction else (1 if d and d.known else 0)), r.trial.n)
     if r.desync_crash:
+        return (1, 0 if d and d.family == FAMILY_SCHED else 1, 0, r.trial.n)
+    if r.verdict == DESYNCED:  # the ledgers proved the ranks' collectives differ: next to the desync crashes
         return (1, 0 if d and d.family == FAMILY_SCHED else 1, 0, r.trial.n)
     order = {INCONCLUSIVE: 2, SUCCEEDED: 3, NOT_RUN: 4}
     return (order.get(r.verdict, 5), 0, 0, r.trial.n)
@@ -671,7 +676,14 @@ class HuntLog:
                        f"({_rel(r.scenario_file, self.folder)})")
             if r.ledger:
                 out.append(f"  - collective ledger: {_md(r.ledger)}")
-        crashes = [r for r in res if r.desync_crash]
+        desynced = [r for r in res if r.verdict == DESYNCED]
+        if desynced:
+            out += ["", "## Desyncs (the collective ledgers show the ranks entered different collectives)", ""]
+            for r in desynced:
+                fam = r.diagnosis.family if r.diagnosis else FAMILY_UNCLEAR
+                out.append(f"- **[{fam}]** {_md(r.hazard)}: {_md(r.ledger or r.reason)}. Evidence: "
+                           f"[{_rel(r.evidence, self.folder)}]({_rel(r.evidence, self.folder)}/REPORT.md)")
+        crashes = [r for r in res if r.desync_crash and r.verdict != DESYNCED]
         if crashes:
             out += ["", "## Desync crashes (gloo caught the mismatch and aborted a rank)", ""]
             for r in crashes:
@@ -763,18 +775,20 @@ def scenario_toml(base: Any, name: str, description: str, variants: Sequence[tup
     return "\n".join(lines) + "\n"
 
 
-def finding_scenario(base: Any, base_path: Path, catalogue: Catalogue, trial: Trial, diag: Optional[Diagnosis]) -> str:
-    """The ready-to-run regression scenario of one DEADLOCKED trial (variant ``finding``, expect deadlock)."""
+def finding_scenario(base: Any, base_path: Path, catalogue: Catalogue, trial: Trial, diag: Optional[Diagnosis],
+                     verdict: str = DEADLOCKED) -> str:
+    """The ready-to-run regression scenario of one DEADLOCKED (or DESYNCED) trial (variant ``finding``, expect
+    deadlock / desync)."""
     point = catalogue.point(trial.row.point)
     inj = trial.injection(point.sites)
     inj["id"] = f"{trial.row.point}-{trial.perturbation.name}"
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"hunt_{trial.row.point}_{trial.perturbation.name}_r{trial.rank}")
-    hazard = hazard_statement(trial, DEADLOCKED, diag, 1, 1, base.server.tp_size)
+    hazard = hazard_statement(trial, verdict, diag, 1, 1, base.server.tp_size)
     comment = (f"Written by `repro hunt` from {base_path} (trial {trial.name}).\n{hazard}\n"
-               f"Run: repro run <this file>   (expects DEADLOCKED; a fix makes it ALL REQUESTS SUCCEEDED)")
+               f"Run: repro run <this file>   (expects {verdict}; a fix makes it ALL REQUESTS SUCCEEDED)")
     base = base.model_copy(update={"burst": base.burst.model_copy(update={"seed": trial_seed(base, trial)})})
     return scenario_toml(base, name, f"repro hunt finding: {hazard}",
-                         [("finding", "deadlock", f"rank {trial.rank}: {point.name} {trial.perturbation.says} at {trial.row.where}", [inj])],
+                         [("finding", "desync" if verdict == DESYNCED else "deadlock", f"rank {trial.rank}: {point.name} {trial.perturbation.says} at {trial.row.where}", [inj])],
                          mirrors=(diag.known if diag and diag.known else ""), comment=comment)
 
 
@@ -1204,6 +1218,10 @@ def _trial_result(runner: Any, p: Any, base: Any, cat: Catalogue, t: Trial, vari
         diag = diagnose(a.to_dict() if hasattr(a, "to_dict") else a, cat)
     elif log_text:
         diag = crash_diagnosis(log_text, cat)
+    if v.verdict == DESYNCED and getattr(v, "desync", None):  # the ledgers named where the ranks' collectives differ
+        from repro.discover.hunting import desync_diagnosis
+
+        diag = diag or desync_diagnosis(v.desync, cat)
     world = base.server.tp_size
     verdict = v.verdict
     hazard = hazard_statement(t, verdict, diag, sum(matched.values()), sum(fired.values()), world)
@@ -1214,9 +1232,11 @@ def _trial_result(runner: Any, p: Any, base: Any, cat: Catalogue, t: Trial, vari
     if verdict == DEADLOCKED or tr.desync_crash:
         led = ev.EvidenceDir.open(run_dir).ledger.read(missing_ok=True) or {}
         tr.ledger = str(((led.get("divergence") or {}) if isinstance(led, dict) else {}).get("summary") or "")
-    if verdict == DEADLOCKED:
+    if verdict == DESYNCED:
+        tr.ledger = str((getattr(v, "desync", None) or {}).get("summary") or v.reason)
+    if verdict in (DEADLOCKED, DESYNCED):
         f = hunt_folder / "scenarios" / f"{t.name}.toml"
-        f.write_text(finding_scenario(base, opts.scenario_path, cat, t, diag), encoding="utf-8")
+        f.write_text(finding_scenario(base, opts.scenario_path, cat, t, diag, verdict), encoding="utf-8")
         tr.scenario_file = f
     return tr
 
@@ -1226,7 +1246,7 @@ def _confirm(runner: Any, log: HuntLog, python: Optional[str], prepend: tuple, o
     """Re-run each new scheduling/cache finding from its scenario file on a fresh server (a finding must reproduce)."""
     for r in list(log.results):
         d = r.diagnosis
-        if (r.verdict != DEADLOCKED or r.scenario_file is None or not d or d.family != FAMILY_SCHED or d.known
+        if (r.verdict not in (DEADLOCKED, DESYNCED) or r.scenario_file is None or not d or d.family != FAMILY_SCHED or d.known
                 or r.trial.perturbation.by_construction):
             continue
         if clock.remaining <= 0:
@@ -1235,6 +1255,6 @@ def _confirm(runner: Any, log: HuntLog, python: Optional[str], prepend: tuple, o
         ro = runner.RunOptions(scenario_path=r.scenario_file, python=python, evidence_root=opts.evidence_root,
                                label=f"confirm-{r.trial.name}", pythonpath_prepend=prepend)
         res = runner.run(ro, observe)
-        r.confirmed = res.verdict.verdict == DEADLOCKED
+        r.confirmed = res.verdict.verdict == r.verdict
         log.event("confirm", trial=r.trial.name, verdict=res.verdict.verdict, evidence=str(res.evidence))
         log._write_md()
