@@ -46,8 +46,24 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class RoleSpec(_Strict):
+    """One server of a multi-server topology (``[server.roles.<name>]``): what differs from ``[server]``.
+
+    ``tp_size`` replaces ``server.tp_size`` for this role (None: the adapter's default for the role); ``args`` and
+    ``env`` are added after the shared ``server.args`` / ``server.env``.
+    """
+
+    tp_size: Optional[int] = Field(None, ge=1, le=64)
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
 class ServerSpec(_Strict):
     """The server a scenario runs: which adapter, model, TP size, engine flags and environment.
+
+    ``topology`` = ``single`` (one server, the default) or a name the adapter knows (SGLang: ``pd`` = a prefill
+    server of ``tp_size`` ranks, a decode server and a router that receives the burst; ``docs/pd.md``); ``roles``
+    holds per-role overrides (``[server.roles.decode] tp_size = 1``). ``args`` / ``env`` go to every engine server.
 
     ``adapter`` is any name registered in ``repro.targets.registry`` (built in: ``sglang``; others through the
     ``repro.adapters`` entry-point group); an unknown name is an error listing the known ones.
@@ -59,6 +75,8 @@ class ServerSpec(_Strict):
     args: list[str] = Field(default_factory=list, description="extra engine flags, e.g. ['--max-running-requests', '8']")
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: float = Field(300.0, gt=0)
+    topology: str = Field("single", pattern=r"^[a-z][a-z0-9_-]*$")
+    roles: dict[str, RoleSpec] = Field(default_factory=dict)
 
     @field_validator("adapter")
     @classmethod
@@ -200,6 +218,8 @@ class Injection(_Strict):
     aliases: list[str] = Field(default_factory=list, description="for module:function sites, 'module:name' copies to rebind too")
     gate: Gate = Field(default_factory=Gate)
     action: Action = Field(..., discriminator="kind")
+    server: Optional[str] = Field(None, description="multi-server topologies: the role whose ranks take this "
+                                  "injection (e.g. 'prefill'); None = every engine server")
 
     @field_validator("site", mode="before")
     @classmethod
@@ -263,13 +283,62 @@ class Scenario(_Strict):
         raise ScenarioError(f"scenario {self.name!r} has no variant {name!r}; known: {', '.join(v.name for v in self.variants)}")
 
 
-def _format_validation(path: Path, err: ValidationError) -> str:
+def _model_fields_at(loc: tuple, data: Any) -> tuple[list[str], str]:
+    """For a validation error at ``loc``: the field names allowed beside its last element (for "did you mean"),
+    and a readable path naming variants and injections by name/id (``variant 'x', injection 'y': gate.foo``)."""
+    import typing
+
+    cls: Any = Scenario
+    node: Any = data
+    named: list[str] = []
+    plain: list[str] = []
+    for i, part in enumerate(loc):
+        last = i == len(loc) - 1
+        if isinstance(part, int):
+            if isinstance(node, list) and 0 <= part < len(node):
+                node = node[part]
+                key = "name" if plain and plain[-1] == "variants" else "id"
+                label = node.get(key) if isinstance(node, dict) else None
+                kind = "variant" if plain and plain[-1] == "variants" else (plain[-1].rstrip("s") if plain else "item")
+                if label is not None:
+                    named.append(f"{kind} {label!r}")
+                    plain = []
+                    continue
+            plain.append(str(part))
+            continue
+        if last:
+            plain.append(str(part))
+            break
+        plain.append(str(part))
+        node = node.get(part) if isinstance(node, dict) else None
+        fld = getattr(cls, "model_fields", {}).get(part)
+        cls = None
+        if fld is not None:
+            ann = fld.annotation
+            for _ in range(4):  # unwrap Optional[...] / list[...] / Union[...] to the model class inside
+                if isinstance(ann, type) and issubclass(ann, BaseModel):
+                    break
+                args = [a for a in typing.get_args(ann) if a is not type(None)]
+                ann = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), args[0] if args else None)
+            cls = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    fields = list(getattr(cls, "model_fields", {}) or {})
+    where = ", ".join(named + ([".".join(plain)] if plain else []))
+    return fields, where
+
+
+def _format_validation(path: Path, err: ValidationError, data: Any = None) -> str:
+    import difflib
+
     lines = [f"{path}: invalid scenario ({err.error_count()} problem(s)); fix these fields:"]
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "<top level>"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            msg = "unknown field (typo?)"
+            fields, where = _model_fields_at(tuple(e["loc"]), data)
+            near = difflib.get_close_matches(str(e["loc"][-1]), fields, n=2, cutoff=0.5) if fields else []
+            loc = where or loc
+            msg = "unknown field" + (f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else
+                                     (f" (expected one of: {', '.join(fields)})" if fields else " (typo?)"))
         elif e["type"] == "missing":
             msg = "required field is missing"
         got = e.get("input")
@@ -288,14 +357,22 @@ def load_scenario(path: Union[str, Path]) -> Scenario:
     p = Path(path)
     if not p.is_file():
         raise ScenarioError(f"{p}: scenario file not found (expected a .toml file, e.g. scenarios/sglang/smoke_extra_allreduce.toml)")
+    raw = p.read_bytes()
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        text = raw.decode("utf-8-sig")  # a UTF-8 byte-order mark (Windows editors) is accepted
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ScenarioError(f"{p}: not UTF-8: byte 0x{raw[e.start]:02x} at offset {e.start} (line {line}, column {col}) "
+                            "cannot be decoded; save the file as UTF-8") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ScenarioError(f"{p}: not valid TOML: {e}") from None
     try:
         return Scenario.model_validate(data)
     except ValidationError as e:
-        raise ScenarioError(_format_validation(p, e)) from None
+        raise ScenarioError(_format_validation(p, e, data)) from None
 
 
 def compile_plan(
