@@ -713,7 +713,7 @@ def run_variants(
     p = session.p
     finish = finish or finish_evidence
     snapshot = snapshot or snapshot_session
-    log_path = p.evidence.file("server.log")
+    log_path = p.evidence.server_log.path
     done: list[VariantDone] = []
     failures = 0
     need_restart = False  # lazily, before the next item: no restart after the last one
@@ -884,7 +884,7 @@ def _ledger_evidence(evd: ev.EvidenceDir, rank_pids: dict[int, int]) -> Any:
         return None
     if diag is None:
         return None
-    deaths = ev.read_json(evd.path / "rank_deaths.json") if (evd.path / "rank_deaths.json").is_file() else None
+    deaths = ev.read_json(evd.rank_deaths.path) if evd.rank_deaths.exists() else None
     if isinstance(deaths, list) and deaths:  # repro.checker.RankDeathDetector: never say a dead rank "waits"
         diag.mark_dead({int(d["rank"]): f"pid {d['pid']}: {d['reason']}" for d in deaths if isinstance(d, dict)})
     evd.ledger.write(diag.to_dict())
