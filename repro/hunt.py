@@ -1075,6 +1075,7 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
         if disc is not None:
             result.discovery = hunting.finish(disc, hf, result.rows, log.results)
             log.event("discovery", **result.discovery)
+            log.header["discovery"] = hunting.header_line(disc, result.discovery)
         status = "interrupted" if interrupted else "complete"
         if log.status == "running":
             log.finish(status, wall_s=result.wall_s)

@@ -316,3 +316,27 @@ def test_no_hand_catalogue_needs_discover(tmp_path: Path) -> None:
     with pytest.raises(H.HuntError, match="--no-hand-catalogue needs --discover"):
         H.hunt(H.HuntOptions(scenario_path=REPO / "scenarios" / "sglang" / "hicache_prefetch_30760.toml",
                              evidence_root=tmp_path, hand_points=False))
+
+
+def test_a_desynced_trial_gets_its_section_a_scenario_expecting_desync_and_a_named_collective(tmp_path: Path) -> None:
+    from test_hunt import FakeRunner, _opts
+
+    from repro.scenario import load_scenario
+    from repro.verdict import DESYNCED
+
+    res = H.hunt(_opts(tmp_path), runner=FakeRunner({"-zero_once-r0": DESYNCED}))
+    des = [r for r in res.results if r.verdict == DESYNCED]
+    assert des and all(r.scenario_file for r in des)
+    assert load_scenario(des[0].scenario_file).variants[0].expect == "desync"
+    md = (res.folder / "HUNT.md").read_text()
+    assert "## Desyncs (the collective ledgers show" in md
+    assert H.rank_key(des[0]) < H.rank_key(next(r for r in res.results if r.verdict != DESYNCED))
+    # the desync record's call-site frames name the collective like a deadlock's stacks do
+    from repro.discover.hunting import desync_diagnosis
+
+    cat = H.load_catalogue(H.DEFAULT_CATALOGUE)
+    rec = {"0": {"rank": 0, "op": "broadcast", "site": ["m:Scheduler.recv_requests"]},
+           "1": {"rank": 1, "op": "all_reduce", "site": ["sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache._can_terminate_prefetch",
+                                                        "sglang.srt.managers.scheduler:Scheduler._get_new_batch_prefill_raw"]}}
+    d = desync_diagnosis({"group": "tp", "seq": 7, "records": rec}, cat)
+    assert d.collective.startswith("prefetch all_reduce") and d.known == "sglang#30760" and d.family == H.FAMILY_SCHED

@@ -194,7 +194,8 @@ def desync_diagnosis(desync: dict, cat: Any) -> Any:
 
     recs = list((desync.get("records") or {}).values())
     chains = [tuple(_short(x) for x in (r.get("site") or [])) for r in recs]
-    chain = next((c for c in chains if c and not _glob_any(c, cat.forward_frames)), chains[0] if chains else ())
+    busy = [c for c in chains if c and not _glob_any(c, cat.idle_frames)]  # the idle request broadcast says nothing
+    chain = next((c for c in busy if not _glob_any(c, cat.forward_frames)), busy[0] if busy else (chains[0] if chains else ()))
     fam = FAMILY_FORWARD if chain and _glob_any(chain, cat.forward_frames) else FAMILY_SCHED
     name = next((n.name for n in cat.named if _glob_any(chain, n.frames)), "")
     ops = "/".join(sorted({str(r.get("op")) for r in recs if r.get("op")}))
@@ -204,3 +205,16 @@ def desync_diagnosis(desync: dict, cat: Any) -> Any:
     known = next((k.issue for k in cat.known if k.frames and all(_glob_any(chain, (f,)) for f in k.frames)), None)
     ranks = tuple(sorted(int(r.get("rank")) for r in recs if r.get("rank") is not None))
     return Diagnosis(fam, name, ranks, {}, chain, known)
+
+
+def header_line(state: DiscoveryState, t: dict) -> str:
+    """HUNT.md's ``discovery`` line at the end of a hunt: what was searched and what came of it."""
+    s = state.discovery.summary()
+    p = t.get("points") or {}
+    rows = t.get("rows") or {}
+    r = "; ".join(f"{o} rows reached {e['reached']}, fired {e['fired']}" for o, e in sorted(rows.items()))
+    return (f"searched {s['package']} ({s['modules']} modules, {s['functions']} functions; rules "
+            f"{state.discovery.rules_path}): {s['candidates']} candidates ({s['huntable']} with a patchable site) → "
+            f"{len(state.added)} points added {'beside' if state.keep_hand else 'without'} the hand points; of them "
+            f"reached {p.get('reached', 0)}, fired {p.get('fired', 0)}, deadlocked {p.get('deadlocked', 0)}, desynced "
+            f"{p.get('desynced', 0) + p.get('desync_crashed', 0)}; {r} (discovery/DISCOVERY.md, discovery/PRECISION.md)")
