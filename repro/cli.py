@@ -384,7 +384,7 @@ def serve(
     except RunError as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(EXIT_USAGE)
-    p.evidence.write_text("command.txt", opts.command_line + "\n")
+    p.evidence.command.write(opts.command_line + "\n")
 
     def starting(event: str, data: dict) -> None:
         if event == "wait_healthy":
@@ -414,7 +414,7 @@ def serve(
         server = session.server
         healthy = True
         ranks = session.rank_pids
-        p.evidence.write_json("serve.json", {"url": server.url, "pid": server.pid, "rank_pids": {str(k): v for k, v in ranks.items()},
+        p.evidence.serve.write({"url": server.url, "pid": server.pid, "rank_pids": {str(k): v for k, v in ranks.items()},
                                              "injections": [i.id for i in p.variant.injections], "arm_file": str(p.arm_file)})
         if as_json:
             _json_line({"event": "serving", "url": server.url, "pid": server.pid,
@@ -427,7 +427,7 @@ def serve(
             out.print(f"arm:      repro arm {p.evidence.path}   disarm: repro disarm {p.evidence.path}   stop: Ctrl-C")
         while server.is_running():
             time.sleep(0.5)
-        console.print("[red]the server exited[/]; log: " + str(p.evidence.file("server.log")))
+        console.print("[red]the server exited[/]; log: " + str(p.evidence.server_log.path))
         raise typer.Exit(EXIT_INTERNAL)
     except KeyboardInterrupt:
         console.print("stopping the server tree …")
@@ -565,6 +565,13 @@ def sites(
     except SitesPreflightError as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(EXIT_INTERNAL)
+    tops = {a.site.split(":")[0].split(".")[0] for i in rep.injections for a in i.alternatives}
+    if not as_json and len(tops) == 1 and all(f"No module named '{next(iter(tops))}'" in a.detail
+                                              for i in rep.injections for a in i.alternatives):
+        pkg = next(iter(tops))  # the engine package itself is missing: one line, not a table of the same error
+        console.print(f"[red]error:[/] {escape(str(py))} has no importable {pkg} package (every site's module is "
+                      f"missing); pass --python PATH of an interpreter with {pkg} installed")
+        raise typer.Exit(EXIT_USAGE)
     if as_json:
         out.print_json(json.dumps(rep.as_dict()))
     else:
@@ -877,10 +884,12 @@ def hunt(
         console.print("[yellow]interrupted[/]: server tree torn down; results so far kept"
                       + (f" in {state['folder']}/HUNT.md" if state["folder"] else ""))
         raise typer.Exit(_interrupted_exit())
+    from repro.evidence import Layout
+
     sched = [r for r in res.deadlocks if r.diagnosis and r.diagnosis.family == FAMILY_SCHED]
     if as_json:
         out.print_json(json.dumps({
-            "folder": str(res.folder), "hunt_md": str(res.folder / "HUNT.md"), "baseline": str(res.baseline),
+            "folder": str(res.folder), "hunt_md": str(res.folder / Layout.HUNT_MD.name), "baseline": str(res.baseline),
             "wall_s": round(res.wall_s, 1), "budget_exhausted": res.budget_exhausted, "discovery": res.discovery,
             "rows": [{"point": r.point, "caller": r.caller, "loop_frame": r.loop_frame, "loop_var": r.loop_var,
                       "where": r.where, "ranks": list(r.ranks)} for r in res.rows],

@@ -444,7 +444,12 @@ def materialize(ref: Ref, python: Optional[str], choose: Optional[Callable[[Opti
         assert ref.path is not None
         if not ref.path.exists():
             raise CompareError(f"REF {ref.text!r}: {ref.path} does not exist; pass python:PATH of an interpreter (e.g. a venv's bin/python)")
-        loc = package_location(str(ref.path), loc=lc)
+        try:
+            loc = package_location(str(ref.path), loc=lc)
+        except CompareError:  # the knob here is the REF itself, not --python
+            raise CompareError(f"REF {ref.text!r}: {ref.path} has no importable {pkg} package; pass python:PATH of an "
+                               f"interpreter that has {pkg} installed (--python only picks the interpreter of "
+                               "`installed`, `patch:` and `git:` sides)") from None
         return Materialized(ref, str(ref.path), (), f"{pkg} of {ref.path}", str(loc))
     if ref.kind == "patch":
         assert ref.path is not None
@@ -898,7 +903,7 @@ def _tick_function_of(result: CompareResult, opts: CompareOptions) -> tuple[str,
     key = lc.version_key or lc.package
     for side in result.sides:
         try:
-            plan = json.loads((Path(side.evidence) / "plan.json").read_text())
+            plan = json.loads(ev.EvidenceDir.open(side.evidence).plan.path.read_text())
             tf = (plan.get("ledger") or {}).get("tick_function")
         except (OSError, ValueError, TypeError, AttributeError):
             tf = None
