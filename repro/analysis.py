@@ -31,6 +31,7 @@ from typing import Iterable, Literal, Optional, Sequence, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from repro.diagnosis import COLLECTIVE_OPS, describe_where, md_cell
+from repro.evidence import Layout
 from repro.stacks import (
     Frame,
     ProcessDump,
@@ -907,10 +908,10 @@ def _collect_files(paths: Iterable[Union[str, Path]], tag: Optional[str]) -> lis
         if p.is_file():
             files.append(p)
             continue
-        folder = p / "stacks" if (p / "stacks").is_dir() else p
+        folder = p / Layout.STACKS.name if (p / Layout.STACKS.name).is_dir() else p
         cands = sorted(f for f in folder.iterdir() if f.is_file() and f.suffix in _DUMP_EXTS
                        and not f.name.startswith(("capture", "analysis", "verdict")))
-        if (folder / "stacks").exists() or folder.name == "stacks" or any(f.name.startswith("rank") for f in cands):
+        if (folder / Layout.STACKS.name).exists() or folder.name == Layout.STACKS.name or any(f.name.startswith("rank") for f in cands):
             rank_files = [f for f in cands if re.match(r"rank\d+", f.name)]
             if rank_files:
                 tags = sorted({re.sub(r"^rank\d+", "", f.stem) for f in rank_files})
@@ -1049,7 +1050,7 @@ def load_captures(paths: Iterable[Union[str, Path]], tag: Optional[str] = None) 
                             f"used {_src(f, d, per_file[f] > 1)}")
         method = "faulthandler" if d.fmt == "faulthandler" else "file"
         how = "file order" if how.startswith("file order") else (how or "rank given")
-        caps.append(RankCapture(rank=r, pid=pid, label=f"rank{r}", ok=bool(d.threads), method=method,
+        caps.append(RankCapture(rank=r, pid=pid, label=Layout.stack_label(r), ok=bool(d.threads), method=method,
                                 error="" if d.threads else "; ".join(d.warnings) or "no stack in the dump",
                                 text=raw, threads=d.threads, title=title, warnings=warnings, fmt=d.fmt,
                                 source=_src(f, d, per_file[f] > 1), rank_source=how, notes=list(d.notes),

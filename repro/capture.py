@@ -33,6 +33,8 @@ from typing import Mapping, Optional, Sequence, Union
 
 import psutil
 
+from repro.evidence import Layout
+
 from repro.stacks import RankCapture, parse_faulthandler, parse_pyspy_json, parse_pyspy_text, render_pyspy_text
 
 PTRACE_FIX = (
@@ -138,7 +140,7 @@ def faulthandler_dump(pid: int, injector_dir: Path, *, signal_name: str = "SIGUS
     caught (an uncaught SIGUSR2 terminates the process); reads what was appended after the signal, waiting until
     the file stops growing for ``settle_s`` seconds or ``timeout_s`` seconds pass.
     """
-    path = Path(injector_dir) / f"faulthandler-{pid}.txt"
+    path = Path(injector_dir) / Layout.faulthandler_file(pid)
     try:
         signum = int(getattr(_signal, signal_name))
     except (AttributeError, TypeError, ValueError):
@@ -351,9 +353,9 @@ def capture_ranks(pids: Mapping[int, int], out_dir: Union[str, Path], *, timeout
         OSError: ``out_dir`` cannot be created or written.
     """
     order = sorted(pids)
-    return capture_pids({f"rank{r}": pids[r] for r in order}, out_dir, timeout_s=timeout_s, native=native, tag=tag,
+    return capture_pids({Layout.stack_label(r): pids[r] for r in order}, out_dir, timeout_s=timeout_s, native=native, tag=tag,
                         injector_dir=injector_dir, fallback_signal=fallback_signal, py_spy=py_spy,
-                        cpu_window_s=cpu_window_s, ranks={f"rank{r}": r for r in order})
+                        cpu_window_s=cpu_window_s, ranks={Layout.stack_label(r): r for r in order})
 
 
 def capture_notice(captures: Sequence[RankCapture]) -> str:

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import psutil
 
+from repro import evidence as ev
 from repro.analysis import Analysis, analyze, frames_unchanged
 from repro.capture import capture_ranks
 from repro.stacks import RankCapture
@@ -236,7 +237,7 @@ class RankDeathDetector:
         reason = self.watch.verdict_reason()
         record = {"rank_deaths": self.records()}
         return Detection(self.name, True, Verdict(INCONCLUSIVE, reason), None, reason, record,
-                         {"rank_deaths.json": record["rank_deaths"]})
+                         {ev.Layout.RANK_DEATHS.name: record["rank_deaths"]})
 
     def records(self) -> list[dict]:
         """``rank_deaths.json``: one ``{rank, pid, reason, time}`` per rank found gone."""
@@ -261,7 +262,7 @@ class RankDeathDetector:
         self.watch.refresh_reasons()
         reason = self.watch.verdict_reason()
         try:  # the ledger diagnosis reads it: a dead rank's open record is where it died, not a wait
-            ctx.run_dir.write_json("rank_deaths.json", self.records())
+            ctx.run_dir.rank_deaths.write(self.records())
         except Exception:
             pass
         if verdict.verdict == DEADLOCKED:

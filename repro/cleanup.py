@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from repro import procs as _procs
-from repro.evidence import read_json, write_json_atomic, write_text_atomic
+from repro.evidence import Layout, read_json, write_json_atomic, write_text_atomic
 from repro.procs import ProcInfo
 
 EXIT_OK = 0
@@ -80,14 +80,14 @@ def cleanup_targets(folder: Path) -> list[Path]:
     and grandchildren (an evidence root holds scenario folders holding run folders). Symlinks (``latest``) are
     skipped."""
     folder = Path(folder)
-    if (folder / "processes.json").is_file():
+    if (folder / Layout.PROCESSES.name).is_file():
         return [folder]
     found: list[Path] = []
-    sess = read_json(folder / "session.json") if (folder / "session.json").is_file() else None
+    sess = read_json(folder / Layout.SESSION.name) if (folder / Layout.SESSION.name).is_file() else None
     if isinstance(sess, dict) and sess.get("session"):
         found.append(Path(sess["session"]))
-    if (folder / "hunt.jsonl").is_file():
-        for line in (folder / "hunt.jsonl").read_text(encoding="utf-8", errors="replace").splitlines():
+    if (folder / Layout.HUNT_JSONL.name).is_file():
+        for line in (folder / Layout.HUNT_JSONL.name).read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 rec = json.loads(line)
             except ValueError:
@@ -98,13 +98,13 @@ def cleanup_targets(folder: Path) -> list[Path]:
         for d in sorted(folder.iterdir()):
             if not d.is_dir() or d.is_symlink():
                 continue
-            if (d / "processes.json").is_file():
+            if (d / Layout.PROCESSES.name).is_file():
                 found.append(d)
                 continue
-            found.extend(sorted(g for g in d.iterdir() if g.is_dir() and not g.is_symlink() and (g / "processes.json").is_file()))
+            found.extend(sorted(g for g in d.iterdir() if g.is_dir() and not g.is_symlink() and (g / Layout.PROCESSES.name).is_file()))
     out: list[Path] = []
     for d in found:
-        if (d / "processes.json").is_file() and d not in out:
+        if (d / Layout.PROCESSES.name).is_file() and d not in out:
             out.append(d)
     return out
 
@@ -144,7 +144,7 @@ def _not_ours(folder: Path, procs: list[ProcInfo]) -> CleanupResult:
 
 
 def _remove_owned_dirs(folder: Path) -> list[str]:
-    owned = read_json(folder / "owned_dirs.json") if (folder / "owned_dirs.json").is_file() else None
+    owned = read_json(folder / Layout.OWNED_DIRS.name) if (folder / Layout.OWNED_DIRS.name).is_file() else None
     tmp = Path(tempfile.gettempdir())
     removed = []
     for d in (Path(x) for x in (owned if isinstance(owned, list) else []) if isinstance(x, str)):
@@ -162,11 +162,11 @@ def _write_killed_report(folder: Path, run: dict, stopped: list[ProcInfo], when:
               f"server tree it left ({len(stopped)} processes) at {at}")
     notes = [f"`repro analyze {folder}` gives the ledger diagnosis and the rank states from what was recorded",
              "server.log and requests.jsonl hold what happened up to the kill"]
-    write_json_atomic(folder / "verdict.json", {"verdict": "INCONCLUSIVE", "reason": reason, "notes": notes, "exit_code": 4,
+    write_json_atomic(folder / Layout.VERDICT.name, {"verdict": "INCONCLUSIVE", "reason": reason, "notes": notes, "exit_code": 4,
                                                 "partial": True, "harness_killed": True, "cleaned_up_time": when,
                                                 "run_started_time": started, "evidence": str(folder)})
-    if not (folder / "REPORT.md").exists():
-        write_text_atomic(folder / "REPORT.md", "\n".join([
+    if not (folder / Layout.REPORT.name).exists():
+        write_text_atomic(folder / Layout.REPORT.name, "\n".join([
             f"# INCONCLUSIVE — harness killed, cleaned up at {at}", "",
             reason + ".", "",
             f"- For the ledger diagnosis and where each rank was: `repro analyze {folder}`",
@@ -185,7 +185,7 @@ def cleanup_run(folder: Path, force: bool = False) -> CleanupResult:
         A :class:`CleanupResult`; never raises for a bad or foreign file (exit code 2 in the result).
     """
     folder = Path(folder)
-    path = folder / "processes.json"
+    path = folder / Layout.PROCESSES.name
     try:
         recorded = _procs.load_procs(path)
     except (OSError, ValueError) as e:
@@ -194,7 +194,7 @@ def cleanup_run(folder: Path, force: bool = False) -> CleanupResult:
     mark = _procs.read_launch_mark(path)
     if mark is None:
         return _not_ours(folder, recorded)
-    run = read_json(folder / "run.json") or {}
+    run = read_json(folder / Layout.RUN.name) or {}
     if not isinstance(run, dict):
         run = {}
     harness = _harness_alive(run, mark)
@@ -209,9 +209,9 @@ def cleanup_run(folder: Path, force: bool = False) -> CleanupResult:
     removed = _remove_owned_dirs(folder) if not left else []
     now = time.time()
     if live and run.get("status") == "running":
-        write_json_atomic(folder / "run.json", {**run, "status": "cleaned-up", "cleaned_up_time": now,
+        write_json_atomic(folder / Layout.RUN.name, {**run, "status": "cleaned-up", "cleaned_up_time": now,
                                                 "note": "the harness ended without tearing down; `repro cleanup` stopped the server"})
-    if not (folder / "verdict.json").exists() and run.get("status") in ("running", "cleaned-up"):
+    if not (folder / Layout.VERDICT.name).exists() and run.get("status") in ("running", "cleaned-up"):
         _write_killed_report(folder, run, stopped, now)
     rm = f"; removed {', '.join(removed)}" if removed else ""
     if not live:

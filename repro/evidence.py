@@ -24,6 +24,7 @@ Members (who writes each one; ``repro.runner`` unless said):
 ``teardown.json``           what survived the stop; ``stalls.json`` each capture's judgement
 ``analysis.json``           the deciding capture's analysis; ``analysis-first.json`` the watch's first capture
 ``ledger.json``             the collective ledgers' alignment (``repro.ledger``); ``timeline.svg`` its picture
+``proof.json``              the ledger proof of a deadlock (``repro.proof``); ``rank_deaths.json`` dead ranks
 ``session.json``            a run folder of a multi-variant session; ``serve.json`` a ``repro serve`` server
 ``injector/``               ``loaded-<pid>.json``, ``fires-<pid>.jsonl``, ``ledger-<pid>[.N].jsonl``,
                             ``faulthandler-<pid>.txt``, ``errors.log`` (written by the injector)
@@ -357,6 +358,9 @@ class Layout:
     ANALYSIS_FIRST = _member("analysis-first.json", "json", "the first capture's stack analysis")
     LEDGER = _member("ledger.json", "json", "the collective ledgers' alignment (repro.ledger.LedgerDiagnosis)")
     TIMELINE = _member("timeline.svg", "text", "the per-rank collective timeline (SVG)")
+    PROOF = _member("proof.json", "json", "the ledger proof of a deadlock (the wait edges; repro.proof)")
+    RANK_DEATHS = _member("rank_deaths.json", "json", "rank processes that died during the run (repro.checker)")
+    STACK = _member("stack.json", "json", "a multi-server topology's servers (repro.pd)")
     SESSION = _member("session.json", "json", "{session, rank_pids} of a run on a shared server", SessionRecord)
     SERVE = _member("serve.json", "json", "{url, pid, rank_pids, injections, arm_file} of `repro serve`", ServeRecord)
     WATCH = _member("watch.json", "json", "the watch's options")
@@ -401,9 +405,14 @@ class Layout:
         return int(m.group(1)) if m else None
 
     @staticmethod
+    def stack_label(rank: int) -> str:
+        """``rank0``: the stem of rank ``rank``'s files in ``stacks/`` (``repro.capture`` appends tag and suffix)."""
+        return f"rank{rank}"
+
+    @staticmethod
     def stack_name(rank: int, tag: str = "", ext: str = "txt") -> str:
         """``rank0-1.txt``: rank ``rank``'s capture ``tag`` (``""``, ``-1``, ``-1b``, ``-2``…), text or ``json``."""
-        return f"rank{rank}{tag}.{ext}"
+        return f"{Layout.stack_label(rank)}{tag}.{ext}"
 
 
 class EvidenceDir:
@@ -488,6 +497,8 @@ class EvidenceDir:
     analysis = property(lambda self: self._f(Layout.ANALYSIS), doc="``analysis.json``")
     analysis_first = property(lambda self: self._f(Layout.ANALYSIS_FIRST), doc="``analysis-first.json``")
     ledger = property(lambda self: self._f(Layout.LEDGER), doc="``ledger.json``")
+    proof = property(lambda self: self._f(Layout.PROOF), doc="``proof.json``")
+    rank_deaths = property(lambda self: self._f(Layout.RANK_DEATHS), doc="``rank_deaths.json``")
     timeline = property(lambda self: self._f(Layout.TIMELINE), doc="``timeline.svg``")
     session = property(lambda self: self._f(Layout.SESSION), doc="``session.json`` (:class:`SessionRecord`)")
     serve = property(lambda self: self._f(Layout.SERVE), doc="``serve.json`` (:class:`ServeRecord`)")

@@ -519,7 +519,7 @@ class LedgerDiagnosis:
                 "consistency_problems": self.problems,
                 "files": {str(r): led.files for r, led in sorted(self.ledgers.items())}}
 
-    def markdown_lines(self, timeline: Optional[str] = "timeline.svg") -> list[str]:
+    def markdown_lines(self, timeline: Optional[str] = Layout.TIMELINE.name) -> list[str]:
         """The Diagnosis section's ledger part: the sentence, the aligned table, the timeline picture."""
         d = self.divergence
         out = [f"**Collective ledger:** {d.summary}", ""]
