@@ -35,3 +35,11 @@ def test_compare_python_ref_without_sglang_names_the_ref_not_only_python(tmp_pat
                                  "--evidence-dir", str(tmp_path / "ev")])
     assert r.exit_code == 2, r.output
     assert f"python:{py}" in r.output and "pass python:PATH" in r.output and "no importable sglang" in r.output
+
+
+def test_analyze_never_prints_the_raw_bytes_of_a_binary_file(tmp_path: Path):
+    (tmp_path / "rank0.txt").write_bytes(b"\x00\x01\x02ELF\xff\xfe\x1b[31mred\x07 garbage")
+    r = CliRunner().invoke(app, ["analyze", str(tmp_path / "rank0.txt")])
+    assert r.exit_code == 2, r.output
+    assert not any(c in r.output for c in "\x00\x01\x02\x07\x1b\ufffd"), repr(r.output)
+    assert "binary" in r.output
