@@ -389,7 +389,9 @@ class Discovery:
 
 
 def _md(x: Any) -> str:
-    return str(x).replace("|", "\\|").replace("\n", " ")
+    from repro.diagnosis import md_cell  # the one markdown escape
+
+    return md_cell(x)
 
 
 def discover(python: str, rules_path: Path, *, known_perturbations: Sequence[str] = (), root: Optional[str] = None,
