@@ -621,6 +621,9 @@ class LedgerProofDetector:
             self.cpu_s += _t.thread_time() - c0
             self.timings["ledger_follow_cpu_s"] = self.cpu_s
             found = self.desyncs + [d for d in pending if (d.group, d.seq) not in {(x.group, x.seq) for x in self.desyncs}]
+            if not found and ctx is not None and getattr(ctx, "injector_dir", None) is not None:
+                crash = crash_desync(al, self._alive(), Path(ctx.injector_dir).parent / "server.log")
+                found = [crash] if crash is not None else []
             fb = al.fallback_reasons()
         finally:
             self.follower.close()
@@ -635,6 +638,43 @@ class LedgerProofDetector:
         return out
 
 
+GLOO_MISMATCH_MARKERS = ("doesn't match expected size", "collective mismatch")
+
+
+def crash_desync(al: LiveAlignment, alive: Iterable[int], server_log: Path) -> Optional[Desync]:
+    """A rank that aborted in the backend's own mismatch check before its ledger record reached disk.
+
+    gloo aborts the process (``terminate … gloo::EnforceNotMet … Received data size doesn't match expected size. Is
+    there a distributed collective mismatch in your code?``) within microseconds of the mismatched call, before the
+    ledger's writer thread (50 ms) wrote it. Then the ledger shows a survivor inside (or raised out of) collective
+    (g, n), a dead member of g that never reached n, and the server log carries gloo's message: that is a desync the
+    backend crashed on. None unless all three hold.
+    """
+    dead = [k for k in al.ranks if k not in set(alive)]
+    if not dead:
+        return None
+    try:
+        text = Path(server_log).read_text(encoding="utf-8", errors="replace")[-200_000:]
+    except OSError:
+        return None
+    line = next((ln.strip() for ln in text.splitlines() if any(m in ln for m in GLOO_MISMATCH_MARKERS)), None)
+    if line is None:
+        return None
+    for (g, n), slot in sorted(al.slots.items(), key=lambda kv: -max(r.t_enter for r in kv[1].entered.values())):
+        members = al.members(g)
+        gone = [d for d in dead if d in members and d not in slot.entered and al.usable(d)
+                and al.ranks[d].knows_group(g) and al.ranks[d].seq_on(g) < n]
+        if not gone:
+            continue
+        recs = dict(slot.entered)
+        k, r = sorted(recs.items())[0]
+        summary = (f"Ledger desync at {_label(al, g)} #{n}: rank {k} entered {_where(r, al)} {list(r.shapes)} "
+                   f"{','.join(r.dtypes)}; rank(s) {','.join(map(str, gone))} aborted in the backend's own mismatch "
+                   f"check before its record of #{n} reached disk (server log: {line[:200]}).")
+        return Desync(g, _label(al, g), n, recs, ("shapes",) if "size" in line else (), "crashed", "crash", summary)
+    return None
+
+
 class _Only:
     """A view of one slot of an alignment (for :func:`find_desyncs` on a slot being retired)."""
 
@@ -647,4 +687,4 @@ class _Only:
 
 
 __all__ = ["LedgerProofDetector", "PairingTable", "PairingError", "Side", "features", "table_for", "WaitEdge", "Proof", "Desync",
-           "find_proof", "find_desyncs", "numel", "WAIT_OPS"]
+           "find_proof", "find_desyncs", "crash_desync", "numel", "WAIT_OPS"]

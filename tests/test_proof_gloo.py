@@ -109,3 +109,30 @@ def test_a_rank_without_ledger_gives_the_stated_fallback_never_a_proof(torch_pyt
         assert f.alignment.fallback_reasons() == ["rank 1: no ledger records (ledger missing for this rank)"]
     finally:
         _end(procs)
+
+
+def test_gloo_size_check_abort_is_a_crashed_desync_from_the_ledger_and_the_log(torch_python: str, tmp_path: Path):
+    from repro.proof import crash_desync
+
+    procs = _start(torch_python, tmp_path, _plan(tmp_path), "mismatch-dtype", world=2, ticks=3, odd=1)
+    f = LedgerFollower(tmp_path / "out", _pids(procs))
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            f.poll()
+            time.sleep(0.02)
+        time.sleep(0.3)
+        f.poll()
+        alive = [r for r, p in enumerate(procs) if p.poll() is None]
+    finally:
+        errs = _end(procs)
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(errs))
+    assert "doesn't match expected size" in log.read_text()  # gloo aborted a rank
+    assert find_proof(f.alignment, alive=alive) is None
+    ds = find_desyncs(f.alignment, alive=alive, include_pending=True)
+    d = ds[0] if ds else crash_desync(f.alignment, alive, log)
+    assert d is not None and d.outcome == "crashed" and d.label == "tp/device" and d.seq == 2
+    if not ds:  # the aborted rank's own record of #2 never reached disk (the usual case): the log names the check
+        assert "aborted in the backend's own mismatch check" in d.summary
+        assert crash_desync(f.alignment, alive, tmp_path / "no-such.log") is None

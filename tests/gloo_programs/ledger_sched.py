@@ -16,6 +16,8 @@ Shaped like SGLang 0.5.23's TP scheduler, without SGLang: ``GroupCoordinator`` (
 - ``inject``: like ``extra`` but the extra all_reduce comes from the repro injector at ``Scheduler.run_batch``
   (the plan holds the injection; this program does nothing odd itself).
 - ``mismatch-red``: at tick 2 rank K all_reduces with MIN while the others use SUM; gloo pairs them, the job ends.
+- ``mismatch-dtype``: at tick 2 rank K all_reduces 4 float64 while the others pass 4 float32; gloo's size check
+  aborts a rank (``Received data size doesn't match expected size``).
 - ``bypass-hang``: rank K calls ``GroupCoordinator.barrier``, which here blocks forever without calling
   torch.distributed (like a hung pynccl call); the others start the next tick.
 
@@ -86,6 +88,10 @@ class Scheduler:
         op = None
         if self.args.mode == "mismatch-red" and self.ticks == 2 and self.rank == self.args.odd_rank:
             op = dist.ReduceOp.MIN
+        if self.args.mode == "mismatch-dtype" and self.ticks == 2:
+            time.sleep(0.3)  # like a long-running server: every earlier record reached the ledger file
+            if self.rank == self.args.odd_rank:
+                x = torch.ones(4, dtype=torch.float64)  # twice the bytes: gloo's size check aborts a rank
         self.tp_group.all_reduce(x, op)
         if self.ticks % 3 == 0:
             self.tp_group.all_gather_object({"rank": self.rank})
@@ -118,7 +124,7 @@ def main() -> None:
     p.add_argument("world_size", type=int)
     p.add_argument("init_file")
     p.add_argument("out_dir")
-    p.add_argument("--mode", default="ok", choices=["ok", "extra", "inject", "mismatch-red", "bypass-hang"])
+    p.add_argument("--mode", default="ok", choices=["ok", "extra", "inject", "mismatch-red", "mismatch-dtype", "bypass-hang"])
     p.add_argument("--ticks", type=int, default=5)
     p.add_argument("--odd-rank", type=int, default=0)
     p.add_argument("--lifetime-s", type=float, default=120.0)
