@@ -75,6 +75,8 @@ PENDING_AFTER_S = 0.05  # a coordinator call with no torch.distributed call yet 
 SITE_FRAMES = 4
 MAX_WALK = 40
 
+# The torch.distributed functions the ledger wraps. The injector never imports the harness, so it keeps this copy;
+# the harness' one op table is repro/diagnosis.py (COLLECTIVES), which names every op written here.
 TORCH_OPS = (
     "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
     "all_to_all_single", "barrier", "monitored_barrier", "gather", "broadcast_object_list", "all_gather_object",
