@@ -1,6 +1,6 @@
 """Per-rank state from captured stacks, ranks grouped by where they are blocked, and the odd rank(s) out.
 
-Words (DESIGN §1): a rank is in a **collective** when the innermost frames of its main thread (or of another
+Words (docs/pipeline.md): a rank is in a **collective** when the innermost frames of its main thread (or of another
 thread holding a collective while the main thread waits) are communication-layer frames; **idle-wait** when they
 are a wait for work (zmq poll/recv, select, queue get, condition/event wait, thread join, pipe recv); **busy**
 otherwise (on CPU, or sleeping in an injected delay, or anywhere else). Being in a collective is not a hang by

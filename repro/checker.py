@@ -62,7 +62,7 @@ def check_stall(
     confirm_gap_s: float = CONFIRM_GAP_S,
     **capture_kw: Any,
 ) -> StallCheck:
-    """Capture all ranks twice and judge whether they are deadlocked (DESIGN §1).
+    """Capture all ranks twice and judge whether they are deadlocked (docs/pipeline.md).
 
     Args:
         rank_pids: rank -> pid of that rank's process.

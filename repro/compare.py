@@ -1,4 +1,4 @@
-"""``repro compare``: the same scenario, variant, burst and seed against two versions of the engine (issue 6).
+"""``repro compare``: the same scenario, variant, burst and seed against two versions of the engine (docs/adapters.md: REF locations).
 
 A *REF* names the code a side runs:
 

@@ -1,4 +1,4 @@
-"""``repro hunt``: search a live server for collective-desync hazards nobody has reported yet (issue 8).
+"""``repro hunt``: search a live server for collective-desync hazards nobody has reported yet (docs/pipeline.md, the hunt in README.md).
 
 Every desync bug of this family has one shape: a value local to one rank (free slots, a transfer's completion, a
 clock, the emptiness of a local list) steers control flow around a collective. The engine adapter contributes a

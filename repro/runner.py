@@ -1,4 +1,4 @@
-"""One run, end to end (DESIGN §1): scenario → plan → server → arm → burst → stall? → capture ×2 → verdict → evidence.
+"""One run, end to end (docs/pipeline.md): scenario → plan → server → arm → burst → stall? → capture ×2 → verdict → evidence.
 
 The runner wires the roles together and owns the life-cycle: the server tree is torn down on every outcome,
 on Ctrl-C and on SIGTERM (the CLI turns SIGTERM into ``KeyboardInterrupt``), and the evidence folder is kept and

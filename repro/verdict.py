@@ -1,4 +1,4 @@
-"""The verdict rules (DESIGN §1), as pure functions over typed records so they can be tested on their own.
+"""The verdict rules (docs/pipeline.md), as pure functions over typed records so they can be tested on their own.
 
 Three verdicts, each with an exit code:
 
@@ -78,7 +78,7 @@ def exit_code_for(verdict: str, expect: Optional[str]) -> int:
 
 @dataclass(frozen=True)
 class StallJudgement:
-    """What two captures of a stalled server say. ``deadlocked`` is True only when every rule of DESIGN §1 holds."""
+    """What two captures of a stalled server say. ``deadlocked`` is True only when every rule of docs/pipeline.md holds."""
 
     deadlocked: bool
     reason: str

@@ -51,7 +51,7 @@ HICACHE_TMP_PREFIX = "repro-hicache-"
 _TITLE_RE = re.compile(r"(?<![\w.:])sglang::scheduler((?:_(?:DP|PP|ATTN_CP|MOE_DP|TP|EP)\d+)*)(?!\w)")
 _TOKEN_RE = re.compile(r"_(DP|PP|ATTN_CP|MOE_DP|TP|EP)(\d+)")
 
-# Flags of the CPU testbed profile (DESIGN §5, measured on sglang 0.5.23). (flag, value or None for a switch).
+# Flags of the CPU testbed profile (docs/sglang.md, measured on sglang 0.5.23). (flag, value or None for a switch).
 _CPU_FLAGS: tuple[tuple[str, Optional[str]], ...] = (
     ("--device", "cpu"),
     ("--attention-backend", "torch_native"),
@@ -69,7 +69,7 @@ _CPU_FLAGS: tuple[tuple[str, Optional[str]], ...] = (
     ("--watchdog-timeout", "86400"),
     ("--random-seed", "0"),
 )
-# HiCache on the CPU testbed (issue 6, measured): the `direct` io backend with the compat layer's pure-torch ops.
+# HiCache on the CPU testbed (docs/sglang.md, measured): the `direct` io backend with the compat layer's pure-torch ops.
 _HICACHE_CPU_FLAGS: tuple[tuple[str, Optional[str]], ...] = (
     ("--hicache-io-backend", "direct"),
     ("--hicache-mem-layout", "layer_first"),
@@ -273,7 +273,7 @@ class SGLangAdapter(AdapterBase):
     def testbed_profile(
         self, spec: Optional[LaunchSpec], scenario_args: Sequence[str], storage_dir: Optional[str] = None
     ) -> tuple[list[str], dict[str, str], list[str]]:
-        """What to add to run ``spec`` on the CPU testbed (DESIGN §5, §8; issue 6). Scenario files stay CPU-free.
+        """What to add to run ``spec`` on the CPU testbed (docs/sglang.md). Scenario files stay CPU-free.
 
         Flags already present in ``scenario_args`` (or ``spec.args``) are not repeated, so a scenario's own value
         wins. With ``--enable-hierarchical-cache`` in the scenario args, also adds the HiCache CPU flags, sets

@@ -1,7 +1,7 @@
 """HiCache CPU compatibility layer for the CPU testbed (sglang 0.5.23, torch 2.14). Written for this project.
 
 Why it exists: sglang's hierarchical cache (HiCache) assumes a GPU. On the CPU testbed three things break (measured,
-issue 6 / DESIGN §8), and this layer mends exactly those, nothing else:
+docs/sglang.md), and this layer mends exactly those, nothing else:
 
 (a) ``sglang/srt/mem_cache/pool_host/common.py``: the host KV pool for device "cpu" is allocated by
     ``ALLOC_MEMORY_FUNCS["cpu"]`` = ``alloc_with_host_register``, which pins it with ``cudaHostRegister``
