@@ -137,3 +137,14 @@ def test_one_op_table_and_formatters() -> None:
     assert where_of({"state": "idle-wait", "wait": "zmq poll", "caller_chain": ["recv"]}) == "idle (zmq poll) ← recv"
     assert where_of({"state": "unknown", "error": "no dump"}) == "unknown (no dump)"
     assert md_cell("a|b\nc") == "a\\|b c"
+
+
+def test_the_injectors_own_op_list_is_named_in_the_one_table() -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "injectors"))
+    try:
+        from repro_injector import _ledger
+    finally:
+        sys.path.pop(0)
+    assert set(_ledger.TORCH_OPS) <= COLLECTIVE_OPS
