@@ -803,7 +803,8 @@ def discover(
     out.print(table)
     out.print(f"{s['candidates']} candidates ({s['huntable']} with a patchable site) → {s['points']} hunt points; "
               f"{s['unresolved_calls']} of {s['calls']} calls resolve to nothing in the package (not followed); "
-              f"scan {s['seconds'].get('total')} s" + (f"; points written to {out_file}" if out_file else ""))
+              + (f"scan answer reused from {s['cached']}" if s.get("cached") else f"scan {s['seconds'].get('total')} s")
+              + (f"; points written to {out_file}" if out_file else ""))
     raise typer.Exit(EXIT_SUCCESS)
 
 

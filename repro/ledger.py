@@ -396,10 +396,10 @@ def _summary(d: Divergence, ledgers: dict[int, RankLedger], dead: Optional[Mappi
         return "; ".join(parts + waits) + "."
     if d.kind == DivergenceKind.MISMATCH:
         recs = sorted(d.entered.values(), key=lambda r: r.rank)
-        if d.culprits:
+        if d.culprits and len(d.culprits) < len(recs):
             culprit = [r for r in recs if r.rank in d.culprits]
             others = [r for r in recs if r.rank not in d.culprits]
-        else:  # an even split: no majority to call one side odd
+        else:  # an even split (or every side injected): no majority to call one side odd
             sig0 = recs[0].signature()
             culprit = [r for r in recs if r.signature() == sig0]
             others = [r for r in recs if r.signature() != sig0]

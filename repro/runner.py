@@ -888,7 +888,8 @@ def _ledger_evidence(evd: ev.EvidenceDir, rank_pids: dict[int, int]) -> Any:
     if isinstance(deaths, list) and deaths:  # repro.checker.RankDeathDetector: never say a dead rank "waits"
         diag.mark_dead({int(d["rank"]): f"pid {d['pid']}: {d['reason']}" for d in deaths if isinstance(d, dict)})
     evd.ledger.write(diag.to_dict())
-    evd.timeline.write(render_timeline(diag.ledgers, diag.divergence))
+    proof = ev.read_json(evd.path / "proof.json")  # repro.proof.LedgerProofDetector's, when it proved the deadlock
+    evd.timeline.write(render_timeline(diag.ledgers, diag.divergence, proof=proof if isinstance(proof, dict) else None))
     return diag
 
 

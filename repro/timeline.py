@@ -25,12 +25,14 @@ PALETTE = ("#9ecae1", "#a1d99b", "#fdd0a2", "#dadaeb", "#c7e9c0", "#fdae6b", "#b
 
 
 def render_timeline(ledgers: dict[int, RankLedger], divergence: Optional[Divergence] = None, last_n: int = 24,
-                    title: str = "Collectives per rank (newest at the right)") -> str:
+                    title: str = "Collectives per rank (newest at the right)", proof: Optional[dict] = None) -> str:
     """The SVG text of the timeline.
 
     Args:
         ledgers: rank → RankLedger; divergence: from ``repro.ledger.align`` (marked when its kind is not none).
         last_n: collectives shown per rank (the most recent).
+        proof: a ledger proof of a deadlock (``repro.proof.Proof.to_dict()``): the records it holds the ranks in are
+            outlined in purple and its wait edges listed under the title.
     Returns:
         An SVG document (str), width/height in pixels.
     """
@@ -61,6 +63,7 @@ def render_timeline(ledgers: dict[int, RankLedger], divergence: Optional[Diverge
     if divergence is not None and divergence.kind != DivergenceKind.NONE:
         out.append(f'<text x="8" y="34" fill="#b30000">first divergence: {escape(str(divergence.kind))} at '
                    f'{escape(divergence.group.short() if divergence.group else "?")} #{divergence.seq}</text>')
+    proven = {(int(r["rank"]), str(r["group"]), int(r["seq"])) for r in (proof or {}).get("inside", {}).values()}
     for i, rank in enumerate(ranks):
         y = TOP + i * LANE_H
         out.append(f'<text x="8" y="{y + BOX_H - 8}" font-size="12">rank {rank}</text>')
@@ -71,8 +74,9 @@ def render_timeline(ledgers: dict[int, RankLedger], divergence: Optional[Diverge
         for j, r in enumerate(recs):
             x = x0 + j * (BOX_W + GAP)
             is_marked = (rank, r.group, r.seq) in marked
-            stroke = "#b30000" if is_marked else "#333333"
-            sw = 3 if is_marked else (2.5 if r.open else 0.8)
+            is_proven = (rank, r.group, r.seq) in proven
+            stroke = "#6a1b9a" if is_proven else ("#b30000" if is_marked else "#333333")
+            sw = 3 if is_marked or is_proven else (2.5 if r.open else 0.8)
             dash = ' stroke-dasharray="4,2"' if r.open and not is_marked else ""
             tip = (f"rank {rank} {r.op}{'(' + r.red + ')' if r.red else ''} #{r.seq} on "
                    f"{groups.get(r.group) or 'pg' + r.group} tick {r.tick} from {r.call_site(3)}"
@@ -93,7 +97,12 @@ def render_timeline(ledgers: dict[int, RankLedger], divergence: Optional[Diverge
         out.append(f'<rect x="{x}" y="{ly - 10}" width="12" height="12" fill="{colour[k]}" stroke="#333333" '
                    f'stroke-width="0.8"/><text x="{x + 16}" y="{ly}">{escape(label)}</text>')
         x += 24 + 7 * len(label)
-    out.append(f'<text x="{x + 8}" y="{ly}">thick = never left · * = injected · red = first divergence</text>')
+    out.append(f'<text x="{x + 8}" y="{ly}">thick = never left · * = injected · red = first divergence'
+               f'{" · purple = held by the ledger proof" if proof else ""}</text>')
+    if proof:
+        waits = "; ".join(f"{e['rank']}→{e['waits_for']} ({e['kind']})" for e in proof.get("edges", []))
+        out.append(f'<text x="8" y="{ly + 18}" fill="#6a1b9a">ledger proof of the deadlock '
+                   f'({escape(str(proof.get("kind")))}), wait edges: {escape(waits)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 

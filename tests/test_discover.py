@@ -157,7 +157,7 @@ def _rules(tmp_path: Path) -> Path:
 def fake(tmp_path_factory: pytest.TempPathFactory) -> D.Discovery:
     tmp = tmp_path_factory.mktemp("fake")
     pkg = _write_fake(tmp)
-    return D.discover(sys.executable, _rules(tmp), root=str(pkg))
+    return D.discover(sys.executable, _rules(tmp), root=str(pkg), use_cache=False)
 
 
 def _cands(d: D.Discovery, caller: str) -> list[D.Candidate]:
@@ -282,6 +282,7 @@ def test_hunt_discover_without_hand_points_hunts_the_discovered_rows_and_judges_
     rules = _rules(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the scan's interpreter finds the fake engine with find_spec
     monkeypatch.setattr(H, "_discovery_python", lambda opts: sys.executable)
+    monkeypatch.setenv("REPRO_DISCOVER_CACHE", "off")
     admit, mystery = f"{PKG}.sched:Scheduler.admit", f"{PKG}.sched:Scheduler.mystery"
     fr = FakeRunner({"-zero_once-r0": DEADLOCKED})
 

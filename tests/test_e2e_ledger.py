@@ -1,7 +1,8 @@
 """The collective ledger end to end on real SGLang TP=2 (CPU testbed): one server, driven by
-``repro.runner.run_many`` through the smoke scenario's ``control`` variant (healthy: the ledgers must agree) and
-then its ``extra_collective`` variant (deadlock: REPORT.md's Diagnosis must name the injected collective as the
-first divergence, with the rank, the group and both call sites). Marked ``hang``: it hangs real rank processes
+``repro.runner.run_many`` through the smoke scenario's ``control`` variant (healthy: the ledgers must agree), its
+``extra_collective`` variant (deadlock: proven by the live ledger proof, and REPORT.md's Diagnosis must name the
+injected collective as the first divergence, with the rank, the group and both call sites), then, on the restarted
+server, ``desync_control`` (success) and ``desync_reduce_op`` (DESYNCED: gloo completed MAX against MIN). Marked ``hang``: it hangs real rank processes
 and owns its server; the run tears the tree down and the test checks nothing of it is left.
 """
 
@@ -24,7 +25,7 @@ SMOKE = REPO / "scenarios" / "sglang" / "smoke_extra_allreduce.toml"
 def test_control_ledgers_agree_and_the_smoke_deadlock_report_names_the_injected_collective(tmp_path):
     from repro.runner import RunOptions, run_many
 
-    names = ["control", "extra_collective"]
+    names = ["control", "extra_collective", "desync_control", "desync_reduce_op"]
     results = dict(zip(names, run_many(RunOptions(scenario_path=SMOKE, evidence_root=tmp_path), names)))
     session = Path(read_json(results["control"].evidence / "session.json")["session"])
     procs = load_procs(session / "processes.json")
@@ -69,6 +70,26 @@ def test_control_ledgers_agree_and_the_smoke_deadlock_report_names_the_injected_
     assert "![per-rank collective timeline](timeline.svg)" in report
     svg = (dead.evidence / "timeline.svg").read_text()
     assert ET.fromstring(svg).tag.endswith("svg") and "first divergence: missing at tp:0/cpu" in svg
+
+    # the ledger proved it (a closed set of waits across the CPU and device groups), at once; stacks still captured
+    v = read_json(dead.evidence / "verdict.json")
+    proof = v["proof"]
+    assert proof["kind"] == "missing_partner" and proof["ranks"] == [0, 1], v["reason"]
+    assert {(e["rank"], e["waits_for"]) for e in proof["edges"]} == {(0, 1), (1, 0)}
+    assert proof["inside"]["0"]["inj"] == "extra_allreduce_before_run_batch"
+    assert v["reason"].startswith("Ledger proof of a deadlock") and "proof_latency_s" in v["timings"]
+    assert read_json(dead.evidence / "proof.json") == proof and "ledger proof of the deadlock" in svg
+    assert sorted(p.name for p in (dead.evidence / "stacks").glob("rank*-proof.txt")) == ["rank0-proof.txt", "rank1-proof.txt"]
+    assert "wait edge: rank 0 in all_reduce #" in report
+
+    # after the restart: MAX against MIN at one (group, seq) completes on gloo — only the ledgers say DESYNCED
+    ctl, ds = results["desync_control"], results["desync_reduce_op"]
+    assert ctl.verdict.verdict == "ALL REQUESTS SUCCEEDED", ctl.verdict.reason
+    assert ds.verdict.verdict == "DESYNCED" and ds.exit_code == 0, ds.verdict.reason  # variant expects desync
+    d = read_json(ds.evidence / "verdict.json")["desync"]
+    assert d["fields"] == ["red"] and d["outcome"] == "completed" and d["label"] == "tp:0/cpu"
+    assert {k: r["red"] for k, r in d["records"].items()} == {"0": "MAX", "1": "MIN"}
+    assert ds.requests_ok == ds.requests_total > 0
 
 
 @pytest.mark.sglang

@@ -104,8 +104,17 @@ def _str_list(v: Any) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------------ scan
+def cache_dir() -> Path:
+    """Where scan answers are kept, keyed by the scanned files' sizes/mtimes, the rules and the scan script
+    (``$REPRO_DISCOVER_CACHE``, else ``~/.cache/tp-deadlock-repro/discover``; ``off`` disables it)."""
+    env = os.environ.get("REPRO_DISCOVER_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tp-deadlock-repro" / "discover"
+
+
 def run_scan(python: str, rules: dict, *, root: Optional[str] = None, timeout_s: float = SCAN_TIMEOUT_S,
-             only_functions: Sequence[str] = ()) -> dict:
+             only_functions: Sequence[str] = (), use_cache: bool = True) -> dict:
     """Run the AST scan in ``python`` (the target interpreter) and return its answer.
 
     Args:
@@ -114,12 +123,17 @@ def run_scan(python: str, rules: dict, *, root: Optional[str] = None, timeout_s:
         root: scan this folder as the package instead (tests: a synthetic engine package).
         timeout_s: bound on the subprocess in seconds (sglang 0.5.23's ``srt``: ~15–35 s on 2 cores).
         only_functions: ``module:Qual`` globs; analyse guards only in these functions (the call graph is whole).
+        use_cache: reuse the answer of an identical earlier scan (:func:`cache_dir`; any change to a scanned file,
+            the rules or the script makes a new one).
     Returns:
         The scan's JSON (``guards``, ``families``, counts, ``seconds``).
     Raises:
         DiscoverError: the interpreter is missing, timed out, or crashed (its output tail is in the message).
     """
     req = {"package": rules["package"], "rules": rules, "root": root, "only_functions": list(only_functions)}
+    cd = cache_dir()
+    if use_cache and str(cd) != "off":
+        req["cache_dir"] = str(cd)
     env = dict(os.environ)
     env.pop("REPRO_PLAN", None)
     try:
@@ -343,7 +357,7 @@ class Discovery:
                 "functions": s.get("functions"), "calls": s.get("calls"), "unresolved_calls": s.get("unresolved_calls"),
                 "reaching_functions": s.get("reaching"), "guards": len(s.get("guards") or []),
                 "candidates": len(self.candidates), "huntable": sum(1 for c in self.candidates if c.huntable),
-                "points": len(self.points), "seconds": s.get("seconds")}
+                "points": len(self.points), "seconds": s.get("seconds"), "cached": s.get("cached")}
 
     def to_json(self) -> dict:
         return {"rules": str(self.rules_path), "python": self.python, "summary": self.summary(),
@@ -395,7 +409,7 @@ def _md(x: Any) -> str:
 
 
 def discover(python: str, rules_path: Path, *, known_perturbations: Sequence[str] = (), root: Optional[str] = None,
-             timeout_s: float = SCAN_TIMEOUT_S) -> Discovery:
+             timeout_s: float = SCAN_TIMEOUT_S, use_cache: bool = True) -> Discovery:
     """Scan the engine installed in ``python`` with the rules at ``rules_path``; rank candidates; make points.
 
     Args:
@@ -406,7 +420,7 @@ def discover(python: str, rules_path: Path, *, known_perturbations: Sequence[str
         DiscoverError: bad rules, or the scan failed (see :func:`run_scan`).
     """
     rules = load_rules(rules_path)
-    scan = run_scan(python, rules, root=root, timeout_s=timeout_s)
+    scan = run_scan(python, rules, root=root, timeout_s=timeout_s, use_cache=use_cache)
     cands = candidates_from_scan(scan)
     known = set(known_perturbations) | set((rules.get("perturbations") or {}).keys())
     if not known_perturbations:

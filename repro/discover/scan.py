@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import hashlib
 import importlib.util
 import json
 import os
@@ -1082,10 +1083,49 @@ def _version(folder):
     return None
 
 
+def fingerprint(req):
+    """A key for the scan's answer: the request, this script, the Python version and every scanned file's size and
+    mtime (a changed, added or removed file changes it)."""
+    rules = req.get("rules") or {}
+    pkg, folder = find_package(req["package"], req.get("root"))
+    scope = rules.get("scope", {})
+    h = hashlib.sha256()
+    h.update(json.dumps(req, sort_keys=True).encode())
+    h.update(open(__file__, "rb").read())
+    h.update(sys.version.encode())
+    for mod, path in iter_modules(pkg, folder, scope.get("include", []), scope.get("exclude", [])):
+        st = os.stat(path)
+        h.update(f"{path}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:32]
+
+
 def main():
     req = json.loads(sys.stdin.read())
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
+    cache = req.get("cache_dir")
+    key = path = None
+    if cache:
+        key = fingerprint(req)
+        path = os.path.join(cache, f"scan-{key}.json")
+        if os.path.isfile(path):
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    out = json.load(fh)
+                out["cached"] = path
+                sys.stdout.write(MARK + json.dumps(out) + "\n")
+                return
+            except (OSError, ValueError):
+                pass
     out = scan(req)
+    if path:
+        try:
+            os.makedirs(cache, exist_ok=True)
+            tmp = path + f".{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(out, fh)
+            os.replace(tmp, path)
+        except OSError:
+            pass
     sys.stdout.write(MARK + json.dumps(out) + "\n")
 
 

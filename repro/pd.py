@@ -1,0 +1,683 @@
+"""Multi-server runs (PD disaggregation: prefill + decode + router): one stack, one session, evidence per server.
+
+A scenario whose ``[server] topology`` is not ``single`` runs every role of the adapter's
+:class:`~repro.targets.base.Topology` (SGLang ``pd``: ``repro.targets.sglang_pd``). This module gives the runner
+what it needs for that, in the single-server shapes it already uses:
+
+- :class:`Stack`: every role started by :func:`repro.launcher.start_server` (one process group each), healthy when
+  every role's health answers 200 and the router lists every engine server healthy; ``url`` is the entry role's
+  (the router's); ``stop`` ends every tree (router first) on every path;
+- :class:`PDSession`: ``repro.runner.Session`` over a Stack. Each engine role has its own plan, arm file and
+  injector folder under ``servers/<role>/`` of the session folder (an injection's ``server`` field picks its role;
+  ranks of two servers never share a record), so arming, acknowledgement, capture, analysis, the ledger and the
+  completion checks run per server; the run is DEADLOCKED when some server's ranks are;
+- :func:`finish_pd_evidence`: ``servers/<role>/`` gets that server's REPORT.md / verdict.json / analysis / ledger;
+  the run folder's REPORT.md is the report of the server that diverged (or the first engine server) plus a
+  "Servers" table naming which server diverged; ``verdict.json`` gains ``servers``.
+
+Rank names: ``prefill TP2``, ``decode TP0`` (role + rank in that server's TP group).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from repro import evidence as ev
+from repro.targets.base import LaunchSpec, ServerRole
+from repro.verdict import DEADLOCKED, INCONCLUSIVE, SUCCEEDED, Verdict, exit_code_for
+
+SERVERS_DIR = "servers"
+WORKERS_POLL_S = 0.5
+
+
+def rank_name(role: str, rank: int) -> str:
+    """``prefill TP2``: a rank named apart by its server."""
+    return f"{role} TP{rank}"
+
+
+@dataclass
+class RoleRun:
+    """One role of a stack as prepared for a session.
+
+    Attributes:
+        role: the topology's role (name, kind, TP size, args, env).
+        adapter: the adapter that starts it (the engine's, or the router's).
+        spec: its launch spec (ports 0 until :meth:`Stack.start` picks them).
+        folder: ``servers/<role>/`` of the session folder (an ``EvidenceDir`` view: injector/, stacks/).
+        plan: the role's plan (engine roles), None for a router.
+        arm_file: the role's arm file (engine roles).
+        injection_ids: the ids of the plan's injections (armed only on this role).
+    """
+
+    role: ServerRole
+    adapter: Any
+    spec: LaunchSpec
+    folder: ev.EvidenceDir
+    plan: Optional[dict] = None
+    arm_file: Optional[Path] = None
+    injection_ids: list = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.role.name
+
+    @property
+    def is_engine(self) -> bool:
+        return self.role.kind == "engine"
+
+
+def is_multi(p: Any) -> bool:
+    """True when the prepared run's scenario asks for a multi-server topology."""
+    return getattr(p.scenario.server, "topology", "single") != "single"
+
+
+def injection_roles(scenario: Any) -> dict[str, Optional[str]]:
+    """injection id → the role named by its ``server`` field (None: every engine role), over all variants."""
+    return {i.id: getattr(i, "server", None) for v in scenario.variants for i in v.injections}
+
+
+def _role_folder(base: Path, name: str) -> ev.EvidenceDir:
+    d = Path(base) / SERVERS_DIR / name
+    for sub in (ev.Layout.INJECTOR.name, ev.Layout.STACKS.name):
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    return ev.EvidenceDir.open(d)
+
+
+def prepare_roles(p: Any) -> list[RoleRun]:
+    """The roles of ``p``'s topology, each with its own spec, folder, plan and arm file. Launches nothing.
+
+    Engine roles: args = ``server.args`` + the role's (mode flags first), env = the session spec's env + the role's
+    + ``REPRO_PLAN`` = the role's plan, plus the adapter's testbed profile for the role's args when on the testbed.
+    Routers: no injector plan (the router is not a rank process).
+
+    Raises:
+        ValueError: the adapter knows no such topology, or an injection names a role that is not an engine server.
+    """
+    from repro.scenario import PLAN_ENV
+    from repro.targets.sglang_pd import SGLangRouterAdapter
+
+    topo = p.adapter.topology(p.scenario.server)
+    engines = [r.name for r in topo.engines()]
+    where = injection_roles(p.scenario)
+    bad = sorted({f"{i} → {r!r}" for i, r in where.items() if r is not None and r not in engines})
+    if bad:
+        raise ValueError(f"injection server field(s) {', '.join(bad)} name no engine server of the topology "
+                         f"(expected one of: {', '.join(engines)})")
+    out: list[RoleRun] = []
+    base_env = {k: v for k, v in p.spec.env.items() if k != PLAN_ENV}
+    for role in topo.roles:
+        folder = _role_folder(p.evidence.path, role.name)
+        if role.kind != "engine":
+            spec = LaunchSpec(python=p.spec.python, model=p.spec.model, tp_size=1, args=list(role.args),
+                              env=dict(role.env))
+            out.append(RoleRun(role, SGLangRouterAdapter(p.adapter), spec, folder))
+            continue
+        tp = role.tp_size or p.spec.tp_size
+        if role.name == topo.engines()[0].name:
+            tp = p.spec.tp_size  # the first engine server takes --tp / server.tp_size
+        args = [*role.args, *p.scenario.server.args]
+        arm_file = folder.path / "ARM"
+        plan = json.loads(json.dumps(p.plan))
+        plan["out_dir"] = str(folder.injector_dir.resolve())
+        plan["arm_file"] = str(arm_file.resolve())
+        plan["injections"] = [i for i in plan["injections"] if where.get(i["id"]) in (None, role.name)]
+        plan["server_role"] = role.name
+        ledger = dict(plan.get("ledger") or {})
+        ledger["tick_function"] = p.adapter.tick_function_for(args)
+        plan["ledger"] = ledger
+        folder.plan.write(plan)
+        env = {**base_env, **dict(role.env), PLAN_ENV: str(folder.plan.path.resolve())}
+        spec = LaunchSpec(python=p.spec.python, model=p.spec.model, tp_size=tp, args=args, env=env,
+                          pythonpath_prepend=list(p.spec.pythonpath_prepend))
+        if p.on_testbed:
+            extra_args, extra_env, tb_prepend = p.adapter.testbed_profile(spec, args)
+            spec = dataclasses.replace(spec, args=[*args, *extra_args], env={**env, **extra_env},
+                                       pythonpath_prepend=[*spec.pythonpath_prepend, *tb_prepend])
+        out.append(RoleRun(role, p.adapter, spec, folder, plan, arm_file, [i["id"] for i in plan["injections"]]))
+    return out
+
+
+class Stack:
+    """The servers of one multi-server topology, started together, each in its own process group.
+
+    Exposes what ``repro.runner.Session`` uses of a single :class:`repro.launcher.Server`: ``url`` (the entry
+    role's), ``procs``, ``is_running``, ``log_tail``, ``owned_dirs``, ``launch_mark``, ``stop``, ``pid``.
+
+    Args:
+        roles: from :func:`prepare_roles`, in start order; the router (kind ``router``) is given the engine
+            servers' URLs and the prefill bootstrap port.
+        entry: the role that receives the burst.
+    """
+
+    def __init__(self, roles: Sequence[RoleRun], entry: str) -> None:
+        self.roles = list(roles)
+        self.entry = entry
+        self.servers: dict[str, Any] = {}
+        self.healthy_s: dict[str, float] = {}
+
+    # ---- start -------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Pick distinct free ports (HTTP, rendezvous, bootstrap) and start every role (not waiting for health).
+
+        Raises:
+            repro.launcher.LaunchError: a role could not be started (the roles already started are stopped).
+        """
+        from repro.launcher import pick_free_port, start_server
+        from repro.targets.sglang_pd import BOOTSTRAP_FLAG, MODE_FLAG, router_args
+        from repro.targets.base import flag_value
+
+        used: list[int] = []
+
+        def port() -> int:
+            q = pick_free_port("127.0.0.1", exclude=tuple(used) + tuple(u + 1 for u in used))
+            used.extend((q, q + 1))
+            return q
+
+        specs: dict[str, LaunchSpec] = {}
+        prefill_url = decode_url = ""
+        bootstrap = 0
+        for r in self.roles:
+            if not r.is_engine:
+                continue
+            spec = dataclasses.replace(r.spec, port=port(), nccl_port=port())
+            if flag_value(spec.args, MODE_FLAG) == "prefill":
+                bootstrap = int(flag_value(spec.args, BOOTSTRAP_FLAG) or 0) or port()
+                if flag_value(spec.args, BOOTSTRAP_FLAG) is None:
+                    spec = dataclasses.replace(spec, args=[*spec.args, BOOTSTRAP_FLAG, str(bootstrap)])
+                prefill_url = f"http://127.0.0.1:{spec.port}"
+            elif flag_value(spec.args, MODE_FLAG) == "decode":
+                decode_url = f"http://127.0.0.1:{spec.port}"
+            specs[r.name] = spec
+        for r in self.roles:
+            if r.is_engine:
+                continue
+            specs[r.name] = dataclasses.replace(
+                r.spec, port=port(), nccl_port=port(),
+                args=[*router_args(prefill_url, bootstrap, decode_url), *r.spec.args])
+        try:
+            for r in self.roles:
+                self.servers[r.name] = start_server(r.adapter, specs[r.name], r.folder.server_log.path)
+        except BaseException:
+            self.stop()
+            raise
+
+    def engine_urls(self) -> list[str]:
+        return [self.servers[r.name].url for r in self.roles if r.is_engine and r.name in self.servers]
+
+    def wait_healthy(self, timeout_s: float, observe: Any = None) -> float:
+        """Wait until every role answers its health check and the router lists every engine server healthy.
+
+        Returns:
+            Seconds waited.
+        Raises:
+            repro.launcher.LaunchError: a role exited, or ``timeout_s`` passed (message names the role and what
+                was missing).
+        """
+        from repro.launcher import LaunchError
+        from repro.targets.sglang_pd import router_workers, workers_ready
+
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
+        pending = [r.name for r in self.roles]
+        while pending:
+            for name in list(pending):
+                s = self.servers[name]
+                s.procs()
+                if not s.is_running():
+                    err = LaunchError(f"{name} server exited with code {s.popen.poll()} during start-up: "
+                                      f"{_last_line(s.log_tail())} (full log: {s.log_path})")
+                    err.log_tail = s.log_tail()  # type: ignore[attr-defined]
+                    raise err
+                if s.health_ok(timeout_s=2.0):
+                    pending.remove(name)
+                    self.healthy_s[name] = time.monotonic() - t0
+                    if observe:
+                        observe("role_healthy", {"role": name, "after_s": self.healthy_s[name]})
+            if pending and time.monotonic() >= deadline:
+                raise LaunchError(f"{', '.join(pending)} not healthy after {timeout_s:.0f} s (logs: "
+                                  f"{', '.join(str(self.servers[n].log_path) for n in pending)})")
+            if pending:
+                time.sleep(WORKERS_POLL_S)
+        routers = [r.name for r in self.roles if not r.is_engine]
+        want = self.engine_urls()
+        why = ""
+        while routers:
+            workers = router_workers(self.servers[routers[0]].url)
+            ok, why = workers_ready({"workers": workers} if workers is not None else None, want)
+            if ok:
+                self.healthy_s["workers"] = time.monotonic() - t0
+                break
+            if time.monotonic() >= deadline:
+                raise LaunchError(f"the router at {self.url} does not list every server healthy after {timeout_s:.0f} s: "
+                                  f"{why} (GET /workers)")
+            for name, s in self.servers.items():
+                if not s.is_running():
+                    raise LaunchError(f"{name} server exited while the router registered its workers: "
+                                      f"{_last_line(s.log_tail())} (full log: {s.log_path})")
+            time.sleep(WORKERS_POLL_S)
+        return time.monotonic() - t0
+
+    # ---- what Session uses of a Server --------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return self.servers[self.entry].url
+
+    @property
+    def pid(self) -> int:
+        return next(iter(self.servers.values())).pid
+
+    @property
+    def owned_dirs(self) -> list[Path]:
+        out: list[Path] = []
+        for s in self.servers.values():
+            out += [d for d in s.owned_dirs if d not in out]
+        return out
+
+    def server(self, role: str) -> Any:
+        return self.servers[role]
+
+    def procs(self) -> list:
+        """Every role's live tree (the union of the process groups)."""
+        out = []
+        for s in self.servers.values():
+            out += s.procs()
+        return out
+
+    def launch_mark(self) -> dict:
+        """The first role's launch mark (``repro cleanup`` ends the whole union recorded with it)."""
+        return next(iter(self.servers.values())).launch_mark()
+
+    def rank_pids_by_role(self) -> dict[str, dict[int, int]]:
+        """role → rank → pid, for the engine roles."""
+        return {r.name: self.servers[r.name].rank_pids() for r in self.roles if r.is_engine and r.name in self.servers}
+
+    def rank_pids(self) -> dict[int, int]:
+        """The first engine role's ranks (single-server callers); see :meth:`rank_pids_by_role`."""
+        by = self.rank_pids_by_role()
+        return next(iter(by.values()), {})
+
+    def is_running(self) -> bool:
+        return bool(self.servers) and all(s.is_running() for s in self.servers.values())
+
+    def dead_roles(self) -> list[str]:
+        return [n for n, s in self.servers.items() if not s.is_running()]
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines of every role's log (dead roles first), each under a ``== role ==`` line."""
+        order = sorted(self.servers, key=lambda n: self.servers[n].is_running())
+        return "\n".join(f"== {n} ==\n{self.servers[n].log_tail(lines)}" for n in order)
+
+    def stop(self, grace_s: float = 10.0) -> list:
+        """Stop every role, the entry (router) first, then the engine servers in reverse start order. Idempotent;
+        a KeyboardInterrupt during one stop does not skip the others (it is re-raised at the end)."""
+        left: list = []
+        interrupted = False
+        order = sorted(self.servers, key=lambda n: n != self.entry)
+        order = order[:1] + list(reversed(order[1:]))
+        for n in order:
+            try:
+                left += self.servers[n].stop(grace_s=grace_s)
+            except KeyboardInterrupt:
+                interrupted = True
+                left += self.servers[n].stop(grace_s=grace_s)
+        if interrupted:
+            raise KeyboardInterrupt
+        return left
+
+
+def _last_line(tail: str) -> str:
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Error" in ln or "Exception" in ln:
+            return ln[:300]
+    return lines[-1][:300] if lines else "(empty log)"
+
+
+# ---- the session ---------------------------------------------------------------------------------------------------
+class PDStallDetector:
+    """The stall rule per server: no progress for ``stall_s`` → capture every engine server's ranks twice (into
+    ``servers/<role>/stacks/`` of the run folder) → DEADLOCKED when some server's ranks are deadlocked
+    (``repro.verdict.judge_stall`` on that server's ranks alone: an idle server's normal shape — TP0 in the idle
+    path, its peers in the request broadcast — is a server that agrees with itself, not a divergence)."""
+
+    name = "stall"
+
+    def __init__(self, session: "Any") -> None:
+        self.session = session
+        self.captures = 0
+        self.last_capture_t = 0.0
+        self.by_role: dict[str, Any] = {}
+
+    def start(self, ctx: Any) -> None:
+        self.captures = 0
+        self.last_capture_t = 0.0
+        self.by_role = {}
+
+    def poll(self, ctx: Any) -> Any:
+        from repro.checker import check_stall
+        from repro.detect import Detection
+
+        stalled = ctx.state.stalled_for(ctx.now) if ctx.state is not None else 0.0
+        if stalled < ctx.stall_s or ctx.now - self.last_capture_t < ctx.stall_s:
+            return None
+        self.captures += 1
+        tag = f"-{self.captures}"
+        ctx.emit("capture", {"n": self.captures, "stalled_s": stalled})
+        run_dir = ctx.run_dir
+        record: dict[str, Any] = {"capture": self.captures, "tag": tag, "stalled_s": round(stalled, 2), "servers": {}}
+        decided_role = None
+        reasons = []
+        for r in self.session.engine_roles():
+            pids = self.session.role_pids.get(r.name, {})
+            stacks = Path(run_dir.path) / SERVERS_DIR / r.name / ev.Layout.STACKS.name
+            stacks.mkdir(parents=True, exist_ok=True)
+            chk = check_stall(pids, stacks, list(range(r.spec.tp_size)), tag=tag, native=ctx.native,
+                              injector_dir=r.folder.injector_dir, fallback_signal=r.plan.get("faulthandler_signal"))
+            j = chk.judgement
+            self.by_role[r.name] = chk
+            record["servers"][r.name] = {"deadlocked": j.deadlocked, "reason": j.reason,
+                                         "cpu_percent": {str(k): round(v, 1) for k, v in chk.cpu_percent.items()}}
+            reasons.append(f"{r.name} server: {j.reason}")
+            if j.deadlocked and decided_role is None:
+                decided_role = r.name
+        self.last_capture_t = time.time()
+        record["time"] = self.last_capture_t
+        record["deadlocked"] = decided_role is not None
+        record["diverged_server"] = decided_role
+        record["reason"] = "; ".join(reasons)
+        role = decided_role or self.session.engine_roles()[0].name
+        analysis = self.by_role[role].second_analysis
+        ctx.emit("judged", {"judgement": self.by_role[role].judgement, "analysis": analysis})
+        if decided_role is not None:
+            reason = f"the {decided_role} server deadlocked: {self.by_role[decided_role].judgement.reason}"
+            return Detection(self.name, True, Verdict(DEADLOCKED, reason), analysis, reason, record)
+        return Detection(self.name, False, None, analysis, record["reason"], record)
+
+    def stop(self, ctx: Any) -> None:
+        pass
+
+
+def make_session_class():
+    """The PD session class (defined lazily: ``repro.runner`` imports this module only for multi-server runs)."""
+    from repro.runner import Session
+
+    class PDSession(Session):
+        """``repro.runner.Session`` over a :class:`Stack`: every role started and healthy, armed and judged per
+        server. ``rank_pids`` is the first engine server's; ``role_pids`` holds every engine server's."""
+
+        def __init__(self, p: Any, observe: Any = None, detectors: Any = None) -> None:
+            super().__init__(p, observe or (lambda e, d: None), detectors)
+            self.roles = prepare_roles(p)
+            self.topology = p.adapter.topology(p.scenario.server)
+            self.role_pids: dict[str, dict[int, int]] = {}
+
+        def engine_roles(self) -> list[RoleRun]:
+            return [r for r in self.roles if r.is_engine]
+
+        def start(self) -> Optional[Verdict]:
+            from repro.launcher import LaunchError
+            from repro.runner import save_server_procs, write_arm_file
+
+            p, t0 = self.p, time.time()
+            for r in self.engine_roles():
+                write_arm_file(r.arm_file, [])
+            write_arm_file(p.arm_file, [])
+            self.observe("launch", {"evidence": str(p.evidence.path), "roles": [r.name for r in self.roles]})
+            stack = Stack(self.roles, self.topology.entry)
+            try:
+                stack.start()
+            except LaunchError as e:
+                return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
+            self.server = stack
+            save_server_procs(p.evidence, stack)
+            self.observe("wait_healthy", {"url": stack.url, "pid": stack.pid})
+            try:
+                stack.wait_healthy(p.scenario.server.startup_timeout_s, self.observe)
+            except LaunchError as e:
+                return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
+            finally:
+                save_server_procs(p.evidence, stack)
+            self.healthy_s = time.time() - t0
+            p.evidence.write_json("stack.json", self.stack_record())
+            self.role_pids = stack.rank_pids_by_role()
+            self.rank_pids = stack.rank_pids()
+            for r in self.engine_roles():
+                got = sorted(self.role_pids.get(r.name, {}))
+                want = list(range(r.spec.tp_size))
+                if got != want:
+                    return Verdict(INCONCLUSIVE, f"expected {r.name} server ranks {want}, found {got} among its processes")
+            p.evidence.write_json("stack.json", self.stack_record())
+            return None
+
+        def stack_record(self) -> dict:
+            """Roles, URLs, ports, pids and health times, for ``stack.json`` (``repro arm``/``watch`` read it)."""
+            s = self.server
+            out = {"entry": self.topology.entry, "url": s.url if s else None, "roles": []}
+            for r in self.roles:
+                srv = s.servers.get(r.name) if s else None
+                out["roles"].append({
+                    "name": r.name, "kind": r.role.kind, "tp_size": r.spec.tp_size,
+                    "url": srv.url if srv else None, "pid": srv.pid if srv else None,
+                    "folder": str(r.folder.path), "arm_file": str(r.arm_file) if r.arm_file else None,
+                    "injection_ids": list(r.injection_ids),
+                    "rank_pids": {str(k): v for k, v in self.role_pids.get(r.name, {}).items()},
+                    "healthy_s": round(s.healthy_s[r.name], 2) if s and r.name in s.healthy_s else None,
+                })
+            if s and "workers" in s.healthy_s:
+                out["workers_ready_s"] = round(s.healthy_s["workers"], 2)
+            return out
+
+        def arm(self, ids: Sequence[str]) -> list[str]:
+            """Write every engine role's arm file with its own share of ``ids`` and wait for each rank's
+            acknowledgement. Returns the rank names that did not acknowledge (``prefill TP2``)."""
+            from repro.runner import ARM_ACK_TIMEOUT_S, arm_and_wait
+
+            late: list[str] = []
+            for r in self.engine_roles():
+                mine = [i for i in ids if i in r.injection_ids]
+                k = arm_and_wait(r.arm_file, mine, r.folder.injector_dir, self.role_pids.get(r.name, {}),
+                                 ARM_ACK_TIMEOUT_S)
+                late += [rank_name(r.name, x) for x in k]
+            return late
+
+        def drive(self, variant: Any, run_dir: ev.EvidenceDir, n_requests: Optional[int] = None,
+                  native: bool = False) -> Any:
+            """Arm each server's share of ``variant``'s injections, send the burst to the router, detect per
+            server (:class:`PDStallDetector`), judge completion per server (each server's own injections, ranks,
+            loaded/armed markers), disarm. See ``repro.runner.Session.drive``."""
+            from repro.driver import BurstDriver, make_prompts
+            from repro.detect import DetectContext
+            from repro.runner import POLL_S, Outcome, injection_checks, write_arm_file
+            from repro.verdict import judge_completion
+
+            p, stack = self.p, self.server
+            scenario, burst = p.scenario, p.scenario.burst
+            timings: dict[str, float] = {}
+            ids = [i.id for i in variant.injections]
+            t_arm = time.time()
+            late = self.arm(ids)
+            timings["arm_ack_s"] = time.time() - t_arm
+            if late:
+                self.observe("arm_not_acknowledged", {"ranks": late})
+            self.observe("armed", {"injections": ids, "ranks": {n: v for n, v in self.role_pids.items()}})
+            prompts = make_prompts(n_requests or burst.requests, burst.input_len, burst.seed)
+            driver = BurstDriver(p.adapter, stack.url, prompts, burst.max_new_tokens, burst.concurrency,
+                                 run_dir.requests.path, burst.request_timeout_s)
+            det = PDStallDetector(self)
+            detectors = [det] + [d for d in (self.detectors or []) if getattr(d, "name", "") != "stall"]
+            ctx = DetectContext(self.rank_pids, list(self.rank_pids), run_dir, None, p.plan, scenario.stall_s,
+                                native=native, observe=self.observe)
+            verdict: Optional[Verdict] = None
+            deciding = last_analysis = None
+            last_reason = ""
+            history: list[dict] = []
+            t_burst = time.time()
+            ctx.t_burst = t_burst
+            for d in detectors:
+                d.start(ctx)
+            driver.start()
+            try:
+                while True:
+                    time.sleep(POLL_S)
+                    now = time.time()
+                    st = driver.state()
+                    self.observe("burst", {"state": st})
+                    if st.finished:
+                        break
+                    if not stack.is_running():
+                        verdict = Verdict(INCONCLUSIVE, f"{', '.join(stack.dead_roles())} server died during the burst; "
+                                                        f"log tail:\n{stack.log_tail(20)}")
+                        break
+                    if now - t_burst > scenario.budget_s:
+                        verdict = Verdict(INCONCLUSIVE, f"budget of {scenario.budget_s:.0f} s ended without a verdict: "
+                                                        f"{last_reason or 'requests still outstanding'}")
+                        break
+                    ctx.state, ctx.now = st, now
+                    for d in detectors:
+                        got = d.poll(ctx)
+                        if got is None:
+                            continue
+                        last_analysis = got.analysis or last_analysis
+                        last_reason = got.reason or last_reason
+                        if got.record is not None:
+                            history.append(got.record)
+                            run_dir.stalls.write(history)
+                        if got.decided and got.verdict is not None:
+                            deciding = got.analysis
+                            timings["last_progress_to_verdict_s"] = time.time() - (st.last_progress_t or t_burst)
+                            verdict = got.verdict
+                            break
+                    if verdict is not None:
+                        break
+            except BaseException:
+                driver.abandon()
+                raise
+            finally:
+                for d in detectors:
+                    try:
+                        d.stop(ctx)
+                    except Exception:
+                        pass
+            timings["burst_s"] = time.time() - t_burst
+            timings["captures"] = float(det.captures)
+            per_role: dict[str, dict] = {}
+            if verdict is None:
+                time.sleep(0.5)  # the injectors' counters reach disk every ~0.2 s
+            for r in self.engine_roles():
+                pids = self.role_pids.get(r.name, {})
+                v_r = role_variant(variant, r)
+                try:
+                    loaded, armed, checks, rep = injection_checks(r.folder.injector_dir, v_r, pids)
+                except Exception:
+                    loaded, armed, checks, rep = [], [], [], None
+                chk = det.by_role.get(r.name)
+                rv = judge_completion(driver.state().requests, list(range(r.spec.tp_size)), loaded, armed, checks)
+                if chk is not None and chk.judgement.deadlocked:
+                    rv = Verdict(DEADLOCKED, chk.judgement.reason)
+                elif verdict is not None and verdict.verdict != DEADLOCKED:
+                    rv = verdict
+                elif verdict is not None:
+                    rv = Verdict(INCONCLUSIVE, f"did not diverge (its requests waited on the deadlocked server); "
+                                               f"its ranks: {chk.judgement.reason if chk else 'not captured'}")
+                per_role[r.name] = {"verdict": rv, "analysis": chk.second_analysis if chk else None,
+                                    "injector": rep, "variant": v_r, "pids": pids}
+            if verdict is None:
+                bad = [(n, x["verdict"]) for n, x in per_role.items() if x["verdict"].verdict != SUCCEEDED]
+                verdict = (Verdict(bad[0][1].verdict, f"{bad[0][0]} server: {bad[0][1].reason}") if bad
+                           else Verdict(SUCCEEDED, "; ".join(f"{n} server: {x['verdict'].reason}" for n, x in per_role.items())))
+            for r in self.engine_roles():
+                write_arm_file(r.arm_file, [])
+            final = driver.state()
+            clean = final.finished and verdict.verdict != DEADLOCKED and stack.is_running()
+            driver.abandon()
+            if clean:
+                driver.close(wait_s=0.5)
+            else:
+                self._open_drivers = getattr(self, "_open_drivers", []) + [driver]
+            out = Outcome(verdict, deciding or last_analysis, final, timings, clean)
+            out.pd = {"roles": per_role, "diverged": next((n for n, x in per_role.items()
+                                                            if x["verdict"].verdict == DEADLOCKED), None),
+                      "session": self}
+            return out
+
+    return PDSession
+
+
+def role_variant(variant: Any, role: RoleRun) -> Any:
+    """``variant`` with only the injections armed on ``role`` (its ``server`` field, or every engine server)."""
+    keep = [i for i in variant.injections if i.id in role.injection_ids]
+    return variant.model_copy(update={"injections": keep})
+
+
+def finish_pd_evidence(p: Any, opts: Any, variant: Any, evd: ev.EvidenceDir, outcome: Any, interrupted: bool) -> None:
+    """Per server: ``servers/<role>/`` of ``evd`` gets that server's analysis, ledger, env, REPORT.md and
+    verdict.json (``repro.runner.finish_evidence`` on the server's own records). Then the run folder's REPORT.md is
+    the report of the server that diverged (else the first engine server), with a "Servers" section, and its
+    verdict.json the run's verdict with ``servers`` (role → verdict, ranks, pids, folder) and ``diverged_server``."""
+    from repro.runner import Outcome, finish_evidence
+
+    info = outcome.pd
+    session = info["session"]
+    roles = {r.name: r for r in session.engine_roles()}
+    rows = []
+    for name, x in info["roles"].items():
+        r = roles[name]
+        folder = ev.EvidenceDir.open(_role_folder(evd.path, name).path)
+        p_r = dataclasses.replace(p, evidence=r.folder, spec=r.spec, plan=r.plan, arm_file=r.arm_file)
+        o_r = Outcome(x["verdict"], x["analysis"], outcome.state, dict(outcome.timings), outcome.clean, x["injector"])
+        try:
+            finish_evidence(p_r, opts, x["variant"], folder, o_r, x["pids"], interrupted)
+        except Exception as e:  # one server's report must not cost the run's
+            folder.write_text("REPORT.md", f"# {name} server: report failed: {type(e).__name__}: {e}\n")
+        rows.append((name, r, x, folder))
+    diverged = info.get("diverged")
+    top = diverged or next(iter(info["roles"]))
+    r, x = roles[top], info["roles"][top]
+    p_top = dataclasses.replace(p, evidence=r.folder, spec=r.spec, plan=r.plan, arm_file=r.arm_file)
+    try:  # the run folder's own injector/ holds the reported server's records: its ledger diagnosis is the run's
+        import shutil
+
+        if Path(r.folder.injector_dir).resolve() != Path(evd.injector_dir).resolve():
+            shutil.copytree(r.folder.injector_dir, evd.injector_dir, dirs_exist_ok=True)
+    except OSError:
+        pass
+    o_top = Outcome(outcome.verdict, x["analysis"] or outcome.analysis, outcome.state, outcome.timings, outcome.clean,
+                    x["injector"])
+    finish_evidence(p_top, opts, x["variant"], evd, o_top, x["pids"], interrupted)
+    lines = ["", "## Servers", ""]
+    if diverged:
+        lines.append(f"**The {diverged} server diverged**; the diagnosis above is its ranks'. "
+                     + ", ".join(f"the {n} server: {xx['verdict'].verdict}" for n, _, xx, _ in rows if n != diverged) + ".")
+    else:
+        lines.append("No server's ranks diverged. The diagnosis above is the " + top + " server's.")
+    lines += ["", "| server | TP | ranks (pid) | verdict | reason | evidence |", "|---|---|---|---|---|---|"]
+    for n, rr, xx, folder in rows:
+        ranks = ", ".join(f"{rank_name(n, k)} ({pid})" for k, pid in sorted(xx["pids"].items())) or "none found"
+        reason = str(xx["verdict"].reason).replace("|", "\\|").replace("\n", " ")[:300]
+        lines.append(f"| {n} | {rr.spec.tp_size} | {ranks} | {xx['verdict'].verdict} | {reason} | "
+                     f"`{folder.path.relative_to(evd.path)}/REPORT.md` |")
+    stack = session.server
+    if stack is not None and getattr(stack, "healthy_s", None):
+        lines += ["", "Start-up: " + ", ".join(f"{k} healthy after {v:.1f} s" for k, v in stack.healthy_s.items()) + "."]
+    report = evd.path / "REPORT.md"
+    try:
+        text = report.read_text(encoding="utf-8")
+        ev.write_text_atomic(report, text.rstrip("\n") + "\n" + "\n".join(lines) + "\n")
+    except OSError:
+        pass
+    vpath = evd.path / "verdict.json"
+    try:
+        v = json.loads(vpath.read_text(encoding="utf-8"))
+        v["diverged_server"] = diverged
+        v["servers"] = {n: {"verdict": xx["verdict"].verdict, "reason": xx["verdict"].reason, "tp_size": rr.spec.tp_size,
+                            "rank_pids": {str(k): pid for k, pid in xx["pids"].items()},
+                            "ranks": [rank_name(n, k) for k in sorted(xx["pids"])],
+                            "evidence": str(folder.path)} for n, rr, xx, folder in rows}
+        ev.write_json_atomic(vpath, v)
+    except (OSError, ValueError):
+        pass
