@@ -19,6 +19,8 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from repro.targets.registry import DEFAULT_ADAPTER
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -69,7 +71,7 @@ class ServerSpec(_Strict):
     ``repro.adapters`` entry-point group); an unknown name is an error listing the known ones.
     """
 
-    adapter: str = "sglang"
+    adapter: str = DEFAULT_ADAPTER
     model: str = Field("", description="model path; empty = the CPU testbed's tiny model")
     tp_size: int = Field(2, ge=1, le=64)
     args: list[str] = Field(default_factory=list, description="extra engine flags, e.g. ['--max-running-requests', '8']")
