@@ -1001,7 +1001,10 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
             s0.close_drivers()
         st = oc.state
         versions = runner.collect_versions(p0.evidence.injector_dir, p0.python)
-        log.header.update({k: versions.get(k) for k in ("sglang", "torch", "python")})
+        from repro.targets.registry import get_adapter
+
+        engine_key = (getattr(p0, "adapter", None) or get_adapter(base.server.adapter)).ref_location.version_key
+        log.header.update({k: versions.get(k) for k in (engine_key, "torch", "python")})
         p0.evidence.set_status("complete", timings=oc.timings)
         if oc.verdict.verdict == DEADLOCKED or st is None or st.ok != st.total:
             raise HuntError(f"the clean baseline burst did not succeed ({oc.verdict.verdict}: {oc.verdict.reason}); "

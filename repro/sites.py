@@ -187,7 +187,11 @@ def unresolved_message(report: "SitesReport", variants: Optional[set] = None) ->
         parts.append(f"variant {inj.variant}, injection {inj.injection_id}: " + "; ".join(alts))
     if not parts:
         return None
-    return (f"site(s) absent in {report.python}'s sglang ({report.versions.get('sglang') or 'version unknown'}): "
+    from repro.targets.registry import get_adapter
+
+    loc = get_adapter().ref_location
+    version = report.versions.get(loc.version_key or loc.package)
+    return (f"site(s) absent in {report.python}'s {loc.package} ({version or 'version unknown'}): "
             + " | ".join(parts) + "; fix the scenario's site (`repro sites SCENARIO` lists the nearest names)")
 
 
