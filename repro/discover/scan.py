@@ -602,7 +602,9 @@ class Guards:
         tg, text = self.calls.get(id(call), (frozenset(), _text(fn)))
         loop = self.loops[-1][1] if self.loops else None
         name = fn.attr if isinstance(fn, ast.Attribute) else (fn.id if isinstance(fn, ast.Name) else "")
-        sites = sorted(t for t in tg if t in self.ix.funcs)
+        if self.reach.is_sanitizer(tg):  # a call that reaches a collective: its result is agreed, whatever its name
+            return None
+        sites = sorted(t for t in tg if t in self.ix.funcs and "<locals>" not in t)  # nested functions: no patch site
         ext = next((t[4:] for t in tg if isinstance(t, str) and t.startswith("ext:")), None)
         if ext and any(ext == c for c in r["clocks"]):
             m, _, q = ext.rpartition(".")
@@ -618,7 +620,7 @@ class Guards:
                 if kind != "poll" and _match(name, globs):
                     return Src(kind, text + "()", sites, call.lineno, loop)
         ret = [t for t in sites if t in self.ctx.returners]
-        if ret and not self.reach.is_sanitizer(tg):
+        if ret:
             return Src(self.ctx.returners[ret[0]], text + "()", ret, call.lineno, loop)
         return None
 
