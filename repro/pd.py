@@ -614,6 +614,19 @@ def role_variant(variant: Any, role: RoleRun) -> Any:
     return variant.model_copy(update={"injections": keep})
 
 
+def _snapshot_role(src: ev.EvidenceDir, dst: ev.EvidenceDir) -> None:
+    """Copy a server's injector records, plan and log from the session's ``servers/<role>/`` into a variant's."""
+    import shutil
+
+    try:
+        shutil.copytree(src.injector_dir, dst.injector_dir, dirs_exist_ok=True)
+        for name in ("server.log", "plan.json"):
+            if (src.path / name).exists():
+                shutil.copyfile(src.path / name, dst.path / name)
+    except OSError:
+        pass
+
+
 def finish_pd_evidence(p: Any, opts: Any, variant: Any, evd: ev.EvidenceDir, outcome: Any, interrupted: bool) -> None:
     """Per server: ``servers/<role>/`` of ``evd`` gets that server's analysis, ledger, env, REPORT.md and
     verdict.json (``repro.runner.finish_evidence`` on the server's own records). Then the run folder's REPORT.md is
@@ -628,6 +641,8 @@ def finish_pd_evidence(p: Any, opts: Any, variant: Any, evd: ev.EvidenceDir, out
     for name, x in info["roles"].items():
         r = roles[name]
         folder = ev.EvidenceDir.open(_role_folder(evd.path, name).path)
+        if Path(folder.path).resolve() != Path(r.folder.path).resolve():  # a variant's folder on a shared stack
+            _snapshot_role(r.folder, folder)
         p_r = dataclasses.replace(p, evidence=r.folder, spec=r.spec, plan=r.plan, arm_file=r.arm_file)
         o_r = Outcome(x["verdict"], x["analysis"], outcome.state, dict(outcome.timings), outcome.clean, x["injector"])
         try:

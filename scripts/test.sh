@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The project's test command (README "Running the tests"; CI runs it from .ci/run).
 #
-#   bash scripts/test.sh [fast|sglang|hang ...] [-- extra pytest args]
+#   bash scripts/test.sh [fast|sglang|hang|pd ...] [-- extra pytest args]
 #
 # Runs the stages in order — fast (no SGLang server), sglang (real-SGLang tests sharing one healthy TP=2 server),
-# hang (tests that deliberately hang their own server) — each as its own pytest session, and prints each stage's
+# hang (tests that deliberately hang their own server), pd (one PD-disaggregation stack: prefill + decode + router)
+# — each as its own pytest session, and prints each stage's
 # duration. A stage that collects no tests (pytest exit 5) fails: a marker nobody uses any more must not pass
 # silently. Every requested stage runs (so one failure does not hide another); the exit code is the first failing
 # stage's.
@@ -17,18 +18,19 @@ stages=()
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    fast|sglang|hang) stages+=("$1"); shift ;;
+    fast|sglang|hang|pd) stages+=("$1"); shift ;;
     --) shift; extra=("$@"); break ;;
-    *) echo "test.sh: unknown stage '$1' (expected fast, sglang, hang; pytest args go after --)" >&2; exit 2 ;;
+    *) echo "test.sh: unknown stage '$1' (expected fast, sglang, hang, pd; pytest args go after --)" >&2; exit 2 ;;
   esac
 done
-[ ${#stages[@]} -eq 0 ] && stages=(fast sglang hang)
+[ ${#stages[@]} -eq 0 ] && stages=(fast sglang hang pd)
 
 marker() {
   case "$1" in
-    fast) echo "not sglang and not hang" ;;
+    fast) echo "not sglang and not hang and not pd" ;;
     sglang) echo "sglang" ;;
     hang) echo "hang" ;;
+    pd) echo "pd" ;;
   esac
 }
 

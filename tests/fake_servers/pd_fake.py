@@ -1,0 +1,60 @@
+"""A tiny stand-in for one server of a PD stack (engine or router), for tests of repro.pd.Stack's life-cycle.
+
+Not SGLang: it only answers the HTTP endpoints the stack's start-up and teardown look at, and forks one child so
+the tree has more than one process. ``python pd_fake.py --port P [--router] [--prefill URL B] [--decode URL]
+[--workers-after-s S] [--die-after-s S]``: ``/health`` 200 at once; a router's ``GET /workers`` lists its workers
+(healthy only after ``--workers-after-s``), like sglang-router 0.3.2 does.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--host", default="127.0.0.1")
+ap.add_argument("--port", type=int, required=True)
+ap.add_argument("--pd-disaggregation", action="store_true")
+ap.add_argument("--prefill", nargs=2)
+ap.add_argument("--decode")
+ap.add_argument("--workers-after-s", type=float, default=0.0)
+ap.add_argument("--die-after-s", type=float, default=0.0)
+a, _ = ap.parse_known_args()
+t0 = time.monotonic()
+child = os.fork()
+if child == 0:  # a child in the same process group, like a scheduler process
+    while True:
+        time.sleep(1)
+
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def _send(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self._send(200, {})
+        if self.path == "/workers" and a.pd_disaggregation:
+            ready = time.monotonic() - t0 >= a.workers_after_s
+            ws = [{"url": a.prefill[0], "worker_type": "prefill", "is_healthy": ready, "bootstrap_port": int(a.prefill[1])},
+                  {"url": a.decode, "worker_type": "decode", "is_healthy": ready}] if ready else []
+            return self._send(200, {"workers": ws, "total": len(ws)})
+        self._send(404, {"error": "not found"})
+
+
+srv = ThreadingHTTPServer((a.host, a.port), H)
+if a.die_after_s:
+    import threading
+
+    threading.Timer(a.die_after_s, lambda: os._exit(3)).start()
+srv.serve_forever()

@@ -1,0 +1,163 @@
+"""PD disaggregation (prefill + decode + router) without SGLang: the topology, the router's readiness rule, the
+per-server plans, and the stack's life-cycle on stand-in servers (tests/fake_servers/pd_fake.py, real processes)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from repro import evidence as ev
+from repro import procs as _procs
+from repro.launcher import LaunchError
+from repro.pd import RoleRun, Stack, injection_roles, rank_name
+from repro.scenario import load_scenario
+from repro.targets.base import AdapterBase, LaunchSpec, ServerRole
+from repro.targets.sglang import SGLangAdapter
+from repro.targets.sglang_pd import pd_topology, router_args, workers_ready
+
+REPO = Path(__file__).resolve().parent.parent
+DISAGG = REPO / "scenarios" / "sglang" / "disagg_bootstrap_divergence.toml"
+FAKE = Path(__file__).resolve().parent / "fake_servers" / "pd_fake.py"
+
+
+def test_pd_topology_prefill_decode_router_with_the_scenarios_tp_sizes():
+    sc = load_scenario(DISAGG)
+    topo = SGLangAdapter().topology(sc.server)
+    assert [r.name for r in topo.roles] == ["prefill", "decode", "router"] and topo.entry == "router"
+    pre, dec, rt = topo.roles
+    assert (pre.kind, pre.tp_size, dec.tp_size, rt.kind) == ("engine", 4, 1, "router")
+    assert list(pre.args[:2]) == ["--disaggregation-mode", "prefill"] and "--enable-hierarchical-cache" in pre.args
+    assert list(dec.args[:2]) == ["--disaggregation-mode", "decode"] and "--enable-hierarchical-cache" not in dec.args
+    assert [e.name for e in topo.engines()] == ["prefill", "decode"]
+
+
+def test_single_topology_stays_one_server_and_an_unknown_one_is_named():
+    sc = load_scenario(REPO / "scenarios" / "sglang" / "smoke_extra_allreduce.toml")
+    assert SGLangAdapter().topology(sc.server).is_single
+    with pytest.raises(ValueError, match="'single' or 'pd'"):
+        SGLangAdapter().topology(sc.server.model_copy(update={"topology": "ring"}))
+
+
+def test_pd_topology_keeps_a_scenarios_own_transfer_backend():
+    sc = load_scenario(DISAGG)
+    server = sc.server.model_copy(update={"args": ["--disaggregation-transfer-backend", "nixl"]})
+    pre = pd_topology(server).roles[0]
+    assert list(pre.args).count("--disaggregation-transfer-backend") == 0  # the shared args carry it
+
+
+def test_router_is_ready_only_when_it_lists_both_servers_healthy():
+    p, d = "http://127.0.0.1:1", "http://127.0.0.1:2"
+    assert workers_ready({"workers": []}, [p, d]) == (False, f"{p} not registered; {d} not registered")
+    ok, why = workers_ready({"workers": [{"url": p, "is_healthy": True}, {"url": d + "/", "is_healthy": False}]}, [p, d])
+    assert not ok and why == f"{d} not healthy"
+    assert workers_ready({"workers": [{"url": p, "is_healthy": True}, {"url": d, "is_healthy": True}]}, [p, d]) == (True, "")
+    assert workers_ready("<html>", [p])[0] is False
+    assert router_args(p, 9000, d) == ["--pd-disaggregation", "--prefill", p, "9000", "--decode", d]
+
+
+def test_injections_name_their_server_and_ranks_are_named_apart():
+    sc = load_scenario(DISAGG)
+    assert set(injection_roles(sc).values()) == {"prefill"}
+    assert rank_name("prefill", 2) == "prefill TP2" and rank_name("decode", 0) == "decode TP0"
+
+
+def test_prepare_gives_each_engine_server_its_own_plan_arm_file_and_injector_folder(tmp_path: Path):
+    from repro import testbed
+    from repro.pd import prepare_roles
+    from repro.runner import RunOptions, prepare
+
+    py = testbed.testbed_python()
+    if py is None:
+        pytest.fail(f"CPU testbed not set up at {testbed.testbed_dir()}: run `{testbed.setup_command()}`")
+    p = prepare(RunOptions(DISAGG, variant="divergence", evidence_root=tmp_path, python=str(py)))
+    roles = {r.name: r for r in prepare_roles(p)}
+    pre, dec, rt = roles["prefill"], roles["decode"], roles["router"]
+    assert pre.injection_ids == ["pop_bootstrapped_empty_on_ranks_2_3"] and dec.injection_ids == []
+    assert pre.plan["out_dir"] != dec.plan["out_dir"] and pre.arm_file != dec.arm_file
+    assert pre.plan["ledger"]["tick_function"].endswith("get_next_disagg_prefill_batch_to_run")
+    assert dec.plan["ledger"]["tick_function"].endswith("get_next_disagg_decode_batch_to_run")
+    assert pre.spec.tp_size == 4 and dec.spec.tp_size == 1
+    assert pre.spec.env["REPRO_PLAN"] != dec.spec.env["REPRO_PLAN"] and "REPRO_PLAN" not in rt.spec.env
+    assert pre.spec.env["MOONCAKE_PROTOCOL"] == "tcp" and dec.spec.env["MC_FORCE_TCP"] == "1"
+    assert "--disaggregation-decode-retraction-backup" in dec.spec.args
+    assert "--disaggregation-decode-retraction-backup" not in pre.spec.args
+
+
+# ---- the stack's life-cycle on stand-in servers ---------------------------------------------------------------------
+class FakeAdapter(AdapterBase):
+    name = "fake-pd"
+
+    def __init__(self, extra=()):
+        self.extra = list(extra)
+
+    def launch_command(self, spec: LaunchSpec) -> list[str]:
+        return [sys.executable, str(FAKE), "--port", str(spec.port), *spec.args, *self.extra]
+
+    def parse_title(self, title):
+        return None
+
+
+def _stack(tmp_path: Path, router_extra=(), decode_extra=()) -> Stack:
+    roles = []
+    for name, kind, extra in (("prefill", "engine", ()), ("decode", "engine", decode_extra), ("router", "router", router_extra)):
+        folder = tmp_path / "servers" / name
+        folder.mkdir(parents=True)
+        args = ["--disaggregation-mode", name] if kind == "engine" else []
+        roles.append(RoleRun(ServerRole(name, kind, 1), FakeAdapter(extra),
+                             LaunchSpec(python=sys.executable, model="m", tp_size=1, args=args), ev.EvidenceDir.open(folder)))
+    return Stack(roles, "router")
+
+
+def _pgids(stack: Stack) -> set[int]:
+    return {os.getpgid(s.pid) for s in stack.servers.values()}
+
+
+def test_stack_waits_for_the_routers_workers_then_stops_every_tree(tmp_path: Path):
+    stack = _stack(tmp_path, router_extra=["--workers-after-s", "1.5"])
+    try:
+        stack.start()
+        waited = stack.wait_healthy(30)
+        assert waited >= 1.5 and stack.healthy_s["workers"] >= 1.5 > stack.healthy_s["router"]
+        assert stack.url == stack.servers["router"].url
+        procs = stack.procs()
+        assert len(procs) == 6  # three roots + one child each
+        assert len(_pgids(stack)) == 3 and all(s.pid in _pgids(stack) for s in stack.servers.values())
+        bootstrap = stack.servers["prefill"].spec.args[-1]
+        ports = {s.spec.port for s in stack.servers.values()} | {int(bootstrap)}
+        assert len(ports) == 4  # HTTP ports and the bootstrap port all distinct
+    finally:
+        left = stack.stop()
+    assert left == [] and not any(_procs.alive(p) for p in procs)
+
+
+def test_a_role_that_dies_during_start_up_is_named_and_nothing_is_left(tmp_path: Path):
+    stack = _stack(tmp_path, router_extra=["--workers-after-s", "60"], decode_extra=["--die-after-s", "0.5"])
+    try:
+        stack.start()
+        with pytest.raises(LaunchError, match="decode server exited"):
+            stack.wait_healthy(30)
+        procs = stack.procs()
+    finally:
+        stack.stop()
+    assert procs and not any(_procs.alive(p) for p in procs)
+
+
+def test_ctrl_c_while_waiting_for_the_stack_still_stops_every_tree(tmp_path: Path):
+    stack = _stack(tmp_path, router_extra=["--workers-after-s", "60"])
+    seen = []
+
+    def observe(event, data):
+        seen.append(stack.procs())
+        raise KeyboardInterrupt
+
+    try:
+        stack.start()
+        with pytest.raises(KeyboardInterrupt):
+            stack.wait_healthy(30, observe)
+    finally:
+        stack.stop()
+    assert seen and seen[0] and not any(_procs.alive(p) for snap in seen for p in snap)
