@@ -102,6 +102,9 @@ def arm(evidence: Union[str, Path], injections: Optional[Sequence[str]] = None) 
     """
     from repro.runner import arm_and_wait
 
+    stack = _stack_roles(evidence)
+    if stack:  # several servers (PD): each engine server has its own arm file and injector folder (repro.pd)
+        return _arm_stack(evidence, stack, injections)
     s = served_run(evidence)
     ids = tuple(injections or s.injection_ids)
     unknown = [i for i in ids if i not in s.injection_ids]
@@ -123,8 +126,43 @@ def disarm(evidence: Union[str, Path]) -> Path:
     from repro.runner import write_arm_file
 
     s = served_run(evidence, need_live_server=False)
+    for r in _stack_roles(evidence):
+        write_arm_file(Path(r["arm_file"]), [])
     write_arm_file(s.arm_file, [])
     return s.arm_file
+
+
+def _stack_roles(evidence: Union[str, Path]) -> list[dict]:
+    """The engine roles of a multi-server folder's ``stack.json`` (written by ``repro.pd``), else []."""
+    try:
+        rec = ev.read_json(Path(evidence) / "stack.json")
+    except Exception:
+        return []
+    roles = rec.get("roles") if isinstance(rec, dict) else None
+    return [r for r in roles or [] if isinstance(r, dict) and r.get("kind") == "engine" and r.get("arm_file")]
+
+
+def _arm_stack(evidence: Union[str, Path], roles: list[dict], injections: Optional[Sequence[str]]) -> ArmResult:
+    """Arm each engine server of a stack with its own share of the ids and wait for its ranks. The result's ranks
+    are numbered across the servers in stack order (``prefill`` TP0..N-1, then ``decode`` TP0..)."""
+    from repro.runner import arm_and_wait
+
+    s = served_run(evidence)
+    ids = tuple(injections or s.injection_ids)
+    unknown = [i for i in ids if i not in s.injection_ids]
+    if unknown:
+        raise ArmError(f"unknown injection id(s) {', '.join(unknown)}; this plan has: "
+                       f"{', '.join(s.injection_ids) or '(none)'}")
+    all_pids: dict[int, int] = {}
+    late: list[int] = []
+    for r in roles:
+        pids = {int(k): int(v) for k, v in (r.get("rank_pids") or {}).items()}
+        base = len(all_pids)
+        mine = [i for i in ids if i in (r.get("injection_ids") or [])]
+        inj_dir = Path(r["folder"]) / ev.Layout.INJECTOR.name
+        late += [base + k for k in arm_and_wait(Path(r["arm_file"]), mine, inj_dir, pids)]
+        all_pids.update({base + k: v for k, v in pids.items()})
+    return ArmResult(ids, s.arm_file, all_pids, tuple(sorted(late)), waited=bool(ids and all_pids))
 
 
 __all__ = ["ArmError", "ArmResult", "ServedRun", "served_run", "arm", "disarm"]

@@ -398,8 +398,13 @@ def serve(
             console.print(f"  {data['why']}: starting again (attempt {data['attempt']})")
         elif event == "healthy":
             console.print(f"healthy after {data['waited_s']:.0f} s")
+        elif event == "role_healthy":
+            console.print(f"  {data['role']} healthy after {data['after_s']:.0f} s")
 
-    session = Session(p, starting)  # the run's start: port-race retry, rank check, every site resolved
+    from repro.runner import make_session
+
+    session = make_session(p, starting)  # the run's start: port-race retry, rank check, every site resolved
+    # (a multi-server topology, e.g. PD: the whole stack; `repro arm` arms each server's share, repro.pd)
     server = None
     healthy = interrupted = False
     try:

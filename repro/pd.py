@@ -435,9 +435,12 @@ def make_session_class():
                 return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
             self.server = stack
             save_server_procs(p.evidence, stack)
-            self.observe("wait_healthy", {"url": stack.url, "pid": stack.pid})
+            self.observe("wait_healthy", {"url": stack.url, "pid": stack.pid,
+                                          "log": str(p.evidence.path / SERVERS_DIR / "*" / "server.log"),
+                                          "timeout_s": p.scenario.server.startup_timeout_s})
             try:
-                stack.wait_healthy(p.scenario.server.startup_timeout_s, self.observe)
+                waited = stack.wait_healthy(p.scenario.server.startup_timeout_s, self.observe)
+                self.observe("healthy", {"waited_s": waited})
             except LaunchError as e:
                 return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
             finally:
@@ -452,7 +455,33 @@ def make_session_class():
                 if got != want:
                     return Verdict(INCONCLUSIVE, f"expected {r.name} server ranks {want}, found {got} among its processes")
             p.evidence.write_json("stack.json", self.stack_record())
+            self._check_role_sites()
             return None
+
+        def _check_role_sites(self) -> None:
+            """Every injection resolves in the server that takes it (that server's injector records), before any
+            burst; raises ``repro.runner.UnresolvedSitesError`` naming the nearest names."""
+            from repro.runner import UnresolvedSitesError
+            from repro.sites import SitesUnresolved, check_launched_sites
+
+            if getattr(self, "_sites_ok", False):
+                return
+            for r in self.engine_roles():
+                if not r.injection_ids:
+                    continue
+                sc = self.p.scenario
+                variants = [v.model_copy(update={"injections": [i for i in v.injections if i.id in r.injection_ids]})
+                            for v in sc.variants]
+                sc_r = sc.model_copy(update={"variants": variants})
+                names = [v.name for v in variants if v.injections and v.name in str(self.p.plan.get("variant") or "").split(",")]
+                if not names:
+                    continue
+                try:
+                    check_launched_sites(sc_r, names, r.folder.injector_dir, self.p.python,
+                                         env=getattr(self.server.servers.get(r.name), "env", None))
+                except SitesUnresolved as e:
+                    raise UnresolvedSitesError(f"{r.name} server: {e}") from None
+            self._sites_ok = True
 
         def stack_record(self) -> dict:
             """Roles, URLs, ports, pids and health times, for ``stack.json`` (``repro arm``/``watch`` read it)."""
