@@ -330,6 +330,7 @@ class Outcome:
     timings: dict = field(default_factory=dict)
     clean: bool = True  # the server is still usable for another variant (no hang, no crash, nothing outstanding)
     injector: Any = None  # the InjectorReport read when judging (repro.injection_records), passed on, not re-read
+    ledger: Any = None  # the LedgerDiagnosis finish_evidence aligned (repro.ledger), for callers after it
 
 
 class Session:
@@ -910,7 +911,7 @@ def finish_evidence(p: Prepared, opts: RunOptions, variant: Variant, evd: ev.Evi
     verdict, analysis = outcome.verdict, outcome.analysis
     if analysis is not None:
         evd.analysis.write(analysis.to_dict())
-    ledger_diag = _ledger_evidence(evd, rank_pids)
+    ledger_diag = outcome.ledger = _ledger_evidence(evd, rank_pids)
     if outcome.injector is None and rank_pids:
         try:
             outcome.injector = injection_records.read_injector_dir(p.evidence.injector_dir)
