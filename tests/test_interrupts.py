@@ -46,11 +46,15 @@ def _interrupt(tmp_path: Path, verb: str, sig: int) -> tuple[int, str, Path]:
         assert log is not None, "the stand-in server never started"
         time.sleep(0.5)
         os.kill(proc.pid, sig)
-        out, _ = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+            print(proc.communicate(timeout=10)[0])  # what the stuck command said, for the failure report
+        from repro.procs import load_procs, stop_procs
+
+        for f in ev.glob("*/*/processes.json"):  # the server runs in its own session: end it by its record
+            stop_procs(load_procs(f), grace_s=1.0)
     return proc.returncode, out, log.parent
 
 
