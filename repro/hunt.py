@@ -1234,8 +1234,12 @@ def _trial_result(runner: Any, p: Any, base: Any, cat: Catalogue, t: Trial, vari
     tr = TrialResult(t, verdict, v.reason, float(outcome.timings.get("burst_s", outcome.timings.get("to_verdict_s", 0.0))),
                      diag, hazard, run_dir, None, entered, matched, fired, tuple(v.notes))
     if verdict == DEADLOCKED or tr.desync_crash:
-        led = ev.EvidenceDir.open(run_dir).ledger.read(missing_ok=True) or {}
-        tr.ledger = str(((led.get("divergence") or {}) if isinstance(led, dict) else {}).get("summary") or "")
+        held = getattr(outcome, "ledger", None)  # the diagnosis finish_evidence aligned, else its ledger.json
+        if held is not None:
+            tr.ledger = str(held.divergence.summary or "")
+        else:
+            led = ev.EvidenceDir.open(run_dir).ledger.read(missing_ok=True) or {}
+            tr.ledger = str(((led.get("divergence") or {}) if isinstance(led, dict) else {}).get("summary") or "")
     if verdict == DESYNCED:
         tr.ledger = str((getattr(v, "desync", None) or {}).get("summary") or v.reason)
     if verdict in (DEADLOCKED, DESYNCED):
