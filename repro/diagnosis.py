@@ -148,6 +148,15 @@ DATA_COLLECTIVES: frozenset[str] = frozenset(c.name for c in COLLECTIVES if c.ki
 """Group collectives that a backend pairs across ranks (no point-to-point, no bare ``wait``): what a crash log's
 aborted thread is searched for."""
 
+WAIT_OPS: frozenset[str] = frozenset({
+    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+    "barrier", "broadcast_object_list", "all_gather_object", "broadcast_object", "broadcast_tensor_dict"})
+"""Ledger ops that complete only once every member of the group entered them: a rank inside one waits for every
+peer (what the ledger proof ``repro.proof`` builds its wait edges from)."""
+UNCOMPARED_OPS: frozenset[str] = frozenset({"send", "recv", "gather", "scatter", "all_to_all_single", "monitored_barrier"})
+"""Ledger ops whose ranks legitimately differ (point-to-point, rooted, per-rank sizes): never a desync by themselves."""
+assert WAIT_OPS <= COLLECTIVE_OPS and UNCOMPARED_OPS <= COLLECTIVE_OPS
+
 
 def op_abbrev(op: str) -> str:
     """Timeline label of an op: ``AR`` for all_reduce; unknown ops their first 4 letters."""
@@ -202,4 +211,4 @@ def md_cell(text: Any) -> str:
 
 
 __all__ = ["DivergenceKind", "CollectiveFamily", "CrashKind", "CollectiveDiagnosis", "CollectiveOp", "COLLECTIVES",
-           "OPS", "COLLECTIVE_OPS", "DATA_COLLECTIVES", "op_abbrev", "describe_where", "where_of", "md_cell"]
+           "OPS", "COLLECTIVE_OPS", "DATA_COLLECTIVES", "WAIT_OPS", "UNCOMPARED_OPS", "op_abbrev", "describe_where", "where_of", "md_cell"]

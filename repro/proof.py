@@ -43,11 +43,9 @@ from repro.verdict import DEADLOCKED, DESYNCED, Verdict, combine_with_ledger
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
-# collectives that complete only once every member of the group entered them (see the module docstring)
-WAIT_OPS = frozenset({"all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-                      "reduce_scatter_tensor", "barrier", "broadcast_object_list", "all_gather_object",
-                      "broadcast_object", "broadcast_tensor_dict"})
-UNCOMPARED_OPS = frozenset({"send", "recv", "gather", "scatter", "all_to_all_single", "monitored_barrier"})
+# collectives that complete only once every member of the group entered them (see the module docstring), and the
+# ones never compared: both views of the one op table (repro/diagnosis.py)
+from repro.diagnosis import UNCOMPARED_OPS, WAIT_OPS  # noqa: E402
 ITEMSIZE = {"bool": 1, "uint8": 1, "int8": 1, "int16": 2, "float16": 2, "bfloat16": 2, "int32": 4, "float32": 4,
             "int64": 8, "float64": 8, "complex64": 8, "complex128": 16}
 
