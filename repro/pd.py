@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from repro import evidence as ev
+from repro.diagnosis import md_cell
 from repro.targets.base import LaunchSpec, ServerRole
 from repro.verdict import DEADLOCKED, INCONCLUSIVE, SUCCEEDED, Verdict, exit_code_for
 
@@ -702,7 +703,7 @@ def finish_pd_evidence(p: Any, opts: Any, variant: Any, evd: ev.EvidenceDir, out
     lines += ["", "| server | TP | ranks (pid) | verdict | reason | evidence |", "|---|---|---|---|---|---|"]
     for n, rr, xx, folder in rows:
         ranks = ", ".join(f"{rank_name(n, k)} ({pid})" for k, pid in sorted(xx["pids"].items())) or "none found"
-        reason = str(xx["verdict"].reason).replace("|", "\\|").replace("\n", " ")[:300]
+        reason = md_cell(xx["verdict"].reason)[:300]
         lines.append(f"| {n} | {rr.spec.tp_size} | {ranks} | {xx['verdict'].verdict} | {reason} | "
                      f"`{folder.path.relative_to(evd.path)}/REPORT.md` |")
     stack = session.server
