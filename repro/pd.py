@@ -122,7 +122,7 @@ def prepare_roles(p: Any) -> list[RoleRun]:
         if role.name == topo.engines()[0].name:
             tp = p.spec.tp_size  # the first engine server takes --tp / server.tp_size
         args = [*role.args, *p.scenario.server.args]
-        arm_file = folder.path / "ARM"
+        arm_file = folder.path / ev.Layout.ARM.name
         plan = json.loads(json.dumps(p.plan))
         plan["out_dir"] = str(folder.injector_dir.resolve())
         plan["arm_file"] = str(arm_file.resolve())
@@ -447,7 +447,7 @@ def make_session_class():
             finally:
                 save_server_procs(p.evidence, stack)
             self.healthy_s = time.time() - t0
-            p.evidence.write_json("stack.json", self.stack_record())
+            p.evidence.write_json(ev.Layout.STACK.name, self.stack_record())
             self.role_pids = stack.rank_pids_by_role()
             self.rank_pids = stack.rank_pids()
             for r in self.engine_roles():
@@ -455,7 +455,7 @@ def make_session_class():
                 want = list(range(r.spec.tp_size))
                 if got != want:
                     return Verdict(INCONCLUSIVE, f"expected {r.name} server ranks {want}, found {got} among its processes")
-            p.evidence.write_json("stack.json", self.stack_record())
+            p.evidence.write_json(ev.Layout.STACK.name, self.stack_record())
             self._check_role_sites()
             return None
 
@@ -678,7 +678,7 @@ def finish_pd_evidence(p: Any, opts: Any, variant: Any, evd: ev.EvidenceDir, out
         try:
             finish_evidence(p_r, opts, x["variant"], folder, o_r, x["pids"], interrupted)
         except Exception as e:  # one server's report must not cost the run's
-            folder.write_text("REPORT.md", f"# {name} server: report failed: {type(e).__name__}: {e}\n")
+            folder.report.write(f"# {name} server: report failed: {type(e).__name__}: {e}\n")
         rows.append((name, r, x, folder))
     diverged = info.get("diverged")
     top = diverged or next(iter(info["roles"]))
@@ -709,13 +709,13 @@ def finish_pd_evidence(p: Any, opts: Any, variant: Any, evd: ev.EvidenceDir, out
     stack = session.server
     if stack is not None and getattr(stack, "healthy_s", None):
         lines += ["", "Start-up: " + ", ".join(f"{k} healthy after {v:.1f} s" for k, v in stack.healthy_s.items()) + "."]
-    report = evd.path / "REPORT.md"
+    report = evd.report.path
     try:
         text = report.read_text(encoding="utf-8")
         ev.write_text_atomic(report, text.rstrip("\n") + "\n" + "\n".join(lines) + "\n")
     except OSError:
         pass
-    vpath = evd.path / "verdict.json"
+    vpath = evd.verdict.path
     try:
         v = json.loads(vpath.read_text(encoding="utf-8"))
         v["diverged_server"] = diverged
