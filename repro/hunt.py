@@ -760,7 +760,8 @@ def scenario_toml(base: Any, name: str, description: str, variants: Sequence[tup
         lines.append(f"env = {_toml_value(srv['env'])}")
     lines += ["", "[burst]"]
     for k, v in s.burst.model_dump().items():
-        lines.append(f"{k} = {_toml_value(v)}")
+        if v is not None:  # an unset optional field (e.g. burst.abort) is left out, as in the scenario file
+            lines.append(f"{k} = {_toml_value(v)}")
     for vname, expect, desc, injections in variants:
         lines += ["", "[[variants]]", f"name = {_toml_value(vname)}", f"expect = {_toml_value(expect)}",
                   f"description = {_toml_value(desc)}"]
