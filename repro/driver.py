@@ -61,7 +61,8 @@ def make_prompts(count: int, input_len: int, seed: int) -> list[list[int]]:
 class RequestRecord:
     """One request's history. Times are ``time.time()`` seconds; ``None`` until the event happened.
 
-    ``status``: ``pending`` (not sent), ``outstanding`` (sent, no final answer), ``ok``, ``error``, ``timeout``.
+    ``status``: ``pending`` (not sent), ``outstanding`` (sent, no final answer), ``ok``, ``error``, ``timeout``,
+    ``aborted`` (its client disconnected on purpose: the driver's mass abort, :class:`AbortPlan`).
     """
 
     index: int
@@ -89,6 +90,26 @@ class RequestRecord:
 
 
 @dataclass(frozen=True)
+class AbortPlan:
+    """The mass-abort action: once ``when_in_flight`` requests are in flight at once (sent, and with
+    ``before_first_token`` no output id yet), the clients of ``count`` of them (the lowest indices) disconnect at the
+    same instant. ``timeout_s``: seconds after the burst's start to stop waiting for that many in flight (then
+    nothing is aborted and the history says so). Built from a scenario's ``[burst.abort]`` (:meth:`from_spec`)."""
+
+    count: int
+    when_in_flight: int
+    before_first_token: bool = True
+    timeout_s: float = 60.0
+
+    @classmethod
+    def from_spec(cls, spec: Any) -> Optional["AbortPlan"]:
+        """From ``repro.scenario.MassAbort`` (None → None)."""
+        if spec is None:
+            return None
+        return cls(int(spec.count), int(spec.when_in_flight), bool(spec.before_first_token), float(spec.timeout_s))
+
+
+@dataclass(frozen=True)
 class DriverState:
     """A consistent snapshot of the burst. ``last_progress_t`` is the newest progress event of any request."""
 
@@ -100,6 +121,7 @@ class DriverState:
     last_progress_t: Optional[float]
     finished: bool
     requests: tuple[RequestRecord, ...] = field(default=())
+    aborted: int = 0
 
     def stalled_for(self, now: float) -> float:
         """Seconds since the last progress event while some request is outstanding (0.0 when none is)."""
@@ -120,6 +142,7 @@ class BurstDriver:
         history_path: ``requests.jsonl``; one line per event (sent, first_token, done, error, timeout).
         request_timeout_s: socket read timeout per request in seconds (a hang is detected long before).
         stream: use streaming responses (progress per token).
+        abort: a mass abort during the burst (:class:`AbortPlan`); the ``abort`` history event lists the requests.
     """
 
     def __init__(
@@ -132,6 +155,7 @@ class BurstDriver:
         history_path: Path,
         request_timeout_s: float = 600.0,
         stream: bool = True,
+        abort: Optional[AbortPlan] = None,
     ) -> None:
         self.adapter = adapter
         self.base_url = base_url.rstrip("/")
@@ -147,6 +171,10 @@ class BurstDriver:
         self._abandoned = threading.Event()
         self._history = open(self.history_path, "a", encoding="utf-8")
         self._start_t: Optional[float] = None
+        self.abort = abort
+        self._to_abort: set[int] = set()
+        self._responses: dict[int, Any] = {}
+        self.abort_t: Optional[float] = None  # when the mass abort happened (None: not, or not yet)
 
     # -- history -----------------------------------------------------------------------------------------
     def _event(self, rec: RequestRecord, event: str, **extra: Any) -> None:
@@ -174,11 +202,21 @@ class BurstDriver:
                 timeout=(10.0, self.request_timeout_s),
             )
             rec.http_status = resp.status_code
+            with self._lock:
+                self._responses[rec.index] = resp
+                cut = rec.index in self._to_abort
+            if cut:  # the mass abort came while this request waited for its headers
+                resp.close()
+                self._finish(rec, "aborted")
+                return
             if resp.status_code != 200:
                 self._finish(rec, "error", error=f"HTTP {resp.status_code}: {resp.text[:300]}")
                 return
             if self.stream:
                 for raw in resp.iter_lines():
+                    if rec.index in self._to_abort:
+                        self._finish(rec, "aborted")
+                        return
                     if self._abandoned.is_set():
                         resp.close()
                         self._finish(rec, "error", error="abandoned by the harness")
@@ -197,7 +235,10 @@ class BurstDriver:
         except requests.Timeout as e:
             self._finish(rec, "timeout", error=f"no answer within {self.request_timeout_s:.0f} s ({type(e).__name__})")
         except Exception as e:  # connection reset when the server is torn down, bad JSON, ...
-            self._finish(rec, "error", error=f"{type(e).__name__}: {e}")
+            if rec.index in self._to_abort:  # our own disconnect surfacing as a read error
+                self._finish(rec, "aborted")
+            else:
+                self._finish(rec, "error", error=f"{type(e).__name__}: {e}")
 
     def _progress(self, rec: RequestRecord, upd: Any) -> None:
         now = time.time()
@@ -221,7 +262,7 @@ class BurstDriver:
 
     def _finish(self, rec: RequestRecord, status: str, error: Optional[str] = None) -> None:
         with self._lock:
-            if rec.status in ("ok", "error", "timeout"):
+            if rec.status in ("ok", "error", "timeout", "aborted"):
                 return
             rec.status = status
             rec.done_t = time.time()
@@ -241,6 +282,43 @@ class BurstDriver:
         self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="repro-driver")
         for rec in self._records:
             self._pool.submit(self._one, rec)
+        if self.abort is not None:
+            threading.Thread(target=self._abort_when_due, name="repro-driver-abort", daemon=True).start()
+
+    def _abort_when_due(self) -> None:
+        """Wait until ``abort.when_in_flight`` requests are in flight (before their first token, if asked), then
+        disconnect ``abort.count`` of them at once: mark them, close every open response in one pass."""
+        plan = self.abort
+        assert plan is not None
+        deadline = time.time() + plan.timeout_s
+        while not self._abandoned.is_set() and time.time() < deadline:
+            with self._lock:
+                flying = [r for r in self._records if r.status == "outstanding"
+                          and (not plan.before_first_token or r.first_token_t is None)]
+                if len(flying) >= plan.when_in_flight:
+                    chosen = sorted(r.index for r in flying)[: plan.count]
+                    self._to_abort.update(chosen)
+                    resps = [self._responses.get(i) for i in chosen]
+                    self.abort_t = time.time()
+                    break
+            time.sleep(0.005)
+        else:
+            self._event_plain("abort_not_done", in_flight_needed=plan.when_in_flight, waited_s=plan.timeout_s)
+            return
+        for resp in resps:
+            if resp is not None:
+                try:
+                    resp.close()
+                except Exception:
+                    pass
+        self._event_plain("abort", requests=chosen, in_flight=len(flying), before_first_token=plan.before_first_token)
+
+    def _event_plain(self, event: str, **extra: Any) -> None:
+        line = {"t": time.time(), "event": event, **extra}
+        with self._lock:
+            if not self._history.closed:
+                self._history.write(json.dumps(line) + "\n")
+                self._history.flush()
 
     def state(self) -> DriverState:
         """A snapshot of every request (copies), safe to read while the burst runs."""
@@ -249,6 +327,7 @@ class BurstDriver:
         pending = sum(r.status == "pending" for r in recs)
         outstanding = sum(r.status == "outstanding" for r in recs)
         ok = sum(r.succeeded for r in recs)
+        aborted = sum(r.status == "aborted" for r in recs)
         finished = pending == 0 and outstanding == 0
         progress = [t for r in recs for t in (r.last_progress_t, r.done_t) if t is not None]
         return DriverState(
@@ -256,10 +335,11 @@ class BurstDriver:
             pending=pending,
             outstanding=outstanding,
             ok=ok,
-            failed=len(recs) - pending - outstanding - ok,
+            failed=len(recs) - pending - outstanding - ok - aborted,
             last_progress_t=max(progress) if progress else self._start_t,
             finished=finished,
             requests=recs,
+            aborted=aborted,
         )
 
     def abandon(self) -> None:

@@ -520,7 +520,7 @@ def make_session_class():
             """Arm each server's share of ``variant``'s injections, send the burst to the router, detect per
             server (:class:`PDStallDetector`), judge completion per server (each server's own injections, ranks,
             loaded/armed markers), disarm. See ``repro.runner.Session.drive``."""
-            from repro.driver import BurstDriver, make_prompts
+            from repro.driver import AbortPlan, BurstDriver, make_prompts
             from repro.detect import DetectContext
             from repro.runner import POLL_S, Outcome, injection_checks, write_arm_file
             from repro.verdict import judge_completion
@@ -537,7 +537,8 @@ def make_session_class():
             self.observe("armed", {"injections": ids, "ranks": {n: v for n, v in self.role_pids.items()}})
             prompts = make_prompts(n_requests or burst.requests, burst.input_len, burst.seed)
             driver = BurstDriver(p.adapter, stack.url, prompts, burst.max_new_tokens, burst.concurrency,
-                                 run_dir.requests.path, burst.request_timeout_s)
+                                 run_dir.requests.path, burst.request_timeout_s,
+                                 abort=AbortPlan.from_spec(getattr(variant, "abort", None) or getattr(burst, "abort", None)))
             det = PDStallDetector(self)
             detectors = [det] + [d for d in (self.detectors or []) if getattr(d, "name", "") != "stall"]
             ctx = DetectContext(self.rank_pids, list(self.rank_pids), run_dir, None, p.plan, scenario.stall_s,

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 from repro import evidence as ev
 from repro import resources
 from repro.detect import DetectContext, default_detectors
-from repro.driver import BurstDriver, DriverState, make_prompts
+from repro.driver import AbortPlan, BurstDriver, DriverState, make_prompts
 from repro.scenario import Scenario, Variant, compile_plan, load_scenario, PLAN_ENV
 from repro.verdict import DEADLOCKED, INCONCLUSIVE, InjectionCheck, Verdict, exit_code_for, judge_completion
 
@@ -468,7 +468,8 @@ class Session:
         self.observe("armed", {"injections": ids, "ranks": rank_pids})
         prompts = make_prompts(n_requests or burst.requests, burst.input_len, burst.seed)
         driver = BurstDriver(p.adapter, server.url, prompts, burst.max_new_tokens, burst.concurrency,
-                             run_dir.requests.path, burst.request_timeout_s)
+                             run_dir.requests.path, burst.request_timeout_s,
+                             abort=AbortPlan.from_spec(getattr(variant, "abort", None) or getattr(burst, "abort", None)))  # the mass-abort action
         verdict: Optional[Verdict] = None
         injector = None
         deciding = last_analysis = None

@@ -92,8 +92,28 @@ class ServerSpec(_Strict):
         return v
 
 
+class MassAbort(_Strict):
+    """The driver's mass-abort action (a nemesis of the client side): once ``when_in_flight`` requests are in flight
+    at the same time — sent, no output token yet (``before_first_token``: in prefill or in the KV transfer of a PD
+    stack) or any (False) — the clients of ``count`` of them disconnect at the same instant (their sockets closed,
+    as a load balancer or a user's browser does). Those requests end ``aborted`` (expected, not an error); the
+    others must still succeed. Used by scenarios and the hunt's nemeses (``repro.driver.AbortPlan``)."""
+
+    count: int = Field(..., ge=1)
+    when_in_flight: int = Field(..., ge=1)
+    before_first_token: bool = True
+    timeout_s: float = Field(60.0, gt=0, description="give up waiting for that many in flight after this many seconds")
+
+    @model_validator(mode="after")
+    def _count_fits(self) -> "MassAbort":
+        if self.count > self.when_in_flight:
+            raise ValueError(f"abort.count ({self.count}) must be ≤ abort.when_in_flight ({self.when_in_flight}): "
+                             "only requests in flight can be aborted")
+        return self
+
+
 class Burst(_Strict):
-    """The request burst the driver sends once the injector is armed."""
+    """The request burst the driver sends once the injector is armed (``abort``: a mass abort during it)."""
 
     requests: int = Field(8, ge=1, le=10_000)
     concurrency: int = Field(8, ge=1, le=1024)
@@ -101,6 +121,7 @@ class Burst(_Strict):
     input_len: int = Field(32, ge=1)
     seed: int = 1234
     request_timeout_s: float = Field(600.0, gt=0, description="hard per-request bound; stalls are detected earlier")
+    abort: Optional[MassAbort] = None
 
 
 class Occurrence(_Strict):
@@ -244,6 +265,8 @@ class Variant(_Strict):
     description: str = ""
     expect: Expect
     injections: list[Injection] = Field(default_factory=list)
+    abort: Optional[MassAbort] = Field(None, description="this variant's mass abort (replaces burst.abort), so one "
+                                       "server can run it between the other variants")
 
     @model_validator(mode="after")
     def _unique_ids(self) -> "Variant":

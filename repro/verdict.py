@@ -156,10 +156,10 @@ def judge_completion(
         armed_ranks: ranks whose injector saw the arm file (ignored when there are no injections).
         injections: one InjectionCheck per injection of the variant.
     Returns:
-        SUCCEEDED only if every request succeeded, the injector was loaded (and armed) on every rank and every
+        SUCCEEDED only if every request succeeded (but those the driver's mass abort disconnected), the injector was loaded (and armed) on every rank and every
         injected site was entered on every rank after arming; otherwise INCONCLUSIVE naming what is missing.
     """
-    failed = [r for r in requests if not r.succeeded]
+    failed = [r for r in requests if not r.succeeded and getattr(r, "status", "") != "aborted"]  # aborted: on purpose
     if failed:
         first = failed[0]
         return Verdict(

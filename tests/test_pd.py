@@ -61,7 +61,9 @@ def test_router_is_ready_only_when_it_lists_both_servers_healthy():
 
 def test_injections_name_their_server_and_ranks_are_named_apart():
     sc = load_scenario(DISAGG)
-    assert set(injection_roles(sc).values()) == {"prefill"}
+    roles = injection_roles(sc)
+    assert roles["pop_bootstrapped_empty_on_ranks_2_3"] == roles["observe_pop_bootstrapped"] == "prefill"
+    assert roles["count_aborts"] is None  # every engine server counts the aborts it handles
     assert rank_name("prefill", 2) == "prefill TP2" and rank_name("decode", 0) == "decode TP0"
 
 

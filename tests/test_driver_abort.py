@@ -1,0 +1,94 @@
+"""The driver's mass-abort action against a local SSE endpoint (not SGLang: the driver's bookkeeping only; the PD
+end-to-end file runs it on a real stack): N of M in-flight requests disconnect at one instant, the server sees the
+disconnects, the rest still succeed, and the completion rule does not count an abort as a failure."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from repro.driver import AbortPlan, BurstDriver, make_prompts
+from repro.verdict import SUCCEEDED, judge_completion
+from test_driver_evidence import PlainAdapter
+
+
+def _server(first_token_after_s: float, token_gap_s: float):
+    disconnects: list[float] = []
+
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                time.sleep(first_token_after_s)  # "prefill + KV transfer"
+                for i in range(1, body["n"] + 1):
+                    fin = "length" if i == body["n"] else None
+                    self._chunk(f"data: {json.dumps({'n': i, 'finish': fin})}\n\n".encode())
+                    time.sleep(token_gap_s)
+                self._chunk(b"data: [DONE]\n\n")
+                self._chunk(b"")
+            except (BrokenPipeError, ConnectionResetError):
+                disconnects.append(time.time())
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, disconnects
+
+
+def test_mass_abort_disconnects_n_of_m_in_flight_at_once_and_the_rest_succeed(tmp_path):
+    srv, disconnects = _server(first_token_after_s=1.0, token_gap_s=0.1)
+    try:
+        d = BurstDriver(PlainAdapter(), f"http://127.0.0.1:{srv.server_port}", make_prompts(6, 3, 1), 4, 6,
+                        tmp_path / "r.jsonl", 10, abort=AbortPlan(count=3, when_in_flight=6))
+        d.start()
+        deadline = time.time() + 20
+        while not d.state().finished and time.time() < deadline:
+            time.sleep(0.02)
+        st = d.state()
+        d.close()
+        time.sleep(0.5)
+    finally:
+        srv.shutdown()
+    assert st.finished and st.aborted == 3 and st.ok == 3 and st.failed == 0
+    aborted = sorted(r.index for r in st.requests if r.status == "aborted")
+    assert aborted == [0, 1, 2]
+    assert all(r.first_token_t is None for r in st.requests if r.status == "aborted")  # before the first token
+    events = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    cut = [e for e in events if e["event"] == "abort"]
+    assert len(cut) == 1 and cut[0]["requests"] == [0, 1, 2] and cut[0]["in_flight"] == 6
+    # the server saw the clients go away: its writes failed for exactly the aborted streams, at about one instant
+    assert len(disconnects) == 3 and max(disconnects) - min(disconnects) < 1.0
+    assert judge_completion(st.requests, [0], [0], [0], []).verdict == SUCCEEDED
+
+
+def test_mass_abort_that_never_sees_enough_in_flight_aborts_nothing_and_says_so(tmp_path):
+    srv, _ = _server(first_token_after_s=0.0, token_gap_s=0.01)
+    try:
+        d = BurstDriver(PlainAdapter(), f"http://127.0.0.1:{srv.server_port}", make_prompts(2, 3, 1), 3, 2,
+                        tmp_path / "r.jsonl", 10, abort=AbortPlan(count=2, when_in_flight=5, timeout_s=1.0))
+        d.start()
+        while not d.state().finished:
+            time.sleep(0.02)
+        time.sleep(1.2)
+        st = d.state()
+        d.close()
+    finally:
+        srv.shutdown()
+    assert st.ok == 2 and st.aborted == 0
+    events = [json.loads(x)["event"] for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert "abort_not_done" in events and "abort" not in events
