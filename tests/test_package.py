@@ -5,8 +5,9 @@ from a folder outside the clone.
 The wheel is installed with ``--no-deps`` into a fresh venv made with ``--system-site-packages`` (typer, rich, …
 come from this interpreter; no download but the isolated build's setuptools from the package index), and every
 command runs with the clone absent from its path: the installed copy must be the one imported. Measured on the
-2-core box: build ≈ 13 s, venv + install ≈ 5 s, `repro sites` ≈ 30 s (it imports sglang in the testbed's python),
-`repro analyze` ≈ 2 s; the demo from the wheel (marked ``hang``: it deadlocks a real server) ≈ 2 min.
+2-core box: the non-hang tests ≈ 23 s quiet, ≈ 50 s loaded (build ≈ 10 s, venv + install ≈ 5 s, `repro sites` ≈
+13–30 s as it imports sglang in the testbed's python, `repro analyze` < 1 s); the demo from the wheel (marked
+``hang``: it deadlocks a real server; four variants of the smoke scenario) ≈ 2 min 50 s.
 """
 
 from __future__ import annotations
@@ -139,15 +140,17 @@ def test_installed_bare_scenario_name_and_unknown_name(installed):
 @pytest.mark.hang
 def test_installed_demo_from_another_folder_ends_with_both_verdicts(installed):
     """`repro demo` from the installed wheel, run outside the clone: the armed variant DEADLOCKED, the control ALL
-    REQUESTS SUCCEEDED, evidence under the current folder's evidence/ (the documented default)."""
+    REQUESTS SUCCEEDED, every other variant of the smoke scenario as it expects, evidence under the current
+    folder's evidence/ (the documented default)."""
     if not testbed.is_set_up():
         pytest.fail(f"CPU testbed not set up at {testbed.testbed_dir()}: run `{testbed.setup_command()}`")
     r = _run([str(installed["repro"]), "demo", "--json"], cwd=installed["work"], timeout_s=900)
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     out = json.loads(r.stdout)
     verdicts = {v["variant"]: v["verdict"] for v in out["variants"]}
-    assert verdicts == {"extra_collective": "DEADLOCKED", "control": "ALL REQUESTS SUCCEEDED"}, (verdicts, r.stderr[-3000:])
-    assert r.returncode == 0 and out["as_expected"] is True
+    assert verdicts["extra_collective"] == "DEADLOCKED" and verdicts["control"] == "ALL REQUESTS SUCCEEDED", verdicts
+    mismatched = {v["variant"]: (v["verdict"], v["expected"]) for v in out["variants"] if v["exit_code"] != 0}
+    assert not mismatched and r.returncode == 0 and out["as_expected"] is True, (mismatched, r.stderr[-3000:])
     for v in out["variants"]:
         ev = Path(v["evidence"]).resolve()
         assert ev.is_relative_to(installed["work"].resolve() / "evidence") and (ev / "REPORT.md").is_file(), ev
