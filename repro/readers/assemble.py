@@ -37,6 +37,7 @@ class Assembler:
         self.first_ignored: Optional[tuple[int, str]] = None
         self.errors: list[str] = []
         self.blocks = 0
+        self._index: dict = {}
 
     # ---- processes -------------------------------------------------------------------------------------------
     def new_process(self, fmt: str, n: int, pid: Optional[int] = None, title: str = "", note: str = "") -> dict:
@@ -73,16 +74,36 @@ class Assembler:
                 self.ignore(cur["first_line"], cur.get("first_text", ""))
                 self.blocks -= 1
                 return
-        prev = self.done[-1] if self.done else None
-        if prev is not None and self._same_process(prev, cur):
+        idx = self._index.get(self._key(cur))
+        if idx is None and self.done and self._same_process(self.done[-1], cur):
+            idx = len(self.done) - 1
+        if idx is not None:
+            prev = self.done[idx]
             cur["successive"] = prev["successive"] + 1
             cur["pid"] = cur["pid"] if cur["pid"] is not None else prev["pid"]
             cur["title"] = cur["title"] or prev["title"]
             cur["rank_hint"] = cur["rank_hint"] or prev["rank_hint"]
             cur["block"] = prev["block"]
-            self.done[-1] = cur
+            self.done[idx] = cur
+            self.blocks -= 1
+            self._index[self._key(cur)] = idx
             return
         self.done.append(cur)
+        key = self._key(cur)
+        if key is not None:
+            self._index[key] = len(self.done) - 1
+
+    @staticmethod
+    def _key(d: dict):
+        """Identity of a process across the file: its pid, or for faulthandler its set of thread ids."""
+        if not d["threads"]:
+            return None
+        if d["pid"] is not None:
+            return ("pid", d["fmt"], d["pid"])
+        if d["fmt"] == "faulthandler":
+            ids = frozenset(t["thread_id"] for t in d["threads"])
+            return ("ids", ids) if "" not in ids else None
+        return None
 
     @staticmethod
     def _same_process(a: dict, b: dict) -> bool:

@@ -6,7 +6,9 @@
         _sync_counts (scheduler.py:880)
         step (scheduler.py:901)
 
-  A frame is ``function``, ``function (file:line)``, ``function at file:line`` or ``file:line in function``.
+  A frame is ``function``, ``function (file:line)``, ``function at file:line`` or ``file:line in function``. A
+  block is kept when one of its frames names a source location, or when its innermost frame is a collective op or
+  a wait (a bare list of other words is prose, not a stack).
 - Arrow chain, one line per rank: ``rank 0: all_reduce → _sync_counts → step → event_loop …`` (also ``<-``, ``←``,
   ``->``). ``←``/``<-`` read "called from" (innermost first). For ``→``/``->`` the order is taken from the ends:
   when the last item is a collective op or a wait and the first is not, the chain is outermost first and reversed;
@@ -134,4 +136,7 @@ def finish_thread_check(proc: dict) -> bool:
     if proc["fmt"] != "condensed" or not th:
         return True
     t = th[0]
-    return len(t["frames"]) >= 2 or bool(t.get("located"))
+    frames = list(t["frames"])
+    # kept when it names a source location, or when its innermost frame is a collective or a wait (a bare list of
+    # words that are neither is prose or junk, not a stack)
+    return bool(t.get("located")) or (len(frames) >= 2 and _op_like(frames[0]))
