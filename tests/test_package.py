@@ -152,7 +152,7 @@ def test_installed_demo_from_another_folder_ends_with_both_verdicts(installed):
     mismatched = {v["variant"]: (v["verdict"], v["expected"]) for v in out["variants"] if v["exit_code"] != 0}
     assert not mismatched and r.returncode == 0 and out["as_expected"] is True, (mismatched, r.stderr[-3000:])
     for v in out["variants"]:
-        ev = Path(v["evidence"]).resolve()
+        ev = (installed["work"] / v["evidence"]).resolve()  # relative paths are relative to the demo's folder
         assert ev.is_relative_to(installed["work"].resolve() / "evidence") and (ev / "REPORT.md").is_file(), ev
     # the clone is on no path of the harness or the server: DEADLOCKED (not "injector not loaded") means the rank
     # processes ran the wheel's copy of the injector
