@@ -32,6 +32,5 @@ from repro.readers import (  # noqa: F401
     render_pyspy_text,
     shorten_path,
     split_log_prefixes,
-    threads_of,
 )
 from repro.readers.common import NO_STACK_HINT as _NO_STACK_HINT  # noqa: F401

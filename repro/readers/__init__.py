@@ -41,7 +41,7 @@ __all__ = [
     "CaptureMethod", "DumpFormat", "FORMAT_NAMES", "Frame", "MAX_FRAMES", "MAX_THREADS", "ProcessDump",
     "RankCapture", "ThreadStack", "detect_format", "is_binary", "load_dump_file", "parse_dump", "parse_faulthandler",
     "parse_lines", "parse_pyspy_json", "parse_pyspy_text", "pp_from_title", "rank_from_filename", "rank_from_title",
-    "render_pyspy_text", "shorten_path", "split_log_prefixes", "threads_of", "guess_main", "is_native_file",
+    "render_pyspy_text", "shorten_path", "split_log_prefixes", "guess_main", "is_native_file",
 ]
 
 _HANDLERS = (pyspy.handle, faulthandler.handle, pystack.handle, traceback.handle, gdb.handle,
@@ -242,11 +242,6 @@ def render_pyspy_text(threads: Iterable[ThreadStack], pid: Optional[int] = None,
         lines.append(f"Thread{tid}{state}{name}")
         lines.extend("    " + f.render() for f in t.frames)
     return "\n".join(lines) + "\n"
-
-
-def threads_of(dumps: Sequence[ProcessDump]) -> list[ThreadStack]:
-    """All threads of the given dumps, in order."""
-    return [t for d in dumps for t in d.threads]
 
 
 # ---- rank identity from titles and names ------------------------------------------------------------------------
