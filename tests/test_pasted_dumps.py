@@ -66,3 +66,20 @@ def test_pasted_case_gets_its_expected_answer(case):
     # the same in --json
     data = json.loads(a.to_json())
     assert data["inputs"] == a.inputs and data["confidence"] == a.confidence and data["missing"] == a.missing
+
+
+def test_binary_and_junk_files_are_bad_input_without_echoing_bytes(tmp_path):
+    from typer.testing import CliRunner
+
+    from repro.cli import EXIT_USAGE, app
+
+    b = tmp_path / "core.bin"
+    b.write_bytes(bytes(range(256)) * 64)
+    j = tmp_path / "junk.txt"
+    j.write_text("lorem ipsum dolor\n sit amet consectetur\n" * 2000)
+    runner = CliRunner()
+    for f in (b, j):
+        res = runner.invoke(app, ["analyze", str(f)])
+        assert res.exit_code == EXIT_USAGE, res.output
+        assert "\x00" not in res.output and "\x01" not in res.output
+    assert "binary file" in " ".join(runner.invoke(app, ["analyze", str(b)]).output.split())
