@@ -368,10 +368,14 @@ class Ledger:
                 out.append(hit[1])
             elif kind == 2:
                 if action and not out:
-                    inj = INJECTED_CODES[code][0]
+                    inj = inj or INJECTED_CODES[code][0]
                     out.append(hit[1])
             elif kind == 3:
                 action = True
+                try:  # the action's own Site: its id (one wrapper serves every injection patched at a site)
+                    inj = getattr(f.f_locals.get("self"), "id", None) or inj
+                except Exception:
+                    pass
             f = f.f_back
         return tuple(out), inj
 
