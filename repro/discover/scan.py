@@ -83,7 +83,7 @@ class Func:
 
 
 class Cls:
-    __slots__ = ("id", "mod", "node", "bases", "methods", "attrs", "ann")
+    __slots__ = ("id", "mod", "node", "bases", "methods", "attrs", "ann", "elems")
 
     def __init__(self, cid, mod, node):
         self.id, self.mod, self.node = cid, mod, node
@@ -91,6 +91,7 @@ class Cls:
         self.methods = {}
         self.attrs = defaultdict(set)
         self.ann = {}
+        self.elems = defaultdict(set)  # attr -> classes of its elements (dict values, list items), from annotations
 
 
 def _is_static(node):
@@ -248,6 +249,37 @@ class Index:
             out.add(c)
         return out
 
+    def ann_elem_classes(self, mod, ann):
+        """Classes of the elements an annotation's container holds: ``dict[K, V]`` → V, ``list[X]``/``deque[X]`` → X."""
+        if isinstance(ann, ast.Constant) and isinstance(ann.value, str):
+            try:
+                ann = ast.parse(ann.value, mode="eval").body
+            except SyntaxError:
+                return set()
+        if not isinstance(ann, ast.Subscript):
+            return set()
+        head = ann.value.attr if isinstance(ann.value, ast.Attribute) else getattr(ann.value, "id", "")
+        elts = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
+        if head in ("Optional", "Union"):
+            out = set()
+            for x in elts:
+                out |= self.ann_elem_classes(mod, x)
+            return out
+        if head in ("dict", "Dict", "Mapping", "MutableMapping", "OrderedDict", "defaultdict", "DefaultDict"):
+            return self.ann_classes(mod, elts[-1])
+        if head in ("list", "List", "deque", "Deque", "Sequence", "set", "Set", "Iterable", "frozenset"):
+            return self.ann_classes(mod, elts[0])
+        return set()
+
+    def attr_elem_types(self, cid, attr):
+        out = set()
+        for c in self.mro(cid):
+            k = self.classes[c]
+            out |= k.elems.get(attr, set())
+            if attr in k.ann:
+                out |= self.ann_elem_classes(k.mod, k.ann[attr])
+        return out
+
     def mro(self, cid):
         out, seen, stack = [], set(), [cid]
         while stack:
@@ -328,6 +360,10 @@ class Types:
             return out
         if isinstance(e, ast.Call):
             out = set()
+            fn = e.func
+            if isinstance(fn, ast.Attribute) and fn.attr in ("get", "pop", "setdefault") and isinstance(fn.value, ast.Attribute) \
+                    and isinstance(fn.value.value, ast.Name) and f.self_name and fn.value.value.id == f.self_name and f.cls is not None:
+                out |= ix.attr_elem_types(f.cls.id, fn.value.attr)
             for tgt in self.callees(f, e, with_overrides=False):
                 if tgt in ix.classes:
                     out.add(tgt)
@@ -335,6 +371,12 @@ class Types:
                     g = ix.funcs[tgt]
                     out |= ix.ann_classes(g.mod, g.node.returns)
             return out
+        if isinstance(e, ast.Subscript):  # self.d[k] → the element classes the annotation of self.d names
+            v = e.value
+            if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and f.self_name and v.value.id == f.self_name \
+                    and f.cls is not None:
+                return ix.attr_elem_types(f.cls.id, v.attr)
+            return set()
         if isinstance(e, ast.IfExp):
             return self.of(f, e.body, depth + 1) | self.of(f, e.orelse, depth + 1)
         if isinstance(e, ast.BoolOp):
@@ -399,6 +441,10 @@ class Types:
                     ts = self.of(f, val) if val is not None else set()
                     if isinstance(node, ast.AnnAssign):
                         ts = ts | ix.ann_classes(f.mod, node.annotation)
+                        t0 = node.target
+                        if (isinstance(t0, ast.Attribute) and isinstance(t0.value, ast.Name) and f.self_name
+                                and t0.value.id == f.self_name and f.cls is not None):
+                            f.cls.elems[t0.attr] |= ix.ann_elem_classes(f.mod, node.annotation)
                     if not ts:
                         continue
                     for t in targets:
