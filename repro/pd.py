@@ -100,7 +100,6 @@ def prepare_roles(p: Any) -> list[RoleRun]:
         ValueError: the adapter knows no such topology, or an injection names a role that is not an engine server.
     """
     from repro.scenario import PLAN_ENV
-    from repro.targets.sglang_pd import SGLangRouterAdapter
 
     topo = p.adapter.topology(p.scenario.server)
     engines = [r.name for r in topo.engines()]
@@ -116,7 +115,7 @@ def prepare_roles(p: Any) -> list[RoleRun]:
         if role.kind != "engine":
             spec = LaunchSpec(python=p.spec.python, model=p.spec.model, tp_size=1, args=list(role.args),
                               env=dict(role.env))
-            out.append(RoleRun(role, SGLangRouterAdapter(p.adapter), spec, folder))
+            out.append(RoleRun(role, p.adapter.role_adapter(role), spec, folder))
             continue
         tp = role.tp_size or p.spec.tp_size
         if role.name == topo.engines()[0].name:
@@ -161,6 +160,11 @@ class Stack:
         self.servers: dict[str, Any] = {}
         self.healthy_s: dict[str, float] = {}
 
+    @property
+    def engine_adapter(self) -> Any:
+        """The engine's adapter (the first engine role's): it knows how the roles find each other."""
+        return next(r.adapter for r in self.roles if r.is_engine)
+
     # ---- start -------------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Pick distinct free ports (HTTP, rendezvous, bootstrap) and start every role (not waiting for health).
@@ -169,8 +173,6 @@ class Stack:
             repro.launcher.LaunchError: a role could not be started (the roles already started are stopped).
         """
         from repro.launcher import pick_free_port, start_server
-        from repro.targets.sglang_pd import BOOTSTRAP_FLAG, MODE_FLAG, router_args
-        from repro.targets.base import flag_value
 
         used: list[int] = []
 
@@ -180,26 +182,10 @@ class Stack:
             return q
 
         specs: dict[str, LaunchSpec] = {}
-        prefill_url = decode_url = ""
-        bootstrap = 0
-        for r in self.roles:
-            if not r.is_engine:
-                continue
-            spec = dataclasses.replace(r.spec, port=port(), nccl_port=port())
-            if flag_value(spec.args, MODE_FLAG) == "prefill":
-                bootstrap = int(flag_value(spec.args, BOOTSTRAP_FLAG) or 0) or port()
-                if flag_value(spec.args, BOOTSTRAP_FLAG) is None:
-                    spec = dataclasses.replace(spec, args=[*spec.args, BOOTSTRAP_FLAG, str(bootstrap)])
-                prefill_url = f"http://127.0.0.1:{spec.port}"
-            elif flag_value(spec.args, MODE_FLAG) == "decode":
-                decode_url = f"http://127.0.0.1:{spec.port}"
-            specs[r.name] = spec
-        for r in self.roles:
-            if r.is_engine:
-                continue
-            specs[r.name] = dataclasses.replace(
-                r.spec, port=port(), nccl_port=port(),
-                args=[*router_args(prefill_url, bootstrap, decode_url), *r.spec.args])
+        for r in [*(r for r in self.roles if r.is_engine), *(r for r in self.roles if not r.is_engine)]:
+            specs[r.name] = dataclasses.replace(r.spec, port=port(), nccl_port=port())
+        # the engine's adapter connects the roles (PD: bootstrap port, the router's worker arguments)
+        specs = self.engine_adapter.wire_roles([r.role for r in self.roles], specs, port)
         try:
             for r in self.roles:
                 self.servers[r.name] = start_server(r.adapter, specs[r.name], r.folder.server_log.path)
@@ -220,7 +206,6 @@ class Stack:
                 was missing).
         """
         from repro.launcher import LaunchError
-        from repro.targets.sglang_pd import router_workers, workers_ready
 
         t0 = time.monotonic()
         deadline = t0 + timeout_s
@@ -248,8 +233,7 @@ class Stack:
         want = self.engine_urls()
         why = ""
         while routers:
-            workers = router_workers(self.servers[routers[0]].url)
-            ok, why = workers_ready({"workers": workers} if workers is not None else None, want)
+            ok, why = self.engine_adapter.stack_ready(self.servers[routers[0]].url, want)
             if ok:
                 self.healthy_s["workers"] = time.monotonic() - t0
                 break

@@ -92,6 +92,9 @@ def test_prepare_gives_each_engine_server_its_own_plan_arm_file_and_injector_fol
 # ---- the stack's life-cycle on stand-in servers ---------------------------------------------------------------------
 class FakeAdapter(AdapterBase):
     name = "fake-pd"
+    # the stand-in servers speak sglang's PD wiring (bootstrap port, router worker args, GET /workers)
+    wire_roles = SGLangAdapter.wire_roles
+    stack_ready = SGLangAdapter.stack_ready
 
     def __init__(self, extra=()):
         self.extra = list(extra)

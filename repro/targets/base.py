@@ -462,3 +462,18 @@ class AdapterBase:
     def owned_dirs(self, env: dict[str, str]) -> list[Path]:
         """No folders of its own."""
         return []
+
+    # ---- several servers (a Topology with more than one role): used by repro.pd ------------------------------
+    def role_adapter(self, role: ServerRole) -> "AdapterBase":
+        """The adapter that launches and talks to ``role``'s server (default: this one; a router has its own)."""
+        return self
+
+    def wire_roles(self, roles: Sequence[ServerRole], specs: dict[str, LaunchSpec], port: Any) -> dict[str, LaunchSpec]:
+        """Connect the roles of a topology: given every role's spec with concrete ports (``port()`` picks another
+        free port), return the specs with the flags that make them find each other (default: unchanged)."""
+        return dict(specs)
+
+    def stack_ready(self, router_url: str, engine_urls: Sequence[str]) -> tuple[bool, str]:
+        """Whether the entry role (a router at ``router_url``) serves through every engine server; (ok, why not).
+        Default: ready once every role's health answered."""
+        return True, ""

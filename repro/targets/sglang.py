@@ -239,6 +239,52 @@ class SGLangAdapter(AdapterBase):
         mode = flag_value(args, "--disaggregation-mode")
         return self.disagg_tick_functions.get(mode or "", self.tick_function)
 
+    def role_adapter(self, role: Any) -> Any:
+        """The router role's adapter is sglang-router's (``repro.targets.sglang_pd.SGLangRouterAdapter``)."""
+        if getattr(role, "kind", "engine") != "engine":
+            from repro.targets.sglang_pd import SGLangRouterAdapter
+
+            return SGLangRouterAdapter(self)
+        return self
+
+    def wire_roles(self, roles: Sequence[Any], specs: dict, port: Any) -> dict:
+        """PD: the prefill server gets a bootstrap port (``--disaggregation-bootstrap-port``, unless given), the
+        router the prefill URL + bootstrap port and the decode URL (``repro.targets.sglang_pd.router_args``)."""
+        import dataclasses
+
+        from repro.targets.sglang_pd import BOOTSTRAP_FLAG, MODE_FLAG, router_args
+
+        out = dict(specs)
+        prefill_url = decode_url = ""
+        bootstrap = 0
+        for r in roles:
+            if getattr(r, "kind", "engine") != "engine" or r.name not in out:
+                continue
+            spec = out[r.name]
+            mode = flag_value(spec.args, MODE_FLAG)
+            if mode == "prefill":
+                given = flag_value(spec.args, BOOTSTRAP_FLAG)
+                bootstrap = int(given or 0) or port()
+                if given is None:
+                    spec = dataclasses.replace(spec, args=[*spec.args, BOOTSTRAP_FLAG, str(bootstrap)])
+                prefill_url = f"http://127.0.0.1:{spec.port}"
+            elif mode == "decode":
+                decode_url = f"http://127.0.0.1:{spec.port}"
+            out[r.name] = spec
+        for r in roles:
+            if getattr(r, "kind", "engine") == "engine" or r.name not in out:
+                continue
+            spec = out[r.name]
+            out[r.name] = dataclasses.replace(spec, args=[*router_args(prefill_url, bootstrap, decode_url), *spec.args])
+        return out
+
+    def stack_ready(self, router_url: str, engine_urls: Sequence[str]) -> tuple[bool, str]:
+        """The router's ``GET /workers`` lists every engine server healthy (it answers /health before that)."""
+        from repro.targets.sglang_pd import router_workers, workers_ready
+
+        workers = router_workers(router_url)
+        return workers_ready({"workers": workers} if workers is not None else None, engine_urls)
+
     def parse_title(self, title: str) -> Optional[RankTitle]:
         """A scheduler title → RankTitle (role ``scheduler``; ATTN_CP / MOE_DP / EP in ``extra``), else None.
 
