@@ -706,6 +706,7 @@ def watch(
     once: bool = typer.Option(False, "--once", help="probe once and exit: 0 healthy, 3 hung with deadlock evidence, 4 hung without, 6 unreachable, 8 not this engine's API"),
     count: Optional[int] = typer.Option(None, "--count", help="stop after this many probe rounds"),
     native: bool = typer.Option(False, "--native", help="py-spy --native stacks (slower; retried without on failure)"),
+    ledger_dir: Optional[Path] = typer.Option(None, "--ledger-dir", help="the injector folder with the ranks' collective ledgers (repro serve's EVIDENCE/injector): a ledger proof declares a deadlock at once"),
 ) -> None:
     """Probe a live server's generate path; on a hang keep the evidence (stacks ×2, diagnosis, /metrics), then run --on-hang.
 
@@ -720,7 +721,7 @@ def watch(
         opts = WatchOptions(url=url, interval_s=interval, probe_timeout_s=probe_timeout, health_timeout_s=health_timeout,
                             failures=failures, pid_root=pid_root, match=match, evidence_root=evidence_dir,
                             on_hang=on_hang, on_hang_timeout_s=on_hang_timeout, once=once, max_rounds=count,
-                            native=native).validate()
+                            native=native, ledger_dir=ledger_dir).validate()
     except WatchConfigError as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(EXIT_USAGE)

@@ -124,6 +124,11 @@ class WatchOptions:
         capture_timeout_s: per-process py-spy bound in seconds.
         native: ask py-spy for native frames too.
         metrics_path: Prometheus endpoint kept raw in the evidence (sglang serves it with ``--enable-metrics``).
+        ledger_dir: the injector folder holding the ranks' collective ledgers (``<serve evidence>/injector``, or
+            the ``out_dir`` of a plan loaded into a production launch); None: probes only. With it the ranks'
+            ledgers are followed between and after probe rounds (every 0.2 s) and a ledger proof of a deadlock
+            (``repro.proof``) declares the hang at once, without waiting for ``failures`` failed probes; a desync
+            the ledgers show is logged (``desync`` event).
     """
 
     url: str
@@ -142,6 +147,7 @@ class WatchOptions:
     capture_timeout_s: float = 10.0
     native: bool = False
     metrics_path: str = "/metrics"
+    ledger_dir: Optional[Path] = None  # the injector folder with the ranks' ledger-<pid>.jsonl (repro.proof reads it)
 
     def validate(self) -> "WatchOptions":
         """Check every field; returns self with the URL normalised (no trailing slash).
@@ -596,6 +602,11 @@ class Watcher:
         self._log_sink = log or (lambda _e: None)
         self._discover_fn = discover
         self._stop = threading.Event()
+        self._follower: Any = None
+        self._follow_since = 0.0
+        self._desyncs_seen: set = set()
+        self._ledger_error = ""
+        self.ledger_proof: Any = None
         self._gen = _Slot("generate")
         self._health = _Slot("health")
         self.health_answers: deque[ProbeResult] = deque(maxlen=HISTORY_ROUNDS)
@@ -638,6 +649,49 @@ class Watcher:
             return discover_ranks(self.adapter, self.opts.url, self.opts.pid_root, self.opts.match)
         except DiscoveryError as e:
             return Discovery({}, "ambiguous", [], str(e))
+
+    # ---- the ledgers (repro.proof) ------------------------------------------------------------------------------
+    def _ledger_check(self) -> bool:
+        """Follow the ranks' ledgers once; True when a ledger proof of a deadlock newly holds (state becomes hung).
+        A desync is logged once per (group, sequence number). Never raises: problems are logged once."""
+        o = self.opts
+        if o.ledger_dir is None or self.state == "hung":
+            return False
+        try:
+            from repro.ledger_follow import LedgerFollower
+            from repro.proof import find_desyncs, find_proof
+
+            if self._follower is None:
+                pids = self.discover().rank_pids
+                if not pids:
+                    return False
+                self._follower = LedgerFollower(Path(o.ledger_dir), pids)
+                self._follow_since = time.time()
+            if not self._follower.poll() and self._follower.lines:
+                return False
+            al = self._follower.alignment
+            for d in find_desyncs(al):
+                key = (d.group, d.seq)
+                if key not in self._desyncs_seen:
+                    self._desyncs_seen.add(key)
+                    self._log("desync", verdict="DESYNCED", reason=d.summary, desync=d.to_dict())
+            import psutil
+
+            proof = find_proof(al, {k for k, pid in self._follower.rank_pids.items() if psutil.pid_exists(pid)})
+        except Exception as e:  # noqa: BLE001 - the ledger must not end the watch
+            if not self._ledger_error:
+                self._ledger_error = f"{type(e).__name__}: {e}"
+                self._log("ledger_error", error=self._ledger_error)
+            return False
+        if proof is None:
+            return False
+        self.ledger_proof = proof
+        self.state = "hung"
+        if self.first_failure_t is None:
+            self.first_failure_t = proof.closing.t_enter
+        self._log("ledger_proof", reason=proof.summary, proof=proof.to_dict(),
+                  latency_s=round(time.time() - proof.closing.t_enter, 3))
+        return True
 
     # ---- one round -------------------------------------------------------------------------------------------
     def probe_round(self) -> dict:
@@ -776,6 +830,8 @@ class Watcher:
             while not self._stop.is_set():
                 rec = self.probe_round()
                 tr = rec.get("transition")
+                if tr is None and self._ledger_check():
+                    tr = "hang"
                 if tr == "hang":
                     outcome = self.handle_hang()
                     code = outcome.exit_code
@@ -793,6 +849,7 @@ class Watcher:
                     return EXIT_MISCONFIGURED
                 elif tr == "recovered":
                     self._log("recovered", detail="a generate probe succeeded again")
+                    self.ledger_proof, self._follower = None, None
                 if o.once:
                     if self.state == "healthy":
                         code = EXIT_HEALTHY
@@ -800,7 +857,13 @@ class Watcher:
                 if o.max_rounds is not None and self.round >= o.max_rounds:
                     break
                 next_t = max(next_t + o.interval_s, time.monotonic())
-                self._stop.wait(max(0.0, next_t - time.monotonic()))
+                while not self._stop.is_set() and time.monotonic() < next_t:  # the ledgers, between probe rounds
+                    self._stop.wait(max(0.0, min(0.2, next_t - time.monotonic())))
+                    if self._ledger_check():
+                        outcome = self.handle_hang()
+                        code = outcome.exit_code
+                        if o.once:
+                            return code
             return EXIT_HEALTHY
         finally:
             self._end_on_hang_proc()
@@ -849,7 +912,9 @@ class Watcher:
                 chk = check_stall(rank_pids, stacks_dir, list(range(max(rank_pids) + 1)), tag="", second_tag="-2",
                                   confirm_gap_s=o.confirm_gap_s, timeout_s=o.capture_timeout_s, native=o.native)
                 a1, a2, judgement = chk.first_analysis, chk.second_analysis, chk.judgement
-                if judgement.deadlocked:
+                if self.ledger_proof is not None:  # proven from the ledgers: the stacks are for the report
+                    verdict, reason = DEADLOCKED, self.ledger_proof.summary
+                elif judgement.deadlocked:
                     verdict, reason = DEADLOCKED, judgement.reason
                 else:
                     reason = f"hung without deadlock evidence: {judgement.reason}"
@@ -865,6 +930,7 @@ class Watcher:
         out = HangOutcome(verdict, reason, exit_code, health, evd.path if evd is not None else None, errors, a2)
         hang_json = {
             "verdict": verdict, "reason": reason, "exit_code": exit_code, "url": o.url,
+            **({"proof": self.ledger_proof.to_dict()} if self.ledger_proof is not None else {}),
             "declared_at": _iso(t_decl), "first_failure_at": _iso(self.first_failure_t) if self.first_failure_t else None,
             "consecutive_failures": self.failures, "failures_to_declare": 1 if o.once else o.failures,
             "last_generate": last_gen, "health_at_declaration": health.to_json(), "health_after_capture": health_after.to_json(),

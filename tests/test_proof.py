@@ -302,3 +302,26 @@ def test_cli_accepts_expect_desync():
     from repro.scenario import Variant
 
     assert Variant.model_validate({"name": "v", "expect": "desync"}).expect == "desync"
+
+
+def test_watch_declares_a_deadlock_from_the_ledgers_without_a_failed_probe(tmp_path: Path, monkeypatch):
+    from repro.watch import WatchOptions, Watcher
+
+    monkeypatch.setitem(PIDS, 0, os.getpid())  # live processes stand in for the two ranks (only pid_exists is asked)
+    monkeypatch.setitem(PIDS, 1, os.getppid())
+    a, b = healthy(tmp_path)
+    events = []
+    w = Watcher(WatchOptions(url="http://127.0.0.1:9", ledger_dir=tmp_path).validate(), log=events.append,
+                discover=lambda: dict(PIDS))
+    assert w._ledger_check() is False and w.state != "hung"  # healthy ledgers: nothing
+    a.enter(CPU, "all_reduce", red="MAX", shapes=((1,),), dtypes=("int32",))
+    b.enter(CPU, "all_reduce", red="MIN", shapes=((1,),), dtypes=("int32",))
+    a.exit(CPU)
+    b.exit(CPU)
+    smoke_hang(a, b)
+    assert w._ledger_check() is True and w.state == "hung" and w.ledger_proof.kind == "missing_partner"
+    kinds = [e["event"] for e in events]
+    assert "desync" in kinds and "ledger_proof" in kinds
+    assert next(e for e in events if e["event"] == "desync")["verdict"] == "DESYNCED"
+    no_ledger = Watcher(WatchOptions(url="http://127.0.0.1:9").validate(), discover=lambda: dict(PIDS))
+    assert no_ledger._ledger_check() is False  # without --ledger-dir: probes only, as before
