@@ -663,6 +663,15 @@ def analyze(
         if unreadable:
             raise typer.Exit(EXIT_USAGE)
         return
+    if unreadable:
+        # one line, no table of empty ranks: nothing in these files is a stack dump we can read
+        reasons = [w for w in result.warnings if "binary file" in w or "no Python stack found" in w]
+        console.print("[red]error:[/] " + rich_escape(
+            "no rank's stack could be read from " + ", ".join(str(p) for p in paths) + ": "
+            + ("; ".join(reasons) if reasons else
+               "expected py-spy text or --json, faulthandler, pystack, gdb bt or a pasted frame list")),
+            highlight=False)
+        raise typer.Exit(EXIT_USAGE)
     if ledger_diag is not None:
         d = ledger_diag.divergence
         out.print("Collective ledger: " + rich_escape(d.summary), style="bold red" if d.kind != "none" else "bold green",
@@ -681,14 +690,12 @@ def analyze(
         table.add_row(*(rich_escape(c) for c in cells), style=style)
     out.print(table)
     out.print(rich_escape(result.summary), style="bold red" if result.diverged else "bold green", highlight=False)
+    for line in result.input_lines():
+        out.print(rich_escape(line), highlight=False, style="dim")
     for w in result.warnings:
         console.print(f"[yellow]warning:[/] {rich_escape(w)}", highlight=False)
     if markdown is not None:
         console.print(f"markdown written to {markdown}")
-    if unreadable:
-        console.print("[red]error:[/] no rank's stack could be read from these files (expected py-spy text or --json, "
-                      "or a faulthandler dump, one file per rank)")
-        raise typer.Exit(EXIT_USAGE)
 
 
 @app.command()

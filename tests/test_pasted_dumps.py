@@ -83,3 +83,22 @@ def test_binary_and_junk_files_are_bad_input_without_echoing_bytes(tmp_path):
         assert res.exit_code == EXIT_USAGE, res.output
         assert "\x00" not in res.output and "\x01" not in res.output
     assert "binary file" in " ".join(runner.invoke(app, ["analyze", str(b)]).output.split())
+
+
+def test_text_output_says_what_was_read_and_how_sure(tmp_path):
+    """The plain-text `repro analyze` prints the formats read, every kept/skipped process and the confidence, and
+    a file with no stack in it is one error line (no empty table)."""
+    from typer.testing import CliRunner
+
+    from repro.cli import EXIT_USAGE, app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["analyze", str(Path(__file__).parent / "fixtures" / "pasted" / "pyspy_text_gloo3")])
+    assert res.exit_code == 0, res.output
+    assert "read as: py-spy text" in res.output and "confidence:" in res.output and "kept rank0.txt" in res.output
+    j = tmp_path / "junk.txt"
+    j.write_text("lorem ipsum dolor\n" * 100)
+    res = runner.invoke(app, ["analyze", str(j)])
+    assert res.exit_code == EXIT_USAGE
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert lines[0].startswith("error: no rank's stack could be read") and "┃" not in res.output
