@@ -53,7 +53,8 @@ class RankFollow:
 
     Attributes:
         rank / pid; max_seq: group → highest sequence number entered (as read); last_thread: group → the thread of
-        the rank's latest record on that group (the thread that will issue its next one); open: (group, seq) →
+        the rank's latest record on that group (the thread that will issue its next one, when ``threads_on`` holds
+        only it: a group used from several threads has no single issuing thread); open: (group, seq) →
         record entered and not yet left; from_start: the window began at part 0, byte 0 (so a group the rank never
         used is known to be at sequence 0); unreliable: why no proof may use this rank (None = usable);
         warnings: what was seen and tolerated.
@@ -63,6 +64,7 @@ class RankFollow:
     pid: int
     max_seq: dict[str, int] = field(default_factory=dict)
     last_thread: dict[str, str] = field(default_factory=dict)
+    threads_on: dict[str, set] = field(default_factory=dict)  # group → every thread seen issuing on it
     open: dict[tuple[str, int], Record] = field(default_factory=dict)
     from_start: bool = False
     unreliable: Optional[str] = None
@@ -137,6 +139,7 @@ class LiveAlignment:
             self.p2p_groups.add(g)
         rf.max_seq[g] = max(rf.max_seq.get(g, 0), n)
         rf.last_thread[g] = r.thread
+        rf.threads_on.setdefault(g, set()).add(r.thread)
         rf.open[(g, n)] = r
         rf.records_read += 1
         rf.last_t = max(rf.last_t, r.t_enter)

@@ -5,7 +5,8 @@ file is a prefix of its history (``repro.ledger_follow``):
 
 - **missing partner** — a *wait edge* ``r → s`` says: rank r's thread T is inside collective (g, n) (entered, not
   left), s is a member of g that has not entered (g, n), and the thread of s that issues g's collectives (the
-  thread of its latest record on g) is itself inside another collective (g′, m). r cannot leave (g, n) before s
+  thread of its latest record on g; a group s used from several threads makes no edge) is itself inside another
+  collective (g′, m). r cannot leave (g, n) before s
   enters it, and s cannot enter it before it leaves (g′, m). A *cycle* of such edges is a closed set of waits: take
   the first of them to leave its collective — it needed its successor to leave first. So nobody leaves: DEADLOCKED.
   (The smoke scenario: rank 0 in tp/cpu #25, rank 1 in tp/device #55, each missing from the other's.)
@@ -368,6 +369,8 @@ def find_proof(al: LiveAlignment, alive: Optional[Iterable[int]] = None) -> Opti
             sf = al.ranks[s]
             if not sf.knows_group(r.group) or sf.seq_on(r.group) >= r.seq:
                 continue
+            if len(sf.threads_on.get(r.group, ())) > 1:
+                continue  # s issues g's collectives from several threads: which one would enter (g, n) is unknown
             th_s = sf.last_thread.get(r.group, "MainThread")
             w = nodes.get((s, th_s))
             if w is None or (w.group, w.seq) == (r.group, r.seq):

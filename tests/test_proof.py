@@ -325,3 +325,11 @@ def test_watch_declares_a_deadlock_from_the_ledgers_without_a_failed_probe(tmp_p
     assert next(e for e in events if e["event"] == "desync")["verdict"] == "DESYNCED"
     no_ledger = Watcher(WatchOptions(url="http://127.0.0.1:9").validate(), discover=lambda: dict(PIDS))
     assert no_ledger._ledger_check() is False  # without --ledger-dir: probes only, as before
+
+
+def test_a_group_used_from_two_threads_of_the_peer_makes_no_wait_edge(tmp_path: Path):
+    a, b = healthy(tmp_path)
+    b.call(CPU, src=0, thread="prefetch-thread")  # rank 1 also issues tp/cpu collectives from another thread
+    a.call(CPU, src=0)
+    smoke_hang(a, b)
+    assert find_proof(follow(tmp_path).alignment) is None
