@@ -61,9 +61,10 @@ def test_smoke_extra_allreduce_deadlocks_with_both_ranks_captured(tmp_path):
     # the fire log says where it fired: rank 0 only, once
     fires = [e for f in (run_dir / "injector").glob("fires-*.jsonl") for e in read_jsonl(f) if e.get("event") == "fire"]
     assert [e["rank"] for e in fires] == [0]
-    # time from the last progress event to the verdict: stall_s (8) + capture/confirm; bounded loosely here,
-    # the goal (≤ stall_s + 3 s) is measured in benchmarks/
-    assert verdict["timings"]["last_progress_to_verdict_s"] >= 8.0
+    # the ledger proved it (repro.proof): declared without waiting stall_s (8 s) for the stall rule; the latency goal
+    # itself is measured in benchmarks/ledger_proof.py, not here
+    assert verdict["proof"]["kind"] == "missing_partner" and verdict["reason"].startswith("Ledger proof")
+    assert verdict["timings"]["last_progress_to_verdict_s"] < 8.0
 
 
 @pytest.mark.sglang
