@@ -532,6 +532,9 @@ def discover_ranks(adapter: Any, url: str, pid_root: Optional[int] = None, match
     if lp is not None:
         d = ranks_of(_procs.snapshot_tree(lp), "listener", f"under pid {lp} (listening on {url})")
         if not d.rank_pids:
+            routed = _ranks_behind_router(adapter, url, ranks_of)
+            if routed is not None:
+                return routed
             d = replace(d, note=d.note + "; pass --pid-root PID (the launcher of the rank processes) or --match TITLE")
         return d
     host = urlsplit(url).hostname or ""
@@ -544,6 +547,34 @@ def discover_ranks(adapter: Any, url: str, pid_root: Optional[int] = None, match
     if not d.rank_pids:
         d = replace(d, note=d.note + "; pass --pid-root PID or --match TITLE")
     return d
+
+
+def _ranks_behind_router(adapter: Any, url: str, ranks_of: Callable) -> Optional[Discovery]:
+    """A router (e.g. PD disaggregation's) has no ranks itself: ask it for its workers (the adapter's
+    ``router_workers(url)``, e.g. SGLang's router ``GET /workers``) and find every worker's ranks under the process
+    listening on that worker's port. Ranks are numbered across the workers in the router's order (the note names
+    which numbers are which server's, e.g. ``prefill TP0..3 = ranks 0..3``); None when ``url`` lists no workers."""
+    fn = getattr(adapter, "router_workers", None)
+    workers = fn(url) if callable(fn) else None
+    if not workers:
+        return None
+    rank_pids: dict[int, int] = {}
+    procs: list[ProcInfo] = []
+    names: list[str] = []
+    for w in sorted(workers, key=lambda w: (w.get("worker_type") != "prefill", str(w.get("url")))):
+        wurl, kind = str(w.get("url") or ""), str(w.get("worker_type") or "worker")
+        lp = _listener_pid(wurl) if wurl else None
+        if lp is None:
+            names.append(f"{kind} {wurl}: no local listener")
+            continue
+        d = ranks_of(_procs.snapshot_tree(lp), "router-workers", f"under pid {lp} (listening on {wurl})")
+        base = len(rank_pids)
+        for k, pid in sorted(d.rank_pids.items()):
+            rank_pids[base + k] = pid
+        procs += d.procs
+        names.append(f"{kind} TP0..{len(d.rank_pids) - 1} = ranks {base}..{len(rank_pids) - 1} ({wurl})"
+                     if d.rank_pids else f"{kind} {wurl}: {d.note}")
+    return Discovery(rank_pids, "router-workers", procs, "the router's workers: " + "; ".join(names))
 
 
 # ------------------------------------------------------------------------------------------------------------

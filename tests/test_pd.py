@@ -168,3 +168,35 @@ def test_ctrl_c_while_waiting_for_the_stack_still_stops_every_tree(tmp_path: Pat
     finally:
         stack.stop()
     assert seen and seen[0] and not any(_procs.alive(p) for snap in seen for p in snap)
+
+
+class RankedFakeAdapter(FakeAdapter):
+    """The stand-in's forked child of an engine server plays its one rank; the router has none."""
+
+    watch_defaults = SGLangAdapter.watch_defaults
+
+    def rank_pids(self, procs):
+        kids = [p for p in procs[1:] if "--disaggregation-mode" in " ".join(p.cmdline)]
+        return {i: p.pid for i, p in enumerate(kids)}
+
+    def router_workers(self, url, timeout_s=2.0):
+        from repro.targets.sglang_pd import router_workers
+
+        return router_workers(url, timeout_s)
+
+
+def test_watch_on_the_router_url_finds_the_ranks_of_both_servers_through_get_workers(tmp_path: Path):
+    from repro.watch import discover_ranks
+
+    stack = _stack(tmp_path)
+    for r in stack.roles:
+        r.adapter = RankedFakeAdapter(r.adapter.extra)
+    try:
+        stack.start()
+        stack.wait_healthy(30)
+        d = discover_ranks(RankedFakeAdapter(), stack.url)
+        want = [stack.servers["prefill"].procs()[1].pid, stack.servers["decode"].procs()[1].pid]
+    finally:
+        stack.stop()
+    assert d.method == "router-workers" and [d.rank_pids[k] for k in sorted(d.rank_pids)] == want
+    assert "prefill TP0..0 = ranks 0..0" in d.note and "decode TP0..0 = ranks 1..1" in d.note

@@ -234,6 +234,13 @@ class SGLangAdapter(AdapterBase):
             return pd_topology(server)
         raise ValueError(f"server.topology {name!r} is not known to the sglang adapter; expected 'single' or 'pd'")
 
+    def router_workers(self, url: str, timeout_s: float = 2.0) -> Optional[list]:
+        """The workers of an SGLang router at ``url`` (``GET /workers``; ``repro.targets.sglang_pd.router_workers``),
+        else None: ``repro watch`` on a PD router finds the ranks of every worker this way."""
+        from repro.targets.sglang_pd import router_workers
+
+        return router_workers(url, timeout_s)
+
     def tick_function_for(self, args: Sequence[str]) -> str:
         """The per-tick function for a server started with ``args`` (``--disaggregation-mode`` picks the loop)."""
         mode = flag_value(args, "--disaggregation-mode")
