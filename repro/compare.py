@@ -592,7 +592,7 @@ def _validate(opts: CompareOptions) -> tuple[Any, Any]:
 
     for word, name in ((opts.expect_before, "--expect-before"), (opts.expect_after, "--expect-after")):
         if word not in EXPECT_WORDS:
-            raise CompareError(f"{name} must be deadlock, success or inconclusive (got {word!r})")
+            raise CompareError(f"{name} must be deadlock, success or inconclusive, or desync (got {word!r})")
     if opts.only is not None and opts.only not in SIDES:
         raise CompareError(f"--only must be before or after (got {opts.only!r})")
     try:
