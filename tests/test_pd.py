@@ -89,6 +89,24 @@ def test_prepare_gives_each_engine_server_its_own_plan_arm_file_and_injector_fol
     assert "--disaggregation-decode-retraction-backup" not in pre.spec.args
 
 
+def test_a_compare_overlay_reaches_both_engine_servers_and_not_the_router(tmp_path: Path):
+    # `repro compare --after patch:FILE` puts its sglang overlay first on the server's PYTHONPATH (RunOptions
+    # .pythonpath_prepend): on a PD stack both servers must run the patched sglang.
+    from repro import testbed
+    from repro.pd import prepare_roles
+    from repro.runner import RunOptions, prepare
+
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    p = prepare(RunOptions(DISAGG, variant="control", evidence_root=tmp_path / "ev", python=str(testbed.testbed_python()),
+                           pythonpath_prepend=[str(overlay)]))
+    roles = {r.name: r for r in prepare_roles(p)}
+    for name in ("prefill", "decode"):
+        env = roles[name].adapter.launch_env(roles[name].spec, {})
+        assert str(overlay) in env["PYTHONPATH"].split(os.pathsep), name
+    assert str(overlay) not in roles["router"].spec.pythonpath_prepend
+
+
 # ---- the stack's life-cycle on stand-in servers ---------------------------------------------------------------------
 class FakeAdapter(AdapterBase):
     name = "fake-pd"
