@@ -58,6 +58,10 @@ FAKE = {
 
         def make_cache() -> BaseCache:
             return PrefetchCache()
+
+        class Op:
+            def is_terminated(self):
+                return self.flag
     """,
     "pool.py": """
         class Pool:
@@ -72,7 +76,7 @@ FAKE = {
         import threading
         import torch
         import torch.distributed as dist
-        from fakeengine.cache import make_cache
+        from fakeengine.cache import Op, make_cache
         from fakeengine.pool import Pool
         from fakeengine.dist.coord import broadcast_pyobj, get_tp_group
 
@@ -129,6 +133,12 @@ FAKE = {
             def tick(self):
                 if self.ready:
                     dist.barrier()
+
+            def progress(self, key):
+                self.ops: dict[str, Op] = {}
+                op = self.ops[key]
+                if not op.is_terminated():
+                    self.cache.check_progress(key)
     """,
 }
 PKG = "fakeengine"
@@ -341,3 +351,9 @@ def test_a_desynced_trial_gets_its_section_a_scenario_expecting_desync_and_a_nam
                                                         "sglang.srt.managers.scheduler:Scheduler._get_new_batch_prefill_raw"]}}
     d = desync_diagnosis({"group": "tp", "seq": 7, "records": rec}, cat)
     assert d.collective.startswith("prefetch all_reduce") and d.known == "sglang#30760" and d.family == H.FAMILY_SCHED
+
+
+def test_an_element_of_an_annotated_container_has_its_class(fake: D.Discovery) -> None:
+    # self.ops: dict[str, Op]; op = self.ops[key]; op.is_terminated() is a poll deciding a collective-reaching call
+    cs = _cands(fake, "progress")
+    assert [(c.source_kind, c.guard, c.sites) for c in cs] == [("poll", "branch", (f"{PKG}.cache:Op.is_terminated",))]
