@@ -768,6 +768,59 @@ def watch(
 
 
 @app.command()
+def reproduce(
+    dumps: List[Path] = typer.Argument(..., help="anything `repro analyze` reads: an evidence folder, a stacks folder, per-rank dump files"),
+    base: Optional[Path] = typer.Option(None, "--base", help="scenario whose server (flags, model, TP) the candidates use (default: the adapter's defaults for what the frames imply)"),
+    python: Optional[str] = typer.Option(None, "--python", help="target interpreter whose engine source the frames are mapped to (default: as `repro run` picks it)"),
+    model: Optional[str] = typer.Option(None, "--model", help="model path for the server"),
+    tp: Optional[int] = typer.Option(None, "--tp", help="TP size (default: the number of ranks in the dumps)"),
+    out_dir: Path = typer.Option(Path("reproduce"), "--out", help="folder for reproduce.toml"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
+) -> None:
+    """Write a scenario whose variants make the dumps' divergence on purpose (``repro.reproduce``): an extra
+    collective on the odd rank(s), its mirror, and discovery's root-cause candidates on the odd rank's path. Nothing
+    is launched: run a candidate with ``repro run OUT/reproduce.toml --variant NAME``.
+
+    Exit 0 when written; 2 on bad input (ranks that agree, one rank, a busy rank, no Python frames, an engine
+    without adapter), one line, nothing launched.
+    """
+    from repro.reproduce import ReproduceInputError, write_candidates
+
+    try:
+        w = write_candidates([str(d) for d in dumps], out_dir, base_path=base, python=python, tp=tp, model=model)
+    except ReproduceInputError as e:
+        console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
+    if as_json:
+        out.print_json(json.dumps(w.to_json(), default=str))
+        raise typer.Exit(EXIT_SUCCESS)
+    out.print("signature of the dumps:", style="bold")
+    for line in w.signature.lines():
+        out.print("  " + escape(line), highlight=False)
+    table = Table(title=f"candidates in {w.scenario_file}")
+    for col in ("variant", "kind", "what", "site", "gate"):
+        table.add_column(col, overflow="fold")
+    for c in w.plan.candidates:
+        inj = c.injections[0]
+        site = inj["site"] if isinstance(inj["site"], str) else inj["site"][0]
+        gate = inj.get("gate") or {}
+        g = ", ".join(x for x in (" & ".join(gate.get("called_from") or []),
+                                  f"inside for {gate['inside_loop']}" if gate.get("inside_loop") else "") if x)
+        table.add_row(*(escape(x) for x in (c.name, c.kind, c.description, site, g)))
+    out.print(table)
+    for s in w.plan.server_says:
+        out.print(f"server guess: {escape(s)}", highlight=False)
+    for s in w.plan.needs_base:
+        console.print(f"[yellow]note:[/] {escape(s)}", highlight=False)
+    for d in w.plan.drift:
+        out.print(f"version drift: {escape(d)}", highlight=False)
+    for n in w.notes:
+        out.print(escape(n), style="dim", highlight=False)
+    out.print(f"run one: python -m repro run {w.scenario_file} --variant {w.plan.candidates[0].name}", highlight=False)
+    raise typer.Exit(EXIT_SUCCESS)
+
+
+@app.command()
 def discover(
     scenario: Path = typer.Argument(..., callback=_scenario_arg, help="base scenario (its server.adapter picks the rules), e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
     python: Optional[str] = typer.Option(None, "--python", help="target interpreter whose engine source is scanned (default: as `repro run` picks it)"),

@@ -31,7 +31,7 @@ _DATA = _PKG_DIR / "_data"
 # name inside repro/_data  ->  folder of the checkout it is copied from (setup.py reads this table)
 DATA_FOLDERS = {"injectors": "injectors", "scenarios": "scenarios", "cpu_testbed": "scripts/cpu_testbed"}
 SCENARIO_SUFFIX = ".toml"
-NOT_SCENARIOS = ("hunt_catalogue.toml", "discover_rules.toml")
+NOT_SCENARIOS = ("hunt_catalogue.toml", "discover_rules.toml", "reproduce_rules.toml")
 
 
 class ResourceError(RuntimeError):

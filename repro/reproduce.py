@@ -1,0 +1,585 @@
+"""``repro reproduce``: from the stacks of a hung server to a scenario that hangs the same way on purpose.
+
+Three steps, each usable alone:
+
+1. :func:`signature` — what a hang looks like, independent of rank ids, pids and line numbers: the ranks grouped by
+   identical reading, each group's state (collective / idle-wait / busy), normalised op (``all_reduce``…) and the
+   first :data:`SIGNATURE_FRAMES` non-communication frames of its chain as ``module:qualname`` (injector and ledger
+   frames ignored, so a reproduction's injected wrapper does not change it). Two hangs have the same signature iff
+   these multisets (one entry per rank) are equal.
+2. :func:`plan` — candidate variants read off the dump, mapped onto the target's source in the TARGET interpreter
+   (``repro/reproduce_src.py``, standard library only, never importing the engine): an *extra collective* on the odd
+   rank(s) at the call their innermost non-communication frame was making (gated ``called_from`` its callers and
+   ``inside_loop`` where the source shows that call inside a ``for`` loop), the mirror *skipped collective* on the
+   other ranks, and *root-cause* candidates from discovery's rank-local decision points (``repro.discover``) whose
+   caller is on the odd rank's path, each with the hunt's perturbations.
+3. :func:`scenario_text` — a scenario file ``repro sites`` / ``repro run`` accept (the hunt's TOML writer).
+
+Bad input (:class:`ReproduceInputError`, exit 2, nothing launched): ranks that agree, a single rank, a busy rank, a
+dump without Python frames, an engine without an adapter.
+
+Checked against sglang 0.5.23 (``srt/managers/scheduler.py``, ``srt/mem_cache/unified_radix_cache.py``) on the CPU
+testbed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from repro.analysis import (Analysis, _is_bootstrap, _is_noise, analyze, comm_layer, idle_kind, is_injector_frame,
+                            is_ledger_frame, load_captures, select_thread)
+from repro.readers.types import Frame, RankCapture
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SIGNATURE_FRAMES = 3
+LOOP_SEARCH_FRAMES = 6  # callers looked through for a `for` loop around the chain's call
+SRC_SCRIPT = Path(__file__).resolve().parent / "reproduce_src.py"
+SRC_TIMEOUT_S = 120.0
+RULES_NAME = "reproduce_rules.toml"
+
+# exit codes of `repro reproduce` (beside 0-8, 130, 143 of the other verbs; see README.md)
+EXIT_REPRODUCED = 10
+EXIT_DIFFERENT_HANG = 11
+EXIT_NOT_REPRODUCED = 12
+EXIT_WRITTEN = 0  # candidates written, nothing run
+
+
+class ReproduceInputError(ValueError):
+    """The dumps cannot be reproduced (one line: what was read, why not, what to give instead)."""
+
+
+# ------------------------------------------------------------------------------------------------ signature
+def _module_of(f: Frame) -> str:
+    """The file's module name, last dotted part only (``scheduler`` for ``sglang/srt/managers/scheduler.py`` and for
+    py-spy's shortened ``scheduler.py``): dumps shorten paths differently, the qualname carries the rest."""
+    base = f.basename
+    return base[:-3] if base.endswith(".py") else base
+
+
+def _is_comm(f: Frame) -> bool:
+    return comm_layer(f) not in (None, "native") or idle_kind(f) is not None
+
+
+def chain_frames(c: RankCapture) -> tuple[Optional[str], Optional[str], list[Frame]]:
+    """The deciding thread of a rank (``repro.analysis.select_thread``): ``(state, op, frames)`` with ``frames`` the
+    Python frames from the call site outwards, communication/wait layers, decorator wrappers, bootstrap, injector and
+    ledger frames left out. ``(None, None, [])`` when the rank has no readable thread."""
+    t, r, _ = select_thread(c.threads)
+    if t is None or r is None:
+        return None, None, []
+    frames = list(t.frames)
+    start = 0
+    if r.blocked_frame is not None:
+        start = next((i for i, f in enumerate(frames) if f == r.blocked_frame), 0)
+    out = []
+    for f in frames[start:]:
+        if f.native or _is_noise(f) or _is_bootstrap(f) or is_injector_frame(f) or is_ledger_frame(f) or _is_comm(f):
+            continue
+        out.append(f)
+    return r.state, r.op, out
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    """One group's contribution to a signature: state, op, first frames (``module:qualname``)."""
+
+    state: str
+    op: Optional[str]
+    frames: tuple[str, ...]
+
+    def text(self) -> str:
+        what = self.op if self.state == "collective" else self.state
+        return f"{what} ← {' ← '.join(self.frames) or '?'}"
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The shape of a hang: a multiset of :class:`GroupKey`, one per rank (``entries``: key → number of ranks).
+
+    ``by_rank``: rank → key (for the reports; rank ids are not part of equality)."""
+
+    entries: tuple[tuple[GroupKey, int], ...]
+    by_rank: tuple[tuple[int, GroupKey], ...] = field(default=(), compare=False)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Signature) and Counter(dict(self.entries)) == Counter(dict(other.entries))
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.entries, key=repr)))
+
+    def groups(self) -> list[tuple[GroupKey, list[int]]]:
+        """Groups with their ranks, largest first."""
+        out: dict[GroupKey, list[int]] = {}
+        for r, k in self.by_rank:
+            out.setdefault(k, []).append(r)
+        return sorted(out.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+
+    def lines(self) -> list[str]:
+        return [f"{len(rs)}× {k.text()}  (rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))})"
+                for k, rs in self.groups()]
+
+    def to_json(self) -> list[dict]:
+        return [{"ranks": rs, "state": k.state, "op": k.op, "frames": list(k.frames)} for k, rs in self.groups()]
+
+
+def frame_key(f: Frame) -> str:
+    """``module:qualname`` of a frame (module: see :func:`_module_of`)."""
+    return f"{_module_of(f)}:{f.function}"
+
+
+def signature(analysis: Analysis, captures: Sequence[RankCapture]) -> Signature:
+    """The signature of one capture of every rank.
+
+    Args:
+        analysis: ``repro.analysis.analyze(captures)`` (its states and normalised ops are used).
+        captures: the same captures (their frames give the chains).
+    """
+    caps = {c.rank: c for c in captures if c.rank is not None}
+    per: list[tuple[int, GroupKey]] = []
+    for s in analysis.ranks:
+        c = caps.get(s.rank)
+        frames = chain_frames(c)[2] if c is not None else []
+        per.append((s.rank, GroupKey(s.state, s.op if s.state == "collective" else None,
+                                     tuple(frame_key(f) for f in frames[:SIGNATURE_FRAMES]))))
+    return Signature(tuple(Counter(k for _, k in per).items()), tuple(per))
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+def _engine_of(captures: Sequence[RankCapture]) -> Optional[str]:
+    from repro.readers.titles import identify_title
+
+    for c in captures:
+        if c.title:
+            info = identify_title(c.title)
+            if info is not None and info.engine:
+                return info.engine
+    return None
+
+
+def check_input(analysis: Analysis, captures: Sequence[RankCapture], adapter: Optional[str] = None) -> str:
+    """Refuse dumps that cannot be reproduced; return the engine's adapter name.
+
+    Raises:
+        ReproduceInputError: one rank only; a rank without Python frames (a native-only or unreadable dump); a busy
+            rank; ranks that agree; an engine no registered adapter knows.
+    """
+    from repro.targets.registry import all_adapters
+
+    src = ", ".join(sorted({c.source.split(", block ")[0] for c in captures if c.source})) or "the dumps"
+    if len(captures) < 2:
+        raise ReproduceInputError(f"{src}: one rank read ({len(captures)}); a reproduction needs every rank of the TP "
+                                  "group (one dump per rank, or a file holding them all)")
+    for c in captures:
+        if not any(not f.native for t in c.threads for f in t.frames):
+            why = (c.error or "only native frames").split("; ")[0][:160]
+            raise ReproduceInputError(f"{c.source or src}: rank {c.rank} has no Python frames ({why}); capture the "
+                                      "ranks with py-spy dump (or faulthandler) so the call chain shows")
+    engine = _engine_of(captures)
+    known = all_adapters()
+    if engine is not None and engine not in known:
+        raise ReproduceInputError(f"{src}: the process titles are {engine}'s, and no adapter is registered for it "
+                                  f"(known: {', '.join(sorted(known))}); add one in repro/targets/ (docs/adapters.md)")
+    if analysis.busy_ranks:
+        raise ReproduceInputError(f"{src}: rank{'s' if len(analysis.busy_ranks) > 1 else ''} "
+                                  f"{','.join(map(str, analysis.busy_ranks))} busy (on CPU, not blocked): not a hang "
+                                  "to reproduce yet; capture again when every rank is blocked (repro watch does)")
+    if not analysis.diverged:
+        raise ReproduceInputError(f"{src}: the ranks agree ({analysis.reason or 'same place'}): nothing to "
+                                  "reproduce; a collective-desync hang has ranks blocked at different places")
+    return adapter or engine or next(iter(sorted(known)))
+
+
+# ------------------------------------------------------------------------------------------------ source mapping
+def map_frames(python: str, package: str, frames: Sequence[Frame], timeout_s: float = SRC_TIMEOUT_S) -> list[dict]:
+    """Map frames to the engine's source in ``python`` (see ``repro/reproduce_src.py`` for the answer's shape).
+
+    Raises:
+        ReproduceInputError: the interpreter failed or timed out (the message names it).
+    """
+    payload = json.dumps([{"file": f.module_or_file, "function": f.function, "line": f.line} for f in frames])
+    try:
+        p = subprocess.run([python, str(SRC_SCRIPT), package], input=payload, capture_output=True, text=True,
+                           timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ReproduceInputError(f"{python}: could not map the frames to {package}'s source ({e})") from None
+    for line in p.stdout.splitlines():
+        if line.startswith("REPRO-SRC "):
+            return json.loads(line[len("REPRO-SRC "):])
+    tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["no answer"]
+    raise ReproduceInputError(f"{python}: could not map the frames to {package}'s source: {tail[0]}")
+
+
+# ------------------------------------------------------------------------------------------------ rules (data)
+def rules_path(adapter_name: str) -> Path:
+    """The adapter's reproduce rules: ``reproduce_rules.toml`` next to its hunt catalogue."""
+    from repro.targets.registry import get_adapter
+
+    a = get_adapter(adapter_name)
+    cat = getattr(a, "hunt_catalogue", None)
+    if not cat:
+        raise ReproduceInputError(f"adapter {adapter_name!r} has no hunt catalogue, so no {RULES_NAME} beside it")
+    return Path(cat).parent / RULES_NAME
+
+
+def load_rules(path: Path) -> dict:
+    """Read the reproduce rules (``scenarios/sglang/reproduce_rules.toml``: package, groups by class, server hints)."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ReproduceInputError(f"{path}: cannot read the reproduce rules ({e})") from None
+
+
+# ------------------------------------------------------------------------------------------------ candidates
+@dataclass
+class Candidate:
+    """One variant to try: name, kind (``extra_collective`` / ``skipped_collective`` / ``root_cause``), what it
+    says, its injections (scenario dicts), and the words on how it was read off the dump."""
+
+    name: str
+    kind: str
+    description: str
+    injections: list[dict]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    """What :func:`plan` proposes: the candidates, the server it guessed (``server_args``, ``server_says``), version
+    drift in words (``drift``), the odd ranks used per side (``sides``)."""
+
+    candidates: list[Candidate]
+    server_args: list[str]
+    server_says: list[str]
+    drift: list[str]
+    needs_base: list[str]
+    adapter: str
+    tp_size: int
+
+    def to_json(self) -> dict:
+        return {"adapter": self.adapter, "tp_size": self.tp_size, "server_args": self.server_args,
+                "server_says": self.server_says, "drift": self.drift, "needs_base": self.needs_base,
+                "candidates": [{"name": c.name, "kind": c.kind, "description": c.description,
+                                "injections": c.injections, "notes": c.notes} for c in self.candidates]}
+
+
+def _pattern(m: dict, f: Frame) -> str:
+    return f"{m['module']}:{m['qualname']}" if m.get("module") else f"*:{f.function}"
+
+
+def _group_for(rules: dict, qualname: str, call: Optional[dict]) -> dict:
+    """The action's group: the call's own ``group=self.X``, else the rules' default for the class (first glob
+    that matches the site's qualname), else the rules' ``default_group``."""
+    if call and call.get("group"):
+        return {"group": call["group"]}
+    for g in rules.get("groups") or []:
+        if fnmatch.fnmatchcase(qualname, g.get("site", "")):
+            return {k: g[k] for k in ("group", "method") if g.get(k)}
+    return {"group": rules.get("default_group", "tp_cpu_group")}
+
+
+def _sides(analysis: Analysis) -> list[tuple[list[int], list[int]]]:
+    """(odd ranks, other ranks) pairs: the odd ranks of the analysis, or each side of an even split."""
+    all_ranks = [s.rank for s in analysis.ranks]
+    if analysis.odd_ranks:
+        return [(analysis.odd_ranks, [r for r in all_ranks if r not in analysis.odd_ranks])]
+    judged = [g for g in analysis.groups if g.state != "busy"]
+    out = []
+    for g in judged[:2]:
+        out.append((sorted(g.ranks), [r for r in all_ranks if r not in g.ranks]))
+    return out
+
+
+def _symptom(side: str, odd: list[int], others: list[int], frames: list[Frame], maps: list[dict], op: Optional[str],
+             rules: dict, drift: list[str]) -> list[Candidate]:
+    """The extra collective on ``odd`` and its mirror (skipped collective on ``others``) at the call the innermost
+    frame was making (see the module docstring)."""
+    if not frames:
+        return []
+    m0, f0 = maps[0], frames[0]
+    if not m0.get("module"):
+        near = ", ".join(m0.get("nearest") or []) or "none close"
+        drift.append(f"{frame_key(f0)} ({f0.module_or_file}) is not in this version's engine"
+                     f"{'' if m0.get('file_found') else ' (no such file)'}; nearest names: {near}")
+        return []
+    call = m0.get("call") or {}
+    op = op if op and op not in ("wait",) else "all_reduce"
+    if call.get("collective"):
+        # the innermost frame issues the collective itself: fire one more on entry to it, gated on its callers
+        site = f"{m0['module']}:{m0['qualname']}"
+        action: dict = {"kind": "extra_collective", "op": op}
+        short = m0["qualname"].rsplit(".", 1)[-1]
+        if call.get("self_method") and not call.get("group"):
+            action["method"] = call["name"]
+        elif any(w in short.lower() for w in ("all_reduce", "broadcast", "all_gather")) and not call.get("group"):
+            action.update(_group_for(rules, m0["qualname"], None))
+        else:
+            action.update(_group_for(rules, m0["qualname"], call))
+        callers = list(zip(frames[1:3], maps[1:3]))
+        where = f"at entry to {m0['qualname']}"
+    else:
+        if not call.get("name"):
+            drift.append(f"in this version {m0['qualname']} has no call at line {f0.line}; the dump's line is from "
+                         "another version")
+            return []
+        # the frame's line calls a function that (in this version) issues no collective itself: the divergence is
+        # at that call: fire on entry to the callee, gated on the frame and its caller
+        cls = m0["qualname"].rsplit(".", 1)[0] if "." in m0["qualname"] else ""
+        if call.get("self_method") and cls:
+            site = f"{m0['module']}:{cls}.{call['name']}"
+        else:
+            site = f"*:*.{call['name']}"
+        drift.append(f"in this version {m0['qualname']} (line {f0.line}) calls {call.get('full') or call['name']}, "
+                     f"which issues no collective there; the extra {op} is made on entry to {call['name']}")
+        action = {"kind": "extra_collective", "op": op, **_group_for(rules, site.split(":", 1)[1], None)}
+        callers = list(zip(frames[0:2], maps[0:2]))
+        where = f"before {call['name']} from {m0['qualname']}"
+    if "method" in action:
+        action.pop("group", None)
+    start = frames.index(callers[0][0]) if callers else len(frames)
+    if callers and not any(m.get("loop_var") for _, m in callers):
+        # the loop that repeats the call may sit a few callers further out (the #30760 waiting-queue loop)
+        extra = next(((f, m) for f, m in zip(frames[start + len(callers):start + LOOP_SEARCH_FRAMES],
+                                              maps[start + len(callers):start + LOOP_SEARCH_FRAMES])
+                      if m.get("loop_var")), None)
+        if extra is not None:
+            callers.append(extra)
+    loop_i = next((i for i, (_, m) in enumerate(callers) if m.get("loop_var")), None)
+    called_from = [_pattern(m, f) for f, m in callers]
+    gate: dict = {}
+    if loop_i is not None:
+        called_from.insert(0, called_from.pop(loop_i))
+        gate["called_from"] = called_from
+        gate["inside_loop"] = callers[loop_i][1]["loop_var"]
+    elif called_from:
+        gate["called_from"] = called_from
+    if "*" in site.split(":", 1)[0]:
+        return []  # a site must name its module (repro.scenario); without one the callee's class is unknown
+    out = [Candidate(f"extra_collective{side}", "extra_collective",
+                     f"rank{'s' if len(odd) > 1 else ''} {','.join(map(str, odd))}: one extra {op} {where}",
+                     [{"id": f"extra_{op}{side}", "site": site, "action": action,
+                       "gate": {**gate, "ranks": odd, "occurrence": {"mode": "first"}}}])]
+    if others and call.get("collective") and call.get("self_method") and "." in m0["qualname"]:
+        callee = f"{m0['module']}:{m0['qualname'].rsplit('.', 1)[0]}.{call['name']}"
+        mgate = {"called_from": [f"{m0['module']}:{m0['qualname']}"] + called_from[:1]}
+        out.append(Candidate(f"skipped_collective{side}", "skipped_collective",
+                             f"rank{'s' if len(others) > 1 else ''} {','.join(map(str, others))}: {call['name']} "
+                             f"skipped once in {m0['qualname']} (the mirror image)",
+                             [{"id": f"skip_{call['name']}{side}", "site": callee, "action": {"kind": "skip"},
+                               "gate": {**mgate, "ranks": others, "occurrence": {"mode": "first"}}}]))
+    return out
+
+
+def _root_causes(side: str, odd: list[int], maps: list[dict], points: Sequence[Any], perturbations: dict,
+                 limit: int) -> list[Candidate]:
+    """Discovery's decision points whose caller is on the odd rank's path, each × its perturbations, on ``odd``."""
+    path = {f"{m['module']}:{m['qualname']}": m for m in maps if m.get("module")}
+    out: list[Candidate] = []
+    for p in points:
+        if p.caller not in path:
+            continue
+        m = path[p.caller]
+        if p.loop_var and m.get("loop_var") not in (p.loop_var, None):
+            continue
+        for pname in p.perturbations:
+            pert = perturbations.get(pname)
+            if pert is None or getattr(pert, "by_construction", False):
+                continue
+            gate: dict = {"called_from": [p.caller], "ranks": odd, "occurrence": {"mode": "first"}}
+            if p.loop_var:
+                gate["inside_loop"] = p.loop_var
+            name = f"root_{p.site.rsplit('.', 1)[-1]}_{pname}{side}"
+            out.append(Candidate(name, "root_cause",
+                                 f"rank{'s' if len(odd) > 1 else ''} {','.join(map(str, odd))}: "
+                                 f"{p.site.split(':', 1)[1]} {pert.says} in {p.caller.split(':', 1)[1]}"
+                                 + (f" inside `for {p.loop_var}`" if p.loop_var else ""),
+                                 [{"id": name, "site": [p.site, *p.family], "action": dict(pert.action), "gate": gate}],
+                                 [p.what]))
+            if len(out) >= limit:
+                return out
+    return out
+
+
+def server_guess(rules: dict, maps: Sequence[dict], frame_keys: Sequence[str] = ()) -> tuple[list[str], list[str], list[str]]:
+    """``(args, what was guessed, what only --base can say)`` from the rules' ``[[server_hints]]``: a hint applies
+    when one of its ``frames`` globs matches a mapped ``module:qualname`` or a dump frame's :func:`frame_key`
+    (``hiradix_cache:HiRadixCache.check_prefetch_progress``: a file this version may no longer have)."""
+    names = [f"{m['module']}:{m['qualname']}" for m in maps if m.get("module")] + list(frame_keys)
+    args: list[str] = []
+    says: list[str] = []
+    needs: list[str] = []
+    for h in rules.get("server_hints") or []:
+        if any(fnmatch.fnmatchcase(n, g) for n in names for g in h.get("frames", [])):
+            for a in h.get("args", []):
+                if a not in args:
+                    args.append(a)
+            says.append(f"{h.get('name', 'hint')}: {' '.join(h.get('args', []))} (frames {', '.join(h.get('frames', []))})")
+            if h.get("needs_base"):
+                needs.append(h["needs_base"])
+    return args, says, needs
+
+
+def plan(analysis: Analysis, captures: Sequence[RankCapture], python: str, adapter: str, rules: dict, *,
+         points: Sequence[Any] = (), perturbations: Optional[dict] = None, root_limit: int = 4) -> Plan:
+    """Candidate variants for one diverged capture (see the module docstring).
+
+    Args:
+        python: the target interpreter (frames are mapped to its engine's source).
+        points: discovery's points (``repro.discover.discover(...).points``); empty: no root-cause candidates.
+        perturbations: the hunt catalogue's perturbations by name (``repro.hunt.load_catalogue(...).perturbations``).
+    Raises:
+        ReproduceInputError: the frames could not be mapped (interpreter failed).
+    """
+    caps = {c.rank: c for c in captures}
+    states = {s.rank: s for s in analysis.ranks}
+    cands: list[Candidate] = []
+    drift: list[str] = []
+    all_maps: list[dict] = []
+    all_keys: list[str] = []
+    sides = _sides(analysis)
+    for i, (odd, others) in enumerate(sides):
+        suffix = "" if len(sides) == 1 else f"_r{'-'.join(map(str, odd))}"
+        _, op, frames = chain_frames(caps[odd[0]])
+        frames = frames[:8]
+        maps = map_frames(python, rules.get("package", adapter), frames) if frames else []
+        all_maps += maps
+        all_keys += [frame_key(f) for f in frames]
+        for f, m in zip(frames, maps):
+            if not m.get("module") and m is not maps[0]:
+                drift.append(f"{frame_key(f)} is not in this version's engine; nearest names: "
+                             f"{', '.join(m.get('nearest') or []) or 'none close'}")
+        cands += _symptom(suffix, odd, others, frames, maps, states[odd[0]].op or op, rules, drift)
+        cands += _root_causes(suffix, odd, maps, points, perturbations or {}, root_limit)
+    args, says, needs = server_guess(rules, all_maps, all_keys)
+    seen: set = set()
+    uniq = []
+    for c in cands:
+        if c.name not in seen:
+            seen.add(c.name)
+            uniq.append(c)
+    return Plan(uniq, args, says, list(dict.fromkeys(drift)), needs, adapter, max(len(analysis.ranks), 1))
+
+
+# ------------------------------------------------------------------------------------------------ scenario file
+def scenario_text(p: Plan, base: Any, source: str, model: str = "") -> str:
+    """A scenario file (``repro.hunt.scenario_toml``) with one variant per candidate and the base's server, or the
+    adapter's defaults plus the guessed flags when ``base`` is None."""
+    from repro.hunt import scenario_toml
+    from repro.scenario import Scenario
+
+    if base is None:
+        base = Scenario.model_validate({
+            "name": "reproduce", "description": "written by repro reproduce", "stall_s": 10, "budget_s": 120,
+            "server": {"adapter": p.adapter, "tp_size": p.tp_size, "args": p.server_args, "model": model},
+            "burst": {"requests": 8, "concurrency": 8, "max_new_tokens": 4, "input_len": 64},
+            "variants": [{"name": "placeholder", "expect": "deadlock", "injections": []}]})
+    comment = (f"Written by `repro reproduce` from {source}.\n"
+               + "".join(f"server guess: {s}\n" for s in p.server_says)
+               + "".join(f"version drift: {d}\n" for d in p.drift)
+               + "Run: repro run <this file> --variant <name>   (each candidate expects DEADLOCKED)")
+    variants = [(c.name, "deadlock", c.description, c.injections) for c in p.candidates]
+    return scenario_toml(base, "reproduce_" + Path(source).name.replace(".", "_")[:40] if source else "reproduce",
+                         "repro reproduce candidates: " + "; ".join(c.description for c in p.candidates),
+                         variants, comment=comment)
+
+
+def read_dumps(paths: Sequence[str]) -> tuple[Analysis, list[RankCapture]]:
+    """``repro analyze``'s reading of the dumps: (analysis, captures)."""
+    caps = load_captures(paths)
+    return analyze(caps), caps
+
+
+@dataclass
+class Written:
+    """What :func:`write_candidates` produced: the scenario file, the original's signature, the plan, the
+    interpreter used and discovery's state in words."""
+
+    scenario_file: Path
+    signature: Signature
+    plan: Plan
+    python: str
+    notes: list[str]
+
+    def to_json(self) -> dict:
+        return {"scenario": str(self.scenario_file), "signature": self.signature.to_json(), "python": self.python,
+                "notes": self.notes, **self.plan.to_json()}
+
+
+def write_candidates(paths: Sequence[str], out_dir: Path, *, base_path: Optional[Path] = None,
+                     python: Optional[str] = None, tp: Optional[int] = None, model: Optional[str] = None,
+                     use_discovery: bool = True) -> Written:
+    """Read the dumps, refuse bad input, map the frames, propose candidates and write ``out_dir/reproduce.toml``.
+
+    Nothing is launched. Bad input is refused before any interpreter is chosen.
+
+    Raises:
+        ReproduceInputError: bad dumps (see :func:`check_input`), a bad ``--base``, no target interpreter, or the
+            written scenario does not validate (the message names the file and field).
+    """
+    from repro.analysis import AnalyzeInputError
+    from repro.interpreter import InterpreterError, choose_python
+    from repro.scenario import ScenarioError, load_scenario
+
+    try:
+        analysis, caps = read_dumps(paths)
+    except AnalyzeInputError as e:
+        raise ReproduceInputError(str(e)) from None
+    base = None
+    if base_path is not None:
+        try:
+            base = load_scenario(base_path)
+        except ScenarioError as e:
+            raise ReproduceInputError(f"--base: {e}") from None
+    adapter = check_input(analysis, caps, base.server.adapter if base is not None else None)
+    try:
+        py = choose_python(python)
+    except InterpreterError as e:
+        raise ReproduceInputError(str(e)) from None
+    rules = load_rules(rules_path(adapter))
+    notes: list[str] = []
+    points: Sequence[Any] = ()
+    perts: dict = {}
+    if use_discovery:
+        from repro.discover import DiscoverError, default_rules_path, discover
+        from repro.hunt import HuntError, catalogue_for, load_catalogue
+
+        try:
+            cat = load_catalogue(catalogue_for(adapter))
+            perts = cat.perturbations
+            d = discover(py, default_rules_path(adapter, cat.path), known_perturbations=list(cat.perturbations))
+            points = d.points
+            notes.append(f"discovery: {len(d.points)} decision points in {d.scan.get('package')}")
+        except (DiscoverError, HuntError) as e:
+            notes.append(f"discovery unavailable ({e}): no root-cause candidates")
+    p = plan(analysis, caps, py, adapter, rules, points=points, perturbations=perts)
+    if tp:
+        p.tp_size = tp
+    if not p.candidates:
+        raise ReproduceInputError("no candidate could be read off the dumps: " + ("; ".join(p.drift) or
+                                  "the odd rank's frames map to nothing in this engine"))
+    if base is not None:
+        p.server_says.insert(0, f"server from --base {base_path}")
+        p.needs_base = []
+        if tp:
+            base = base.model_copy(update={"server": base.server.model_copy(update={"tp_size": tp})})
+    if model and base is not None:
+        base = base.model_copy(update={"server": base.server.model_copy(update={"model": model})})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    f = out_dir / "reproduce.toml"
+    text = scenario_text(p, base, ", ".join(str(x) for x in paths), model or "")
+    f.write_text(text, encoding="utf-8")
+    try:
+        load_scenario(f)
+    except ScenarioError as e:  # a bug here, not the user's: say so with the file
+        raise ReproduceInputError(f"{f}: the written scenario does not validate ({e})") from None
+    return Written(f, signature(analysis, caps), p, py, notes)

@@ -1,0 +1,239 @@
+"""`repro reproduce`: the hang signature, candidates read off a dump and mapped onto an engine's source, bad input.
+
+No SGLang here: a small engine package (``fakeeng``, written into tmp_path) stands in for the target's source; the
+mapping runs ``repro/reproduce_src.py`` in this interpreter, as it runs in the target one. Dumps are py-spy text
+(the format the project's hung runs keep in ``stacks/``), the shape of tests/fixtures/dumps/sglang_tp2_cpu_hang.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from repro.cli import app
+from repro.reproduce import (EXIT_DIFFERENT_HANG, EXIT_NOT_REPRODUCED, EXIT_REPRODUCED, ReproduceInputError,
+                             check_input, load_rules, map_frames, plan, read_dumps, rules_path, scenario_text,
+                             signature)
+from repro.scenario import load_scenario
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+ENGINE = textwrap.dedent('''\
+    import torch
+
+
+    class Sched:
+        def loop(self):
+            while True:
+                self.recv()
+                self.admit()
+
+        def recv(self):
+            torch.distributed.broadcast(self.t, 0, group=self.tp_cpu_group)
+
+        def admit(self):
+            for req in self.queue:
+                if self.free() <= 0:
+                    break
+                self.cache.check(req)
+
+        def free(self):
+            return 1
+
+
+    class Cache:
+        def check(self, req):
+            return self.can_stop(req)
+
+        def can_stop(self, req):
+            self._all_reduce(req, 1)
+
+        def _all_reduce(self, t, op):
+            torch.distributed.all_reduce(t, op=op, group=self.g)
+''')
+
+
+def _line(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+def _pyspy(pid: int, frames: list[tuple[str, str, int]], status: str = "idle") -> str:
+    body = "\n".join(f"    {fn} ({f}:{ln})" for fn, f, ln in frames)
+    return (f"Process {pid}: python -m fakeeng\nPython v3.11.7 (/usr/bin/python3.11)\n\n"
+            f"Thread {pid} ({status}): \"MainThread\"\n{body}\n")
+
+
+def _engine(tmp_path: Path, monkeypatch) -> Path:
+    pkg = tmp_path / "src" / "fakeeng"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sched.py").write_text(ENGINE)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "src"))
+    return pkg
+
+
+def _hang(tmp_path: Path, *, rank0_pid: int = 100, shift: int = 0, injector: bool = False, odd_first: bool = True,
+          name: str = "dumps") -> Path:
+    """Rank 0 blocked in Cache's extra all_reduce inside the admission loop; rank 1 in the request broadcast."""
+    L = lambda s: _line(ENGINE, s) + shift  # noqa: E731
+    c10d = "torch/distributed/distributed_c10d.py"
+    odd = [("all_reduce", c10d, 3913 + shift)]
+    if injector:
+        odd.append(("_patch.<locals>.wrapped", "sitecustomize.py", 22))
+    odd += [("Cache._all_reduce", "fakeeng/sched.py", L("torch.distributed.all_reduce")),
+            ("Cache.can_stop", "fakeeng/sched.py", L("self._all_reduce(req")),
+            ("Cache.check", "fakeeng/sched.py", L("return self.can_stop")),
+            ("Sched.admit", "fakeeng/sched.py", L("self.cache.check(req)")),
+            ("Sched.loop", "fakeeng/sched.py", L("self.admit()"))]
+    other = [("broadcast", c10d, 2800 + shift), ("Sched.recv", "fakeeng/sched.py", L("torch.distributed.broadcast")),
+             ("Sched.loop", "fakeeng/sched.py", L("self.recv()"))]
+    d = tmp_path / name
+    d.mkdir()
+    first, second = (odd, other) if odd_first else (other, odd)
+    (d / "rank0.txt").write_text(_pyspy(rank0_pid, first))
+    (d / "rank1.txt").write_text(_pyspy(rank0_pid + 1, second))
+    return d
+
+
+# ------------------------------------------------------------------------------------------------ signature
+def test_signature_ignores_rank_ids_pids_line_numbers_and_injector_frames(tmp_path):
+    a = read_dumps([str(_hang(tmp_path, name="a"))])
+    b = read_dumps([str(_hang(tmp_path, name="b", rank0_pid=7000, shift=3, injector=True, odd_first=False))])
+    sa, sb = signature(*a), signature(*b)
+    assert sa == sb
+    keys = {k.frames for k, _ in sa.entries}
+    assert ("sched:Cache._all_reduce", "sched:Cache.can_stop", "sched:Cache.check") in keys
+    assert ("sched:Sched.recv", "sched:Sched.loop") in keys
+    assert all("sitecustomize" not in f for k in keys for f in k)
+
+
+def test_signature_differs_when_a_group_blocks_elsewhere(tmp_path):
+    a = read_dumps([str(_hang(tmp_path, name="a"))])
+    d = _hang(tmp_path, name="b")
+    text = (d / "rank1.txt").read_text().replace("broadcast (", "all_gather (")
+    (d / "rank1.txt").write_text(text)
+    assert signature(*a) != signature(*read_dumps([str(d)]))
+
+
+def test_signature_of_the_real_smoke_hang_names_both_sides():
+    s = signature(*read_dumps([str(FIXTURES / "dumps" / "sglang_tp2_cpu_hang")]))
+    lines = s.lines()
+    assert any(l.startswith("1× all_reduce ← scheduler:Scheduler.event_loop_normal") for l in lines)
+    assert any("vocab_parallel_embedding:VocabParallelEmbedding.forward" in l for l in lines)
+
+
+# ------------------------------------------------------------------------------------------------ candidates
+def test_frames_map_to_the_call_at_the_line_and_the_loop_around_it(tmp_path, monkeypatch):
+    import sys
+
+    _engine(tmp_path, monkeypatch)
+    a, caps = read_dumps([str(_hang(tmp_path))])
+    from repro.reproduce import chain_frames
+
+    frames = chain_frames(caps[0])[2]
+    maps = map_frames(sys.executable, "fakeeng", frames)
+    by = {m["qualname"]: m for m in maps}
+    assert by["Cache._all_reduce"]["call"]["collective"] and by["Cache._all_reduce"]["call"]["group"] == "g"
+    assert by["Sched.admit"]["loop_var"] == "req"
+    assert by["Sched.admit"]["call"]["name"] == "check"
+    assert by["Cache.check"]["loop_var"] is None
+
+
+def test_plan_gates_the_extra_collective_on_the_callers_and_the_loop(tmp_path, monkeypatch):
+    import sys
+
+    _engine(tmp_path, monkeypatch)
+    a, caps = read_dumps([str(_hang(tmp_path))])
+    rules = {"package": "fakeeng", "default_group": "tp_cpu_group"}
+    p = plan(a, caps, sys.executable, "sglang", rules)
+    extra = [c for c in p.candidates if c.kind == "extra_collective" and c.injections[0]["gate"]["ranks"] == [0]]
+    assert extra, [c.name for c in p.candidates]
+    inj = extra[0].injections[0]
+    assert inj["site"] == "fakeeng.sched:Cache._all_reduce"
+    assert inj["action"] == {"kind": "extra_collective", "op": "all_reduce", "group": "g"}
+    assert inj["gate"]["called_from"][0] == "fakeeng.sched:Sched.admit"
+    assert inj["gate"]["inside_loop"] == "req"
+    assert "fakeeng.sched:Cache.can_stop" in inj["gate"]["called_from"]
+
+
+def test_root_cause_candidates_come_from_discovery_points_on_the_odd_path(tmp_path, monkeypatch):
+    import sys
+
+    from repro.discover import DiscoveredPoint
+    from repro.hunt import Perturbation
+
+    _engine(tmp_path, monkeypatch)
+    a, caps = read_dumps([str(_hang(tmp_path))])
+    on_path = DiscoveredPoint("d.Sched.free--admit.in-req", "fakeeng.sched:Sched.free", "fakeeng.sched:Sched.admit",
+                              "discovered", ("zero_once",), (), (), "req")
+    elsewhere = DiscoveredPoint("d.X.y--z", "fakeeng.sched:Sched.free", "fakeeng.sched:Other.z", "discovered",
+                                ("zero_once",), (), (), None)
+    perts = {"zero_once": Perturbation("zero_once", {"kind": "return_value", "value": 0}, "returns 0 once")}
+    p = plan(a, caps, sys.executable, "sglang", {"package": "fakeeng"}, points=[on_path, elsewhere],
+             perturbations=perts)
+    roots = [c for c in p.candidates if c.kind == "root_cause"]
+    assert len(roots) == 1
+    inj = roots[0].injections[0]
+    assert inj["site"] == ["fakeeng.sched:Sched.free"] and inj["action"] == {"kind": "return_value", "value": 0}
+    assert inj["gate"]["called_from"] == ["fakeeng.sched:Sched.admit"] and inj["gate"]["inside_loop"] == "req"
+    assert inj["gate"]["ranks"] == [0]
+
+
+def test_written_scenario_loads_and_a_missing_function_is_named_with_nearest(tmp_path, monkeypatch):
+    import sys
+
+    _engine(tmp_path, monkeypatch)
+    d = _hang(tmp_path)
+    t = (d / "rank0.txt").read_text().replace("Cache.can_stop", "Cache.can_stopp")
+    (d / "rank0.txt").write_text(t)
+    a, caps = read_dumps([str(d)])
+    p = plan(a, caps, sys.executable, "sglang", {"package": "fakeeng"})
+    assert any("Cache.can_stopp" in x and "Cache.can_stop" in x.split("nearest names:")[1] for x in p.drift), p.drift
+    f = tmp_path / "r.toml"
+    f.write_text(scenario_text(p, None, str(d)))
+    sc = load_scenario(f)
+    assert [v.name for v in sc.variants] == [c.name for c in p.candidates]
+
+
+def test_sglang_rules_file_is_found_and_guesses_hicache_from_cache_frames():
+    from repro.reproduce import server_guess
+
+    rules = load_rules(rules_path("sglang"))
+    args, says, needs = server_guess(rules, [], ["hiradix_cache:HiRadixCache.check_prefetch_progress"])
+    assert "--enable-hierarchical-cache" in args and says and needs
+    assert server_guess(rules, [], ["scheduler:Scheduler.run_batch"]) == ([], [], [])
+
+
+def test_exit_codes_are_distinct_from_the_other_verbs():
+    assert {EXIT_REPRODUCED, EXIT_DIFFERENT_HANG, EXIT_NOT_REPRODUCED}.isdisjoint({0, 1, 2, 3, 4, 5, 6, 7, 8, 130, 143})
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+def _cli(args: list[str]):
+    # --python points nowhere: a refusal must come before any interpreter is chosen (nothing launched)
+    return CliRunner().invoke(app, ["reproduce", *args, "--python", "/nonexistent/python", "--out", "/nonexistent/out"])
+
+
+@pytest.mark.parametrize("what,path,words", [
+    ("ranks agree", FIXTURES / "dumps" / "sglang_tp2_cpu_idle", "nothing to reproduce"),
+    ("a single rank", FIXTURES / "dumps" / "sglang_tp2_cpu_hang" / "rank0.txt", "one rank read"),
+    ("a busy rank", FIXTURES / "pasted" / "busy_main_background_collective", "busy (on CPU, not blocked)"),
+    ("a non-Python dump", FIXTURES / "pasted" / "gdb_bt_gloo3", "has no Python frames"),
+    ("an engine with no adapter", FIXTURES / "pasted" / "vllm_titles_pynccl" / "py-spy.txt", "no adapter is registered"),
+])
+def test_bad_input_is_one_line_exit_2_nothing_launched(what, path, words):
+    r = _cli([str(path)])
+    assert r.exit_code == 2, (what, r.output)
+    lines = [l for l in r.output.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], (what, r.output)
+    assert "Traceback" not in r.output and "nonexistent/python" not in r.output
+
+
+def test_check_input_accepts_a_diverged_two_rank_hang(tmp_path):
+    a, caps = read_dumps([str(_hang(tmp_path))])
+    assert check_input(a, caps) == "sglang"
+    with pytest.raises(ReproduceInputError, match="one rank read"):
+        check_input(a, caps[:1])
