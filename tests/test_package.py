@@ -7,7 +7,7 @@ come from this interpreter; no download but the isolated build's setuptools from
 command runs with the clone absent from its path: the installed copy must be the one imported. Measured on the
 2-core box: the non-hang tests ≈ 23 s quiet, ≈ 50 s loaded (build ≈ 10 s, venv + install ≈ 5 s, `repro sites` ≈
 13–30 s as it imports sglang in the testbed's python, `repro analyze` < 1 s); the demo from the wheel (marked
-``hang``: it deadlocks a real server; four variants of the smoke scenario) ≈ 2 min 50 s.
+``hang``: it deadlocks a real server; four variants of the smoke scenario) 170–240 s.
 """
 
 from __future__ import annotations
