@@ -767,6 +767,38 @@ def watch(
     raise typer.Exit(code if once or code == EXIT_MISCONFIGURED else 0)
 
 
+def _reproduce_run(w, dumps, out_dir: Path, evidence_dir, python, model, tp, only, as_json: bool) -> None:
+    """Run the written candidates, write REPRODUCTION.md, print the outcome and exit 10/11/12 (``repro.reproduce``)."""
+    from repro.reproduce import exit_code, reproduction_markdown, run_candidates
+    from repro.runner import RunError
+
+    _sigterm_to_interrupt()
+    t0 = time.monotonic()
+    try:
+        tried = run_candidates(w, evidence_dir or out_dir / "evidence", python=python, model=model, tp=tp, only=only)
+    except RunError as e:
+        console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        raise typer.Exit(_interrupted_exit())
+    src = ", ".join(str(d) for d in dumps)
+    md = out_dir / "REPRODUCTION.md"
+    md.write_text(reproduction_markdown(w, tried, src, time.monotonic() - t0), encoding="utf-8")
+    code = exit_code(tried)
+    if as_json:
+        out.print_json(json.dumps({**w.to_json(), "tried": [t.to_json() for t in tried], "reproduction": str(md),
+                                   "exit_code": code}, default=str))
+        raise typer.Exit(code)
+    for line in w.signature.lines():
+        out.print("original:     " + escape(line), highlight=False)
+    for t in tried:
+        out.print(f"{t.candidate}: {t.verdict} → [bold]{t.outcome}[/] ({escape(str(t.evidence))})", highlight=False)
+        for line in (t.signature.lines() if t.signature else []):
+            out.print("  reproduction: " + escape(line), highlight=False)
+    out.print(f"REPRODUCTION.md written to {escape(str(md))}", highlight=False)
+    raise typer.Exit(code)
+
+
 @app.command()
 def reproduce(
     dumps: List[Path] = typer.Argument(..., help="anything `repro analyze` reads: an evidence folder, a stacks folder, per-rank dump files"),
@@ -774,14 +806,19 @@ def reproduce(
     python: Optional[str] = typer.Option(None, "--python", help="target interpreter whose engine source the frames are mapped to (default: as `repro run` picks it)"),
     model: Optional[str] = typer.Option(None, "--model", help="model path for the server"),
     tp: Optional[int] = typer.Option(None, "--tp", help="TP size (default: the number of ranks in the dumps)"),
-    out_dir: Path = typer.Option(Path("reproduce"), "--out", help="folder for reproduce.toml"),
+    out_dir: Path = typer.Option(Path("reproduce"), "--out", help="folder for reproduce.toml and REPRODUCTION.md"),
+    no_run: bool = typer.Option(False, "--no-run", help="only write the candidates (exit 0); launch nothing"),
+    only: Optional[List[str]] = typer.Option(None, "--only", help="run only these candidates (repeatable)"),
+    evidence_dir: Optional[Path] = typer.Option(None, "--evidence-dir", help="evidence root for the candidate runs (default: OUT/evidence)"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
 ) -> None:
     """Write a scenario whose variants make the dumps' divergence on purpose (``repro.reproduce``): an extra
     collective on the odd rank(s), its mirror, and discovery's root-cause candidates on the odd rank's path. Nothing
     is launched: run a candidate with ``repro run OUT/reproduce.toml --variant NAME``.
 
-    Exit 0 when written; 2 on bad input (ranks that agree, one rank, a busy rank, no Python frames, an engine
+    Then runs them on one server (re-armed per candidate, restarted after a hang), compares each hang's signature
+    with the dumps' and writes OUT/REPRODUCTION.md. Exit 10 REPRODUCED, 11 DIFFERENT HANG, 12 NOT REPRODUCED; 0 with
+    --no-run once written; 2 on bad input (ranks that agree, one rank, a busy rank, no Python frames, an engine
     without adapter), one line, nothing launched.
     """
     from repro.reproduce import ReproduceInputError, write_candidates
@@ -791,6 +828,8 @@ def reproduce(
     except ReproduceInputError as e:
         console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_USAGE)
+    if not no_run:
+        _reproduce_run(w, dumps, out_dir, evidence_dir, python, model, tp, only or [], as_json)
     if as_json:
         out.print_json(json.dumps(w.to_json(), default=str))
         raise typer.Exit(EXIT_SUCCESS)

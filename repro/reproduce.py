@@ -583,3 +583,104 @@ def write_candidates(paths: Sequence[str], out_dir: Path, *, base_path: Optional
     except ScenarioError as e:  # a bug here, not the user's: say so with the file
         raise ReproduceInputError(f"{f}: the written scenario does not validate ({e})") from None
     return Written(f, signature(analysis, caps), p, py, notes)
+
+
+# ------------------------------------------------------------------------------------------------ running
+REPRODUCED = "REPRODUCED"
+DIFFERENT_HANG = "DIFFERENT HANG"
+NOT_REPRODUCED = "NOT REPRODUCED"
+
+
+@dataclass
+class Tried:
+    """One candidate run: its verdict, evidence folder, the reproduction's signature (None without a hang) and the
+    outcome (:data:`REPRODUCED` / :data:`DIFFERENT_HANG` / :data:`NOT_REPRODUCED`)."""
+
+    candidate: str
+    verdict: str
+    evidence: Path
+    outcome: str
+    signature: Optional[Signature] = None
+    error: str = ""
+
+    def to_json(self) -> dict:
+        return {"candidate": self.candidate, "verdict": self.verdict, "evidence": str(self.evidence),
+                "outcome": self.outcome, "signature": self.signature.to_json() if self.signature else None,
+                "error": self.error}
+
+
+def judge(original: Signature, verdict: str, evidence: Path) -> tuple[str, Optional[Signature], str]:
+    """The outcome of one candidate run: DEADLOCKED with the original's signature → REPRODUCED; DEADLOCKED with
+    another → DIFFERENT HANG; anything else (or stacks that cannot be read) → NOT REPRODUCED."""
+    if verdict != "DEADLOCKED":
+        return NOT_REPRODUCED, None, ""
+    try:
+        a, caps = read_dumps([str(evidence)])
+    except Exception as e:  # the run's stacks are unreadable: the hang cannot be compared
+        return NOT_REPRODUCED, None, f"its stacks could not be read ({e})"
+    sig = signature(a, caps)
+    return (REPRODUCED if sig == original else DIFFERENT_HANG), sig, ""
+
+
+def run_candidates(w: Written, evidence_root: Path, *, python: Optional[str] = None, model: Optional[str] = None,
+                   tp: Optional[int] = None, only: Sequence[str] = ()) -> list[Tried]:
+    """Run the written candidates on ONE server (``repro.runner.run_many``: re-armed per candidate, restarted after
+    a hang) and judge each against the original's signature.
+
+    Raises:
+        repro.runner.RunError: bad input before anything was launched.
+        KeyboardInterrupt: after teardown.
+    """
+    from repro.runner import RunOptions, run_many
+
+    names = [c.name for c in w.plan.candidates if not only or c.name in only]
+    opts = RunOptions(scenario_path=w.scenario_file, python=python or w.python, model=model, tp=tp,
+                      evidence_root=evidence_root, command_line=f"repro run {w.scenario_file}")
+    out = []
+    for name, res in zip(names, run_many(opts, names)):
+        outcome, sig, err = judge(w.signature, str(res.verdict.verdict), res.evidence)
+        out.append(Tried(name, str(res.verdict.verdict), res.evidence, outcome, sig, err))
+    return out
+
+
+def exit_code(tried: Sequence[Tried]) -> int:
+    """10 when a candidate REPRODUCED, else 11 when one made a DIFFERENT HANG, else 12."""
+    outs = {t.outcome for t in tried}
+    if REPRODUCED in outs:
+        return EXIT_REPRODUCED
+    if DIFFERENT_HANG in outs:
+        return EXIT_DIFFERENT_HANG
+    return EXIT_NOT_REPRODUCED
+
+
+def reproduction_markdown(w: Written, tried: Sequence[Tried], source: str, seconds: float) -> str:
+    """REPRODUCTION.md: outcome, the signatures side by side, every candidate's run, the scenario to keep, how to
+    run it again and how to prove a fix with ``repro compare``."""
+    code = exit_code(tried)
+    best = next((t for t in tried if t.outcome == REPRODUCED), None) or next(
+        (t for t in tried if t.outcome == DIFFERENT_HANG), None)
+    head = {EXIT_REPRODUCED: REPRODUCED, EXIT_DIFFERENT_HANG: DIFFERENT_HANG}.get(code, NOT_REPRODUCED)
+    lines = [f"# {head}", "", f"From {source}; {len(tried)} candidate(s) run in {seconds:.0f} s "
+             f"(`{w.scenario_file}`, python `{w.python}`).", ""]
+    lines += ["## Signatures", "", "| original | reproduction" + (f" ({best.candidate})" if best else "") + " |",
+              "|---|---|"]
+    left = w.signature.lines()
+    right = best.signature.lines() if best and best.signature else []
+    for i in range(max(len(left), len(right))):
+        lines.append(f"| {left[i] if i < len(left) else ''} | {right[i] if i < len(right) else ''} |")
+    lines += ["", "## Candidates", "", "| candidate | kind | what | verdict | outcome | evidence |", "|---|---|---|---|---|---|"]
+    kinds = {c.name: c for c in w.plan.candidates}
+    for t in tried:
+        c = kinds.get(t.candidate)
+        lines.append(f"| `{t.candidate}` | {c.kind if c else ''} | {c.description if c else ''} | {t.verdict} | "
+                     f"{t.outcome}{(' — ' + t.error) if t.error else ''} | {t.evidence}/REPORT.md |")
+    if w.plan.server_says or w.plan.drift:
+        lines += ["", "## What was guessed", ""] + [f"- server: {s}" for s in w.plan.server_says] + \
+                 [f"- {s}" for s in w.plan.needs_base] + [f"- version drift: {d}" for d in w.plan.drift]
+    if best:
+        lines += ["", "## Keep it", "", f"Scenario: `{w.scenario_file}`, variant `{best.candidate}`.", "",
+                  f"Run again: `repro run {w.scenario_file} --variant {best.candidate}` (expects DEADLOCKED).", "",
+                  f"Prove a fix: `repro compare {w.scenario_file} --variant {best.candidate} --before installed "
+                  "--after patch:FIX.patch` (before DEADLOCKED, after ALL REQUESTS SUCCEEDED; a root-cause candidate "
+                  "proves a fix, an extra-collective one only shows the symptom)."]
+    return "\n".join(lines) + "\n"

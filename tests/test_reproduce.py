@@ -237,3 +237,19 @@ def test_check_input_accepts_a_diverged_two_rank_hang(tmp_path):
     assert check_input(a, caps) == "sglang"
     with pytest.raises(ReproduceInputError, match="one rank read"):
         check_input(a, caps[:1])
+
+
+# ------------------------------------------------------------------------------------------------ judging runs
+def test_judge_compares_a_run_hang_with_the_original_signature(tmp_path):
+    from repro.reproduce import DIFFERENT_HANG, NOT_REPRODUCED, REPRODUCED, Tried, exit_code, judge
+
+    orig = signature(*read_dumps([str(_hang(tmp_path, name="orig"))]))
+    same = _hang(tmp_path, name="same", rank0_pid=900, shift=5, injector=True)
+    other = FIXTURES / "dumps" / "sglang_tp2_cpu_hang"
+    assert judge(orig, "DEADLOCKED", same)[0] == REPRODUCED
+    assert judge(orig, "DEADLOCKED", other)[0] == DIFFERENT_HANG
+    assert judge(orig, "ALL REQUESTS SUCCEEDED", same)[0] == NOT_REPRODUCED
+    t = lambda o: Tried("c", "", tmp_path, o)  # noqa: E731
+    assert exit_code([t(NOT_REPRODUCED), t(REPRODUCED)]) == EXIT_REPRODUCED
+    assert exit_code([t(NOT_REPRODUCED), t(DIFFERENT_HANG)]) == EXIT_DIFFERENT_HANG
+    assert exit_code([t(NOT_REPRODUCED)]) == EXIT_NOT_REPRODUCED
