@@ -642,6 +642,51 @@ def _snapshot_role(src: ev.EvidenceDir, dst: ev.EvidenceDir) -> None:
         pass
 
 
+def after_abort(evd: ev.EvidenceDir, servers: dict, top_n: int = 6) -> Optional[dict]:
+    """What each rank did after the driver's mass abort: for every server, rank → (number of collectives entered
+    between the ``abort`` event of ``requests.jsonl`` and the burst's last event, the ``top_n`` most frequent ``op ← call site`` with counts).
+
+    Args:
+        servers: role → (its injector folder holding the ledgers, rank → pid).
+    Returns:
+        ``{"t": abort time, "aborted": n, "servers": {role: {rank: (total, [(what, count)])}}}``, or None when the
+        run had no mass abort or no ledger.
+    """
+    from collections import Counter
+
+    from repro.ledger import load_ledgers
+
+    t_abort = None
+    t_end = 0.0  # the burst's last event: a shared stack's ledger goes on with the next variants
+    n = 0
+    try:
+        for line in (Path(evd.path) / "requests.jsonl").read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            t_end = max(t_end, float(rec.get("t") or 0.0))
+            if rec.get("event") == "abort":
+                t_abort, n = float(rec["t"]), len(rec.get("requests") or [])
+    except (OSError, ValueError, KeyError):
+        return None
+    if t_abort is None:
+        return None
+    out: dict[str, dict] = {}
+    for role, (inj_dir, pids) in servers.items():
+        try:
+            ledgers = load_ledgers(inj_dir, list(pids.values()) or None)
+        except Exception:
+            continue
+        per: dict[int, tuple] = {}
+        for rank, led in ledgers.items():
+            after = [r for r in led.records if t_abort <= r.t_enter <= t_end]
+            c = Counter(f"{r.op}{'(' + r.red + ')' if r.red else ''} ← {r.call_site(2)}" for r in after)
+            per[int(rank)] = (len(after), c.most_common(top_n))
+        if per:
+            out[role] = per
+    return {"t": t_abort, "aborted": n, "servers": out} if out else None
+
+
 def finish_pd_evidence(p: Any, opts: Any, variant: Any, evd: ev.EvidenceDir, outcome: Any, interrupted: bool) -> None:
     """Per server: ``servers/<role>/`` of ``evd`` gets that server's analysis, ledger, env, REPORT.md and
     verdict.json (``repro.runner.finish_evidence`` on the server's own records). Then the run folder's REPORT.md is
@@ -691,6 +736,17 @@ def finish_pd_evidence(p: Any, opts: Any, variant: Any, evd: ev.EvidenceDir, out
         reason = md_cell(xx["verdict"].reason)[:300]
         lines.append(f"| {n} | {rr.spec.tp_size} | {ranks} | {xx['verdict'].verdict} | {reason} | "
                      f"`{folder.path.relative_to(evd.path)}/REPORT.md` |")
+    after = after_abort(evd, {n: (roles[n].folder.injector_dir, xx["pids"]) for n, _, xx, _ in rows})
+    if after:
+        lines += ["", "## After the mass abort", "",
+                  f"The driver disconnected {after['aborted']} request(s) at once at {after['t']:.3f}; per rank, the "
+                  "collectives it issued after that instant (ledger; op ← call site, count):", ""]
+        for n, per in after["servers"].items():
+            for k, (total, top) in sorted(per.items()):
+                kinds = ", ".join(f"{what} ×{c}" for what, c in top) or "none"
+                lines.append(f"- {rank_name(n, k)}: {total} collective(s): {kinds}")
+        lines.append("")
+        lines.append("Aborts each rank handled: the `count_aborts` row of the injection table (entered = aborts).")
     stack = session.server
     if stack is not None and getattr(stack, "healthy_s", None):
         lines += ["", "Start-up: " + ", ".join(f"{k} healthy after {v:.1f} s" for k, v in stack.healthy_s.items()) + "."]

@@ -54,6 +54,8 @@ def test_pd_mass_abort_with_no_fault_gives_a_verdict_and_counts_aborts_per_rank(
     assert len(cut) == 1 and len(cut[0]["requests"]) == 4
     assert "count_aborts" in (r.evidence / "servers" / "decode" / "REPORT.md").read_text()  # aborts per rank
     assert "count_bootstrap_pops" in (r.evidence / "servers" / "prefill" / "REPORT.md").read_text()
+    top = (r.evidence / "REPORT.md").read_text()
+    assert "## After the mass abort" in top and all(f"prefill TP{k}:" in top for k in range(4))
 
 
 def test_pd_divergence_deadlocks_the_prefill_server_in_the_waiting_queue_bootstrap_poll(pd_results):
