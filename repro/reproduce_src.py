@@ -160,13 +160,22 @@ def resolve(frames: list[dict], package: str) -> list[dict]:
         cands = [(rel, p) for rel, p in files if rel == fpath or rel.endswith("/" + fpath)] if fpath else []
         hit = None
         names: list[str] = []
+        hits = []
         for rel, p in cands:
             defs = _defs(p)
             names += list(defs)
             q = func if func in defs else next((k for k in defs if k.rsplit(".", 1)[-1] == func and "." not in func), None)
             if q is not None:
-                hit = (rel, p, q, defs[q])
+                hits.append((rel, p, q, defs[q]))
+        # several files of that name define it (sglang has three vocab_parallel_embedding.py): prefer the one whose
+        # function spans the frame's line and has a call there
+        for h in hits:
+            node = h[3]
+            if line and node.lineno <= int(line) <= (node.end_lineno or node.lineno) and _at_line(node, int(line))[0]:
+                hit = h
                 break
+        if hit is None and hits:
+            hit = hits[0]
         if hit is None:
             near = list(dict.fromkeys(difflib.get_close_matches(func, list(dict.fromkeys(names)), n=3, cutoff=0.6)))
             short = func.rsplit(".", 1)[-1]
