@@ -218,3 +218,26 @@ def test_watch_on_the_router_url_finds_the_ranks_of_both_servers_through_get_wor
         stack.stop()
     assert d.method == "router-workers" and [d.rank_pids[k] for k in sorted(d.rank_pids)] == want
     assert "prefill TP0..0 = ranks 0..0" in d.note and "decode TP0..0 = ranks 1..1" in d.note
+
+
+def test_cleanup_of_a_pd_folder_ends_all_three_trees(tmp_path: Path):
+    # What the PD session records (runner.save_server_procs on the Stack): every role's tree under one launch mark.
+    from repro.cleanup import cleanup_run
+    from repro.runner import save_server_procs
+
+    stack = _stack(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    try:
+        stack.start()
+        stack.wait_healthy(30)
+        evd = ev.EvidenceDir.open(run)
+        save_server_procs(evd, stack)
+        procs = stack.procs()
+        res = cleanup_run(run, force=True)  # force: this test's process is the (live) harness
+        alive_after = [p for p in procs if _procs.alive(p)]
+    finally:
+        stack.stop()
+    assert len(procs) == 6
+    assert res.exit_code == 0, res.message
+    assert len(res.stopped) == 6 and alive_after == []
