@@ -285,7 +285,7 @@ def _group_for(rules: dict, qualname: str, call: Optional[dict]) -> dict:
     for g in rules.get("groups") or []:
         if fnmatch.fnmatchcase(qualname, g.get("site", "")):
             return {k: g[k] for k in ("group", "method") if g.get(k)}
-    return {"group": rules.get("default_group", "tp_cpu_group")}
+    return {"group": rules["default_group"]} if rules.get("default_group") else {}
 
 
 def _sides(analysis: Analysis) -> list[tuple[list[int], list[int]]]:
@@ -346,6 +346,10 @@ def _symptom(side: str, odd: list[int], others: list[int], frames: list[Frame], 
         where = f"before {call['name']} from {m0['qualname']}"
     if "method" in action:
         action.pop("group", None)
+    if "method" not in action and "group" not in action:
+        drift.append(f"no process group is known on {site.split(':', 1)[1].rsplit('.', 1)[0]} for an extra {op} "
+                     f"there: add a [[groups]] rule for it to the adapter's {RULES_NAME}, or write the variant by hand")
+        return []
     start = frames.index(callers[0][0]) if callers else len(frames)
     if callers and not any(m.get("loop_var") for _, m in callers):
         # the loop that repeats the call may sit a few callers further out (the #30760 waiting-queue loop)

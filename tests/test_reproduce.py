@@ -147,7 +147,7 @@ def test_plan_gates_the_extra_collective_on_the_callers_and_the_loop(tmp_path, m
 
     _engine(tmp_path, monkeypatch)
     a, caps = read_dumps([str(_hang(tmp_path))])
-    rules = {"package": "fakeeng", "default_group": "tp_cpu_group"}
+    rules = {"package": "fakeeng"}
     p = plan(a, caps, sys.executable, "sglang", rules)
     extra = [c for c in p.candidates if c.kind == "extra_collective" and c.injections[0]["gate"]["ranks"] == [0]]
     assert extra, [c.name for c in p.candidates]
