@@ -253,3 +253,20 @@ def test_judge_compares_a_run_hang_with_the_original_signature(tmp_path):
     assert exit_code([t(NOT_REPRODUCED), t(REPRODUCED)]) == EXIT_REPRODUCED
     assert exit_code([t(NOT_REPRODUCED), t(DIFFERENT_HANG)]) == EXIT_DIFFERENT_HANG
     assert exit_code([t(NOT_REPRODUCED)]) == EXIT_NOT_REPRODUCED
+
+
+def test_reproduction_md_shows_both_signatures_the_scenario_and_the_compare_command(tmp_path, monkeypatch):
+    import sys
+
+    from repro.reproduce import REPRODUCED, Tried, Written, judge, reproduction_markdown
+
+    _engine(tmp_path, monkeypatch)
+    a, caps = read_dumps([str(_hang(tmp_path))])
+    p = plan(a, caps, sys.executable, "sglang", {"package": "fakeeng"})
+    w = Written(tmp_path / "reproduce.toml", signature(a, caps), p, sys.executable, [])
+    run = _hang(tmp_path, name="run", rank0_pid=555, injector=True)
+    outcome, sig, _ = judge(w.signature, "DEADLOCKED", run)
+    md = reproduction_markdown(w, [Tried(p.candidates[0].name, "DEADLOCKED", run, outcome, sig)], "dumps/", 12.0)
+    assert md.startswith(f"# {REPRODUCED}")
+    assert md.count("sched:Cache._all_reduce") >= 2  # original and reproduction side by side
+    assert f"repro compare {w.scenario_file} --variant {p.candidates[0].name}" in md
