@@ -270,3 +270,52 @@ def test_reproduction_md_shows_both_signatures_the_scenario_and_the_compare_comm
     assert md.startswith(f"# {REPRODUCED}")
     assert md.count("sched:Cache._all_reduce") >= 2  # original and reproduction side by side
     assert f"repro compare {w.scenario_file} --variant {p.candidates[0].name}" in md
+
+
+def _strip_injector(src: Path, dst: Path) -> None:
+    import re
+
+    pat = re.compile(r"repro_injector|sitecustomize\.py|repro_ledger\[|repro_injected\[")
+    out, skip = [], False
+    for line in src.read_text().splitlines():
+        if line.startswith("Thread "):
+            skip = '"repro-' in line
+        if not skip and not pat.search(line):
+            out.append(line)
+    dst.write_text("\n".join(out) + "\n")
+
+
+def test_a_real_injected_hang_and_its_stripped_copy_have_one_signature(tmp_path):
+    """The reproduction's evidence (py-spy JSON, injector and ledger frames) judges REPRODUCED against the same
+    hang's text stacks copied out with every injector frame removed."""
+    from repro.reproduce import REPRODUCED, judge
+
+    real = FIXTURES / "reproduce" / "smoke_watch_hang"
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    for r in (0, 1):
+        _strip_injector(real / f"rank{r}.txt", clean / f"rank{r}.txt")
+    assert "repro" not in (clean / "rank0.txt").read_text()
+    orig = signature(*read_dumps([str(clean)]))
+    assert judge(orig, "DEADLOCKED", real)[0] == REPRODUCED
+    assert any(l.startswith("1× all_reduce ← scheduler:Scheduler.event_loop_normal") for l in orig.lines())
+
+
+def test_the_smoke_hang_stripped_maps_to_the_smoke_scenario_site_on_the_testbed(tmp_path):
+    """On sglang 0.5.23's own source: rank 0's innermost frame (event_loop_normal at the run_batch line) gives the
+    smoke scenario's injection: an extra all_reduce on tp_cpu_group at Scheduler.run_batch, gated on the loop."""
+    from repro import testbed
+
+    if not testbed.is_set_up():
+        pytest.skip("the CPU testbed (sglang 0.5.23) is not set up: bash scripts/cpu_testbed/setup.sh")
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    for r in (0, 1):
+        _strip_injector(FIXTURES / "reproduce" / "smoke_watch_hang" / f"rank{r}.txt", clean / f"rank{r}.txt")
+    a, caps = read_dumps([str(clean)])
+    p = plan(a, caps, str(testbed.testbed_python()), "sglang", load_rules(rules_path("sglang")))
+    inj = next(c for c in p.candidates if c.name == "extra_collective_r0").injections[0]
+    assert inj["site"] == "sglang.srt.managers.scheduler:Scheduler.run_batch"
+    assert inj["action"] == {"kind": "extra_collective", "op": "all_reduce", "group": "tp_cpu_group"}
+    assert inj["gate"]["called_from"][0] == "sglang.srt.managers.scheduler:Scheduler.event_loop_normal"
+    assert inj["gate"]["ranks"] == [0]
