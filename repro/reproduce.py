@@ -384,9 +384,14 @@ def _symptom(side: str, odd: list[int], others: list[int], frames: list[Frame], 
     return out
 
 
-def _root_causes(side: str, odd: list[int], maps: list[dict], points: Sequence[Any], perturbations: dict,
-                 limit: int) -> list[Candidate]:
-    """Discovery's decision points whose caller is on the odd rank's path, each × its perturbations, on ``odd``."""
+def _root_causes(side: str, odd: list[int], others: list[int], maps: list[dict], points: Sequence[Any],
+                 perturbations: dict, limit: int) -> list[Candidate]:
+    """Discovery's decision points whose caller is on the odd rank's path, each × its perturbations.
+
+    The perturbation goes to the OTHER ranks: the odd rank is the one still inside the caller's loop, issuing the
+    collective its peers no longer reach because their own reading (a free-slot count, a poll) made them leave
+    early (sglang#30760: the peers' ``get_num_allocatable_reqs`` said the batch is full). With TP=2 either choice
+    gives the same signature (rank ids are not part of it)."""
     path = {f"{m['module']}:{m['qualname']}": m for m in maps if m.get("module")}
     out: list[Candidate] = []
     for p in points:
@@ -399,12 +404,13 @@ def _root_causes(side: str, odd: list[int], maps: list[dict], points: Sequence[A
             pert = perturbations.get(pname)
             if pert is None or getattr(pert, "by_construction", False):
                 continue
-            gate: dict = {"called_from": [p.caller], "ranks": odd, "occurrence": {"mode": "first"}}
+            who = others or odd
+            gate: dict = {"called_from": [p.caller], "ranks": who, "occurrence": {"mode": "first"}}
             if p.loop_var:
                 gate["inside_loop"] = p.loop_var
             name = f"root_{p.site.rsplit('.', 1)[-1]}_{pname}{side}"
             out.append(Candidate(name, "root_cause",
-                                 f"rank{'s' if len(odd) > 1 else ''} {','.join(map(str, odd))}: "
+                                 f"rank{'s' if len(who) > 1 else ''} {','.join(map(str, who))}: "
                                  f"{p.site.split(':', 1)[1]} {pert.says} in {p.caller.split(':', 1)[1]}"
                                  + (f" inside `for {p.loop_var}`" if p.loop_var else ""),
                                  [{"id": name, "site": [p.site, *p.family], "action": dict(pert.action), "gate": gate}],
@@ -463,7 +469,7 @@ def plan(analysis: Analysis, captures: Sequence[RankCapture], python: str, adapt
                 drift.append(f"{frame_key(f)} is not in this version's engine; nearest names: "
                              f"{', '.join(m.get('nearest') or []) or 'none close'}")
         cands += _symptom(suffix, odd, others, frames, maps, states[odd[0]].op or op, rules, drift)
-        cands += _root_causes(suffix, odd, maps, points, perturbations or {}, root_limit)
+        cands += _root_causes(suffix, odd, others, maps, points, perturbations or {}, root_limit)
     args, says, needs = server_guess(rules, all_maps, all_keys)
     seen: set = set()
     uniq = []

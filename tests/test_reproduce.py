@@ -179,7 +179,7 @@ def test_root_cause_candidates_come_from_discovery_points_on_the_odd_path(tmp_pa
     inj = roots[0].injections[0]
     assert inj["site"] == ["fakeeng.sched:Sched.free"] and inj["action"] == {"kind": "return_value", "value": 0}
     assert inj["gate"]["called_from"] == ["fakeeng.sched:Sched.admit"] and inj["gate"]["inside_loop"] == "req"
-    assert inj["gate"]["ranks"] == [0]
+    assert inj["gate"]["ranks"] == [1]  # the peer leaves the loop early; rank 0 is the one left in the all_reduce
 
 
 def test_written_scenario_loads_and_a_missing_function_is_named_with_nearest(tmp_path, monkeypatch):
