@@ -140,7 +140,7 @@ def test_installed_bare_scenario_name_and_unknown_name(installed):
 @pytest.mark.hang
 def test_installed_demo_from_another_folder_ends_with_both_verdicts(installed):
     """`repro demo` from the installed wheel, run outside the clone: the armed variant DEADLOCKED, the control ALL
-    REQUESTS SUCCEEDED, every other variant of the smoke scenario as it expects, evidence under the current
+    REQUESTS SUCCEEDED (the two variants the demo runs), evidence under the current
     folder's evidence/ (the documented default)."""
     if not testbed.is_set_up():
         pytest.fail(f"CPU testbed not set up at {testbed.testbed_dir()}: run `{testbed.setup_command()}`")
