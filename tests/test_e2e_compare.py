@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from repro.compare import OVERLAY_PREFIX, OWNER_FILE
+from repro.procs import alive, load_procs
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = REPO / "scenarios" / "sglang" / "hicache_prefetch_30760.toml"
@@ -120,8 +121,6 @@ def test_interrupted_compare_tears_down_the_server_and_removes_the_overlay(tmp_p
     import signal
     import time
 
-    import psutil
-
     ev_root = tmp_path / "evidence"
     proc = subprocess.Popen(
         [sys.executable, "-m", "repro.cli", "compare", str(SCENARIO), "--variant", "allocatable_drift",
@@ -140,23 +139,16 @@ def test_interrupted_compare_tears_down_the_server_and_removes_the_overlay(tmp_p
         assert procs_file is not None, "the before-side server never started"
         assert _overlays(proc.pid), "no overlay while the patched side runs"
         time.sleep(5)
-        recorded = [(p["pid"], p["create_time"]) for p in json.loads(procs_file.read_text())]
+        recorded = load_procs(procs_file)  # pid + start ticks (the launch-marked form the runner writes)
         os.kill(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 130, out[-3000:]
+    assert proc.returncode == 143, out[-3000:]  # SIGTERM: 143 (README exit codes), same teardown as Ctrl-C
     assert "interrupted" in out
     assert not _overlays(proc.pid), "the overlay was left behind after an interrupt"
     assert recorded
-    still = []
-    for pid, created in recorded:
-        try:
-            q = psutil.Process(pid)
-            if abs(q.create_time() - created) < 1.0 and q.status() != psutil.STATUS_ZOMBIE:
-                still.append(pid)
-        except psutil.Error:
-            pass
+    still = [p.pid for p in recorded if alive(p)]
     assert not still, f"server processes left running: {still}"
