@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from repro.compare import OVERLAY_PREFIX, OWNER_FILE
-from repro.procs import alive, load_procs
+from repro.procs import alive, load_procs, stop_procs
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = REPO / "scenarios" / "sglang" / "hicache_prefetch_30760.toml"
@@ -146,6 +146,8 @@ def test_interrupted_compare_tears_down_the_server_and_removes_the_overlay(tmp_p
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            if procs_file is not None:  # the server runs in its own session: end the recorded tree by pid too
+                stop_procs(load_procs(procs_file))
     assert proc.returncode == 143, out[-3000:]  # SIGTERM: 143 (README exit codes), same teardown as Ctrl-C
     assert "interrupted" in out
     assert not _overlays(proc.pid), "the overlay was left behind after an interrupt"
