@@ -27,7 +27,7 @@ done
 
 marker() {
   case "$1" in
-    fast) echo "not sglang and not hang and not pd" ;;
+    fast) echo "not sglang and not hang and not pd and not pd_abort" ;;
     sglang) echo "sglang" ;;
     hang) echo "hang" ;;
     pd) echo "pd" ;;
