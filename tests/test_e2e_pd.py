@@ -20,14 +20,19 @@ DISAGG = REPO / "scenarios" / "sglang" / "disagg_bootstrap_divergence.toml"
 pytestmark = pytest.mark.pd
 
 
-@pytest.fixture(scope="module")
-def pd_results(tmp_path_factory):
+def run_pd_variants(tmp_path_factory, folder: str, variants: list[str]):
+    """Run ``variants`` of the disagg scenario on one real PD stack; (evidence root, variant -> RunResult)."""
     py = testbed.testbed_python()
     if py is None or not testbed.is_set_up():
         pytest.fail(f"CPU testbed not set up at {testbed.testbed_dir()}: run `{testbed.setup_command()}`")
-    root = tmp_path_factory.mktemp("pd-evidence")
-    results = run_many(RunOptions(DISAGG, evidence_root=root, python=str(py)), ["control", "divergence"])
+    root = tmp_path_factory.mktemp(folder)
+    results = run_many(RunOptions(DISAGG, evidence_root=root, python=str(py)), variants)
     return root, {r.evidence.name.split("-", 1)[1]: r for r in results}
+
+
+@pytest.fixture(scope="module")
+def pd_results(tmp_path_factory):
+    return run_pd_variants(tmp_path_factory, "pd-evidence", ["control", "divergence"])
 
 
 def _servers(run: Path) -> dict:

@@ -7,27 +7,18 @@ token is handled (open work on the PD issue). Run apart: ``python -m pytest -m p
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from repro import testbed
-from repro.runner import RunOptions, run_many
 from repro.verdict import DEADLOCKED, SUCCEEDED
+from test_e2e_pd import run_pd_variants  # tests/ is on sys.path (see tests/conftest.py)
 
-REPO = Path(__file__).resolve().parent.parent
-DISAGG = REPO / "scenarios" / "sglang" / "disagg_bootstrap_divergence.toml"
 pytestmark = pytest.mark.pd_abort
 
 
 @pytest.fixture(scope="module")
 def pd_results(tmp_path_factory):
-    py = testbed.testbed_python()
-    if py is None or not testbed.is_set_up():
-        pytest.fail(f"CPU testbed not set up at {testbed.testbed_dir()}: run `{testbed.setup_command()}`")
-    root = tmp_path_factory.mktemp("pd-abort-evidence")
-    results = run_many(RunOptions(DISAGG, evidence_root=root, python=str(py)), ["mass_abort"])
-    return root, {r.evidence.name.split("-", 1)[1]: r for r in results}
+    return run_pd_variants(tmp_path_factory, "pd-abort-evidence", ["mass_abort"])
 
 
 def test_pd_mass_abort_with_no_fault_gives_a_verdict_and_counts_aborts_per_rank(pd_results):
