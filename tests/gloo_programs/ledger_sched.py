@@ -143,7 +143,7 @@ def main() -> None:
         _touch(args.out_dir, f"done-{args.rank}")
         # every rank is past its last collective before any tears its gloo pairs down: a rank that destroys while
         # its peer still reads a pair aborted in C++ at exit ("terminate called without an active exception",
-        # 1 of ~500 CI runs)
+        # seen once in a clean-clone CI run)
         dist.barrier()
         dist.destroy_process_group()
         sys.exit(0)
