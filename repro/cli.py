@@ -719,6 +719,7 @@ def watch(
     count: Optional[int] = typer.Option(None, "--count", help="stop after this many probe rounds"),
     native: bool = typer.Option(False, "--native", help="py-spy --native stacks (slower; retried without on failure)"),
     ledger_dir: Optional[Path] = typer.Option(None, "--ledger-dir", help="the injector folder with the ranks' collective ledgers (repro serve's EVIDENCE/injector): a ledger proof declares a deadlock at once"),
+    adapter_name: Optional[str] = typer.Option(None, "--adapter", help="engine adapter whose titles, frame rules and API the watch uses (default sglang; an unknown name lists the known ones)"),
 ) -> None:
     """Probe a live server's generate path; on a hang keep the evidence (stacks ×2, diagnosis, /metrics), then run --on-hang.
 
@@ -759,7 +760,14 @@ def watch(
 
             console.print(note({k: rich_escape(v) if isinstance(v, str) else v for k, v in rec.items()}), highlight=False)
 
-    watcher = Watcher(opts, log)
+    from repro.targets.registry import UnknownAdapterError, get_adapter
+
+    try:
+        adapter = get_adapter(adapter_name)
+    except UnknownAdapterError as e:
+        console.print(f"[red]error:[/] --adapter: {escape(str(e))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
+    watcher = Watcher(opts, log, adapter=adapter)
 
     def on_signal(signum, frame):  # noqa: ARG001
         watcher.stop()

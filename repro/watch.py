@@ -848,7 +848,7 @@ class Watcher:
             any generate probe succeeded): nothing is captured and ``on_hang`` is not run.
         """
         o = self.opts
-        self._log("start", interval_s=o.interval_s, probe_timeout_s=o.probe_timeout_s, health_timeout_s=o.health_timeout_s,
+        self._log("start", adapter=getattr(self.adapter, "name", None), interval_s=o.interval_s, probe_timeout_s=o.probe_timeout_s, health_timeout_s=o.health_timeout_s,
                   failures=1 if o.once else o.failures, once=o.once, evidence_root=str(o.evidence_root),
                   on_hang=o.on_hang, pid_root=o.pid_root, match=o.match,
                   declare_within_s=round(self.declare_bound_s(), 3))

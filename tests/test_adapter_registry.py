@@ -76,6 +76,9 @@ class FakeEngineAdapter(AdapterBase):
     def launch_command(self, spec):  # pragma: no cover - nothing is launched here
         raise NotImplementedError
 
+    def generate_body(self, input_ids, max_new_tokens, stream):
+        return {"tokens": list(input_ids), "max_tokens": max_new_tokens, "stream": stream}
+
 
 @pytest.fixture
 def fake():
@@ -290,3 +293,22 @@ def test_watch_discovery_finds_the_engines_ranks_by_its_titles_and_default_title
     finally:
         os.killpg(parent.pid, signal.SIGKILL)
         parent.wait(timeout=10)
+
+
+def test_watch_cli_takes_the_engine_from_adapter_and_refuses_an_unknown_one(fake, tmp_path):
+    from typer.testing import CliRunner
+
+    from repro.cli import app
+
+    url = _closed_port_url()
+    res = CliRunner().invoke(app, ["watch", "--url", url, "--adapter", "fakeeng", "--once",
+                                   "--evidence-dir", str(tmp_path / "ev")])
+    events = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    start = next(e for e in events if e["event"] == "start")
+    assert start["adapter"] == "fakeeng"
+    assert res.exit_code == 6, res.stdout  # nothing listens: unreachable, not a hang
+
+    bad = CliRunner().invoke(app, ["watch", "--url", url, "--adapter", "nosuchengine", "--once"])
+    assert bad.exit_code == 2
+    msg = bad.stderr  # human lines go to stderr (repro/cli.py console)
+    assert "unknown adapter 'nosuchengine'" in msg and "fakeeng" in msg and "sglang" in msg
