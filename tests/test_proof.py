@@ -333,3 +333,70 @@ def test_a_group_used_from_two_threads_of_the_peer_makes_no_wait_edge(tmp_path: 
     a.call(CPU, src=0)
     smoke_hang(a, b)
     assert find_proof(follow(tmp_path).alignment) is None
+
+
+def _detector_ctx(tmp: Path):
+    import time
+    from types import SimpleNamespace
+
+    now = time.time()
+    return SimpleNamespace(plan={"ledger": {"enabled": True}}, injector_dir=tmp, rank_pids=dict(PIDS),
+                           expected_ranks=[0, 1], t_burst=now - 2.0, now=now, state=None, native=False,
+                           run_dir=None, emit=lambda *a: None)
+
+
+def _truncate(a: Led, b: Led) -> None:
+    data = b.path.read_bytes()
+    b.path.write_bytes(data[: len(data) // 3])  # in place: same inode, shorter
+
+
+def _rotate_twice(a: Led, b: Led) -> None:
+    _rotate(b, 1)
+    b.tick()
+    _rotate(b, 2)  # part 1 replaced before the follower read it
+
+
+def _remove(a: Led, b: Led) -> None:
+    b.path.unlink()
+
+
+@pytest.mark.parametrize("damage,said", [(_truncate, "shrank"), (_rotate_twice, "part 2 followed part 0"),
+                                         (_remove, None)], ids=["truncated", "rotated-out-of-order", "missing"])
+def test_damaged_ledger_mid_run_is_a_stated_fallback_to_the_stall_rule_never_a_proof(tmp_path: Path, monkeypatch,
+                                                                                     damage, said):
+    """The detect stage's own word (what verdict.json and REPORT.md carry): a ledger truncated, rotated out of order
+    or missing for one rank while the burst runs gives no proof, a non-deciding Detection saying the stall rule
+    decides, and a note on the final verdict; the same hang on undamaged ledgers is proven (the control)."""
+    from repro.proof import LedgerProofDetector
+
+    monkeypatch.setitem(PIDS, 0, os.getpid())  # live processes stand in for the two ranks (only pid_exists is asked)
+    monkeypatch.setitem(PIDS, 1, os.getppid())
+    ctl = tmp_path / "control"
+    ctl.mkdir()
+    ca, cb = healthy(ctl)
+    smoke_hang(ca, cb)
+    assert find_proof(follow(ctl).alignment, alive=[0, 1]) is not None  # control: the hang itself is provable
+
+    d_dir = tmp_path / "damaged"
+    d_dir.mkdir()
+    ctx = _detector_ctx(d_dir)
+    det = LedgerProofDetector()
+    a, b = healthy(d_dir)
+    if damage is _remove:  # rank 1 never wrote a ledger here: its records exist nowhere the follower looks
+        smoke_hang(a, b)
+        damage(a, b)
+        det.start(ctx)
+    else:
+        det.start(ctx)  # the burst starts: the ledgers are followed from here
+        damage(a, b)
+        smoke_hang(a, b)
+    got = det.poll(ctx)
+    assert det.proof is None and got is not None and not got.decided and got.verdict is None
+    assert got.reason.startswith("ledger proof unavailable, the stall rule decides: rank 1: ")
+    assert (said or "ledger missing for this rank") in got.reason
+    for _ in range(3):  # later polls never turn the damaged ledger into a proof
+        assert det.poll(ctx) is None and det.proof is None
+    v = det.final_verdict(Verdict(DEADLOCKED, "stall rule: no progress for 8 s, ranks disagree"), ctx)
+    assert v.verdict == DEADLOCKED and v.proof is None and v.reason.startswith("stall rule")
+    assert any(n.startswith("ledger proof unavailable for part of the run, the stall rule decided: rank 1: ")
+               for n in v.notes)
