@@ -25,7 +25,7 @@ from typing import Iterable, Iterator, Optional, Sequence, Union
 from repro.readers import condensed, faulthandler, flight_recorder, gdb, pyspy, pystack, traceback
 from repro.readers.assemble import MAX_FRAMES, MAX_THREADS, Assembler
 from repro.readers.common import NO_STACK_HINT, guess_main, is_native_file, shorten_path, summarise_ignored
-from repro.readers.prefixes import clean_line, sniff_label_prefixes
+from repro.readers.prefixes import _ANY_FIXED_RE, clean_line, sniff_label_prefixes
 from repro.readers.pyspy import parse_pyspy_json
 from repro.readers.types import (
     FORMAT_NAMES,
@@ -44,27 +44,74 @@ __all__ = [
     "render_pyspy_text", "shorten_path", "split_log_prefixes", "guess_main", "is_native_file",
 ]
 
-_HANDLERS = (pyspy.handle, faulthandler.handle, pystack.handle, traceback.handle, gdb.handle,
-             flight_recorder.handle, condensed.handle)
+_READERS = (pyspy, faulthandler, pystack, traceback, gdb, flight_recorder, condensed)
+_HANDLERS = tuple(m.handle for m in _READERS)
+# The reader gate: one cheap test per line before the handlers. Each reader module states a superset of the lines
+# its handler can take when they are not indented (GATE_START, matched at the line's start; GATE_SUBSTRINGS, found
+# anywhere). A line that is not indented, matches neither, and comes while no reader is in a sub-state
+# (``asm.mode``) would be refused by every handler, so it is counted as ignored without running them: junk costs
+# one regex per line, and what is read is the same as without the gate (tests/test_readers_gate.py).
+_GATE_START = re.compile("|".join(f"(?:{m.GATE_START})" for m in _READERS))
+_GATE_SUBSTRINGS = tuple(dict.fromkeys(x for m in _READERS for x in m.GATE_SUBSTRINGS))
+_GATE_SUB_RE = re.compile("|".join(re.escape(x) for x in _GATE_SUBSTRINGS))
+# per reader: (start gate, substring gate or None, handler), in the handlers' order; a line that is not indented,
+# outside a sub-state, can only be taken by a reader whose own gate it passes
+_GATED = tuple((re.compile(m.GATE_START).match,
+                re.compile("|".join(re.escape(x) for x in m.GATE_SUBSTRINGS)).search if m.GATE_SUBSTRINGS else None,
+                m.handle) for m in _READERS)
+
+
+def _handle(asm: Assembler, s: str, n: int, gate: bool) -> bool:
+    """Offer line ``s`` to the readers in order; True when one took it."""
+    if gate and not (s[0].isspace() or asm.mode):
+        for start, sub, h in _GATED:
+            if (start(s) or (sub is not None and sub(s))) and h(asm, s, n):
+                return True
+        return False
+    for h in _HANDLERS:
+        if h(asm, s, n):
+            return True
+    return False
 MAX_LINE_CHARS = 4096  # longer lines are cut before reading (a 50 MB one-line file stays cheap)
 SNIFF_LINES = 2000
 _COMMENT_RE = re.compile(r"^#(?!\d)")
 
 
-def parse_lines(lines: Iterable[str], source: str = "") -> list[ProcessDump]:
+def parse_lines(lines: Iterable[str], source: str = "", gate: bool = True) -> list[ProcessDump]:
     """Read dump lines (any supported format, quoted or prefixed) into one :class:`ProcessDump` per process.
 
     Returns at least one dump; when no stack was found, one dump of format ``unknown`` whose warnings say what
-    was seen and what was expected. ``source`` (a file name) prefixes every warning.
+    was seen and what was expected. ``source`` (a file name) prefixes every warning. ``gate=False`` runs every
+    handler on every line (the reading is the same; tests compare the two).
     """
     it = iter(lines)
     head = list(itertools.islice(it, SNIFF_LINES))
     compose, bracket = sniff_label_prefixes(head)
     asms: dict[str, Assembler] = {}
     current = ""
+    plain = not (compose or bracket)
+    start_match, sub_search, fixed_match = _GATE_START.match, _GATE_SUB_RE.search, _ANY_FIXED_RE.match
     for n, raw in enumerate(itertools.chain(head, it), 1):
         if len(raw) > MAX_LINE_CHARS:
             raw = raw[:MAX_LINE_CHARS]
+        if gate and plain and not fixed_match(raw) and "```" not in raw and "~~~" not in raw:
+            # no prefix, quote or fence on this line (clean_line would return it as it is)
+            s = raw.rstrip("\r\n")
+            asm = asms.get("")
+            if asm is None:
+                asm = asms[""] = Assembler("")
+            if not s or s.isspace():
+                asm.after_blank = True
+                continue
+            if not (s[0].isspace() or asm.mode or start_match(s) or sub_search(s)):
+                if not _COMMENT_RE.match(s):
+                    asm.ignore(n, s)
+                asm.after_blank = False
+                continue
+            if not _handle(asm, s, n, True) and not _COMMENT_RE.match(s.lstrip()):
+                asm.ignore(n, s)
+            asm.after_blank = False
+            continue
         cl = clean_line(raw, compose, bracket)
         label = cl.label if cl.label else (current if (compose or bracket) else "")
         if cl.label:
@@ -82,12 +129,13 @@ def parse_lines(lines: Iterable[str], source: str = "") -> list[ProcessDump]:
         if not s.strip():
             asm.after_blank = True
             continue
-        for h in _HANDLERS:
-            if h(asm, s, n):
-                break
-        else:
-            if not _COMMENT_RE.match(s.lstrip()):
+        if gate and not (s[0].isspace() or asm.mode or start_match(s) or sub_search(s)):
+            if not _COMMENT_RE.match(s):
                 asm.ignore(n, s)
+            asm.after_blank = False
+            continue
+        if not _handle(asm, s, n, gate) and not _COMMENT_RE.match(s.lstrip()):
+            asm.ignore(n, s)
         asm.after_blank = False
     out: list[ProcessDump] = []
     for asm in asms.values():

@@ -39,6 +39,12 @@ _LABEL_RE = re.compile(r"^(?P<label>[^:→←<>]{1,40}?):\s+(?P<chain>.+)$")
 _LABEL_RANK_RE = re.compile(r"(?:rank|tp|worker|gpu)\s*[_#-]?\s*(\d+)", re.I)
 _KEYWORDS = frozenset({"and", "or", "the", "then", "to", "from", "is", "in", "at", "of", "a"})
 
+# a superset of the lines :func:`handle` can take that are not indented (the reader gate, see readers/__init__.py):
+# a heading, a frame of one of the four forms of ``_FRAME_RES`` (with trailing ',;' or '…'), or an arrow anywhere
+GATE_START = (r"(?i:\s*(?:#+\s*|\*\*|__)?\s*(?:rank|tp|worker|gpu|process)\s*[_#-]?\s*\d)|"
+              rf"{_FUNC}(?:[\s,;.…]*$|\s+\(|\s+(?:at|in)\s)|[^\s()]+\.py:\d")
+GATE_SUBSTRINGS: tuple = ("→", "⟶", "->", "<-", "←", "⟵")
+
 
 def parse_frame(text: str) -> Optional[Frame]:
     """One hand-written frame (see the module docstring), or None when ``text`` does not look like one."""

@@ -21,6 +21,10 @@ THREAD_RE = re.compile(
 STACK_RE = re.compile(r"^Stack \(most recent call first\):\s*$")
 FRAME_RE = re.compile(r"^\s+File \"(.*)\", line (\d+|\?\?\?) in (.+?)\s*$")
 
+# a superset of the lines :func:`handle` can take that are not indented (the reader gate, see readers/__init__.py)
+GATE_START = r"Current thread|Thread 0x|Stack \(most|\.\.\.\s*$|<"
+GATE_SUBSTRINGS: tuple = ()
+
 
 def handle(asm, s: str, n: int) -> bool:
     """Consume one faulthandler line; False when it is not one."""

@@ -20,6 +20,12 @@ WORK_RE = re.compile(r"Work(NCCL|Gloo|MPI|UCC)?\((?:SeqNum=(\d+))?[^)]*?OpType=(
 PGRANK_RE = re.compile(r"\[PG(?: ID)? [^\]]*?Rank (\d+)\]")
 MONITORED_RE = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier|[Rr]ank (\d+) .*monitoredBarrier")
 
+# a superset of the lines :func:`handle` can take outside its ``fr`` mode (the reader gate, see readers/__init__.py):
+# all of them are found anywhere in the line
+GATE_START = r"(?!)"
+GATE_SUBSTRINGS: tuple = ("Stack trace of the failed collective:", "Work(", "WorkNCCL(", "WorkGloo(", "WorkMPI(",
+                          "WorkUCC(", "monitoredBarrier")
+
 
 def handle(asm, s: str, n: int) -> bool:
     """Consume one watchdog / Flight Recorder line; False when it is not one."""

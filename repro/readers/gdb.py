@@ -22,6 +22,11 @@ NOISE_RE = re.compile(r"^(\[New (LWP|Thread) |\[Thread debugging using|Using hos
                       r"\[Inferior \d+|warning: |Downloading |0x[0-9a-f]+ in \S+ \(\) from )")
 _PY_EVAL = ("_PyEval_EvalFrameDefault", "PyEval_EvalCode", "_PyEval_Vector", "_PyFunction_Vectorcall")
 
+# a superset of the lines :func:`handle` can take that are not indented (the reader gate, see readers/__init__.py)
+GATE_START = (r"Attaching to |\[Inferior |Thread \d|#|\[New |\[Thread debugging|Using host|Reading symbols|"
+              r"warning: |Downloading |0x[0-9a-f]+ in ")
+GATE_SUBSTRINGS: tuple = ()
+
 
 def _frame(rest: str) -> Frame:
     m = TAIL_RE.match(rest)

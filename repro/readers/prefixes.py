@@ -25,6 +25,9 @@ _TS_RE = re.compile(r"^\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]
 _GLOG_RE = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+(?: +\d+)? [\w.\-]+:\d+\]\s?")
 _COMPOSE_RE = re.compile(r"^(?P<svc>[A-Za-z0-9][A-Za-z0-9_.\-]*)\s*\|\s?")
 _BRACKET_RE = re.compile(r"^\[(?P<br>[A-Za-z0-9_.:/\-]{1,120})\]\s")
+# every fixed prefix above starts like this (a quote marker, '[', '(', a date, a glog letter): a line that does not
+# is returned as it is without trying each prefix (most lines of a dump)
+_ANY_FIXED_RE = re.compile(r"[ \t]{0,3}>|[\[(]|\d{4}-\d\d-\d\d[T ]|[IWEF]\d{4} ")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ def _strip_fixed(line: str) -> tuple[str, str, Optional[int], str]:
     label, hint, src = "", None, ""
     s = line
     for _ in range(6):
+        if not _ANY_FIXED_RE.match(s):
+            break
         before = s
         m = _QUOTE_RE.match(s)
         if m and m.end() > 0 and (len(s) == m.end() or not s[m.end():].startswith(">")):
@@ -94,7 +99,8 @@ def clean_line(line: str, compose: bool = False, bracket: bool = False) -> Clean
     """Strip quoting and prefixes from one line (see the module docstring); ``compose``/``bracket`` from
     :func:`sniff_label_prefixes`."""
     line = line.rstrip("\r\n")
-    if _FENCE_RE.match(_QUOTE_RE.sub("", line, count=1)):
+    fenced = "```" in line or "~~~" in line
+    if fenced and _FENCE_RE.match(_QUOTE_RE.sub("", line, count=1)):
         return CleanLine("", fence=True)
     s, label, hint, src = _strip_fixed(line)
     if compose and not s.startswith((" ", "\t")):
@@ -111,6 +117,6 @@ def clean_line(line: str, compose: bool = False, bracket: bool = False) -> Clean
             s, l2, h2, s2 = _strip_fixed(s[m.end():])
             hint, src = (h2, s2) if h2 is not None else (hint, src)
             label = l2 or label
-    if _FENCE_RE.match(s):
+    if fenced and _FENCE_RE.match(s):
         return CleanLine("", label=label, rank_hint=hint, hint_source=src, fence=True)
     return CleanLine(s, label=label, rank_hint=hint, hint_source=src)

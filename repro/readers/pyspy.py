@@ -27,6 +27,10 @@ FRAME_RE = re.compile(r"^( {2,}|\t+)(\S.*?) \(([^()]*)\)\s*$")
 FRAME_LINE_RE = re.compile(r"^(.*):(\d+)$")
 RAY_RE = re.compile(r"^Stack dump for (.*)$")
 
+# a superset of the lines :func:`handle` can take that are not indented (the reader gate, see readers/__init__.py)
+GATE_START = r"Stack dump for |Process \d|Python v|Thread|Error|(?i:error:)"
+GATE_SUBSTRINGS: tuple = ()
+
 
 def _status(status: str) -> tuple[Optional[bool], Optional[bool]]:
     if not status:

@@ -18,6 +18,10 @@ PY_RE = re.compile(r"^\s+\(Python\) File \"(.*)\", line (\d+), in (.+?)\s*$")
 C_RE = re.compile(r"^\s+\(C\) File \"(.*)\", line (\d+|\?+), in (.+?)(?: \(([^()]*)\))?\s*$")
 PID_RE = re.compile(r"^(?:Process|Analyzing process|Core file)\D*(\d+)")
 
+# a superset of the lines :func:`handle` can take that are not indented (the reader gate, see readers/__init__.py)
+GATE_START = r"Traceback for thread|\((?:Python|C)\)"
+GATE_SUBSTRINGS: tuple = ()
+
 
 def handle(asm, s: str, n: int) -> bool:
     """Consume one pystack line; False when it is not one."""

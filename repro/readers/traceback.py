@@ -20,6 +20,11 @@ FRAME_RE = re.compile(r"^\s+File \"(.*)\", line (\d+), in (.+?)\s*$")
 EXC_RE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Timeout\w*|Interrupt|Exit|Warning)):?\s?(.*)$")
 _CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
 
+# a superset of the lines :func:`handle` can take that are not indented outside a traceback (the reader gate, see
+# readers/__init__.py; inside one, ``asm.mode`` is set and every line reaches the handlers)
+GATE_START = r"Traceback \(most"
+GATE_SUBSTRINGS: tuple = ()
+
 
 def handle(asm, s: str, n: int) -> bool:
     """Consume one traceback line; False when it is not one."""
