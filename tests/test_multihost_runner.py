@@ -1,0 +1,133 @@
+"""The host runner (repro.hosts) without namespaces: local and template channels, files both ways, a detached
+process tree found by session and ended by group, py-spy through the runner, one shared deadline, and ssh's
+"unreachable" exit status. The namespaced rig (tests/test_multihost_rig.py) runs the same code over real sshd."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from repro.hosts import HostError, HostSpec, RemoteRank, Runner, capture_remote, check_hosts, hosts_from_json, in_parallel
+
+
+def local(name="h0", **kw) -> Runner:
+    return Runner(HostSpec(name=name, node_rank=0, **kw))
+
+
+def test_ssh_argv_puts_the_command_line_after_the_target():
+    r = Runner(HostSpec(name="a", node_rank=1, ssh="root@10.0.0.2", ssh_options=("-i", "/k")))
+    argv = r.argv("echo hi")
+    assert argv[0] == "ssh" and "BatchMode=yes" in argv
+    assert argv[-3:] == ["root@10.0.0.2", "--", "echo hi"] and argv[argv.index("-i") + 1] == "/k"
+
+
+def test_template_prefix_runs_the_command_through_sh():
+    r = Runner(HostSpec(name="pod", node_rank=0, template="env REPRO_VIA_TEMPLATE=yes"))
+    assert r.argv("x")[:2] == ["env", "REPRO_VIA_TEMPLATE=yes"]
+    assert r.run("echo $REPRO_VIA_TEMPLATE").text.strip() == "yes"
+
+
+def test_failed_command_raises_naming_the_host():
+    with pytest.raises(HostError) as e:
+        local("hx").run("echo boom >&2; exit 7")
+    assert "hx" in str(e.value) and "exit status 7" in str(e.value) and "boom" in str(e.value)
+    assert not e.value.unreachable
+
+
+def test_ssh_to_a_closed_port_is_unreachable_not_a_command_failure():
+    if shutil.which("ssh") is None:
+        pytest.skip("no ssh client")  # the rig test installs openssh; this one only needs the client
+    r = Runner(HostSpec(name="gone", node_rank=1, ssh="root@127.0.0.1", ssh_options=("-p", "1")))
+    ok, why = r.reachable(timeout_s=10)
+    assert not ok and "gone" in why and "unreachable" in why
+
+
+def test_files_and_folders_round_trip(tmp_path):
+    r = local()
+    remote = tmp_path / "remote"
+    r.put(b"abc\x00def", str(remote / "sub" / "f.bin"))
+    assert (remote / "sub" / "f.bin").read_bytes() == b"abc\x00def"
+    assert r.get(str(remote / "sub" / "f.bin")) == b"abc\x00def"
+    assert r.get(str(remote / "missing")) is None
+    src = tmp_path / "src"
+    (src / "pkg" / "__pycache__").mkdir(parents=True)
+    (src / "pkg" / "m.py").write_text("x = 1\n")
+    (src / "pkg" / "__pycache__" / "m.pyc").write_bytes(b"junk")
+    r.put_tree(src, str(remote / "tree"))
+    assert (remote / "tree" / "pkg" / "m.py").read_text() == "x = 1\n"
+    assert not (remote / "tree" / "pkg" / "__pycache__").exists()
+    back = tmp_path / "back"
+    names = r.get_tree(str(remote / "tree"), back)
+    assert "pkg/m.py" in names and (back / "pkg" / "m.py").read_text() == "x = 1\n"
+    assert r.get_tree(str(remote / "nope"), back) == []
+
+
+def test_started_tree_is_found_by_session_and_ended_by_group(tmp_path):
+    r = local()
+    prog = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)"
+    pid = r.start([sys.executable, "-c", prog], {"REPRO_T": "1"}, str(tmp_path / "log"), str(tmp_path))
+    try:
+        deadline = time.time() + 10
+        procs = []
+        while time.time() < deadline and len(procs) < 2:
+            procs = r.session_procs(pid)
+            time.sleep(0.1)
+        assert len(procs) == 2 and pid in [p for p, _ in procs]
+        assert os.getsid(pid) == pid and os.getpgid(pid) == pid
+    finally:
+        r.signal_group(pid, "KILL")
+    deadline = time.time() + 10
+    while time.time() < deadline and r.session_procs(pid):
+        time.sleep(0.1)
+    assert r.session_procs(pid) == []
+
+
+def test_in_parallel_shares_one_deadline():
+    t0 = time.monotonic()
+    res = in_parallel({"fast": lambda left: left > 0, "slow": lambda left: time.sleep(5)}, deadline_s=0.5)
+    assert res["fast"] == (True, True)
+    assert res["slow"][0] is False and "deadline" in str(res["slow"][1])
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_capture_through_the_runner_reads_a_real_process(tmp_path):
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not os.path.exists(py_spy):
+        pytest.skip("py-spy is not installed")
+    prog = "import time\ndef waiting_here():\n    time.sleep(600)\nwaiting_here()\n"
+    p = subprocess.Popen([sys.executable, "-c", prog])
+    try:
+        time.sleep(0.5)
+        r = Runner(HostSpec(name="h1", node_rank=1, py_spy=py_spy, python=sys.executable))
+        caps = capture_remote([RemoteRank(1, r, p.pid)], tmp_path, tag="-1", deadline_s=20)
+    finally:
+        p.kill()
+        p.wait()
+    (c,) = caps
+    if not c.ok and "ptrace" in c.error.lower():
+        pytest.skip(f"ptrace refused here: {c.error}")
+    assert c.ok, c.error
+    names = [f.function for t in c.threads for f in t.frames]
+    assert "waiting_here" in names
+    text = (tmp_path / "rank1-1.txt").read_text()
+    assert text.startswith("# host h1 (pid") and "waiting_here" in text
+    assert '"host": "h1"' in (tmp_path / "capture-1.json").read_text()
+    assert c.cpu_percent is not None and c.cpu_percent < 50
+
+
+def test_host_lists_are_checked():
+    hosts = hosts_from_json([{"name": "a", "node_rank": 0, "ssh": "root@x"}, {"name": "b", "node_rank": 1,
+                                                                              "template": "kubectl exec p --"}])
+    assert hosts[1].reach == "kubectl exec p --"
+    with pytest.raises(ValueError, match="node ranks must be 0..1"):
+        check_hosts([HostSpec("a", 0), HostSpec("b", 2)])
+    with pytest.raises(ValueError, match="unknown field"):
+        hosts_from_json([{"name": "a", "node_rank": 0, "shh": "x"}])
+    with pytest.raises(ValueError, match="either ssh or template"):
+        HostSpec("a", 0, ssh="x", template="y")
