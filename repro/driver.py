@@ -7,8 +7,10 @@ keeps what was sent and answered. The driver never judges: ``verdict`` reads its
 
 from __future__ import annotations
 
+import http.client
 import json
 import random
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -122,6 +124,7 @@ class DriverState:
     finished: bool
     requests: tuple[RequestRecord, ...] = field(default=())
     aborted: int = 0
+    admin: tuple[dict, ...] = field(default=())  # the workload's admin calls so far (repro.nemeses.AdminCall)
 
     def stalled_for(self, now: float) -> float:
         """Seconds since the last progress event while some request is outstanding (0.0 when none is)."""
@@ -143,6 +146,9 @@ class BurstDriver:
         request_timeout_s: socket read timeout per request in seconds (a hang is detected long before).
         stream: use streaming responses (progress per token).
         abort: a mass abort during the burst (:class:`AbortPlan`); the ``abort`` history event lists the requests.
+        workload: what else the clients do (``repro.nemeses.Workload``: mixed lengths and sampling, client aborts
+            mid-stream, per-request deadlines, admin calls under load, requests after the burst); ``prompts`` then
+            holds one prompt per :func:`repro.nemeses.request_plans` entry (burst requests, then ``after`` ones).
     """
 
     def __init__(
@@ -156,6 +162,7 @@ class BurstDriver:
         request_timeout_s: float = 600.0,
         stream: bool = True,
         abort: Optional[AbortPlan] = None,
+        workload: Any = None,
     ) -> None:
         self.adapter = adapter
         self.base_url = base_url.rstrip("/")
@@ -174,7 +181,9 @@ class BurstDriver:
         self.abort = abort
         self._to_abort: set[int] = set()
         self._responses: dict[int, Any] = {}
+        self._socks: dict[int, socket.socket] = {}  # abortable requests' sockets (a mass abort shuts them down)
         self.abort_t: Optional[float] = None  # when the mass abort happened (None: not, or not yet)
+        self._init_workload(workload)
 
     # -- history -----------------------------------------------------------------------------------------
     def _event(self, rec: RequestRecord, event: str, **extra: Any) -> None:
@@ -189,11 +198,14 @@ class BurstDriver:
     def _one(self, rec: RequestRecord) -> None:
         if self._abandoned.is_set():
             return
-        body = self.adapter.generate_body(self.prompts[rec.index], self.max_new_tokens, self.stream)
+        body = self._body(rec)
         now = time.time()
         with self._lock:
             rec.status, rec.sent_t, rec.last_progress_t = "outstanding", now, now
         self._event(rec, "sent", input_len=rec.input_len)
+        if self.abort is not None:
+            self._one_abortable(rec, body)
+            return
         try:
             resp = requests.post(
                 self.base_url + self.adapter.generate_path,
@@ -227,6 +239,8 @@ class BurstDriver:
                     if upd is None:
                         continue
                     self._progress(rec, upd)
+                    if self._cut_mid_stream(rec, resp):
+                        return
                     if getattr(upd, "done", False):
                         break
             else:
@@ -239,6 +253,73 @@ class BurstDriver:
                 self._finish(rec, "aborted")
             else:
                 self._finish(rec, "error", error=f"{type(e).__name__}: {e}")
+
+    def _one_abortable(self, rec: RequestRecord, body: dict) -> None:
+        """One request of a burst with a mass abort, on its own ``http.client`` connection whose socket the abort
+        thread can shut down at any moment, also before the response headers arrive (``requests`` gives no handle
+        on its socket while it waits for them; a client that leaves during prefill or the KV transfer has no
+        headers yet: measured on a PD stack, the router's headers come with the first token)."""
+        from urllib.parse import urlsplit
+
+        u = urlsplit(self.base_url)
+        conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80, timeout=10.0)
+        try:
+            conn.connect()
+            conn.sock.settimeout(self.request_timeout_s)
+            with self._lock:
+                self._socks[rec.index] = conn.sock
+                cut = rec.index in self._to_abort
+            if cut:  # the mass abort came while this request was connecting
+                self._finish(rec, "aborted")
+                return
+            payload = json.dumps(body).encode()
+            conn.request("POST", (u.path.rstrip("/") or "") + self.adapter.generate_path, body=payload,
+                         headers={"Content-Type": "application/json", "Accept": "text/event-stream, application/json"})
+            resp = conn.getresponse()
+            rec.http_status = resp.status
+            if rec.index in self._to_abort:
+                self._finish(rec, "aborted")
+                return
+            if resp.status != 200:
+                self._finish(rec, "error", error=f"HTTP {resp.status}: {resp.read(300).decode('utf-8', 'replace')}")
+                return
+            if self.stream:
+                while True:
+                    raw = resp.readline()
+                    if rec.index in self._to_abort:
+                        self._finish(rec, "aborted")
+                        return
+                    if self._abandoned.is_set():
+                        self._finish(rec, "error", error="abandoned by the harness")
+                        return
+                    if not raw:
+                        break  # end of the response
+                    raw = raw.rstrip(b"\r\n")
+                    if not raw:
+                        continue
+                    upd = self.adapter.parse_stream_line(raw)
+                    if upd is None:
+                        continue
+                    self._progress(rec, upd)
+                    if getattr(upd, "done", False):
+                        break
+            else:
+                self._progress(rec, self.adapter.parse_response(json.loads(resp.read())))
+            self._finish(rec, "ok")
+        except (socket.timeout, TimeoutError) as e:
+            if rec.index in self._to_abort:
+                self._finish(rec, "aborted")
+            else:
+                self._finish(rec, "timeout", error=f"no answer within {self.request_timeout_s:.0f} s ({type(e).__name__})")
+        except Exception as e:  # our own shutdown surfacing as a read error, a reset when the server is torn down, ...
+            if rec.index in self._to_abort:
+                self._finish(rec, "aborted")
+            else:
+                self._finish(rec, "error", error=f"{type(e).__name__}: {e}")
+        finally:
+            with self._lock:
+                self._socks.pop(rec.index, None)
+            conn.close()
 
     def _progress(self, rec: RequestRecord, upd: Any) -> None:
         now = time.time()
@@ -264,6 +345,8 @@ class BurstDriver:
         with self._lock:
             if rec.status in ("ok", "error", "timeout", "aborted"):
                 return
+            if status == "aborted" and error is None:
+                error = self._cut_why.get(rec.index)  # the workload's client abort or deadline (None: the mass abort)
             rec.status = status
             rec.done_t = time.time()
             rec.error = error
@@ -275,13 +358,175 @@ class BurstDriver:
                 )
         self._event(rec, "done" if status == "ok" else status, finish_reason=rec.finish_reason, http_status=rec.http_status, error=rec.error)
 
+    # -- workload actions (repro.nemeses.Workload; the mass abort above is AbortPlan's) ------------------------
+    def _init_workload(self, workload: Any) -> None:
+        """Per-request plans of a workload: output lengths, sampling, client aborts, deadlines; admin calls; the
+        requests sent after the burst (the last ``workload.after`` prompts).
+
+        Raises:
+            ValueError: the workload asks for sampling parameters the adapter cannot add (no ``with_sampling``), or
+                fewer prompts than ``workload.after``.
+        """
+        from repro.nemeses import request_plans
+
+        self.workload = workload
+        self._cut_why: dict[int, str] = {}
+        self._admin: list[dict] = []
+        n = len(self.prompts)
+        self._n_burst = n
+        self._plans = None
+        if workload is None:
+            return
+        if workload.after > n - 1:
+            raise ValueError(f"workload.after ({workload.after}) needs at least one burst request before it ({n} prompts)")
+        self._n_burst = n - workload.after
+        self._plans = request_plans(self._n_burst, 1, self.max_new_tokens, workload)
+        if any(pl.sampling for pl in self._plans) and not callable(getattr(self.adapter, "with_sampling", None)):
+            raise ValueError(f"workload.mix.sampling: the {type(self.adapter).__name__} adapter has no with_sampling(body, params); "
+                             "drop mix.sampling for this engine")
+        self._records = [RequestRecord(i, len(p), self._plans[i].max_new_tokens) for i, p in enumerate(self.prompts)]
+
+    def _body(self, rec: RequestRecord) -> dict:
+        """The request body: the adapter's, with this request's extra sampling parameters (workload ``mix``)."""
+        body = self.adapter.generate_body(self.prompts[rec.index], rec.max_new_tokens, self.stream)
+        plan = self._plans[rec.index] if self._plans else None
+        if plan is not None and plan.sampling:
+            body = self.adapter.with_sampling(body, plan.sampling)  # type: ignore[attr-defined]
+        return body
+
+    def _cut_mid_stream(self, rec: RequestRecord, resp: Any) -> bool:
+        """Client abort mid-stream: once this request has ``abort_after_tokens`` ids, its client disconnects."""
+        plan = self._plans[rec.index] if self._plans else None
+        k = plan.abort_after_tokens if plan is not None else None
+        if k is None or rec.output_len < k:
+            return False
+        with self._lock:
+            self._to_abort.add(rec.index)
+            self._cut_why[rec.index] = f"client abort after {rec.output_len} output ids (workload client_abort: {k})"
+        try:
+            resp.close()
+        except Exception:
+            pass
+        self._finish(rec, "aborted")
+        return True
+
+    def _start_workload(self) -> None:
+        """Start the workload's threads: deadlines, admin calls, the requests after the burst."""
+        w = self.workload
+        if w is None:
+            return
+        if any(pl.deadline_s is not None for pl in self._plans or []):
+            threading.Thread(target=self._deadlines, name="repro-driver-deadlines", daemon=True).start()
+        for k, call in enumerate(w.admin):
+            threading.Thread(target=self._admin_call, args=(k, call), name=f"repro-driver-admin{k}", daemon=True).start()
+        if self._n_burst < len(self._records):
+            threading.Thread(target=self._after_burst, name="repro-driver-after", daemon=True).start()
+
+    def _deadlines(self) -> None:
+        """Per-request timeouts: a request still outstanding ``deadline_s`` after it was sent has its client give up
+        (socket closed; recorded ``aborted`` with the reason). A request whose answer never began stays outstanding
+        until its thread sees the cut, so a deadline never hides a hang."""
+        plans = self._plans or []
+        while not self._abandoned.is_set():
+            now = time.time()
+            live = False
+            with self._lock:
+                due = []
+                for r in self._records[: self._n_burst]:
+                    dl = plans[r.index].deadline_s
+                    if dl is None or r.status not in ("pending", "outstanding"):
+                        continue
+                    live = True
+                    if r.status == "outstanding" and r.sent_t is not None and now - r.sent_t >= dl and r.index not in self._to_abort:
+                        self._to_abort.add(r.index)
+                        self._cut_why[r.index] = f"client deadline of {dl:g} s (workload deadlines)"
+                        due.append(self._responses.get(r.index))
+            for resp in due:
+                if resp is not None:
+                    try:
+                        resp.close()
+                    except Exception:
+                        pass
+            if not live:
+                return
+            time.sleep(0.01)
+
+    def _in_flight(self) -> int:
+        with self._lock:
+            return sum(r.status == "outstanding" for r in self._records)
+
+    def _admin_call(self, k: int, call: Any) -> None:
+        """One admin call of the workload (``repro.nemeses.AdminCall``): wait for the load, call, record each answer
+        (``admin`` history event and :attr:`DriverState.admin`)."""
+        deadline = time.time() + call.wait_s
+        while call.when_in_flight and self._in_flight() < call.when_in_flight:
+            if self._abandoned.is_set():
+                return
+            if time.time() > deadline:
+                self._admin_record({"call": k, "method": call.method, "path": call.path, "ok": False, "done": False,
+                                    "error": f"never {call.when_in_flight} requests in flight within {call.wait_s:g} s: not called"})
+                return
+            time.sleep(0.005)
+        if call.delay_s:
+            time.sleep(call.delay_s)
+        body = call.body
+        if call.fill_from:
+            try:
+                info = requests.get(self.base_url + call.fill_from, timeout=(5.0, call.timeout_s)).json()
+                body = call.filled_body(info if isinstance(info, dict) else {})
+            except Exception as e:  # KeyError: a placeholder the answer lacks; a non-JSON or no answer
+                self._admin_record({"call": k, "method": call.method, "path": call.path, "ok": False, "done": False,
+                                    "error": f"could not fill the body from {call.fill_from}: {type(e).__name__}: {e}"})
+                return
+        for n in range(call.repeat):
+            if self._abandoned.is_set():
+                return
+            t0 = time.time()
+            rec: dict = {"call": k, "n": n, "method": call.method, "path": call.path, "in_flight": self._in_flight(), "done": True}
+            try:
+                resp = requests.request(call.method, self.base_url + call.path, params=call.query or None, json=body,
+                                        headers=call.headers or None, timeout=(5.0, call.timeout_s))
+                rec.update(http_status=resp.status_code, ok=resp.status_code in call.ok_status, answer=resp.text[:300])
+            except requests.Timeout:
+                rec.update(ok=False, timeout=True, error=f"no answer within {call.timeout_s:g} s")
+            except Exception as e:
+                rec.update(ok=False, error=f"{type(e).__name__}: {e}")
+            rec["elapsed_s"] = round(time.time() - t0, 3)
+            self._admin_record(rec)
+            if call.interval_s and n + 1 < call.repeat:
+                time.sleep(call.interval_s)
+
+    def _admin_record(self, rec: dict) -> None:
+        with self._lock:
+            self._admin.append(rec)
+        self._event_plain("admin", **rec)
+
+    def _after_burst(self) -> None:
+        """Send the workload's ``after`` requests once every burst request has ended (answered, failed or cut)."""
+        while not self._abandoned.is_set():
+            with self._lock:
+                busy = any(r.status in ("pending", "outstanding") for r in self._records[: self._n_burst])
+            if not busy:
+                break
+            time.sleep(0.01)
+        else:
+            return
+        self._event_plain("after_burst", requests=list(range(self._n_burst, len(self._records))))
+        for rec in self._records[self._n_burst:]:
+            try:
+                assert self._pool is not None
+                self._pool.submit(self._one, rec)
+            except RuntimeError:  # the pool was shut down (abandoned) meanwhile
+                return
+
     # -- control -----------------------------------------------------------------------------------------
     def start(self) -> None:
         """Submit every request to a thread pool and return at once."""
         self._start_t = time.time()
         self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="repro-driver")
-        for rec in self._records:
+        for rec in self._records[: self._n_burst]:
             self._pool.submit(self._one, rec)
+        self._start_workload()
         if self.abort is not None:
             threading.Thread(target=self._abort_when_due, name="repro-driver-abort", daemon=True).start()
 
@@ -299,12 +544,19 @@ class BurstDriver:
                     chosen = sorted(r.index for r in flying)[: plan.count]
                     self._to_abort.update(chosen)
                     resps = [self._responses.get(i) for i in chosen]
+                    socks = [self._socks.get(i) for i in chosen]
                     self.abort_t = time.time()
                     break
             time.sleep(0.005)
         else:
             self._event_plain("abort_not_done", in_flight_needed=plan.when_in_flight, waited_s=plan.timeout_s)
             return
+        for sock in socks:  # a real disconnect now, headers or not: the peer sees the connection close
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
         for resp in resps:
             if resp is not None:
                 try:
@@ -324,6 +576,7 @@ class BurstDriver:
         """A snapshot of every request (copies), safe to read while the burst runs."""
         with self._lock:
             recs = tuple(RequestRecord(**asdict(r)) for r in self._records)
+            admin = tuple(dict(a) for a in self._admin)
         pending = sum(r.status == "pending" for r in recs)
         outstanding = sum(r.status == "outstanding" for r in recs)
         ok = sum(r.succeeded for r in recs)
@@ -340,6 +593,7 @@ class BurstDriver:
             finished=finished,
             requests=recs,
             aborted=aborted,
+            admin=admin,
         )
 
     def abandon(self) -> None:

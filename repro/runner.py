@@ -19,7 +19,8 @@ from typing import Any, Callable, Optional, Sequence
 from repro import evidence as ev
 from repro import resources
 from repro.detect import DetectContext, default_detectors
-from repro.driver import AbortPlan, BurstDriver, DriverState, make_prompts
+from repro import nemeses
+from repro.driver import TOKEN_ID_RANGE, AbortPlan, BurstDriver, DriverState, make_prompts
 from repro.scenario import Scenario, Variant, compile_plan, load_scenario, PLAN_ENV
 from repro.verdict import DEADLOCKED, INCONCLUSIVE, InjectionCheck, Verdict, exit_code_for, judge_completion
 
@@ -139,12 +140,13 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
     except UnknownAdapterError as e:
         raise RunError(f"{opts.scenario_path}: server.adapter: {e}") from None
     try:
-        python = choose_python(opts.python, package=adapter.ref_location.package or None)
+        python = choose_python(opts.python, package=adapter.ref_location.package or None, adapter=adapter)
     except InterpreterError as e:
         raise RunError(str(e)) from None
-    tb_python = testbed.testbed_python()
+    tb_python = adapter.testbed_python() if hasattr(adapter, "testbed_python") else testbed.testbed_python()
     on_testbed = tb_python is not None and Path(python).resolve() == Path(tb_python).resolve()
-    model = opts.model or scenario.server.model or (str(testbed.tiny_model_dir()) if on_testbed else "")
+    tb_model = adapter.testbed_model() if hasattr(adapter, "testbed_model") else testbed.tiny_model_dir()
+    model = opts.model or scenario.server.model or (str(tb_model) if on_testbed else "")
     if not model:
         raise RunError(f"{opts.scenario_path}: server.model is empty and the interpreter is not the CPU testbed's; pass --model PATH")
     if _looks_like_path(model) and not Path(model).expanduser().exists():
@@ -316,7 +318,8 @@ def injection_checks(injector_dir: Any, variant: Variant, rank_pids: dict[int, i
     for inj in variant.injections:
         c = rep.counts_by_rank(inj.id)
         site = rep.resolved_site(inj.id) or inj.site[0]
-        checks.append(InjectionCheck(inj.id, site, c["entered"], c["matched"], c["fired"], rep.absent_detail(inj.id)))
+        checks.append(InjectionCheck(inj.id, site, c["entered"], c["matched"], c["fired"], rep.absent_detail(inj.id),
+                                     getattr(inj, "required", True)))
     return loaded, armed, checks, rep
 
 
@@ -466,10 +469,15 @@ class Session:
         if late:
             self.observe("arm_not_acknowledged", {"ranks": late, "timeout_s": ARM_ACK_TIMEOUT_S})
         self.observe("armed", {"injections": ids, "ranks": rank_pids})
-        prompts = make_prompts(n_requests or burst.requests, burst.input_len, burst.seed)
-        driver = BurstDriver(p.adapter, server.url, prompts, burst.max_new_tokens, burst.concurrency,
+        workload = getattr(variant, "workload", None) or getattr(burst, "workload", None)  # repro.nemeses
+        n_req, concurrency, input_len, max_new = nemeses.effective_sizes(burst, workload)
+        prompts = (make_prompts(n_requests or n_req, input_len, burst.seed) if workload is None else
+                   nemeses.make_prompts_for(nemeses.request_plans(n_requests or n_req, input_len, max_new, workload),
+                                            burst.seed, TOKEN_ID_RANGE))
+        driver = BurstDriver(p.adapter, server.url, prompts, max_new, concurrency,
                              run_dir.requests.path, burst.request_timeout_s,
-                             abort=AbortPlan.from_spec(getattr(variant, "abort", None) or getattr(burst, "abort", None)))  # the mass-abort action
+                             abort=AbortPlan.from_spec(getattr(variant, "abort", None) or getattr(burst, "abort", None)),  # the mass-abort action
+                             workload=workload)
         verdict: Optional[Verdict] = None
         injector = None
         deciding = last_analysis = None

@@ -19,6 +19,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from repro.nemeses import Workload
 from repro.targets.registry import DEFAULT_ADAPTER
 
 if sys.version_info >= (3, 11):
@@ -122,6 +123,7 @@ class Burst(_Strict):
     seed: int = 1234
     request_timeout_s: float = Field(600.0, gt=0, description="hard per-request bound; stalls are detected earlier")
     abort: Optional[MassAbort] = None
+    workload: Optional[Workload] = Field(None, description="what the clients do besides the plain burst (repro.nemeses)")
 
 
 class Occurrence(_Strict):
@@ -175,7 +177,9 @@ class ExtraCollective(_Strict):
     """Fire one extra collective before (or after) the original call: a collective its peers never issue.
 
     The group is reached from ``self`` by ``group`` (attribute path, e.g. ``tp_cpu_group`` or
-    ``tp_group.cpu_group``), or the collective is issued by calling ``method`` on ``self`` with a 1-element
+    ``tp_group.cpu_group``) or from a module (``module:attr`` or ``module:getter()``, e.g. vLLM's
+    ``vllm.distributed.parallel_state:get_tp_group()``; a group wrapper with a ``cpu_group`` gives that gloo
+    group), or the collective is issued by calling ``method`` on ``self`` with a 1-element
     int tensor (e.g. ``_all_reduce_attn_groups``). Tensors go on CPU for gloo groups, CUDA for NCCL.
     """
 
@@ -243,6 +247,9 @@ class Injection(_Strict):
     action: Action = Field(..., discriminator="kind")
     server: Optional[str] = Field(None, description="multi-server topologies: the role whose ranks take this "
                                   "injection (e.g. 'prefill'); None = every engine server")
+    required: bool = Field(True, description="the verdict needs this site entered on every rank after arming; "
+                           "false: an observe-only counter whose per-rank counts are reported, zero included "
+                           "(e.g. an abort path a request takes only on some runs)")
 
     @field_validator("site", mode="before")
     @classmethod
@@ -267,6 +274,7 @@ class Variant(_Strict):
     injections: list[Injection] = Field(default_factory=list)
     abort: Optional[MassAbort] = Field(None, description="this variant's mass abort (replaces burst.abort), so one "
                                        "server can run it between the other variants")
+    workload: Optional[Workload] = Field(None, description="this variant's workload (replaces burst.workload; repro.nemeses)")
 
     @model_validator(mode="after")
     def _unique_ids(self) -> "Variant":

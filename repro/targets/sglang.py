@@ -406,6 +406,15 @@ class SGLangAdapter(AdapterBase):
             "stream": bool(stream),
         }
 
+    def with_sampling(self, body: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+        """``body`` (from :meth:`generate_body`) with extra sampling parameters (a workload's ``mix.sampling``,
+        ``repro.nemeses``), e.g. ``{"temperature": 0.8, "top_p": 0.9}``; names as sglang 0.5.23's
+        ``SamplingParams`` (``sglang/srt/sampling/sampling_params.py``). ``max_new_tokens``/``ignore_eos`` stay."""
+        sp = {**body.get("sampling_params", {}), **params}
+        sp["max_new_tokens"] = body.get("sampling_params", {}).get("max_new_tokens", sp.get("max_new_tokens"))
+        sp["ignore_eos"] = True
+        return {**body, "sampling_params": sp}
+
     def parse_response(self, body: Any) -> StreamUpdate:
         """Parse a non-stream ``/generate`` JSON answer (a dict, or a one-element list for batched input).
 

@@ -1,0 +1,246 @@
+"""Workload nemeses (repro/nemeses.py) as data and as driver actions, against a small local HTTP stand-in (not
+SGLang: the driver's bookkeeping and the data's checks only; tests/test_e2e_hunt_nemeses.py runs every nemesis on
+a real server)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from repro import nemeses as N
+from repro.driver import TOKEN_ID_RANGE, BurstDriver
+from repro.scenario import load_scenario
+from repro.verdict import SUCCEEDED, judge_completion
+from test_driver_evidence import PlainAdapter
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOADS = ROOT / "scenarios" / "sglang" / "hunt_workloads.toml"
+BASE = ROOT / "scenarios" / "sglang" / "hicache_prefetch_30760.toml"
+
+
+class SamplingAdapter(PlainAdapter):
+    def with_sampling(self, body, params):
+        return {**body, "sampling": dict(params)}
+
+
+def _server(token_gap_s: float = 0.05):
+    """SSE generate at /gen (n tokens, one per ``token_gap_s``), /admin answering 400 while a stream is open else
+    200, /info answering JSON; records the bodies and admin calls it saw."""
+    seen: dict = {"bodies": [], "admin": [], "open": 0, "disconnects": 0}
+    lock = threading.Lock()
+
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def _plain(self, code: int, text: str) -> None:
+            data = text.encode()
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path.startswith("/info"):
+                self._plain(200, json.dumps({"model_path": "/models/tiny"}))
+            else:
+                self._plain(404, "no")
+
+        def do_PUT(self):
+            self.do_POST()
+
+        def do_DELETE(self):
+            self.do_POST()
+
+        def do_POST(self):
+            n = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(n)) if n else None
+            if self.path.startswith("/admin"):
+                with lock:
+                    busy = seen["open"] > 0
+                    seen["admin"].append({"path": self.path, "method": self.command, "body": body,
+                                          "auth": self.headers.get("Authorization"), "busy": busy})
+                self._plain(400 if busy else 200, "busy" if busy else "done")
+                return
+            with lock:
+                seen["bodies"].append(body)
+                seen["open"] += 1
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                for i in range(1, body["n"] + 1):
+                    time.sleep(token_gap_s)
+                    self._chunk(f"data: {json.dumps({'n': i, 'finish': 'length' if i == body['n'] else None})}\n\n".encode())
+                self._chunk(b"data: [DONE]\n\n")
+                self._chunk(b"")
+            except (BrokenPipeError, ConnectionResetError):
+                with lock:
+                    seen["disconnects"] += 1
+            finally:
+                with lock:
+                    seen["open"] -= 1
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, seen
+
+
+def _drive(tmp_path, workload: N.Workload, n: int = 8, max_new: int = 4, adapter=None, gap_s: float = 0.05,
+           input_len: int = 3, concurrency: int = 4):
+    srv, seen = _server(gap_s)
+    try:
+        plans = N.request_plans(n, input_len, max_new, workload)
+        prompts = N.make_prompts_for(plans, 7, TOKEN_ID_RANGE)
+        d = BurstDriver(adapter or PlainAdapter(), f"http://127.0.0.1:{srv.server_port}", prompts, max_new, concurrency,
+                        tmp_path / "r.jsonl", 10, workload=workload)
+        d.start()
+        deadline = time.time() + 30
+        while not d.state().finished and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # let admin threads record
+        st = d.state()
+        d.close()
+    finally:
+        srv.shutdown()
+    events = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    return st, seen, events
+
+
+def test_mixed_requests_cycle_lengths_and_sampling_and_all_succeed(tmp_path):
+    wl = N.Workload(mix=N.RequestMix(input_lens=[2, 9], max_new_tokens=[1, 3, 5],
+                                     sampling=[{"temperature": 0.0}, {"temperature": 0.8, "top_p": 0.9}]))
+    st, seen, _ = _drive(tmp_path, wl, n=6, adapter=SamplingAdapter())
+    assert st.finished and st.ok == 6 and st.failed == 0
+    by_len = {len(b["ids"]): b for b in seen["bodies"]}
+    assert set(by_len) == {2, 9}
+    assert sorted(b["n"] for b in seen["bodies"]) == [1, 1, 3, 3, 5, 5]
+    assert {json.dumps(b["sampling"], sort_keys=True) for b in seen["bodies"]} == {
+        '{"temperature": 0.0}', '{"temperature": 0.8, "top_p": 0.9}'}
+    assert [r.max_new_tokens for r in st.requests] == [1, 3, 5, 1, 3, 5]  # each request judged on its own length
+
+
+def test_sampling_without_the_adapters_with_sampling_is_one_clear_error(tmp_path):
+    wl = N.Workload(mix=N.RequestMix(sampling=[{"temperature": 0.5}]))
+    with pytest.raises(ValueError, match="with_sampling"):
+        BurstDriver(PlainAdapter(), "http://127.0.0.1:1", [[1, 2]], 2, 1, tmp_path / "r.jsonl", 5, workload=wl)
+
+
+def test_client_abort_mid_stream_disconnects_after_n_tokens_and_is_not_a_failure(tmp_path):
+    wl = N.Workload(client_abort=N.ClientAbort(every=2, after_tokens=2))
+    st, seen, events = _drive(tmp_path, wl, n=6, max_new=8, gap_s=0.05)
+    assert st.finished and st.aborted == 3 and st.ok == 3 and st.failed == 0
+    cut = [r for r in st.requests if r.status == "aborted"]
+    assert [r.index for r in cut] == [0, 2, 4]
+    assert all(r.output_len == 2 and "client abort" in (r.error or "") for r in cut)
+    time.sleep(0.2)
+    assert seen["disconnects"] >= 1  # the stand-in saw clients leave mid-stream
+    assert judge_completion(st.requests, [0], [0], [0], []).verdict == SUCCEEDED
+
+
+def test_deadline_gives_up_slow_requests_and_says_why(tmp_path):
+    wl = N.Workload(deadlines=N.Deadlines(every=3, deadline_s=0.3))
+    st, _, events = _drive(tmp_path, wl, n=6, max_new=20, gap_s=0.05)  # 1 s per request: the deadline cuts it
+    assert st.finished
+    cut = sorted(r.index for r in st.requests if r.status == "aborted")
+    assert cut == [0, 3]
+    assert all("deadline of 0.3 s" in (r.error or "") for r in st.requests if r.status == "aborted")
+    assert st.ok == 4 and st.failed == 0
+    done = [e for e in events if e.get("event") == "aborted"]
+    assert {e["request"] for e in done} == {0, 3}
+
+
+def test_admin_calls_under_load_are_recorded_with_status_and_body_filled(tmp_path):
+    wl = N.Workload(admin=[
+        N.AdminCall(method="DELETE", path="/admin/detach", when_in_flight=2, ok_status=[200, 400],
+                    headers={"Authorization": "Bearer k"}),
+        N.AdminCall(method="POST", path="/admin/update", when_in_flight=2, fill_from="/info",
+                    body={"model_path": "{model_path}", "load_format": "dummy"}, repeat=2, interval_s=0.05)],
+        after=1)
+    st, seen, events = _drive(tmp_path, wl, n=6, max_new=10)
+    assert st.finished and st.ok == 7 and len(st.requests) == 7  # 6 + 1 after the burst
+    calls = seen["admin"]
+    assert len(calls) == 3 and all(c["busy"] for c in calls)  # all landed while streams were open
+    assert calls[0]["auth"] == "Bearer k" and calls[0]["method"] == "DELETE"
+    assert [c["body"] for c in calls[1:]] == [{"model_path": "/models/tiny", "load_format": "dummy"}] * 2
+    assert [(a["path"], a["http_status"], a["ok"]) for a in sorted(st.admin, key=lambda a: (a["call"], a["n"]))] == [
+        ("/admin/detach", 400, True), ("/admin/update", 400, False), ("/admin/update", 400, False)]
+    assert len([e for e in events if e.get("event") == "admin"]) == 3
+
+
+def test_after_requests_start_only_once_the_burst_ended(tmp_path):
+    wl = N.Workload(after=2)
+    st, _, events = _drive(tmp_path, wl, n=4, max_new=3)
+    assert st.finished and st.ok == 6
+    sent = {e["request"]: e["t"] for e in events if e.get("event") == "sent"}
+    ended = max(e["t"] for e in events if e.get("event") == "done" and e["request"] < 4)
+    assert min(sent[4], sent[5]) >= ended
+
+
+def test_admin_call_that_never_sees_the_load_is_not_made_and_says_so(tmp_path):
+    wl = N.Workload(admin=[N.AdminCall(path="/admin/x", when_in_flight=50, wait_s=0.5)])
+    st, seen, _ = _drive(tmp_path, wl, n=2, max_new=12)
+    assert seen["admin"] == [] and len(st.admin) == 1 and st.admin[0]["done"] is False
+    assert "never 50 requests in flight" in st.admin[0]["error"]
+
+
+# ---------------------------------------------------------------------------------------------------- the data
+def test_the_sglang_workload_file_loads_and_every_workload_is_a_valid_scenario_burst(tmp_path):
+    cat = N.load_nemeses(WORKLOADS)
+    assert {"mass_abort", "client_abort", "deadlines", "memory_pressure", "chunked_long", "mixed", "flush_cache",
+            "storage_attach_detach", "weight_update"} <= set(cat.workloads)
+    assert cat.not_run  # what the testbed cannot serve is listed, with why
+    base = load_scenario(BASE)
+    for name, spec in cat.workloads.items():
+        b = base.burst.model_copy(update={"workload": spec.workload})
+        assert N.effective_sizes(b, spec.workload)[0] >= 1
+    assert cat.workload("mass_abort").abort["count"] == 4
+
+
+def test_configs_set_replace_and_remove_flags():
+    cat = N.load_nemeses(WORKLOADS)
+    base = ["--enable-hierarchical-cache", "--hicache-storage-backend", "file", "--hicache-storage-prefetch-policy", "timeout"]
+    assert N.config_args(base, cat, "prefetch_best_effort") == [
+        "--enable-hierarchical-cache", "--hicache-storage-backend", "file", "--hicache-storage-prefetch-policy", "best_effort"]
+    assert N.config_args(base, cat, "no_radix") == ["--disable-radix-cache"]
+    assert N.config_args(base, cat, "chunked_64")[-2:] == ["--chunked-prefill-size", "64"]
+    with pytest.raises(N.NemesisError, match="needs .*--enable-hierarchical-cache"):
+        N.config_args(["--tp-size", "2"], cat, "write_back")
+
+
+def test_workloads_with_the_same_flags_share_a_server_group():
+    cat = N.load_nemeses(WORKLOADS)
+    base = ["--enable-hierarchical-cache"]
+    groups = N.server_groups(base, cat, ["base", "schedule_fcfs"], ["quiet", "mass_abort", "mixed", "memory_pressure"])
+    assert [(g.config, g.workloads) for g in groups] == [
+        ("base", ("quiet", "mass_abort", "mixed")), ("base", ("memory_pressure",)),
+        ("schedule_fcfs", ("quiet", "mass_abort", "mixed")), ("schedule_fcfs", ("memory_pressure",))]
+    assert "--max-total-tokens" in groups[1].args
+    # a base that already has the pressure flags runs every workload on one server
+    pressured = N.set_args(base, cat.workload("memory_pressure").server_args)
+    assert len(N.server_groups(pressured, cat, ["base"], ["quiet", "mass_abort", "memory_pressure"])) == 1
+
+
+def test_a_bad_workload_field_is_one_error_naming_file_and_field(tmp_path):
+    f = tmp_path / "w.toml"
+    f.write_text('[workloads.x]\nworkload = { deadlines = { every = 0, deadline_s = 1 } }\n')
+    with pytest.raises(N.NemesisError, match=r"w\.toml: workloads\.x\.workload\.deadlines\.every"):
+        N.load_nemeses(f)
+    f.write_text('[workloads.x]\nspeed = 3\n')
+    with pytest.raises(N.NemesisError, match="unknown field"):
+        N.load_nemeses(f)
+    with pytest.raises(N.NemesisError, match="no workload 'nope'"):
+        N.load_nemeses(WORKLOADS).workload("nope")
