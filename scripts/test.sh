@@ -18,19 +18,20 @@ stages=()
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    fast|sglang|hang|pd) stages+=("$1"); shift ;;
+    fast|sglang|hang|pd|multihost) stages+=("$1"); shift ;;
     --) shift; extra=("$@"); break ;;
-    *) echo "test.sh: unknown stage '$1' (expected fast, sglang, hang, pd; pytest args go after --)" >&2; exit 2 ;;
+    *) echo "test.sh: unknown stage '$1' (expected fast, sglang, hang, pd, multihost; pytest args go after --)" >&2; exit 2 ;;
   esac
 done
 [ ${#stages[@]} -eq 0 ] && stages=(fast sglang hang pd)
 
 marker() {
   case "$1" in
-    fast) echo "not sglang and not hang and not pd and not pd_abort" ;;
+    fast) echo "not sglang and not hang and not pd and not pd_abort and not multihost" ;;
     sglang) echo "sglang" ;;
     hang) echo "hang" ;;
     pd) echo "pd" ;;
+    multihost) echo "multihost" ;;
   esac
 }
 

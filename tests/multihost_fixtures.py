@@ -1,0 +1,58 @@
+"""The namespaced multi-host rig as a pytest fixture (scripts/multihost/rig.py): root only; everything it made is
+removed when the test ends, passes or fails (and on Ctrl-C, through the rig's context manager)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+RIG_DIR = Path(__file__).resolve().parents[1] / "scripts" / "multihost"
+PY_SPY = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+
+
+def load_rig_module():
+    sys.path.insert(0, str(RIG_DIR))
+    try:
+        import rig  # noqa: PLC0415
+    finally:
+        sys.path.remove(str(RIG_DIR))
+    return rig
+
+
+def rig_or_skip(n_hosts: int = 2):
+    """A built Rig (context manager entered by the caller), or a skip when not root / no namespaces here."""
+    if os.geteuid() != 0:
+        pytest.skip("the multihost rig needs root (network namespaces, sshd)")
+    for tool in ("ip", "unshare", "nsenter", "ssh", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"the multihost rig needs {tool!r} (iproute2, util-linux, openssh-client)")
+    return load_rig_module().Rig(n_hosts)
+
+
+def hosts_file(rig, path: Path, *, via: str = "ssh", workdir: str = "/tmp/repro-remote") -> Path:
+    """Write the rig's hosts as a ``--hosts`` JSON file (ssh targets, or the stand-in kubectl template)."""
+    real_py_spy = os.path.realpath(PY_SPY)
+    items = []
+    for i, h in enumerate(rig.state.hosts):
+        item = {"name": h.name, "node_rank": i, "address": h.data_addr, "http_address": h.mgmt_addr,
+                "ifname": "data0", "workdir": workdir, "py_spy": real_py_spy, "python": "/usr/bin/python3"}
+        if via == "ssh":
+            item.update(ssh=f"root@{h.mgmt_addr}", ssh_options=list(rig.ssh_options()))
+        else:
+            item.update(template=f"{RIG_DIR / 'kubectl'} exec {h.name} --")
+        items.append(item)
+    path.write_text(json.dumps(items, indent=2))
+    return path
+
+
+@pytest.fixture
+def rig2():
+    """Two namespaced hosts (h0, h1) reached over ssh, and a harness namespace; torn down afterwards."""
+    rig = rig_or_skip(2)
+    with rig:
+        yield rig

@@ -1,0 +1,57 @@
+"""The namespaced rig (scripts/multihost/rig.py) with real sshd: the harness, in a namespace of its own, reaches
+each host only through ssh — it starts a process there, finds it by session, dumps it with py-spy on that host,
+copies files both ways and ends it — and the rig leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.multihost_fixtures import RIG_DIR, hosts_file, rig2, rig_or_skip  # noqa: F401 (rig2 is a fixture)
+
+pytestmark = pytest.mark.multihost
+
+
+def test_harness_reaches_host_processes_only_through_ssh(rig2, tmp_path):
+    hosts = hosts_file(rig2, tmp_path / "hosts.json")
+    p = subprocess.run(rig2.harness_argv([sys.executable, str(RIG_DIR / "harness_probe.py"), str(hosts)]),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(out["harness_pids"]) < 10  # its own PID namespace: only the probe and its parents
+    for name, h in out["hosts"].items():
+        assert h["hostname"].endswith(name)
+        assert h["session"] == [h["pid"]]
+        assert h["capture_ok"], h["capture_error"]
+        assert "probe_waits_here" in h["functions"]
+        assert not h["visible_here"]  # that pid is not the host's process in the harness's namespace
+        assert h["file_back"]
+        assert "repro-remote" in h["tmp"]  # the workdir lives in the host's private /tmp
+        assert h["left_after_kill"] == []
+    assert not (Path("/tmp") / "repro-remote" / "probe.py").exists()  # not on the machine's /tmp
+    assert {"rank0-1.json", "rank1-1.json", "capture-1.json"} <= set(out["capture_files"])
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_rig_teardown_leaves_nothing():
+    rig = rig_or_skip(2)
+    with rig:
+        st = rig.state
+        pids = [h.init_pid for h in st.hosts] + [h.unshare_pid for h in st.hosts]
+        names = [h.netns for h in st.hosts] + [st.harness_netns]
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert not any(n in netns for n in names)
+    assert st.prefix not in links
+    assert not [p for p in pids if _running(p)]
+    assert not Path(st.dir).exists()
