@@ -566,7 +566,10 @@ def sites(
         sc = load_scenario(scenario)
         if variant is not None:
             sc.variant(variant)
-        py = choose_python(python, require_sglang=False)
+        from repro.targets.registry import get_adapter
+
+        ad = get_adapter(sc.server.adapter)
+        py = choose_python(python, require_sglang=False, package=ad.ref_location.package or None, adapter=ad)
     except (ScenarioError, InterpreterError) as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(EXIT_USAGE)
@@ -944,6 +947,9 @@ def hunt(
     discover_: bool = typer.Option(False, "--discover", help="also hunt the decision points `repro discover` proposes from the engine's source (hand catalogue entries win)"),
     no_hand: bool = typer.Option(False, "--no-hand-catalogue", help="with --discover: drop the hand catalogue's points (discovery alone decides where to search)"),
     discover_rules: Optional[Path] = typer.Option(None, "--discover-rules", help="discovery rules TOML (default: the adapter's, scenarios/sglang/discover_rules.toml)"),
+    workload: Optional[List[str]] = typer.Option(None, "--workload", help="workload nemesis to hunt under (repeatable; 'all': every one of the workload file); each runs clean first"),
+    config: Optional[List[str]] = typer.Option(None, "--config", help="server configuration of the workload file to hunt beside the base scenario's (repeatable), e.g. no_radix"),
+    workload_file: Optional[Path] = typer.Option(None, "--workload-file", help="workloads/configurations TOML (default: hunt_workloads.toml beside the catalogue)"),
     as_json: bool = typer.Option(False, "--json", help="print the results as JSON on stdout"),
 ) -> None:
     """Search a live server for collective-desync hazards: perturb each rank-local decision point once, on one rank
@@ -966,7 +972,8 @@ def hunt(
                        evidence_root=evidence_dir, python=python, ref=ref, sites=sites,
                        sites_matching=tuple(sites_matching or ()), confirm=confirm,
                        requests=requests_, command_line=shlex.join(["repro", *sys.argv[1:]]),
-                       discover=discover_, hand_points=not no_hand, discover_rules=discover_rules)
+                       discover=discover_, hand_points=not no_hand, discover_rules=discover_rules,
+                       workloads=tuple(workload or ()), configs=tuple(config or ()), workload_file=workload_file)
     prog = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[left]}"), console=console, transient=True, disable=as_json)
     state: dict = {"task": None, "folder": None}

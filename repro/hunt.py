@@ -389,25 +389,29 @@ def site_rows(catalogue: Catalogue, records: Sequence[Any], since: float, matchi
 # -------------------------------------------------------------------------------------------------------- trials
 @dataclass(frozen=True)
 class Trial:
-    """One perturbation of one row on one rank (``n``: 1-based index in the hunt)."""
+    """One perturbation of one row on one rank (``n``: 1-based index in the hunt), under one workload
+    (``workload``: a name of the workload file, ``repro.nemeses``; "" = the base scenario's burst)."""
 
     n: int
     row: Row
     perturbation: Perturbation
     rank: int
+    workload: str = ""
 
     @property
     def name(self) -> str:
-        """Variant / injection id: ``t007-get_num_allocatable_reqs-zero_once-r0``."""
-        return f"t{self.n:03d}-{self.row.point}-{self.perturbation.name}-r{self.rank}"
+        """Variant / injection id: ``t007-get_num_allocatable_reqs-zero_once-r0`` (``…-r0-wmass_abort`` under a workload)."""
+        return f"t{self.n:03d}-{self.row.point}-{self.perturbation.name}-r{self.rank}" + (f"-w{self.workload}" if self.workload else "")
 
     def injection(self, sites: Sequence[str]) -> dict:
         """The scenario injection (TOML-able dict) of this trial."""
         return {"id": self.name, "site": list(sites), "action": dict(self.perturbation.action), "gate": self.row.gate(self.rank)}
 
 
-def plan_trials(catalogue: Catalogue, rows: Sequence[Row], ranks: Sequence[int], perturbations: Sequence[str] = ()) -> list[Trial]:
-    """Every row × its point's perturbations (or only those named) × each rank, in that order.
+def plan_trials(catalogue: Catalogue, rows: Sequence[Row], ranks: Sequence[int], perturbations: Sequence[str] = (),
+                workload: str = "", first_n: int = 1) -> list[Trial]:
+    """Every row × its point's perturbations (or only those named) × each rank, in that order, under ``workload``
+    (numbered from ``first_n``).
 
     Raises:
         HuntError: a name in ``perturbations`` is not in the catalogue.
@@ -422,7 +426,7 @@ def plan_trials(catalogue: Catalogue, rows: Sequence[Row], ranks: Sequence[int],
             if perturbations and pname not in perturbations:
                 continue
             for rank in ranks:
-                out.append(Trial(len(out) + 1, row, catalogue.perturbations[pname], rank))
+                out.append(Trial(first_n + len(out), row, catalogue.perturbations[pname], rank, workload))
     return out
 
 
@@ -553,7 +557,7 @@ class TrialResult:
     def to_json(self) -> dict:
         t = self.trial
         return {
-            "n": t.n, "trial": t.name, "point": t.row.point, "caller": t.row.caller, "loop_frame": t.row.loop_frame,
+            "n": t.n, "trial": t.name, "workload": t.workload, "point": t.row.point, "caller": t.row.caller, "loop_frame": t.row.loop_frame,
             "loop_var": t.row.loop_var, "row": t.row.where, "perturbation": t.perturbation.name, "rank": t.rank,
             "action": t.perturbation.action, "by_construction": t.perturbation.by_construction, "verdict": self.verdict, "reason": self.reason,
             "to_verdict_s": round(self.to_verdict_s, 2),
@@ -649,6 +653,16 @@ class HuntLog:
                    + (f" of {h['trials_total']}" if h.get("trials_total") else "")
                    + (f"; wall time {h['wall_s']:.0f} s" if h.get("wall_s") else ""))
         out.append("")
+        if h.get("workload_baselines"):
+            out += ["## Workloads: each run clean first (no perturbation)", "",
+                    "A deadlock or desync here needs no perturbation at all: the engine is unsafe under this load (FINDING-<workload>.md).", "",
+                    "| workload | what the clients do | verdict | requests ok / aborted / failed | admin calls (status) | server log | evidence |",
+                    "|---|---|---|---|---|---|---|"]
+            for b in h["workload_baselines"]:
+                evl = f"[{Path(b['evidence']).name}]({_rel(Path(b['evidence']), self.folder)}/REPORT.md)" if b.get("evidence") else ""
+                out.append(f"| `{b['workload']}` | {_md(b.get('says', ''))} | {b['verdict']} | {b.get('ok', 0)} / {b.get('aborted', 0)} / "
+                           f"{b.get('failed', 0)} | {_md(b.get('admin', '') or '—')} | {_md(b.get('log', '') or '—')} | {evl} |")
+            out.append("")
         res = sorted(self.results, key=rank_key)
         dl = [r for r in res if r.verdict == DEADLOCKED]
         found = [r for r in dl if r.confirmed]
@@ -701,7 +715,7 @@ class HuntLog:
             if r.scenario_file:
                 evl += f" · [scenario]({_rel(r.scenario_file, self.folder)})"
             secs = f"{r.to_verdict_s:.1f}" if r.verdict != NOT_RUN else ""
-            out.append(f"| {t.n} | `{t.row.point}` | {_md(t.row.where)} | {t.perturbation.name} | {t.rank} | {r.verdict} | "
+            out.append(f"| {t.n} | `{t.row.point}` | {_md(t.row.where)} | {t.perturbation.name}{' under ' + t.workload if t.workload else ''} | {t.rank} | {r.verdict} | "
                        f"{secs} | {_md(div)} | {fam} | {_md(r.hazard or r.reason)} | {evl} |")
         if self.rows:
             out += ["", "## Rows seen in the baseline burst", "", "| decision point | caller | loop | ranks | stack |", "|---|---|---|---|---|"]
@@ -743,7 +757,8 @@ def scenario_toml(base: Any, name: str, description: str, variants: Sequence[tup
 
     Args:
         base: the base ``repro.scenario.Scenario``.
-        variants: (name, expect, description, injections as dicts with id/site/action/gate).
+        variants: (name, expect, description, injections as dicts with id/site/action/gate[, extra]); ``extra``: the
+            variant's own ``abort`` / ``workload`` tables (``repro.nemeses``), written when given.
     Returns:
         TOML text that ``repro.scenario.load_scenario`` accepts.
     """
@@ -762,9 +777,12 @@ def scenario_toml(base: Any, name: str, description: str, variants: Sequence[tup
     for k, v in s.burst.model_dump().items():
         if v is not None:  # an unset optional field (e.g. burst.abort) is left out, as in the scenario file
             lines.append(f"{k} = {_toml_value(v)}")
-    for vname, expect, desc, injections in variants:
+    for vname, expect, desc, injections, *rest in variants:
         lines += ["", "[[variants]]", f"name = {_toml_value(vname)}", f"expect = {_toml_value(expect)}",
                   f"description = {_toml_value(desc)}"]
+        for k, v in ((rest[0] if rest else None) or {}).items():
+            if v is not None:
+                lines.append(f"{k} = {_toml_value(v)}")
         for inj in injections:
             lines += ["", "[[variants.injections]]", f"id = {_toml_value(inj['id'])}", f"site = {_toml_value(inj['site'])}",
                       f"action = {_toml_value(inj['action'])}"]
@@ -777,9 +795,9 @@ def scenario_toml(base: Any, name: str, description: str, variants: Sequence[tup
 
 
 def finding_scenario(base: Any, base_path: Path, catalogue: Catalogue, trial: Trial, diag: Optional[Diagnosis],
-                     verdict: str = DEADLOCKED) -> str:
+                     verdict: str = DEADLOCKED, extra: Optional[dict] = None) -> str:
     """The ready-to-run regression scenario of one DEADLOCKED (or DESYNCED) trial (variant ``finding``, expect
-    deadlock / desync)."""
+    deadlock / desync); ``extra``: the trial's workload (``abort`` / ``workload`` tables), so it runs under the same load."""
     point = catalogue.point(trial.row.point)
     inj = trial.injection(point.sites)
     inj["id"] = f"{trial.row.point}-{trial.perturbation.name}"
@@ -789,7 +807,8 @@ def finding_scenario(base: Any, base_path: Path, catalogue: Catalogue, trial: Tr
                f"Run: repro run <this file>   (expects {verdict}; a fix makes it ALL REQUESTS SUCCEEDED)")
     base = base.model_copy(update={"burst": base.burst.model_copy(update={"seed": trial_seed(base, trial)})})
     return scenario_toml(base, name, f"repro hunt finding: {hazard}",
-                         [("finding", "desync" if verdict == DESYNCED else "deadlock", f"rank {trial.rank}: {point.name} {trial.perturbation.says} at {trial.row.where}", [inj])],
+                         [("finding", "desync" if verdict == DESYNCED else "deadlock", f"rank {trial.rank}: {point.name} {trial.perturbation.says} at {trial.row.where}"
+                           + (f" under workload {trial.workload}" if trial.workload else ""), [inj], extra or {})],
                          mirrors=(diag.known if diag and diag.known else ""), comment=comment)
 
 
@@ -830,6 +849,10 @@ class HuntOptions:
     discover: bool = False
     hand_points: bool = True
     discover_rules: Optional[Path] = None
+    workloads: Sequence[str] = ()  # workload nemeses (repro.nemeses; "all": every one of the file); quiet always first
+    configs: Sequence[str] = ()  # server configurations (axes) beside the base scenario's own
+    workload_file: Optional[Path] = None  # default: hunt_workloads.toml beside the catalogue
+    group_workloads: Sequence[str] = ()  # set by hunt_matrix: the workloads of one server group (one hunt)
 
 
 @dataclass
@@ -908,6 +931,8 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
         runner = runner_mod
     if opts.budget_min <= 0:
         raise HuntError(f"--budget-min must be > 0 (got {opts.budget_min})")
+    if (opts.workloads or opts.configs) and not opts.group_workloads:
+        return hunt_matrix(opts, observe, runner=runner)
     try:
         base = load_scenario(opts.scenario_path)
     except ScenarioError as e:
@@ -922,6 +947,10 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
     elif not opts.hand_points:
         raise HuntError("--no-hand-catalogue needs --discover (without either, there is nothing to hunt)")
     _check_sites_option(opts.sites, cat, base)
+    ncat = _nemeses_for(opts, cat) if opts.group_workloads else None
+    if ncat is not None and opts.sites:
+        raise HuntError("--sites with --workload/--config is not supported (the call sites are read from one quiet "
+                        "baseline); run --sites without workloads")
     points = [cat.point(n) for n in opts.only] if opts.only else list(cat.points)
     tp = base.server.tp_size
     ranks = list(opts.ranks) if opts.ranks else list(range(tp))
@@ -970,6 +999,10 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
     prepend = tuple(mat.pythonpath_prepend) if mat else ()
     interrupted = False
     try:
+        if ncat is not None:  # one clean run per workload on one server, then the trials under each
+            result.rows = _hunt_workloads(runner, base, cat, ncat, points, ranks, hf, log, result, clock, observe, opts,
+                                          python, prepend)
+            raise _Done()
         # ---- 1. baseline: observe-only probes record every call place of every decision point
         probes = {f"probe-{p.name}": p.name for p in points}
         probe_file = hf / "scenarios" / "baseline.toml"
@@ -1047,25 +1080,15 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
             log.finish("complete", wall_s=clock.elapsed)
             return result
         # ---- 2. trials: one plan with every trial's injection, armed one at a time
-        trial_file = hf / "scenarios" / "trials.toml"
-        trial_file.write_text(scenario_toml(
-            base, base.name, "repro hunt trials (generated)",
-            [(t.name, "success", t.perturbation.says, [t.injection(cat.point(t.row.point).sites)]) for t in trials]),
-            encoding="utf-8")
-        ro = runner.RunOptions(scenario_path=trial_file, python=python, evidence_root=opts.evidence_root, label="hunt-session",
-                               requests=opts.requests, pythonpath_prepend=prepend, command_line=opts.command_line)
-        try:
-            p = runner.prepare(ro, label_default="hunt-session", variants=[t.name for t in trials])
-        except runner.RunError as e:
-            raise HuntError(str(e)) from None
-        log.event("session", evidence=str(p.evidence.path))  # the trial server's run folder (`repro cleanup` finds it)
-        _run_trials(runner, p, ro, base, cat, trials, log, clock, observe, opts)
+        _trial_phase(runner, base, cat, trials, hf, log, clock, observe, opts, python, prepend)
         result.budget_exhausted = any(r.verdict == NOT_RUN for r in log.results)
         if opts.confirm:
             _confirm(runner, log, python, prepend, opts, clock, observe)
             from repro.discover.finding import write_findings
 
             write_findings(log, cat, base, opts.scenario_path, disc)
+    except _Done:
+        result.budget_exhausted = any(r.verdict == NOT_RUN for r in log.results)
     except KeyboardInterrupt:
         interrupted = True
     except HuntError as e:
@@ -1087,6 +1110,24 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
     if interrupted:
         raise KeyboardInterrupt
     return result
+
+
+def _trial_phase(runner: Any, base: Any, cat: Catalogue, trials: Sequence[Trial], hf: Path, log: HuntLog, clock: _Clock,
+                 observe: Observer, opts: HuntOptions, python: Optional[str], prepend: tuple) -> None:
+    """Write one plan with every trial's injection (and workload), start its server, arm each trial in turn."""
+    trial_file = hf / "scenarios" / "trials.toml"
+    trial_file.write_text(scenario_toml(
+        base, base.name, "repro hunt trials (generated)",
+        [(t.name, "success", t.perturbation.says, [t.injection(cat.point(t.row.point).sites)], _trial_extra(opts, cat, t))
+         for t in trials]), encoding="utf-8")
+    ro = runner.RunOptions(scenario_path=trial_file, python=python, evidence_root=opts.evidence_root, label="hunt-session",
+                           requests=opts.requests, pythonpath_prepend=prepend, command_line=opts.command_line)
+    try:
+        p = runner.prepare(ro, label_default="hunt-session", variants=[t.name for t in trials])
+    except runner.RunError as e:
+        raise HuntError(str(e)) from None
+    log.event("session", evidence=str(p.evidence.path))  # the trial server's run folder (`repro cleanup` finds it)
+    _run_trials(runner, p, ro, base, cat, trials, log, clock, observe, opts)
 
 
 def _discovery_python(opts: HuntOptions) -> str:
@@ -1245,7 +1286,7 @@ def _trial_result(runner: Any, p: Any, base: Any, cat: Catalogue, t: Trial, vari
         tr.ledger = str((getattr(v, "desync", None) or {}).get("summary") or v.reason)
     if verdict in (DEADLOCKED, DESYNCED):
         f = hunt_folder / "scenarios" / f"{t.name}.toml"
-        f.write_text(finding_scenario(base, opts.scenario_path, cat, t, diag, verdict), encoding="utf-8")
+        f.write_text(finding_scenario(base, opts.scenario_path, cat, t, diag, verdict, _trial_extra(opts, cat, t)), encoding="utf-8")
         tr.scenario_file = f
     return tr
 
@@ -1267,3 +1308,317 @@ def _confirm(runner: Any, log: HuntLog, python: Optional[str], prepend: tuple, o
         r.confirmed = res.verdict.verdict == r.verdict
         log.event("confirm", trial=r.trial.name, verdict=res.verdict.verdict, evidence=str(res.evidence))
         log._write_md()
+
+
+# ----------------------------------------------------------------------------------- workloads and configurations
+class _Done(Exception):
+    """The workload path of :func:`hunt` finished its baselines and trials (control flow only)."""
+
+
+_NEMESES_CACHE: dict[str, Any] = {}
+
+
+def _nemeses_for(opts: HuntOptions, cat: Catalogue) -> Any:
+    """The workload file (``repro.nemeses.NemesisCatalogue``) of a hunt: ``opts.workload_file`` or the catalogue's."""
+    from repro import nemeses
+
+    path = Path(opts.workload_file) if opts.workload_file else nemeses.default_workload_file(cat.path)
+    key = str(path.resolve())
+    if key not in _NEMESES_CACHE:
+        try:
+            _NEMESES_CACHE[key] = nemeses.load_nemeses(path)
+        except nemeses.NemesisError as e:
+            raise HuntError(str(e)) from None
+    return _NEMESES_CACHE[key]
+
+
+def workload_extra(spec: Any) -> dict:
+    """A workload's variant tables (``abort``, ``workload``) for a scenario file (``repro.nemeses.NemesisSpec``)."""
+    out: dict = {}
+    if spec is None:
+        return out
+    if spec.abort is not None:
+        out["abort"] = dict(spec.abort)
+    if spec.workload is not None:
+        out["workload"] = spec.workload.model_dump(exclude_none=True, exclude_defaults=True)
+    return out
+
+
+def _trial_extra(opts: HuntOptions, cat: Catalogue, t: Trial) -> dict:
+    if not t.workload:
+        return {}
+    return workload_extra(_nemeses_for(opts, cat).workload(t.workload))
+
+
+def _admin_summary(admin: Sequence[dict]) -> str:
+    """``DELETE /hicache/storage-backend → 400; POST /flush_cache → 400, 400, 200`` (per call: each answer)."""
+    by: dict[tuple, list[str]] = {}
+    for a in sorted(admin, key=lambda a: (a.get("call", 0), a.get("n", 0))):
+        ans = str(a.get("http_status")) if a.get("http_status") is not None else ("timeout" if a.get("timeout") else "not called" if not a.get("done", True) else "error")
+        by.setdefault((a.get("call", 0), a.get("method"), a.get("path")), []).append(ans)
+    return "; ".join(f"{m} {p} → {', '.join(v)}" for (_, m, p), v in by.items())
+
+
+def _hunt_workloads(runner: Any, base: Any, cat: Catalogue, ncat: Any, points: Sequence[DecisionPoint], ranks: Sequence[int],
+                    hf: Path, log: HuntLog, result: HuntResult, clock: _Clock, observe: Observer, opts: HuntOptions,
+                    python: Optional[str], prepend: tuple) -> list[Row]:
+    """One server group of a hunt under workloads: each workload's clean run (observe-only probes, its own verdict in
+    HUNT.md; a deadlock/desync there is a finding: FINDING-<workload>.md) on ONE server, then every row it reached ×
+    perturbation × rank under that workload on the trial server.
+
+    Returns:
+        The rows of every workload (union; a row reached by two workloads is tried under each).
+    Raises:
+        HuntError: the quiet workload (the base scenario's own burst) did not succeed clean.
+    """
+    from repro.nemeses import QUIET
+    from repro.runner import VariantItem, run_variants
+
+    names = list(opts.group_workloads)
+    vname = {w: "baseline" if w == QUIET else f"baseline-{w}" for w in names}
+    probes_by = {w: {f"probe-{p.name}" + ("" if w == QUIET else f".{w}"): p.name for p in points} for w in names}
+    specs = {w: ncat.workload(w) for w in names}
+    probe_file = hf / "scenarios" / "baseline.toml"
+    probe_file.write_text(scenario_toml(
+        base, base.name, "repro hunt baseline: each workload clean, observe-only probes on every decision point",
+        [(vname[w], "success", f"clean run under workload {w}: {specs[w].says}",
+          [{"id": pid, "site": list(cat.point(pn).sites), "action": {"kind": "none", "record_callers": True},
+            "gate": {"occurrence": {"mode": "every"}}} for pid, pn in probes_by[w].items()], workload_extra(specs[w]))
+         for w in names]), encoding="utf-8")
+    ro = runner.RunOptions(scenario_path=probe_file, python=python, evidence_root=opts.evidence_root, label="hunt-baseline",
+                           requests=opts.requests, pythonpath_prepend=prepend, command_line=opts.command_line)
+    try:
+        p0 = runner.prepare(ro, label_default="hunt-baseline", variants=[vname[w] for w in names])
+    except runner.RunError as e:
+        raise HuntError(str(e)) from None
+    result.baseline = p0.evidence.path
+    observe("baseline", {"evidence": str(p0.evidence.path)})
+    session = runner.Session(p0, observe)
+    done: dict[str, Any] = {}
+    items = [VariantItem(vname[w], command=(opts.command_line or f"repro hunt {opts.scenario_path}") + f"  # clean run, workload {w}",
+                         session_info={"hunt": str(hf), "workload": w}) for w in names]
+    log_path = p0.evidence.file("server.log")
+    t0 = time.time()
+    try:
+        run_variants(session, ro, items, lambda d: done.__setitem__(d.item.variant, d), settle_s=SETTLE_S,
+                     max_restart_failures=MAX_RESTART_FAILURES, finish=runner.finish_evidence, snapshot=runner.snapshot_session,
+                     on_not_run=lambda rest, why: log.event("baseline_not_run", variants=[x.variant for x in rest], why=why))
+    finally:
+        session.stop()
+        session.close_drivers()
+        p0.evidence.set_status("complete")
+    log.header["baseline_s"] = round(time.time() - t0, 1)
+    versions = runner.collect_versions(p0.evidence.injector_dir, p0.python)
+    from repro.targets.registry import get_adapter
+
+    engine_key = (getattr(p0, "adapter", None) or get_adapter(base.server.adapter)).ref_location.version_key
+    log.header.update({k: versions.get(k) for k in (engine_key, "torch", "python")})
+    seen = read_seen(p0.evidence.injector_dir)
+    baselines: list[dict] = []
+    rows_by: dict[str, list[Row]] = {}
+    for w in names:
+        d = done.get(vname[w])
+        spec = specs[w]
+        entry: dict = {"workload": w, "says": spec.says, "verdict": NOT_RUN}
+        if d is not None:
+            st, v = d.outcome.state, d.outcome.verdict
+            entry.update(verdict=v.verdict, reason=v.reason, evidence=str(d.run_dir.path),
+                         ok=st.ok if st else 0, aborted=st.aborted if st else 0, failed=st.failed if st else 0,
+                         admin=_admin_summary(st.admin if st else ()), burst_s=round(d.outcome.timings.get("burst_s", 0.0), 1))
+            if spec.expect_log:
+                text = _log_since(log_path, d.log_offset)
+                hits = {pat: len(re.findall(pat, text)) for pat in spec.expect_log}
+                entry["log"] = "; ".join(f"'{k}' ×{n}" if n else f"no '{k}' (the nemesis did not take effect)" for k, n in hits.items())
+            if v.verdict in (DEADLOCKED, DESYNCED):
+                entry["finding"] = str(_workload_finding(base, opts, cat, w, spec, d, hf))
+        baselines.append(entry)
+        log.event("workload_baseline", **entry)
+        ids = probes_by[w]
+        rows_by[w] = rows_from_seen(cat, [e for e in seen if e.get("id") in ids], ids)
+    log.header["workload_baselines"] = baselines
+    quiet = next((b for b in baselines if b["workload"] == QUIET), None)
+    if quiet is not None and quiet["verdict"] != SUCCEEDED:
+        raise HuntError(f"the clean baseline burst did not succeed ({quiet['verdict']}: {quiet.get('reason', '')}); a hunt "
+                        f"needs a healthy base scenario. Evidence: {quiet.get('evidence') or p0.evidence.path}")
+    all_probes = {k: v for w in names for k, v in probes_by[w].items()}
+    rows = rows_from_seen(cat, seen, all_probes)
+    seen_points = {r.point for r in rows}
+    log.header["points_not_seen"] = [p.name for p in points if p.name not in seen_points]
+    log.set_rows(rows)
+    log.event("baseline", evidence=str(p0.evidence.path), seen=len(seen), rows=len(rows), healthy_s=session.healthy_s,
+              rows_by_workload={w: len(r) for w, r in rows_by.items()})
+    observe("rows", {"rows": rows, "not_seen": log.header["points_not_seen"]})
+    trials: list[Trial] = []
+    for w in names:
+        trials += plan_trials(cat, rows_by[w], ranks, opts.perturbations, workload="" if w == QUIET else w,
+                              first_n=len(trials) + 1)
+    log.header["trials_total"] = len(trials)
+    if trials:
+        _trial_phase(runner, base, cat, trials, hf, log, clock, observe, opts, python, prepend)
+    log.finish("complete", wall_s=clock.elapsed)
+    return rows
+
+
+def _workload_finding(base: Any, opts: HuntOptions, cat: Catalogue, w: str, spec: Any, d: Any, hf: Path) -> Path:
+    """A clean workload that deadlocked or desynced: its scenario file (no injection) and FINDING-<workload>.md."""
+    v = d.outcome.verdict
+    diag = None
+    if v.verdict == DEADLOCKED and d.outcome.analysis is not None:
+        a = d.outcome.analysis
+        diag = diagnose(a.to_dict() if hasattr(a, "to_dict") else a, cat)
+    sc = hf / "scenarios" / f"workload-{w}.toml"
+    expect = "desync" if v.verdict == DESYNCED else "deadlock"
+    sc.write_text(scenario_toml(base, re.sub(r"[^A-Za-z0-9_.-]+", "_", f"hunt_workload_{w}"),
+                                f"repro hunt: the engine {v.verdict} under workload {w} with no perturbation",
+                                [("finding", expect, spec.says, [], workload_extra(spec))],
+                                comment=f"Written by `repro hunt` from {opts.scenario_path}: workload {w}, no injection.\n"
+                                        f"Run: repro run <this file>   (expects {v.verdict})"), encoding="utf-8")
+    f = hf / f"FINDING-{w}.md"
+    lines = [f"# {v.verdict} under workload `{w}`, with no perturbation", "",
+             f"**The load:** {spec.says}. Engine flags: `{' '.join(base.server.args)}`.", "",
+             f"**What happened:** {v.reason}", ""]
+    if diag is not None:
+        lines += [f"**Divergent collective:** {diag.collective} (family: {diag.family}; ranks in it: "
+                  f"{', '.join(map(str, diag.in_ranks)) or '?'})", ""]
+        lines += [f"- rank {k}: {where}" for k, where in sorted(diag.where.items())] + [""]
+    lines += [f"**Minimal scenario:** [`{_rel(sc, hf)}`]({_rel(sc, hf)}) (`repro run {sc}`).",
+              f"**Evidence:** [{_rel(d.run_dir.path, hf)}]({_rel(d.run_dir.path, hf)}/REPORT.md).", "",
+              "**Not yet confirmed** from the scenario file on a fresh server; re-run it before filing upstream."]
+    f.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return f
+
+
+def hunt_matrix(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) -> HuntResult:
+    """``repro hunt --workload … --config …``: the base configuration and each named one × every workload.
+
+    Workloads whose engine flags agree run on one server group (``repro.nemeses.server_groups``); each group is one
+    hunt (its own folder, HUNT.md with each workload's clean verdict, trials under each workload). The budget is
+    shared: each group gets the time left divided by the groups left. The top folder's HUNT.md has one row per
+    group and workload: configuration, flags, clean verdict, rows, trials, verdicts, wall time.
+
+    Returns:
+        A :class:`HuntResult` of the top folder, with every group's rows and results.
+    Raises:
+        HuntError: bad workload/config name or file, before anything is launched; a group's own errors are
+            recorded in its row and the next group runs.
+        KeyboardInterrupt: after the running group tore its server down; the top HUNT.md says so.
+    """
+    import dataclasses
+
+    from repro import nemeses
+    from repro.scenario import ScenarioError, load_scenario
+
+    try:
+        base = load_scenario(opts.scenario_path)
+    except ScenarioError as e:
+        raise HuntError(str(e)) from None
+    cat = load_catalogue(opts.catalogue_path or catalogue_for(base.server.adapter))
+    ncat = _nemeses_for(opts, cat)
+    wanted = list(opts.workloads)
+    if "all" in wanted:
+        wanted = list(ncat.workloads)
+    names = [nemeses.QUIET] + [w for w in dict.fromkeys(wanted) if w != nemeses.QUIET]
+    configs = ["base"] + [c for c in dict.fromkeys(opts.configs) if c != "base"]
+    try:
+        for w in names:
+            ncat.workload(w)
+        groups = nemeses.server_groups(base.server.args, ncat, configs, names)
+    except nemeses.NemesisError as e:
+        raise HuntError(str(e)) from None
+    try:
+        top = ev.EvidenceDir(opts.evidence_root, base.name, "hunt-matrix")
+    except ev.EvidenceError as e:
+        raise HuntError(str(e)) from None
+    (top.path / "scenarios").mkdir(exist_ok=True)
+    observe("hunt_folder", {"folder": str(top.path)})
+    clock = _Clock(opts.budget_min * 60.0)
+    entries: list[dict] = []
+    out = HuntResult(top.path, [], [])
+    status = "running"
+
+    def write() -> None:
+        ev.write_text_atomic(top.path / ev.Layout.HUNT_MD.name, matrix_markdown(opts, ncat, groups, entries, status, clock.elapsed, top.path))
+        ev.write_text_atomic(top.path / "matrix.json", json.dumps({"status": status, "wall_s": round(clock.elapsed, 1),
+                                                                   "groups": entries}, indent=1, default=str))
+
+    write()
+    try:
+        for i, g in enumerate(groups):
+            entry: dict = {"config": g.config, "args": list(g.args), "workloads": list(g.workloads), "status": NOT_RUN}
+            entries.append(entry)
+            left = clock.remaining / max(1, len(groups) - i)
+            if left <= 0:
+                entry["why"] = f"budget of {opts.budget_min:g} min ended before this group"
+                write()
+                continue
+            b = base.model_copy(update={"server": base.server.model_copy(update={"args": list(g.args)})})
+            f = top.path / "scenarios" / f"{i + 1:02d}-{g.label}.toml"
+            f.write_text(scenario_toml(b, b.name, f"repro hunt group {g.label}: {base.name} with flags {' '.join(g.args)}",
+                                       [("base", "success", "the base burst", [])]), encoding="utf-8")
+            sub = dataclasses.replace(opts, scenario_path=f, workloads=(), configs=(), group_workloads=g.workloads,
+                                      budget_min=left / 60.0, evidence_root=top.path, workload_file=ncat.path,
+                                      catalogue_path=cat.path)
+            t0 = time.time()
+            try:
+                r = hunt(sub, observe, runner=runner)
+            except HuntError as e:
+                entry.update(status="failed", error=str(e), wall_s=round(time.time() - t0, 1))
+                write()
+                continue
+            md = (r.folder / ev.Layout.HUNT_JSONL.name)
+            baselines = []
+            if md.exists():
+                for line in md.read_text(encoding="utf-8").splitlines():
+                    try:
+                        e = json.loads(line)
+                    except ValueError:
+                        continue
+                    if e.get("event") == "workload_baseline":
+                        baselines.append(e)
+            counts: dict[str, dict[str, int]] = {}
+            for tr in r.results:
+                counts.setdefault(tr.trial.workload or nemeses.QUIET, {}).setdefault(tr.verdict, 0)
+                counts[tr.trial.workload or nemeses.QUIET][tr.verdict] += 1
+            entry.update(status="interrupted" if r.interrupted else "complete", folder=str(r.folder), rows=len(r.rows),
+                         trials=len(r.results), wall_s=round(time.time() - t0, 1), baselines=baselines, verdicts=counts,
+                         budget_s=round(left, 1))
+            out.rows += r.rows
+            out.results += r.results
+            write()
+    except KeyboardInterrupt:
+        status = "interrupted"
+        out.interrupted = True
+        write()
+        raise
+    status = "complete"
+    out.wall_s = clock.elapsed
+    out.budget_exhausted = any(e["status"] == NOT_RUN for e in entries) or any(r.verdict == NOT_RUN for r in out.results)
+    write()
+    return out
+
+
+def matrix_markdown(opts: HuntOptions, ncat: Any, groups: Sequence[Any], entries: Sequence[dict], status: str,
+                    wall_s: float, folder: Path) -> str:
+    """The top HUNT.md of :func:`hunt_matrix`: one row per server group × workload."""
+    out = ["# repro hunt: workloads × server configurations", "",
+           f"- **scenario**: {_md(str(opts.scenario_path))}", f"- **workload file**: {_md(str(ncat.path))}",
+           f"- **budget**: {opts.budget_min:g} min; **status**: {status}; wall time {wall_s:.0f} s; "
+           f"{len(groups)} server group(s)", f"- **command**: {_md(opts.command_line)}", "",
+           "Each workload runs clean first (its own verdict: a deadlock or desync there needs no perturbation and gets a "
+           "FINDING-<workload>.md), then under each perturbation of every row it reached.", "",
+           "| group | config | flags | workload | clean verdict | requests ok / aborted / failed | admin | log | trials (verdicts) | group wall s | HUNT.md |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for i, e in enumerate(entries):
+        link = f"[HUNT.md]({_rel(Path(e['folder']), folder)}/HUNT.md)" if e.get("folder") else _md(e.get("error") or e.get("why") or "")
+        flags = " ".join(e["args"])
+        by = {b["workload"]: b for b in e.get("baselines") or []}
+        for w in e["workloads"]:
+            b = by.get(w, {})
+            vc = (e.get("verdicts") or {}).get(w, {})
+            tv = ", ".join(f"{k} {n}" for k, n in sorted(vc.items())) or "—"
+            out.append(f"| {i + 1} | {e['config']} | `{_md(flags)}` | `{w}` | {b.get('verdict', e['status'])} | "
+                       f"{b.get('ok', '')} / {b.get('aborted', '')} / {b.get('failed', '')} | {_md(b.get('admin') or '—')} | "
+                       f"{_md(b.get('log') or '—')} | {tv} | {e.get('wall_s', '')} | {link} |")
+    if ncat.not_run:
+        out += ["", "## Not run on this testbed, and why", ""] + [f"- `{k}`: {_md(v)}" for k, v in ncat.not_run.items()]
+    return "\n".join(out) + "\n"

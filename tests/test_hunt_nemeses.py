@@ -244,3 +244,119 @@ def test_a_bad_workload_field_is_one_error_naming_file_and_field(tmp_path):
         N.load_nemeses(f)
     with pytest.raises(N.NemesisError, match="no workload 'nope'"):
         N.load_nemeses(WORKLOADS).workload("nope")
+
+
+# ------------------------------------------------------------------------ the hunt under workloads (stand-in runner)
+import types  # noqa: E402
+
+from repro import hunt as H  # noqa: E402
+from repro import runner as real_runner  # noqa: E402
+from repro.driver import DriverState  # noqa: E402
+from repro.verdict import DEADLOCKED, Verdict  # noqa: E402
+from test_hunt import PREFILL, FakeRunner, _rank  # noqa: E402
+
+
+class WorkloadRunner(FakeRunner):
+    """FakeRunner whose baseline variants (one per workload) record ``seen`` events under their own probe ids; the
+    clean run of ``deadlock_clean`` deadlocks (the engine unsafe under that load with no perturbation)."""
+
+    def __init__(self, script: dict, deadlock_clean: str = "", interrupt_at: Optional[str] = None) -> None:
+        super().__init__(script, interrupt_at=interrupt_at)
+        base_session = self.Session
+        outer = self
+        self.workloads_seen: list[tuple[str, Any]] = []
+
+        class S(base_session):  # type: ignore[misc, valid-type]
+            def drive(self, variant, run_dir, n=None, native=False):
+                if not variant.name.startswith("baseline"):
+                    outer.workloads_seen.append((variant.name, variant.workload))
+                    return super().drive(variant, run_dir, n, native)
+                outer.driven.append(variant.name)
+                outer.workloads_seen.append((variant.name, variant.workload))
+                if outer.interrupt_at and outer.interrupt_at in variant.name:
+                    raise KeyboardInterrupt
+                suffix = variant.name[len("baseline"):].replace("-", ".", 1)
+                lines = [{"event": "seen", "id": f"probe-get_num_allocatable_reqs{suffix}", "rank": 0, "caller": PREFILL,
+                          "stack": [PREFILL, "m:a"], "loops": [["req"], []]}]
+                with open(self.p.evidence.injector_dir / "fires-100.jsonl", "a") as fh:
+                    fh.write("".join(json.dumps(x) + "\n" for x in lines))
+                st = DriverState(8, 0, 0, 6, 0, 1.0, True, aborted=2,
+                                 admin=({"call": 0, "n": 0, "method": "POST", "path": "/flush_cache", "http_status": 400, "done": True},))
+                if deadlock_clean and variant.name == f"baseline-{deadlock_clean}":
+                    analysis = types.SimpleNamespace(to_dict=lambda: {"ranks": [
+                        _rank(0, "collective", ["UnifiedRadixCache.check_hicache_events", "Scheduler.get_next_batch_to_run"]),
+                        _rank(1, "idle-wait", ["Scheduler.recv_requests"])]})
+                    return real_runner.Outcome(Verdict(DEADLOCKED, "ranks disagree"), analysis, st, {"burst_s": 9.0}, False)
+                return real_runner.Outcome(Verdict("ALL REQUESTS SUCCEEDED", "ok"), None, st, {"burst_s": 1.0}, True)
+
+        self.Session = S
+
+
+def _wopts(tmp_path: Path, **kw: Any) -> H.HuntOptions:
+    return H.HuntOptions(scenario_path=BASE, evidence_root=tmp_path / "ev", only=("get_num_allocatable_reqs",),
+                         perturbations=("zero_once",), ranks=(0,), **kw)
+
+
+def test_each_workload_runs_clean_first_then_trials_under_it_and_groups_share_servers(tmp_path, monkeypatch):
+    monkeypatch.setattr(H, "SETTLE_S", 0.0)
+    fr = WorkloadRunner({}, deadlock_clean="mixed")
+    res = H.hunt(_wopts(tmp_path, workloads=("mass_abort", "mixed", "memory_pressure"), configs=("schedule_fcfs",)), runner=fr)
+    m = json.loads((res.folder / "matrix.json").read_text())
+    assert [(g["config"], g["workloads"]) for g in m["groups"]] == [
+        ("base", ["quiet", "mass_abort", "mixed"]), ("base", ["memory_pressure"]),
+        ("schedule_fcfs", ["quiet", "mass_abort", "mixed"]), ("schedule_fcfs", ["memory_pressure"])]
+    assert all(g["status"] == "complete" for g in m["groups"])
+    # one baseline server + one trial server per group: the 3 workloads of a group share them
+    assert len(fr.sessions) == 8
+    first = m["groups"][0]
+    assert [b["workload"] for b in first["baselines"]] == ["quiet", "mass_abort", "mixed"]
+    assert [b["verdict"] for b in first["baselines"]] == ["ALL REQUESTS SUCCEEDED", "ALL REQUESTS SUCCEEDED", "DEADLOCKED"]
+    # the clean deadlock is a finding of its own, with a scenario that carries the workload and no injection
+    folder = Path(first["folder"])
+    finding = folder / "FINDING-mixed.md"
+    assert finding.exists() and "no perturbation" in finding.read_text()
+    sc = load_scenario(folder / "scenarios" / "workload-mixed.toml")
+    assert sc.variants[0].expect == "deadlock" and sc.variants[0].injections == []
+    assert sc.variants[0].workload.mix.input_lens == [8, 64, 200, 16, 120]
+    # the mass abort is the driver's AbortPlan (the PD issue's action), carried on the variant
+    abort_runs = [wl for name, wl in fr.workloads_seen if name.endswith("mass_abort")]
+    assert abort_runs and all(w is not None and w.after == 2 for w in abort_runs)
+    trials = load_scenario(folder / "scenarios" / "trials.toml")
+    ma = next(v for v in trials.variants if v.name.endswith("-wmass_abort"))
+    assert ma.abort is not None and ma.abort.count == 4
+    # per group: 1 row × 1 perturbation × 1 rank per workload
+    names = [r.trial.name for r in res.results]
+    assert len(names) == 8 and sum(n.endswith("-wmixed") for n in names) == 2
+    md = (res.folder / "HUNT.md").read_text()
+    assert "| `mixed` | DEADLOCKED |" in md and "POST /flush_cache → 400" in md and "Not run on this testbed" in md
+    inner = (folder / "HUNT.md").read_text()
+    assert "## Workloads: each run clean first" in inner and "`mass_abort`" in inner
+
+
+def test_a_trial_deadlock_under_a_workload_writes_a_scenario_with_that_workload(tmp_path, monkeypatch):
+    monkeypatch.setattr(H, "SETTLE_S", 0.0)
+    fr = WorkloadRunner({"-wclient_abort": DEADLOCKED})
+    res = H.hunt(_wopts(tmp_path, workloads=("client_abort",)), runner=fr)
+    dl = [r for r in res.results if r.verdict == DEADLOCKED]
+    assert len(dl) == 1 and dl[0].trial.workload == "client_abort"
+    sc = load_scenario(dl[0].scenario_file)
+    assert sc.variants[0].workload.client_abort.after_tokens == 2
+
+
+def test_an_interrupted_matrix_says_so_and_stops_every_server(tmp_path, monkeypatch):
+    monkeypatch.setattr(H, "SETTLE_S", 0.0)
+    fr = WorkloadRunner({}, interrupt_at="baseline-mixed")
+    with pytest.raises(KeyboardInterrupt):
+        H.hunt(_wopts(tmp_path, workloads=("mixed",), configs=("no_radix",)), runner=fr)
+    assert all(not s.running for s in fr.sessions)
+    top = next((tmp_path / "ev").glob("*/*-hunt-matrix"))
+    assert json.loads((top / "matrix.json").read_text())["status"] == "interrupted"
+
+
+def test_unknown_workload_or_config_is_refused_before_any_launch(tmp_path):
+    fr = WorkloadRunner({})
+    with pytest.raises(H.HuntError, match="no workload 'nope'"):
+        H.hunt(_wopts(tmp_path, workloads=("nope",)), runner=fr)
+    with pytest.raises(H.HuntError, match="no configuration 'nah'"):
+        H.hunt(_wopts(tmp_path, configs=("nah",)), runner=fr)
+    assert fr.sessions == []
