@@ -949,6 +949,7 @@ def hunt(
     discover_rules: Optional[Path] = typer.Option(None, "--discover-rules", help="discovery rules TOML (default: the adapter's, scenarios/sglang/discover_rules.toml)"),
     workload: Optional[List[str]] = typer.Option(None, "--workload", help="workload nemesis to hunt under (repeatable; 'all': every one of the workload file); each runs clean first"),
     config: Optional[List[str]] = typer.Option(None, "--config", help="server configuration of the workload file to hunt beside the base scenario's (repeatable), e.g. no_radix"),
+    clean_only: bool = typer.Option(False, "--clean-only", help="with --workload/--config: only each workload's clean run on each server group (no trials)"),
     workload_file: Optional[Path] = typer.Option(None, "--workload-file", help="workloads/configurations TOML (default: hunt_workloads.toml beside the catalogue)"),
     as_json: bool = typer.Option(False, "--json", help="print the results as JSON on stdout"),
 ) -> None:
@@ -973,7 +974,8 @@ def hunt(
                        sites_matching=tuple(sites_matching or ()), confirm=confirm,
                        requests=requests_, command_line=shlex.join(["repro", *sys.argv[1:]]),
                        discover=discover_, hand_points=not no_hand, discover_rules=discover_rules,
-                       workloads=tuple(workload or ()), configs=tuple(config or ()), workload_file=workload_file)
+                       workloads=tuple(workload or ()), configs=tuple(config or ()), workload_file=workload_file,
+                       clean_only=clean_only)
     prog = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[left]}"), console=console, transient=True, disable=as_json)
     state: dict = {"task": None, "folder": None}
@@ -1041,7 +1043,7 @@ def hunt(
         out.print(f"report: {res.folder / 'HUNT.md'}")
     if not res.rows:  # nothing exercised is not "nothing found"
         raise typer.Exit(EXIT_INCONCLUSIVE)
-    raise typer.Exit(EXIT_DEADLOCKED if sched else EXIT_SUCCESS)
+    raise typer.Exit(EXIT_DEADLOCKED if sched or getattr(res, "findings", None) else EXIT_SUCCESS)
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -853,6 +853,7 @@ class HuntOptions:
     configs: Sequence[str] = ()  # server configurations (axes) beside the base scenario's own
     workload_file: Optional[Path] = None  # default: hunt_workloads.toml beside the catalogue
     group_workloads: Sequence[str] = ()  # set by hunt_matrix: the workloads of one server group (one hunt)
+    clean_only: bool = False  # with workloads: only each workload's clean run (no trials): "is the engine safe under it?"
 
 
 @dataclass
@@ -867,6 +868,7 @@ class HuntResult:
     wall_s: float = 0.0
     baseline: Optional[Path] = None
     discovery: Optional[dict] = None  # --discover: rows reached/fired by origin and discovery's precision
+    findings: list = field(default_factory=list)  # FINDING-<workload>.md of clean workloads that deadlocked/desynced
 
     @property
     def deadlocks(self) -> list:
@@ -1431,6 +1433,7 @@ def _hunt_workloads(runner: Any, base: Any, cat: Catalogue, ncat: Any, points: S
                 entry["log"] = "; ".join(f"'{k}' ×{n}" if n else f"no '{k}' (the nemesis did not take effect)" for k, n in hits.items())
             if v.verdict in (DEADLOCKED, DESYNCED):
                 entry["finding"] = str(_workload_finding(base, opts, cat, w, spec, d, hf))
+                result.findings.append(entry["finding"])
         baselines.append(entry)
         log.event("workload_baseline", **entry)
         ids = probes_by[w]
@@ -1452,6 +1455,9 @@ def _hunt_workloads(runner: Any, base: Any, cat: Catalogue, ncat: Any, points: S
     for w in names:
         trials += plan_trials(cat, rows_by[w], ranks, opts.perturbations, workload="" if w == QUIET else w,
                               first_n=len(trials) + 1)
+    if opts.clean_only:
+        log.event("clean_only", trials_planned=len(trials))
+        trials = []
     log.header["trials_total"] = len(trials)
     if trials:
         _trial_phase(runner, base, cat, trials, hf, log, clock, observe, opts, python, prepend)
@@ -1584,6 +1590,7 @@ def hunt_matrix(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = N
                          budget_s=round(left, 1))
             out.rows += r.rows
             out.results += r.results
+            out.findings += r.findings
             write()
     except KeyboardInterrupt:
         status = "interrupted"

@@ -56,3 +56,46 @@ def rig2():
     rig = rig_or_skip(2)
     with rig:
         yield rig
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_in_rig(rig, args, tmp_path: Path, *, via: str = "ssh", on_line=None, timeout_s: float = 420.0):
+    """Run ``python -m repro.remote_run ARGS --hosts <the rig's hosts>`` as the harness (its own namespaces).
+
+    Args:
+        on_line: called with each progress line the harness prints (stderr), e.g. to cut a link mid-burst.
+    Returns:
+        (exit code, the last JSON line printed, all stderr text).
+    """
+    import subprocess
+    import threading
+
+    hosts = hosts_file(rig, tmp_path / f"hosts-{via}.json", via=via)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    if via == "kubectl":
+        env["REPRO_FAKE_KUBECTL_PODS"] = str(rig.kubectl_pods())
+    argv = rig.harness_argv([sys.executable, "-m", "repro.remote_run", *map(str, args), "--hosts", str(hosts),
+                             "--evidence-dir", str(tmp_path / "evidence")])
+    p = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    err_lines: list[str] = []
+
+    def pump():
+        for line in p.stderr:
+            err_lines.append(line)
+            if on_line is not None:
+                on_line(line)
+
+    t = threading.Thread(target=pump, daemon=True)
+    t.start()
+    try:
+        out, _ = p.communicate(timeout=timeout_s)
+    except BaseException:
+        os.killpg(p.pid, 9)  # the harness's PID namespace ends with it (unshare --kill-child); the rig ends the hosts
+        p.wait()
+        raise
+    t.join(timeout=5)
+    last = [ln for ln in out.splitlines() if ln.startswith("{")]
+    return p.returncode, (json.loads(last[-1]) if last else None), "".join(err_lines)

@@ -55,3 +55,23 @@ def test_rig_teardown_leaves_nothing():
     assert st.prefix not in links
     assert not [p for p in pids if _running(p)]
     assert not Path(st.dir).exists()
+
+
+def test_host_unreachable_at_start_is_inconclusive_naming_it_and_starts_nothing(rig2, tmp_path):
+    from repro import testbed
+    from tests.multihost_fixtures import REPO, run_in_rig
+
+    if not testbed.is_set_up():
+        pytest.skip("CPU testbed not set up")
+    rig2.set_data_link("h1", up=True)
+    # h1's sshd stops listening: the host is unreachable over ssh before anything starts
+    subprocess.run(["kill", "-STOP", str(rig2.host("h1").init_pid)], check=True)
+    try:
+        rc, res, err = run_in_rig(rig2, [REPO / "scenarios/sglang/smoke_extra_allreduce.toml", "--variant", "control"],
+                                  tmp_path, timeout_s=120)
+    finally:
+        subprocess.run(["kill", "-CONT", str(rig2.host("h1").init_pid)], check=True)
+    assert rc == 4 and res["verdict"] == "INCONCLUSIVE", err[-2000:]
+    assert "host unreachable at start" in res["reason"] and "h1 (ssh root@" in res["reason"]
+    assert "h0 (" not in res["reason"]
+    assert rig2.host_procs("h0") == []  # nothing was started on the reachable host

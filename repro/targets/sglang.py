@@ -323,6 +323,25 @@ class SGLangAdapter(AdapterBase):
             *spec.args,
         ]
 
+    def multinode(self, nnodes: int, node_rank: int, dist_init_addr: str, host_ip: str = "",
+                  ifname: Optional[str] = None) -> tuple[list[str], dict[str, str]]:
+        """Flags and environment of one node of a server spanning ``nnodes`` hosts (``repro.remote_run``).
+
+        sglang 0.5.23 (``srt/server_args.py``, ``srt/entrypoints/engine.py``, measured on the CPU testbed): every node
+        runs ``launch_server`` with the same ``--tp-size`` and ``--nnodes N --node-rank K --dist-init-addr
+        HOST0:PORT``; node 0 serves HTTP, nodes ≥ 1 run only their schedulers plus a dummy ``/health`` and ignore
+        SIGTERM (node 0's shutdown stops them; end their process group after). Gloo binds the interface named by
+        ``GLOO_SOCKET_IFNAME`` (else the hostname's address); ``SGLANG_HOST_IP`` is the address sglang advertises.
+
+        Returns:
+            (args to append, env to add).
+        """
+        args = ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--dist-init-addr", dist_init_addr]
+        env = {"SGLANG_HOST_IP": host_ip} if host_ip else {}
+        if ifname:
+            env["GLOO_SOCKET_IFNAME"] = ifname
+        return args, env
+
     def testbed_profile(
         self, spec: Optional[LaunchSpec], scenario_args: Sequence[str], storage_dir: Optional[str] = None
     ) -> tuple[list[str], dict[str, str], list[str]]:

@@ -253,6 +253,14 @@ class Rig:
         h = self.host(host)
         return ["nsenter", "-t", str(h.init_pid), "-n", "-p", "-m", "-u", "--", *argv]
 
+    def kubectl_pods(self) -> Path:
+        """Write the pod map of the stand-in ``scripts/multihost/kubectl`` (pod = host name) and return its path:
+        point ``$REPRO_FAKE_KUBECTL_PODS`` at it."""
+        f = self.dir / "kubectl-pods.json"
+        f.write_text(json.dumps({h.name: {"addr": h.mgmt_addr, "ssh_options": list(self.ssh_options())}
+                                 for h in self.state.hosts}))
+        return f
+
     def host(self, name: str) -> RigHost:
         for h in self.state.hosts:
             if h.name == name:
@@ -264,10 +272,24 @@ class Rig:
         h = self.host(host)
         sh("ip", "-n", h.netns, "link", "set", "data0", "up" if up else "down")
 
-    def host_pids(self, host: str) -> list[int]:
-        """Pids (as the host sees them) of every process in host ``host`` (its /proc)."""
-        p = sh(*self.host_argv(host, ["sh", "-c", "ls /proc | grep -E '^[0-9]+$'"]), check=False)
-        return sorted(int(x) for x in p.stdout.split())
+    def host_procs(self, host: str) -> list[tuple[int, str]]:
+        """(root-namespace pid, command line) of every process in host ``host``'s PID namespace other than its
+        PID 1 (sshd): empty when nothing runs there. Read from the root namespace's /proc (no probe inside)."""
+        h = self.host(host)
+        try:
+            want = os.readlink(f"/proc/{h.init_pid}/ns/pid")
+        except OSError:
+            return []
+        out = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit() or int(d) == h.init_pid:
+                continue
+            try:
+                if os.readlink(f"/proc/{d}/ns/pid") == want and _alive(int(d)):
+                    out.append((int(d), open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")))
+            except OSError:
+                continue
+        return out
 
     # ---- teardown ------------------------------------------------------------------------------------------------
     def down(self) -> list[str]:

@@ -1,0 +1,611 @@
+"""One run of a scenario whose server spans several hosts (docs/pipeline.md, each node through its host's runner).
+
+The same pipeline as ``repro.runner`` — plan → server → arm → burst → stall? → capture ×2 → verdict → evidence —
+with every step that touches a rank going through ``repro.hosts.Runner`` (ssh or a command template), because the
+harness may not see the hosts' processes at all (another machine, pod, or PID namespace):
+
+- start: each host reachable first (else INCONCLUSIVE naming it; nothing is started); the injector package, the
+  plan (its ``out_dir`` and ``arm_file`` rewritten to the host's run folder) and an empty arm file are copied to
+  every host; each node is started detached in its own session with the adapter's multi-node flags
+  (``adapter.multinode``: sglang ``--nnodes/--node-rank/--dist-init-addr``, ``GLOO_SOCKET_IFNAME``,
+  ``SGLANG_HOST_IP``); node 0's ``/health`` is polled over HTTP while every node's tree is watched through its runner;
+- ranks: read from each host's session (process titles → ``adapter.parse_title``): rank → (host, pid there);
+- arm: the arm file is written here and copied to every host; each rank's fire log on its host must show the arming;
+- burst from here to node 0's HTTP port; on a stall every rank is dumped on its own host (``capture_remote``, all
+  hosts at once, one deadline), twice, and the DEADLOCKED rule applied (``repro.verdict.judge_stall``) — unless a
+  host's data link is down or a host cannot be reached, which makes the run INCONCLUSIVE naming that host;
+- stop: node 0's group gets SIGTERM first (sglang's nodes ≥ 1 ignore SIGTERM and wait for node 0's shutdown), then
+  every node's group SIGKILL; each host's session is checked empty; each host's server log and injector records
+  are copied back under ``hosts/<host>/`` and its run folder removed.
+
+Run: ``python -m repro.remote_run SCENARIO --variant V --hosts HOSTS.json [--evidence-dir D] [--expect E]``
+(``HOSTS.json``: a list of ``repro.hosts.HostSpec`` fields). Exit codes as ``repro run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from repro import evidence as ev
+from repro import resources
+from repro.hosts import HostError, HostSpec, RemoteRank, Runner, capture_remote, hosts_from_json, in_parallel
+from repro.runner import RunOptions, RunResult, prepare, write_arm_file
+from repro.scenario import PLAN_ENV
+from repro.verdict import DEADLOCKED, INCONCLUSIVE, InjectionCheck, Verdict, exit_code_for, judge_completion, judge_stall
+
+POLL_S = 0.25
+NODE_WATCH_S = 3.0  # seconds between checks that every node's tree is alive (a runner call each)
+CONFIRM_GAP_S = 1.0
+CAPTURE_DEADLINE_S = 20.0
+ARM_ACK_TIMEOUT_S = 15.0
+STOP_GRACE_S = 10.0
+LINK_PROBE_S = 2.0
+
+Observer = Callable[[str, dict], None]
+
+
+def _noop(event: str, data: dict) -> None:
+    pass
+
+
+@dataclass
+class Node:
+    """One node of the server: its host's runner, its run folder there, the pid of its root (= session = group)."""
+
+    host: HostSpec
+    runner: Runner
+    workdir: str
+    http_port: int = 0
+    root_pid: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+
+# A free TCP port on the host (bound to port 0 there, then released).
+_FREE_PORT_PY = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+
+# Data-link check on a host: is the interface up (``/sys/class/net/IF/operstate``), and which peer addresses answer a
+# TCP connect (any answer, even a refusal, proves the link). argv: ifname-or-"-", timeout, addr:port ...
+_LINK_PY = r'''
+import json, socket, sys
+ifname, timeout, peers = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+out = {"ifname": ifname, "operstate": None, "peers": {}}
+if ifname != "-":
+    try:
+        out["operstate"] = open("/sys/class/net/%s/operstate" % ifname).read().strip()
+    except OSError as e:
+        out["operstate"] = "missing"
+for p in peers:
+    host, port = p.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout).close(); out["peers"][p] = "ok"
+    except ConnectionRefusedError:
+        out["peers"][p] = "ok"
+    except OSError as e:
+        out["peers"][p] = str(e) or type(e).__name__
+print(json.dumps(out))
+'''
+
+
+def _q(*argv: str) -> str:
+    return " ".join(shlex.quote(str(a)) for a in argv)
+
+
+class MultiHostSession:
+    """A server spanning ``hosts``, driven like ``repro.runner.Session`` but only through each host's runner.
+
+    Args:
+        p: the prepared run (``repro.runner.prepare``): scenario, variant, evidence folder, plan, launch spec.
+        hosts: one HostSpec per node (node ranks 0..n-1; node 0 serves HTTP).
+        observe: progress callback ``(event, data)``.
+    """
+
+    def __init__(self, p: Any, hosts: Sequence[HostSpec], observe: Observer = _noop) -> None:
+        self.p = p
+        self.observe = observe
+        run_id = p.evidence.path.name
+        self.nodes = [Node(h, Runner(h), f"{h.workdir.rstrip('/')}/{run_id}") for h in sorted(hosts, key=lambda h: h.node_rank)]
+        self.ranks: dict[int, RemoteRank] = {}
+        self.started = False
+        self.healthy_s: Optional[float] = None
+        self.dist_port = 0
+        self.host_of_rank: dict[int, str] = {}
+
+    # ---- paths -------------------------------------------------------------------------------------------------
+    @staticmethod
+    def injector_dir(n: Node) -> str:
+        return f"{n.workdir}/injector"
+
+    @staticmethod
+    def arm_path(n: Node) -> str:
+        return f"{n.workdir}/{ev.Layout.ARM.name}"
+
+    @property
+    def url(self) -> str:
+        n0 = self.nodes[0]
+        return f"http://{n0.host.http_address or n0.host.address}:{n0.http_port}"
+
+    def host_dir(self, n: Node) -> Path:
+        return self.p.evidence.path / "hosts" / n.name
+
+    # ---- start -------------------------------------------------------------------------------------------------
+    def start(self) -> Optional[Verdict]:
+        """Check every host, copy the plan and injector, start every node, wait for node 0's /health, map ranks.
+
+        Returns:
+            None when healthy with every rank found, else the INCONCLUSIVE verdict naming the host concerned.
+        """
+        p = self.p
+        adapter = p.adapter
+        if not callable(getattr(adapter, "multinode", None)):
+            return Verdict(INCONCLUSIVE, f"the {adapter.name} adapter has no multi-node launch (adapter.multinode)")
+        reach = in_parallel({n.name: (lambda left, n=n: n.runner.reachable(min(left, 15.0))) for n in self.nodes}, 30.0)
+        bad = [f"{n.name} ({n.host.reach}): {reach[n.name][1][1] if reach[n.name][0] else reach[n.name][1]}"
+               for n in self.nodes if not (reach[n.name][0] and reach[n.name][1][0])]
+        if bad:
+            return Verdict(INCONCLUSIVE, "host unreachable at start, nothing was started: " + "; ".join(bad))
+        write_arm_file(p.arm_file, [])
+        arm_bytes = Path(p.arm_file).read_bytes()
+        ports = {}
+        for n in self.nodes:
+            ports[n.name] = [int(n.runner.run(_q(n.host.python, "-c", _FREE_PORT_PY)).text.strip()) for _ in range(2)]
+        n0 = self.nodes[0]
+        self.dist_port = ports[n0.name][1]
+        dist_addr = f"{n0.host.address}:{self.dist_port}"
+        t0 = time.time()
+        local_prepend = str(resources.injectors_dir())
+        for n in self.nodes:
+            n.http_port = ports[n.name][0]
+            n.runner.run(_q("mkdir", "-p", self.injector_dir(n)))
+            n.runner.put_tree(Path(local_prepend), f"{n.workdir}/injectors")
+            plan = dict(p.plan, out_dir=self.injector_dir(n), arm_file=self.arm_path(n))
+            n.runner.put(json.dumps(plan, indent=2).encode(), f"{n.workdir}/plan.json")
+            n.runner.put(arm_bytes, self.arm_path(n))
+            extra_args, extra_env = adapter.multinode(len(self.nodes), n.host.node_rank, dist_addr,
+                                                      n.host.address, n.host.ifname)
+            prepend = [f"{n.workdir}/injectors" if x == local_prepend else x for x in p.spec.pythonpath_prepend]
+            spec = dataclasses.replace(p.spec, host="0.0.0.0", port=n.http_port, nccl_port=ports[n.name][1],
+                                       args=[*p.spec.args, *extra_args],
+                                       env={**p.spec.env, **extra_env, PLAN_ENV: f"{n.workdir}/plan.json"},
+                                       pythonpath_prepend=prepend)
+            env = adapter.launch_env(spec, {})
+            argv = adapter.launch_command(spec)
+            self.observe("launch", {"host": n.name, "argv": argv})
+            n.root_pid = n.runner.start(argv, env, f"{n.workdir}/server.log", n.workdir)
+            self.started = True
+        self._save_launch()
+        timeout_s = p.scenario.server.startup_timeout_s
+        self.observe("wait_healthy", {"url": self.url, "timeout_s": timeout_s})
+        deadline = time.time() + timeout_s
+        last_watch = 0.0
+        while True:
+            if self._health_ok():
+                break
+            if time.time() > deadline:
+                return Verdict(INCONCLUSIVE, f"server failed to start: node 0 ({n0.name}) /health did not answer 200 "
+                                             f"within {timeout_s:.0f} s; {self._log_tails()}")
+            if time.time() - last_watch > NODE_WATCH_S:
+                last_watch = time.time()
+                dead = self._dead_nodes()
+                if dead:
+                    return Verdict(INCONCLUSIVE, "server failed to start: " + "; ".join(dead) + f"; {self._log_tails()}")
+            time.sleep(0.5)
+        self.healthy_s = time.time() - t0
+        self.observe("healthy", {"waited_s": self.healthy_s})
+        expected = list(range(p.spec.tp_size))
+        for n in self.nodes:
+            for pid, title in n.runner.session_procs(n.root_pid):
+                rt = adapter.parse_title(title)
+                if rt is not None and rt.role == "scheduler":
+                    self.ranks[rt.tp] = RemoteRank(rt.tp, n.runner, pid, self.injector_dir(n))
+                    self.host_of_rank[rt.tp] = n.name
+        self._save_launch()
+        if sorted(self.ranks) != expected:
+            return Verdict(INCONCLUSIVE, f"expected scheduler ranks {expected} across the hosts, found "
+                                         f"{ {k: f'{r.host}:{r.pid}' for k, r in sorted(self.ranks.items())} }")
+        return None
+
+    def _health_ok(self) -> bool:
+        import requests
+
+        try:
+            return requests.get(self.url + self.p.adapter.health_path, timeout=2.0).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def _dead_nodes(self) -> list[str]:
+        out = []
+        for n in self.nodes:
+            try:
+                if not n.runner.alive(n.root_pid):
+                    out.append(f"node {n.host.node_rank} on host {n.name} exited")
+            except HostError as e:
+                out.append(f"host {n.name} ({n.host.reach}) not reachable: {e}")
+        return out
+
+    def _log_tails(self, lines: int = 8) -> str:
+        parts = []
+        for n in self.nodes:
+            try:
+                t = n.runner.run(f"tail -n {lines} {shlex.quote(n.workdir + '/server.log')}", check=False).text
+            except HostError as e:
+                t = f"(log not readable: {e})"
+            parts.append(f"[{n.name} server.log]\n{t.strip()}")
+        return "\n".join(parts)
+
+    def _save_launch(self) -> None:
+        self.p.evidence.write_json("hosts.json", {
+            "nodes": [{"host": n.name, "node_rank": n.host.node_rank, "reach": n.host.reach, "address": n.host.address,
+                       "workdir": n.workdir, "root_pid": n.root_pid, "http_port": n.http_port} for n in self.nodes],
+            "dist_init_addr": f"{self.nodes[0].host.address}:{self.dist_port}",
+            "ranks": {str(k): {"host": r.host, "pid": r.pid} for k, r in sorted(self.ranks.items())},
+            "note": "pids are as each host sees them (its own PID namespace or machine)",
+        })
+
+    # ---- arm ---------------------------------------------------------------------------------------------------
+    def _armed_count(self, r: RemoteRank) -> int:
+        f = shlex.quote(f"{r.injector_dir}/{ev.Layout.fire_log(r.pid)}")
+        res = r.runner.run(f"grep -c '\"armed\"' {f} 2>/dev/null; true", check=False)
+        try:
+            return int((res.text.strip().splitlines() or ["0"])[-1])
+        except ValueError:
+            return 0
+
+    def arm(self, ids: Sequence[str]) -> list[int]:
+        """Write the arm file here, copy it to every host, wait for every rank's acknowledgement in its fire log.
+
+        Returns:
+            The ranks that did not acknowledge within ``ARM_ACK_TIMEOUT_S`` (empty when every rank did, or disarming).
+        """
+        before = {k: self._armed_count(r) for k, r in self.ranks.items()} if ids else {}
+        write_arm_file(self.p.arm_file, ids)
+        data = Path(self.p.arm_file).read_bytes()
+        in_parallel({n.name: (lambda left, n=n: n.runner.put(data, self.arm_path(n), timeout_s=left)) for n in self.nodes}, 30.0)
+        if not ids:
+            return []
+        pending = dict(before)
+        deadline = time.time() + ARM_ACK_TIMEOUT_S
+        while pending and time.time() < deadline:
+            for k in list(pending):
+                if self._armed_count(self.ranks[k]) > pending[k]:
+                    del pending[k]
+            time.sleep(0.2)
+        return sorted(pending)
+
+    # ---- faults ------------------------------------------------------------------------------------------------
+    def link_faults(self) -> list[str]:
+        """Each host's data link: its interface up, and the other hosts' data addresses answering a TCP connect.
+
+        Returns:
+            One sentence per host whose data link is lost (interface down or missing, or no peer answers while it
+            is the host every other host fails to reach); empty when every link is up.
+        """
+        peers = {n.name: f"{n.host.address}:{n.http_port}" for n in self.nodes}
+        calls = {}
+        for n in self.nodes:
+            others = [peers[m.name] for m in self.nodes if m is not n]
+            cmd = _q(n.host.python, "-", n.host.ifname or "-", str(LINK_PROBE_S), *others)
+            calls[n.name] = (lambda left, n=n, cmd=cmd: json.loads(n.runner.run(cmd, input=_LINK_PY.encode(), timeout_s=left).text))
+        res = in_parallel(calls, 15.0)
+        faults = []
+        self.p.evidence.write_json("links.json", {k: (v[1] if v[0] else f"error: {v[1]}") for k, v in res.items()})
+        for n in self.nodes:
+            ok, r = res[n.name]
+            if not ok:
+                faults.append(f"host {n.name} ({n.host.reach}) not reachable to check its data link: {r}")
+                continue
+            if r.get("operstate") not in (None, "up", "unknown"):
+                faults.append(f"host {n.name}'s data link is lost: interface {r['ifname']} is {r['operstate']} "
+                              f"(data address {n.host.address})")
+        if not faults:
+            for n in self.nodes:  # no interface said down: the host no peer reaches (and that reaches no peer)
+                me = peers[n.name]
+                others = [m for m in self.nodes if m is not n and res[m.name][0]]
+                if len(self.nodes) > 2 and others and all(res[m.name][1]["peers"].get(me) != "ok" for m in others):
+                    faults.append(f"host {n.name}'s data address {n.host.address} answers no other host")
+        return faults
+
+    # ---- drive -------------------------------------------------------------------------------------------------
+    def drive(self, variant: Any, n_requests: Optional[int] = None) -> dict:
+        """Arm ``variant``, send the burst to node 0, detect a stall, capture every rank on its host, judge.
+
+        Returns:
+            ``{"verdict": Verdict, "analysis": Analysis or None, "state": DriverState, "timings": {...}}``.
+        """
+        from repro.analysis import analyze, frames_unchanged
+        from repro.driver import BurstDriver, make_prompts
+
+        p = self.p
+        scenario, burst = p.scenario, p.scenario.burst
+        expected = list(range(p.spec.tp_size))
+        timings: dict = {}
+        ids = [i.id for i in variant.injections]
+        t = time.time()
+        late = self.arm(ids)
+        timings["arm_ack_s"] = time.time() - t
+        if late:
+            self.observe("arm_not_acknowledged", {"ranks": late})
+        prompts = make_prompts(n_requests or burst.requests, burst.input_len, burst.seed)
+        driver = BurstDriver(p.adapter, self.url, prompts, burst.max_new_tokens, burst.concurrency,
+                             p.evidence.requests.path, burst.request_timeout_s)
+        verdict = analysis = None
+        stalls: list = []
+        captures = 0
+        last_capture_t = last_watch = 0.0
+        t_burst = time.time()
+        driver.start()
+        self.observe("burst_started", {"url": self.url, "requests": len(prompts)})
+        try:
+            while verdict is None:
+                time.sleep(POLL_S)
+                now = time.time()
+                st = driver.state()
+                if st.finished:
+                    break
+                if now - t_burst > scenario.budget_s:
+                    verdict = Verdict(INCONCLUSIVE, f"budget of {scenario.budget_s:.0f} s ended without a verdict: "
+                                                    f"{stalls[-1]['reason'] if stalls else 'requests still outstanding'}")
+                    break
+                if now - last_watch > NODE_WATCH_S:
+                    last_watch = now
+                    dead = self._dead_nodes()
+                    if dead:
+                        verdict = Verdict(INCONCLUSIVE, "server died during the burst: " + "; ".join(dead))
+                        break
+                stalled = st.stalled_for(now)
+                if stalled < scenario.stall_s or now - last_capture_t < scenario.stall_s:
+                    continue
+                captures += 1
+                tag = f"-{captures}"
+                self.observe("capture", {"n": captures, "stalled_s": stalled, "hosts": sorted({r.host for r in self.ranks.values()})})
+                ranks = [self.ranks[k] for k in sorted(self.ranks)]
+                first = capture_remote(ranks, p.evidence.stacks_dir, tag=tag, deadline_s=CAPTURE_DEADLINE_S,
+                                       fallback_signal=p.plan.get("faulthandler_signal") or "SIGUSR2")
+                time.sleep(CONFIRM_GAP_S)
+                second = capture_remote(ranks, p.evidence.stacks_dir, tag=tag + "b", deadline_s=CAPTURE_DEADLINE_S,
+                                        fallback_signal=p.plan.get("faulthandler_signal") or "SIGUSR2")
+                last_capture_t = time.time()
+                a1, a2 = analyze(first), analyze(second)
+                analysis = a2
+                missing = [f"rank {c.rank} on host {self.host_of_rank.get(c.rank)}: {c.error}" for c in second if not c.ok]
+                faults = self.link_faults()
+                if faults:
+                    verdict = Verdict(INCONCLUSIVE, "stalled, but " + "; ".join(faults) +
+                                      f" — its ranks {self._ranks_on(faults)} cannot be judged a deadlock")
+                    stalls.append({"capture": captures, "reason": verdict.reason, "deadlocked": False})
+                    break
+                unreachable = [m for m in missing if "unreachable" in m or "timed out" in m or "no answer" in m]
+                if unreachable:
+                    verdict = Verdict(INCONCLUSIVE, "stalled, but some ranks could not be captured: " + "; ".join(unreachable))
+                    stalls.append({"capture": captures, "reason": verdict.reason, "deadlocked": False})
+                    break
+                cpu = {c.rank: max(c.cpu_percent or 0.0, c2.cpu_percent or 0.0) for c, c2 in zip(first, second)}
+                j = judge_stall(a1, a2, frames_unchanged(first, second), cpu, expected)
+                stalls.append({"capture": captures, "tag": tag, "stalled_s": round(stalled, 2), "deadlocked": j.deadlocked,
+                               "reason": j.reason, "cpu_percent": {str(k): v for k, v in cpu.items()}, "time": last_capture_t})
+                p.evidence.stalls.write(stalls)
+                self.observe("judged", {"judgement": j})
+                if j.deadlocked:
+                    timings["last_progress_to_verdict_s"] = time.time() - (st.last_progress_t or t_burst)
+                    verdict = Verdict(DEADLOCKED, j.reason)
+        finally:
+            driver.abandon()
+        if stalls:
+            p.evidence.stalls.write(stalls)
+        timings["burst_s"] = time.time() - t_burst
+        timings["captures"] = float(captures)
+        final = driver.state()
+        if verdict is None:
+            time.sleep(0.5)  # the injectors flush their counters every ~0.2 s
+            self.gather(final_only=True)
+            loaded, armed, checks = self.injection_checks(variant)
+            verdict = judge_completion(final.requests, expected, loaded, armed, checks)
+        self.arm([])
+        driver.close(wait_s=0.5 if final.finished else 2.0)
+        return {"verdict": verdict, "analysis": analysis, "state": final, "timings": timings}
+
+    def _ranks_on(self, faults: Sequence[str]) -> list[int]:
+        names = {n.name for n in self.nodes if any(f"host {n.name}" in f for f in faults)}
+        return sorted(k for k, h in self.host_of_rank.items() if h in names)
+
+    def injection_checks(self, variant: Any) -> tuple[list[int], list[int], list[InjectionCheck]]:
+        """Loaded / armed ranks and per-injection counts, read from each host's copied injector records."""
+        from repro.runner import injection_checks
+
+        loaded: set = set()
+        armed: set = set()
+        merged: dict[str, dict] = {}
+        for n in self.nodes:
+            mine = {k: r.pid for k, r in self.ranks.items() if r.host == n.name}
+            d = self.host_dir(n) / "injector"
+            if not mine or not d.is_dir():
+                continue
+            lo, ar, checks, _ = injection_checks(d, variant, mine)
+            loaded |= set(lo)
+            armed |= set(ar)
+            for c in checks:
+                m = merged.setdefault(c.injection_id, {"site": c.site, "entered": {}, "matched": {}, "fired": {},
+                                                       "absent": c.absent, "required": c.required})
+                for key in ("entered", "matched", "fired"):
+                    m[key].update({k: v for k, v in getattr(c, key).items() if k in mine})
+        out = [InjectionCheck(i, m["site"], m["entered"], m["matched"], m["fired"], m["absent"], m["required"])
+               for i, m in merged.items()]
+        return sorted(loaded), sorted(armed), out
+
+    # ---- stop / gather -------------------------------------------------------------------------------------------
+    def gather(self, final_only: bool = False) -> dict[str, list[str]]:
+        """Copy each host's server log and injector records into ``hosts/<host>/`` (all hosts at once)."""
+        def one(n: Node) -> Callable[[float], list[str]]:
+            def go(left: float) -> list[str]:
+                d = self.host_dir(n)
+                got = n.runner.get_tree(self.injector_dir(n), d / "injector", timeout_s=left)
+                if not final_only:
+                    log = n.runner.get(f"{n.workdir}/server.log", timeout_s=left)
+                    if log is not None:
+                        (d / "server.log").write_bytes(log)
+                        got.append("server.log")
+                return got
+            return go
+        res = in_parallel({n.name: one(n) for n in self.nodes if n.root_pid}, 60.0)
+        return {k: (v if ok else [f"error: {v}"]) for k, (ok, v) in res.items()}
+
+    def stop(self) -> dict[str, list]:
+        """Node 0's group SIGTERM first, then every node's group SIGKILL after ``STOP_GRACE_S``; gather the logs and
+        records; remove each host's run folder. Returns host -> pids still in its session (empty lists: clean)."""
+        if not self.started:
+            return {}
+        left: dict[str, list] = {}
+        n0 = self.nodes[0]
+        try:
+            n0.runner.signal_group(n0.root_pid, "TERM")
+            deadline = time.time() + STOP_GRACE_S
+            while time.time() < deadline and n0.runner.session_procs(n0.root_pid):
+                time.sleep(0.5)
+        except HostError:
+            pass
+        for n in self.nodes:
+            try:
+                n.runner.signal_group(n.root_pid, "KILL")
+            except HostError as e:
+                left[n.name] = [f"not reachable to stop: {e}"]
+        time.sleep(0.5)
+        for n in self.nodes:
+            if n.name in left:
+                continue
+            try:
+                left[n.name] = [pid for pid, _ in n.runner.session_procs(n.root_pid)]
+            except HostError as e:
+                left[n.name] = [f"not reachable to check: {e}"]
+        gathered = self.gather()
+        logs = []
+        for n in self.nodes:
+            f = self.host_dir(n) / "server.log"
+            if f.exists():
+                logs.append(f"===== host {n.name} (node rank {n.host.node_rank}) =====\n" + f.read_text(errors="replace"))
+            try:
+                n.runner.run(f"rm -rf {shlex.quote(n.workdir)}", check=False)
+            except HostError:
+                pass
+        self.p.evidence.server_log.path.write_text("\n".join(logs))
+        self.p.evidence.teardown.write({"left_running": [f"{h}:{pid}" for h, pids in left.items() for pid in pids],
+                                        "by_host": left, "gathered": gathered, "time": time.time()})
+        self.started = False
+        return left
+
+
+def run_multihost(opts: RunOptions, hosts: Sequence[HostSpec], observe: Observer = _noop) -> RunResult:
+    """``repro run`` for a server spanning ``hosts``: launch, arm, drive, capture on each host, judge, evidence, stop.
+
+    Never leaves a node running: every node is stopped on every outcome and on Ctrl-C (KeyboardInterrupt re-raised
+    after teardown).
+
+    Raises:
+        repro.runner.RunError: bad scenario or options (nothing launched).
+    """
+    from repro.report import ReportInput, write_report
+    from repro.runner import collect_versions
+
+    p = prepare(opts)
+    evd = p.evidence
+    evd.command.write((opts.command_line or f"python -m repro.remote_run {opts.scenario_path}") + "\n")
+    s = MultiHostSession(p, hosts, observe)
+    t0 = time.time()
+    out: dict = {"verdict": None, "analysis": None, "state": None, "timings": {}}
+    interrupted = False
+    try:
+        failed = s.start()
+        if failed is not None:
+            out["verdict"] = failed
+        else:
+            out = s.drive(p.variant, opts.requests)
+            out["timings"]["healthy_s"] = s.healthy_s or 0.0
+    except KeyboardInterrupt:
+        interrupted = True
+        out["verdict"] = Verdict(INCONCLUSIVE, "interrupted by the user (Ctrl-C/SIGTERM) before a verdict; evidence is partial")
+    finally:
+        if out["verdict"] is None:
+            out["verdict"] = Verdict(INCONCLUSIVE, "internal error before a verdict (see the console)")
+        try:
+            left = s.stop()
+        except BaseException:
+            left = {"?": ["teardown interrupted"]}
+            raise
+        finally:
+            verdict = out["verdict"]
+            if any(left.values()):
+                verdict = Verdict(verdict.verdict, verdict.reason + f"; left running after the stop: {left}")
+            timings = {**out["timings"], "total_s": time.time() - t0}
+            if out["analysis"] is not None:
+                evd.analysis.write(out["analysis"].to_dict())
+            rank_pids = {k: r.pid for k, r in s.ranks.items()}
+            loaded, armed, checks = s.injection_checks(p.variant) if s.ranks else ([], [], [])
+            h0_inj = s.host_dir(s.nodes[0]) / "injector"
+            versions = collect_versions(h0_inj if h0_inj.is_dir() else evd.injector_dir, p.python)
+            evd.env.write(versions)
+            write_report(evd, ReportInput(
+                scenario=p.scenario.name, mirrors=p.scenario.mirrors or "", description=p.scenario.description or "",
+                variant=p.variant.name, variant_expects=p.variant.expect, variant_description=p.variant.description or "",
+                has_injections=bool(p.variant.injections), verdict=verdict, analysis=out["analysis"],
+                requests=out["state"], ranks=sorted(rank_pids) or list(range(p.spec.tp_size)), checks=checks,
+                timings=timings, versions=versions, ledger=None, timeline=None, stacks_dir=evd.stacks_dir,
+                command=opts.command_line or f"python -m repro.remote_run {opts.scenario_path} --variant {p.variant.name}"))
+            evd.verdict.write(ev.verdict_record(
+                verdict, exit_code=exit_code_for(verdict.verdict, opts.expect), evidence=evd.path,
+                scenario=p.scenario.name, variant=p.variant.name, variant_expects=p.variant.expect, expect=opts.expect,
+                partial=interrupted, timings=timings, rank_pids=rank_pids,
+                rank_hosts={str(k): h for k, h in s.host_of_rank.items()}))
+            evd.set_status("interrupted" if interrupted else "complete", timings=timings)
+    if interrupted:
+        raise KeyboardInterrupt
+    return RunResult(verdict, exit_code_for(verdict.verdict, opts.expect), evd.path, opts.expect, out["analysis"],
+                     timings, sum(1 for r in (out["state"].requests if out["state"] else []) if r.succeeded),
+                     len(out["state"].requests) if out["state"] else 0)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """CLI: ``python -m repro.remote_run SCENARIO --hosts HOSTS.json [--variant V] [--evidence-dir D] [--expect E]``.
+
+    Prints the verdict line and the evidence folder, then one JSON line; exit code as ``repro run`` (2 on bad input).
+    """
+    from repro.runner import RunError
+
+    ap = argparse.ArgumentParser(prog="python -m repro.remote_run", description="repro run across several hosts")
+    ap.add_argument("scenario", type=Path)
+    ap.add_argument("--hosts", type=Path, required=True, help="JSON list of hosts (repro.hosts.HostSpec fields)")
+    ap.add_argument("--variant")
+    ap.add_argument("--evidence-dir", type=Path, default=ev.DEFAULT_EVIDENCE_DIR)
+    ap.add_argument("--expect")
+    ap.add_argument("--requests", type=int)
+    a = ap.parse_args(argv)
+    try:
+        hosts = hosts_from_json(json.loads(a.hosts.read_text()))
+    except (OSError, ValueError) as e:
+        print(f"error: {a.hosts}: {e}", file=sys.stderr)
+        return 2
+    opts = RunOptions(scenario_path=a.scenario, variant=a.variant, evidence_root=a.evidence_dir, expect=a.expect,
+                      requests=a.requests, command_line=" ".join(["python -m repro.remote_run", *map(shlex.quote, argv or sys.argv[1:])]))
+    try:
+        res = run_multihost(opts, hosts, observe=lambda e, d: print(f"[{time.strftime('%H:%M:%S')}] {e} "
+                                                                    f"{json.dumps(d, default=str)[:300]}", file=sys.stderr, flush=True))
+    except RunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{res.verdict.verdict}: {res.verdict.reason}")
+    print(f"evidence: {res.evidence}")
+    print(json.dumps({"verdict": res.verdict.verdict, "reason": res.verdict.reason, "evidence": str(res.evidence),
+                      "exit_code": res.exit_code}))
+    return res.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""End to end on the CPU testbed (real sglang 0.5.23, TP=2, HiCache + file storage): every workload nemesis of
+scenarios/sglang/hunt_workloads.toml runs once, clean, on ONE shared server (`repro hunt --workload all
+--clean-only` on scenarios/sglang/hunt_nemeses.toml, whose flags every workload's fit), and each gets a verdict of
+its own from that real run. CI's short form of the nemeses (the trials under them run from the same command
+without --clean-only). Marked ``hang``: it launches its own server (a nemesis may hang it). Checks that nothing of
+the hunt is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from repro.nemeses import load_nemeses
+from repro.procs import processes_mentioning
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIO = REPO / "scenarios" / "sglang" / "hunt_nemeses.toml"
+WORKLOADS = REPO / "scenarios" / "sglang" / "hunt_workloads.toml"
+TIMEOUT_S = 900  # one server, ten clean bursts
+
+pytestmark = pytest.mark.hang
+
+
+def test_every_workload_nemesis_runs_clean_on_one_shared_server_with_a_verdict_of_its_own(tmp_path: Path) -> None:
+    ev_root = tmp_path / "ev"
+    r = subprocess.run(
+        [sys.executable, "-m", "repro.cli", "hunt", str(SCENARIO), "--workload", "all", "--clean-only",
+         "--only", "get_num_allocatable_reqs", "--budget-min", "12", "--evidence-dir", str(ev_root), "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S,
+    )
+    assert r.returncode in (0, 3), f"exit {r.returncode}\nstdout:\n{r.stdout[-4000:]}\nstderr:\n{r.stderr[-4000:]}"
+    assert processes_mentioning(ev_root) == []
+    out = json.loads(r.stdout)
+    top = Path(out["folder"])
+    m = json.loads((top / "matrix.json").read_text())
+    names = ["quiet", *load_nemeses(WORKLOADS).workloads]
+    assert [g["workloads"] for g in m["groups"]] == [names]  # one server group: every nemesis shared one server
+    g = m["groups"][0]
+    assert g["status"] == "complete", g
+    by = {b["workload"]: b for b in g["baselines"]}
+    assert list(by) == names
+    for w, b in by.items():
+        assert b["verdict"] != "NOT RUN", b
+        if b["verdict"] in ("DEADLOCKED", "DESYNCED"):  # unsafe with no perturbation: a finding of its own
+            assert Path(b["finding"]).exists(), b
+    assert by["quiet"]["verdict"] == "ALL REQUESTS SUCCEEDED"
+    # the nemeses took effect on the real server
+    assert by["mass_abort"]["aborted"] == 4, by["mass_abort"]
+    assert by["client_abort"]["aborted"] == 4, by["client_abort"]  # every 3rd of 12 requests
+    for w in ("flush_cache", "storage_attach_detach", "weight_update"):
+        assert "→" in by[w]["admin"] and "not called" not in by[w]["admin"], by[w]  # each call answered with a status
+    # HUNT.md shows each workload's clean verdict
+    md = (top / "HUNT.md").read_text()
+    assert all(f"| `{w}` | {by[w]['verdict']} |" in md for w in names), md
+    inner = Path(g["folder"]) / "HUNT.md"
+    assert "## Workloads: each run clean first" in inner.read_text()
