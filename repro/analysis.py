@@ -111,6 +111,11 @@ def _rule_layer(rules, f: Frame, path: str) -> Optional[str]:
     return None
 
 
+# torch.distributed modules that are not communication: the launcher and its elastic agent (a launcher's own
+# traceback is not a rank blocked in a collective)
+_TORCH_NOT_COMM = ("torch/distributed/elastic/", "torch/distributed/launcher/", "torch/distributed/run.py")
+
+
 def comm_layer(f: Frame) -> Optional[str]:
     """The communication layer a frame belongs to, or None.
 
@@ -132,8 +137,8 @@ def comm_layer(f: Frame) -> Optional[str]:
     if layer is not None:
         return layer
     short = f.short_function
-    if "torch/distributed/" in path or path.startswith("distributed/distributed_c10d") or \
-            f.basename in ("distributed_c10d.py", "c10d_logger.py"):
+    if ("torch/distributed/" in path and not any(x in path for x in _TORCH_NOT_COMM)) or \
+            path.startswith("distributed/distributed_c10d") or f.basename in ("distributed_c10d.py", "c10d_logger.py"):
         return "monitored_barrier" if short == "monitored_barrier" else "torch.distributed"
     layer = _rule_layer(rules.comm_layers, f, path)
     if layer is None:  # engines without an adapter yet (vLLM, DeepSpeed, accelerate): repro/data/frame_rules.toml
@@ -961,13 +966,15 @@ def load_captures(paths: Iterable[Union[str, Path]], tag: Optional[str] = None) 
     ``VLLM::Worker_TP0_EP0``; with a PP part ``pp * tp_size + tp``), a rank the text states (``[rank3]:``, an
     mpirun tag, a ``rank 3:`` heading, a watchdog message), the log prefix's name, the file name (``rank<k>``,
     ``tp<k>``) when the file holds one process, else the file order (said so). Skipped: titles that name a
-    process that is not a rank (``sglang::detokenizer``, ``VLLM::EngineCore``, ``ray::IDLE``, launchers), and —
+    process that is not a rank (``sglang::detokenizer``, ``VLLM::EngineCore``, ``ray::IDLE``, launchers), a
+    process without a title whose frames show a launcher (torchrun's elastic agent), and —
     when other processes carry rank titles — processes whose title names no rank (the HTTP server). When a rank
     has several dumps (``.json`` and ``.txt``) the JSON stacks are used and the text supplies title and raw text.
 
     Raises:
         AnalyzeInputError: a path does not exist or a folder holds no dump file.
     """
+    from repro.readers.rules import not_rank_by_frames
     from repro.readers.titles import identify_title
 
     files = _collect_files(paths, tag)
@@ -999,6 +1006,12 @@ def load_captures(paths: Iterable[Union[str, Path]], tag: Optional[str] = None) 
             continue
         if multi and not d.threads and d.fmt == "unknown":
             continue  # a part of a file with nothing readable: its warnings stay in the file's other dumps
+        if info is None and d.threads:
+            by_frames = not_rank_by_frames([(fr.function, fr.module_or_file) for t in d.threads
+                                            for fr in t.python_frames])
+            if by_frames:
+                skip(f, d, by_frames)
+                continue
         r: Optional[int] = None
         how = ""
         if info is not None and info.tp is not None:

@@ -86,15 +86,18 @@ def parse_lines(lines: Iterable[str], source: str = "", gate: bool = True) -> li
     """
     it = iter(lines)
     head = list(itertools.islice(it, SNIFF_LINES))
-    compose, bracket = sniff_label_prefixes(head)
+    sniffed = sniff_label_prefixes(head)
+    labelled = sniffed.compose or sniffed.bracket or sniffed.host  # every line carries its source's prefix
     asms: dict[str, Assembler] = {}
     current = ""
-    plain = not (compose or bracket)
+    sticky = False  # the current label is a log record's (SGLang's [time TP1]): unprefixed lines continue it
+    plain = not labelled
     start_match, sub_search, fixed_match = _GATE_START.match, _GATE_SUB_RE.search, _ANY_FIXED_RE.match
     for n, raw in enumerate(itertools.chain(head, it), 1):
         if len(raw) > MAX_LINE_CHARS:
             raw = raw[:MAX_LINE_CHARS]
-        if gate and plain and not fixed_match(raw) and "```" not in raw and "~~~" not in raw:
+        if gate and plain and not sticky and not fixed_match(raw) and "```" not in raw and "~~~" not in raw \
+                and "\x1b" not in raw:
             # no prefix, quote or fence on this line (clean_line would return it as it is)
             s = raw.rstrip("\r\n")
             asm = asms.get("")
@@ -112,10 +115,10 @@ def parse_lines(lines: Iterable[str], source: str = "", gate: bool = True) -> li
                 asm.ignore(n, s)
             asm.after_blank = False
             continue
-        cl = clean_line(raw, compose, bracket)
-        label = cl.label if cl.label else (current if (compose or bracket) else "")
+        cl = clean_line(raw, *sniffed)
+        label = cl.label if cl.label else (current if (labelled or sticky) else "")
         if cl.label:
-            current = cl.label
+            current, sticky = cl.label, cl.sticky
         asm = asms.get(label)
         if asm is None:
             asm = asms[label] = Assembler(label)
@@ -260,16 +263,20 @@ def detect_format(text: str) -> DumpFormat:
 
 
 def split_log_prefixes(text: str) -> list[tuple[str, str]]:
-    """Split a log into per-source texts by line prefix (compose ``svc  | ``, kubectl ``[pod/x] ``, ``[rankN]:``,
-    mpirun tags, ray worker prefixes), prefixes removed; ``[("", text)]`` when no line has one."""
+    """Split a log into per-source texts by line prefix (compose ``svc  | ``, kubectl ``[pod/x] ``, pdsh ``host: ``,
+    ``[rankN]:``, torchrun's ``[default0]:``, SGLang's ``[time TP1]``, mpirun tags, ray worker prefixes), prefixes
+    removed; ``[("", text)]`` when no line has one."""
     lines = text.splitlines()
-    compose, bracket = sniff_label_prefixes(lines[:SNIFF_LINES])
+    sniffed = sniff_label_prefixes(lines[:SNIFF_LINES])
+    labelled = sniffed.compose or sniffed.bracket or sniffed.host
     groups: dict[str, list[str]] = {}
     current = ""
+    sticky = False
     for ln in lines:
-        cl = clean_line(ln, compose, bracket)
-        label = cl.label if cl.label else (current if (compose or bracket) else "")
-        current = cl.label or current
+        cl = clean_line(ln, *sniffed)
+        label = cl.label if cl.label else (current if (labelled or sticky) else "")
+        if cl.label:
+            current, sticky = cl.label, cl.sticky
         groups.setdefault(label, []).append(cl.text)
     if list(groups) == [""]:
         return [("", text)]

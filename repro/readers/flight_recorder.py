@@ -4,7 +4,9 @@
 mixing C++ (``c10d::ProcessGroupNCCL::…``, ``from ??:0``) and Python frames. The watchdog's message names the op,
 sequence number and rank: ``[PG ID 0 PG GUID 0(default_pg) Rank 3] Watchdog caught collective operation timeout:
 WorkNCCL(SeqNum=1234, OpType=ALLREDUCE, …)``; gloo's ``monitoredBarrier`` messages name the rank that failed.
-No tool on this machine produces it (no NCCL here): the fixtures of this format are written by hand.
+Without a stack (only the watchdog lines pasted), the op the message names stands for the rank's stack, as a
+one-frame thread, with a note. No tool on this machine produces it (no NCCL here): the fixtures of this format are
+written by hand.
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ def handle(asm, s: str, n: int) -> bool:
     m = HEAD_RE.search(s)
     if m:
         cur = asm.cur
-        if cur is None or cur["fmt"] != "flight-recorder" or cur["threads"]:
+        if cur is not None and cur["fmt"] == "flight-recorder" and cur["threads"] and all(
+                t.get("from_message") for t in cur["threads"]):
+            cur["threads"].clear()  # the stack replaces the one-frame stand-in taken from the watchdog's message
+            asm.close_thread()
+        elif cur is None or cur["fmt"] != "flight-recorder" or cur["threads"]:
             asm.new_process("flight-recorder", n)
         asm.new_thread("flight-recorder", n, "", "failed collective", is_main=True)
         asm.thr["fr"] = True
@@ -63,6 +69,14 @@ def handle(asm, s: str, n: int) -> bool:
             cur["rank_hint"] = (int(pr.group(1)), "watchdog message 'Rank N'")
         seq = f" #{m.group(2)}" if m.group(2) else ""
         asm.note(f"torch's watchdog: {cur['op']}{seq} ({kind or 'backend not named'}) timed out on this rank")
+        if not cur["threads"]:
+            # only the message so far (often all a user pastes): one frame named for its op stands for the stack,
+            # said in a note; a 'Stack trace of the failed collective' after it replaces it
+            asm.new_thread("flight-recorder", n, "", "failed collective (watchdog message)", is_main=True)
+            asm.thr["from_message"] = True
+            asm.add_frame(Frame(function=cur["op"], module_or_file="?", line=None))  # a bare op name
+            asm.close_thread()
+            asm.note("no stack in the watchdog's text: the rank is read as blocked in the op its message names")
         return True
     m = MONITORED_RE.search(s)
     if m and asm.cur is not None:

@@ -4,13 +4,17 @@
 ``#<k>  <symbol> (<args>) at <file>:<line>``, innermost first; a plain ``bt`` has no thread line. Every frame is
 native: without CPython's gdb extension there are no Python function names, only interpreter frames
 (``_PyEval_EvalFrameDefault``), and the reader says so. ``Attaching to process <pid>`` / ``[Inferior 1 (process
-<pid>) detached]`` give the pid; gdb's own chatter (``[New LWP …]``, libthread_db lines) is skipped.
+<pid>) detached]`` give the pid; gdb's own chatter (``[New LWP …]``, libthread_db lines) is skipped. With CPython's
+gdb extension (``thread apply all py-bt``; checked with the libpython.py Cython ships, gdb 13) a thread holds
+``Traceback (most recent call first):`` then ``  File "<path>", line <n>, in <function>`` and
+``  <built-in method <name> of …>`` lines, innermost first; frames it could not read are said in a note.
 """
 
 from __future__ import annotations
 
 import re
 
+from repro.readers.common import shorten_path
 from repro.readers.types import Frame
 
 THREAD_RE = re.compile(r"^Thread (\d+) \(Thread (0x[0-9a-fA-F]+) \(LWP (\d+)\)(?: \"([^\"]*)\")?\):\s*$")
@@ -20,10 +24,16 @@ TAIL_RE = re.compile(r"^(.*?)(?: (from|at) (\S+))?$")
 PID_RE = re.compile(r"^(?:Attaching to (?:process|program: \S+, process) (\d+)|\[Inferior \d+ \(process (\d+)\) detached\])")
 NOISE_RE = re.compile(r"^(\[New (LWP|Thread) |\[Thread debugging using|Using host libthread_db|Reading symbols from|"
                       r"\[Inferior \d+|warning: |Downloading |0x[0-9a-f]+ in \S+ \(\) from )")
+PYBT_HEAD = "Traceback (most recent call first):"
+PYBT_FRAME_RE = re.compile(r"^\s+File \"(.*)\", line (\d+), in (.+?)\s*$")
+PYBT_BUILTIN_RE = re.compile(r"^\s+<built-in (?:method|function) (\w+)")
+PYBT_NOISE = ("(unable to read python frame information)", "Unable to locate python frame",
+              "(frame information optimized out)")
 _PY_EVAL = ("_PyEval_EvalFrameDefault", "PyEval_EvalCode", "_PyEval_Vector", "_PyFunction_Vectorcall")
 
 # a superset of the lines :func:`handle` can take that are not indented (the reader gate, see readers/__init__.py)
-GATE_START = (r"Attaching to |\[Inferior |Thread \d|#|\[New |\[Thread debugging|Using host|Reading symbols|"
+GATE_START = (r"Traceback \(most recent call first|Unable to locate|\(unable|\(frame information|Python Exception <|"
+              r"Attaching to |\[Inferior |Thread \d|#|\[New |\[Thread debugging|Using host|Reading symbols|"
               r"warning: |Downloading |0x[0-9a-f]+ in ")
 GATE_SUBSTRINGS: tuple = ()
 
@@ -62,7 +72,35 @@ def handle(asm, s: str, n: int) -> bool:
             asm.new_process("gdb", n)
         asm.new_thread("gdb", n, tid, name, is_main=num == "1" or None)
         asm.thr["gdb_num"] = num
+        asm.mode = ""
         return True
+    t = asm.thr
+    if t is not None and (t.get("gdb_num") or t.get("gdb_plain")):
+        st = s.strip()
+        if st == PYBT_HEAD:  # CPython's gdb extension: 'py-bt', innermost first
+            asm.mode = "gdb-py"
+            return True
+        if st in PYBT_NOISE or st.startswith("Python Exception <"):
+            if st.startswith("(unable") and asm.mode == "gdb-py":
+                asm.note("gdb's py-bt could not read some Python frames (no debug information for this Python?)")
+                if all(f.module_or_file == "<built-in>" for f in t["frames"]):
+                    t["frames"].clear()  # a lone built-in ('wait') without its Python caller says nothing
+                    t["pybt_unreadable"] = True
+            return True
+        if asm.mode == "gdb-py":
+            m = PYBT_FRAME_RE.match(s)
+            if m:
+                asm.add_frame(Frame(function=m.group(3), module_or_file=shorten_path(m.group(1)),
+                                    line=int(m.group(2))))
+                return True
+            m = PYBT_BUILTIN_RE.match(s)
+            if m and t.get("pybt_unreadable"):
+                return True
+            if m:
+                asm.add_frame(Frame(function=m.group(1), module_or_file="<built-in>", line=None, native=True))
+                return True
+            if s.startswith("    "):
+                return True  # the source line under a frame
     if s.startswith("#"):
         m = FRAME_RE.match(s)
         if m and (m.group(2) or " at " in s or " from " in s or "()" in s):

@@ -98,6 +98,12 @@ class TitleRule:
 
 
 @dataclass(frozen=True)
+class NotRankFramesRule:
+    match: _FrameMatch
+    reason: str
+
+
+@dataclass(frozen=True)
 class TitleMatch:
     """What a title rule says about a process: ``role`` ``rank`` or ``not-rank``; numbers when the title has them."""
 
@@ -120,6 +126,7 @@ class FrameRules:
     idles: tuple[IdleRule, ...]
     helpers: tuple[HelperRule, ...]
     titles: tuple[TitleRule, ...]
+    not_rank_frames: tuple[NotRankFramesRule, ...] = ()
 
 
 @lru_cache(maxsize=4)
@@ -155,7 +162,9 @@ def load_rules(path: Optional[str] = None) -> FrameRules:
     return FrameRules(collectives=colls, op_alias=dict(data.get("op_alias", {})), natives=natives,
                       native_ops=tuple(data.get("native_op", {}).items()),
                       native_idle=rx(ni, "[native_idle]") if ni else None, idles=idles, helpers=helpers,
-                      titles=titles)
+                      titles=titles,
+                      not_rank_frames=tuple(NotRankFramesRule(match=_fm(d), reason=d["reason"])
+                                            for d in data.get("not_rank_frames", [])))
 
 
 def collective_layer(function: str, path: str) -> Optional[CollectiveRule]:
@@ -227,4 +236,13 @@ def title_match(title: str) -> Optional[TitleMatch]:
 
         return TitleMatch(engine=r.engine, role=r.role, reason=r.reason, rank=num("rank"), tp=num("tp"),
                           pp=num("pp"), dp=num("dp"))
+    return None
+
+
+def not_rank_by_frames(frames: Sequence[tuple[str, str]]) -> Optional[str]:
+    """Why a process without a title is not a rank, from its Python ``(function, path)`` frames (torchrun's
+    elastic agent), or None."""
+    for r in load_rules().not_rank_frames:
+        if any(r.match.matches(fn, p) for fn, p in frames):
+            return r.reason
     return None

@@ -15,7 +15,9 @@ import re
 from repro.readers.common import shorten_path
 from repro.readers.types import Frame
 
-HEAD_RE = re.compile(r"^\s*Traceback \(most recent call last\):\s*$")
+# also at the end of a log message (SGLang: "Scheduler hit an exception: Traceback (most recent call last):") or
+# after a terminal's "^C"
+HEAD_RE = re.compile(r"(?:^\s*|\^C|: )Traceback \(most recent call last\):\s*$")
 FRAME_RE = re.compile(r"^\s+File \"(.*)\", line (\d+), in (.+?)\s*$")
 EXC_RE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Timeout\w*|Interrupt|Exit|Warning)):?\s?(.*)$")
 _CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
@@ -23,12 +25,14 @@ _CHAIN = ("During handling of the above exception", "The above exception was the
 # a superset of the lines :func:`handle` can take that are not indented outside a traceback (the reader gate, see
 # readers/__init__.py; inside one, ``asm.mode`` is set and every line reaches the handlers)
 GATE_START = r"Traceback \(most"
-GATE_SUBSTRINGS: tuple = ()
+GATE_SUBSTRINGS: tuple = ("Traceback (most recent call last):",)
 
 
 def handle(asm, s: str, n: int) -> bool:
     """Consume one traceback line; False when it is not one."""
-    if HEAD_RE.match(s):
+    if asm.mode == "gdb-py":
+        return False  # gdb's py-bt frames (innermost first) belong to the gdb thread
+    if HEAD_RE.search(s):
         cur = asm.cur
         if cur is not None and cur["fmt"] == "traceback" and asm.mode in ("tb", "tb-exc", "tb-chain"):
             cur["threads"].clear()
