@@ -102,3 +102,32 @@ def test_text_output_says_what_was_read_and_how_sure(tmp_path):
     assert res.exit_code == EXIT_USAGE
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert lines[0].startswith("error: no rank's stack could be read") and "┃" not in res.output
+
+
+def test_the_corpus_covers_every_failure_class_of_the_issue():
+    """Each failure class the readers are built for has a case (1 formats not read, 2 py-spy's thread status, 3 the
+    wrong thread standing for the rank, 4 processes dropped or merged, 5 collectives known by path only), and so do
+    the pasting shapes (quoting, prefixes) and honest output on dumps that cannot be read."""
+    classes = " / ".join(json.loads((PASTED / c / "expected.json").read_text()).get("class", "") for c in CASES)
+    for needle in ("1 formats", "1 prefixes", "1 quoting", "2 ", "3 ", "4 ", "5 ", "honest output"):
+        assert needle in classes, needle
+
+
+def test_junk_binary_and_an_empty_folder_each_get_one_line(tmp_path):
+    """Bad input is one line each (exit 2), with no raw bytes of a binary file echoed."""
+    from typer.testing import CliRunner
+
+    from repro.cli import EXIT_USAGE, app
+
+    junk = tmp_path / "junk.txt"
+    junk.write_text("".join(f"lorem ipsum {i} dolor, sit amet!\n" for i in range(20000)))
+    binary = tmp_path / "core.bin"
+    binary.write_bytes(bytes(range(256)) * 256)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    runner = CliRunner()
+    for p in (junk, binary, empty):
+        res = runner.invoke(app, ["analyze", str(p)])
+        lines = [ln for ln in res.output.splitlines() if ln.strip()]
+        assert res.exit_code == EXIT_USAGE and len(lines) == 1, (p.name, res.output)
+        assert lines[0].startswith("error:") and "\x00" not in res.output and "\\x0" not in res.output
