@@ -684,6 +684,12 @@ def reproduction_markdown(w: Written, tried: Sequence[Tried], source: str, secon
         c = kinds.get(t.candidate)
         lines.append(f"| `{t.candidate}` | {c.kind if c else ''} | {c.description if c else ''} | {t.verdict} | "
                      f"{t.outcome}{(' — ' + t.error) if t.error else ''} | {t.evidence}/REPORT.md |")
+    others = [t for t in tried if t.outcome == DIFFERENT_HANG and t is not best and t.signature is not None]
+    for t in others:  # every other hang, side by side with the original
+        lines += ["", f"## {DIFFERENT_HANG}: `{t.candidate}`", "", f"| original | {t.candidate} |", "|---|---|"]
+        right = t.signature.lines()
+        for i in range(max(len(left), len(right))):
+            lines.append(f"| {left[i] if i < len(left) else ''} | {right[i] if i < len(right) else ''} |")
     if w.plan.server_says or w.plan.drift:
         lines += ["", "## What was guessed", ""] + [f"- server: {s}" for s in w.plan.server_says] + \
                  [f"- {s}" for s in w.plan.needs_base] + [f"- version drift: {d}" for d in w.plan.drift]

@@ -222,13 +222,25 @@ def _cli(args: list[str]):
     ("a single rank", FIXTURES / "dumps" / "sglang_tp2_cpu_hang" / "rank0.txt", "one rank read"),
     ("a busy rank", FIXTURES / "pasted" / "busy_main_background_collective", "busy (on CPU, not blocked)"),
     ("a non-Python dump", FIXTURES / "pasted" / "gdb_bt_gloo3", "has no Python frames"),
-    ("an engine with no adapter", FIXTURES / "pasted" / "vllm_titles_pynccl" / "py-spy.txt", "no adapter is registered"),
 ])
 def test_bad_input_is_one_line_exit_2_nothing_launched(what, path, words):
     r = _cli([str(path)])
     assert r.exit_code == 2, (what, r.output)
     lines = [l for l in r.output.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], (what, r.output)
+    assert "Traceback" not in r.output and "nonexistent/python" not in r.output
+
+
+def test_an_engine_with_no_adapter_is_one_line_exit_2_nothing_launched(tmp_path):
+    """A hung TP=2 job whose rank processes carry titles of an engine no adapter knows (ray workers: the real vLLM
+    pynccl dump of tests/fixtures/pasted with its worker titles rewritten to ray's)."""
+    src = (FIXTURES / "pasted" / "vllm_titles_pynccl" / "py-spy.txt").read_text()
+    f = tmp_path / "ray.txt"
+    f.write_text(src.replace("VLLM::Worker_TP0_EP0", "ray::RayWorkerWrapper.execute_method --local-rank=0")
+                 .replace("VLLM::Worker_TP1_EP0", "ray::RayWorkerWrapper.execute_method --local-rank=1"))
+    r = _cli([str(f)])
+    lines = [l for l in r.output.splitlines() if l.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and "ray's, and no adapter is registered" in lines[0], r.output
     assert "Traceback" not in r.output and "nonexistent/python" not in r.output
 
 
@@ -319,3 +331,96 @@ def test_the_smoke_hang_stripped_maps_to_the_smoke_scenario_site_on_the_testbed(
     assert inj["action"] == {"kind": "extra_collective", "op": "all_reduce", "group": "tp_cpu_group"}
     assert inj["gate"]["called_from"][0] == "sglang.srt.managers.scheduler:Scheduler.event_loop_normal"
     assert inj["gate"]["ranks"] == [0]
+
+
+# ------------------------------------------------------------------------------------------------ sglang#30760 dumps
+HICACHE = FIXTURES / "reproduce"
+_INJECTOR_WORDS = ("repro_injector", "repro_ledger[", "repro_injected[", "repro_tick[", "sitecustomize", '"repro-')
+
+
+@pytest.mark.parametrize("name", ["hicache_30760_extra_collective", "hicache_30760_allocatable_drift"])
+def test_30760_dumps_hold_no_injector_frame_and_sign_the_prefetch_all_reduce_against_the_model(name):
+    """Both #30760 dumps (real hung runs, injector stripped): one rank in the cache's prefetch all_reduce called from
+    _can_terminate_prefetch, the other in the model's first all_reduce."""
+    d = HICACHE / name
+    for f in d.glob("rank*.txt"):
+        text = f.read_text()
+        assert not any(w in text for w in _INJECTOR_WORDS), f
+    sig = signature(*read_dumps([str(d)]))
+    keys = sorted(k.frames for k, _ in sig.entries)
+    prefetch = ("unified_radix_cache:UnifiedRadixCache._all_reduce_attn_groups",
+                "unified_radix_cache:UnifiedRadixCache._all_reduce",
+                "unified_radix_cache:UnifiedRadixCache._can_terminate_prefetch")
+    peer = {"hicache_30760_extra_collective": ("all_reduce", ("vocab_parallel_embedding:VocabParallelEmbedding.forward",
+                                                              "llama:LlamaModel.forward",
+                                                              "llama:LlamaForCausalLM.forward")),
+            "hicache_30760_allocatable_drift": ("broadcast", ("request_receiver:SchedulerRequestReceiver."
+                                                              "_broadcast_reqs_across_ranks",
+                                                              "request_receiver:SchedulerRequestReceiver.recv_requests",
+                                                              "scheduler:Scheduler.ingest_requests"))}[name]
+    got = sorted((k.op, k.frames) for k, _ in sig.entries)
+    assert got == sorted([("all_reduce", prefetch), peer]), sig.lines()
+    assert all(k.state == "collective" and n == 1 for k, n in sig.entries)
+
+
+def test_the_30760_symptom_and_root_cause_dumps_have_different_signatures():
+    """The extra collective leaves the peer in the model's all_reduce; the free-slot drift leaves it in the next
+    tick's request broadcast: a symptom-only reproduction of the root-cause dump is a DIFFERENT HANG."""
+    a = signature(*read_dumps([str(HICACHE / "hicache_30760_extra_collective")]))
+    b = signature(*read_dumps([str(HICACHE / "hicache_30760_allocatable_drift")]))
+    assert a != b
+
+
+@pytest.mark.parametrize("name", ["hicache_30760_extra_collective", "hicache_30760_allocatable_drift"])
+def test_30760_candidates_on_the_testbed_are_the_loop_call_and_the_free_slot_drift(name, tmp_path):
+    """On sglang 0.5.23's source, each #30760 dump gives (a) the extra all_reduce on the prefetch rank at entry to the
+    cache's all_reduce helper (its own method, so the reproduction's stack shows the same frames), gated on the
+    waiting-queue loop of _get_new_batch_prefill_raw, and (b) the root cause from discovery: the OTHER rank's
+    get_num_allocatable_reqs (the free-slot count) returning 0 once inside that `for req` loop."""
+    from repro import testbed
+    from repro.reproduce import write_candidates
+
+    if not testbed.is_set_up():
+        pytest.skip("the CPU testbed (sglang 0.5.23) is not set up: bash scripts/cpu_testbed/setup.sh")
+    d = HICACHE / name
+    a, caps = read_dumps([str(d)])
+    odd = [s.rank for s in a.ranks if "_all_reduce_attn_groups" in (s.blocked_frame or "")]
+    w = write_candidates([str(d)], tmp_path, python=str(testbed.testbed_python()))
+    by = {c.name: c for c in w.plan.candidates}
+    loop = "sglang.srt.managers.scheduler:Scheduler._get_new_batch_prefill_raw"
+    extra = [c for c in by.values() if c.kind == "extra_collective"]
+    assert len(extra) == 1, list(by)
+    inj = extra[0].injections[0]
+    assert inj["site"] == "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache._all_reduce_attn_groups"
+    assert inj["action"] == {"kind": "extra_collective", "op": "all_reduce", "method": "_all_reduce_attn_groups"}
+    assert inj["gate"]["called_from"][0] == loop and inj["gate"]["inside_loop"] == "req"
+    prefetch_rank = inj["gate"]["ranks"]
+    assert prefetch_rank == odd and len(odd) == 1
+    drift = [c for c in by.values() if c.kind == "root_cause"
+             and c.injections[0]["site"][0] == "sglang.srt.managers.scheduler:Scheduler.get_num_allocatable_reqs"
+             and c.injections[0]["action"] == {"kind": "return_value", "value": 0}]
+    assert len(drift) == 1, list(by)
+    g = drift[0].injections[0]["gate"]
+    assert g["called_from"] == [loop] and g["inside_loop"] == "req"
+    assert g["ranks"] == [r for r in (0, 1) if r not in prefetch_rank]
+    assert load_scenario(w.scenario_file).variant(drift[0].name)
+
+
+def test_reproduction_md_shows_a_different_hang_beside_the_original_even_when_another_reproduced(tmp_path):
+    """The #30760 root-cause dump judged against a run that hung like the symptom dump (DIFFERENT HANG) and one that
+    hung like itself (REPRODUCED): both runs' signatures appear next to the original's."""
+    from repro.reproduce import DIFFERENT_HANG, REPRODUCED, Plan, Tried, Written, judge, reproduction_markdown
+
+    orig_dir = HICACHE / "hicache_30760_allocatable_drift"
+    w = Written(tmp_path / "reproduce.toml", signature(*read_dumps([str(orig_dir)])),
+                Plan([], [], [], [], [], "sglang", 2), "python", [])
+    runs = []
+    for name, run in (("extra", HICACHE / "hicache_30760_extra_collective"), ("root", orig_dir)):
+        outcome, sig, _ = judge(w.signature, "DEADLOCKED", run)
+        runs.append(Tried(name, "DEADLOCKED", run, outcome, sig))
+    assert [t.outcome for t in runs] == [DIFFERENT_HANG, REPRODUCED]
+    md = reproduction_markdown(w, runs, "dumps/", 1.0)
+    assert md.startswith(f"# {REPRODUCED}")
+    assert f"## {DIFFERENT_HANG}: `extra`" in md and "VocabParallelEmbedding.forward" in md
+    # the original beside the reproduction and beside the different hang, plus the reproduction's own row
+    assert md.count("SchedulerRequestReceiver._broadcast_reqs_across_ranks") == 3
