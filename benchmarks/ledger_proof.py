@@ -5,16 +5,27 @@ Every command starts real servers: run it under the shared lock, ``flock /tmp/re
 benchmarks/ledger_proof.py …``. Results print as one JSON line per run and a summary; copy the numbers into
 ``benchmarks/RESULTS.md``.
 
-- ``latency [--repeats 10] [--stall-repeats 1] [--only smoke|30760-extra|30760-drift]``: each deadlock variant
-  (smoke ``extra_collective``; #30760 ``extra_collective`` and ``allocatable_drift``) on a fresh server per run,
-  with the default detect stage (ledger proof first). Per run: verdict, proof kind, ``proof_latency_s`` (enter of
-  the record that closed the proof → verdict), ``last_progress_to_verdict_s``, ``ledger_follow_cpu_s``. With
-  ``--stall-repeats`` > 0 also that many runs with the stall rule alone (the figure the proof replaces).
-- ``clean [--bursts 20]``: one server; ``control``, ``desync_control`` and ``desync_reduce_op`` of the smoke
-  scenario once, then ``--bursts`` clean control bursts: any DEADLOCKED or DESYNCED on a clean burst is a false one.
+- ``latency [--repeats 10] [--stall-repeats 0] [--prewarm 1] [--only smoke|30760-extra|30760-drift]``: each deadlock variant
+  (smoke ``extra_collective``; #30760 ``extra_collective`` and ``allocatable_drift``) ``--repeats`` times with the
+  default detect stage (ledger proof first). A deadlocked server cannot be re-armed, so every run pays a start-up
+  (the one cost here: ~50-100 s on the 2-core testbed, the burst and proof take seconds). Per run: verdict, proof
+  kind, ``proof_latency_s`` (enter of the record that closed the proof → verdict), ``last_progress_to_verdict_s``,
+  ``ledger_follow_cpu_s``, and the stall rule's figure for the same run, derived: ``stall_s`` + the time the
+  proof's own confirming capture took (the stall rule runs the same two captures after ``stall_s`` of silence),
+  with what the stall rule said of those captures. With ``--stall-repeats`` > 0 also that many runs with the stall
+  rule alone (the figure measured, not derived).
+- ``clean [--bursts 20] [--desync-repeats 10]``: ONE server (nothing here hangs it, so every burst re-arms it):
+  ``control``, then ``desync_control`` and ``desync_reduce_op`` alternated ``--desync-repeats`` times, then
+  ``--bursts`` clean ``control`` bursts. Any DEADLOCKED or DESYNCED on a control burst is a false one; every
+  ``desync_reduce_op`` must end DESYNCED. The clean bursts come after the desyncs on the same server, so a desync
+  that leaked into a later burst's verdict would show as a false one.
 - ``throughput [--pairs 5] [--requests 16] [--max-new-tokens 64]``: two servers of the smoke scenario, one with
-  the ledger on, one with it off (``ledger = false``), bursts of the ``control`` variant interleaved on/off; output
-  tokens/s per burst (requests × max_new_tokens / burst seconds) and the on/off ratio of the medians.
+  the ledger on, one with it off (``ledger = false``), bursts of the ``control`` variant interleaved on/off (the
+  order alternates per pair); output tokens/s per burst (requests × max_new_tokens / burst seconds), the on/off
+  ratio of the medians and the spread of the per-pair ratios.
+
+Lock time (2-core testbed, measured in benchmarks/RESULTS.md): latency ≈ 70-110 s per run; clean ≈ start-up +
+~5 s per burst; throughput ≈ two start-ups + 2 × pairs bursts.
 """
 
 from __future__ import annotations
@@ -41,48 +52,112 @@ def _emit(d: dict) -> None:
     print(json.dumps(d), flush=True)
 
 
-def _run_one(path: Path, variant: str, root: Path, stall_only: bool) -> dict:
+def _start(path: Path, variant: str, root: Path, stall_only: bool):
+    """Prepare one run and start its server (blocking: launch → healthy). Returns (opts, prepared, session,
+    failed verdict or None, start-up seconds)."""
     from repro import runner
     from repro.detect import StallDetector
-    from repro.evidence import read_json
 
+    t0 = time.time()
     opts = runner.RunOptions(scenario_path=path, variant=variant, evidence_root=root)
     p = runner.prepare(opts)
-    if not stall_only:
-        res = runner.run_prepared(p, opts)
-        v = read_json(res.evidence / "verdict.json")
-    else:  # the stall rule alone: a session whose detect stage is only StallDetector
-        s = runner.Session(p, detectors=[StallDetector()])
-        try:
-            failed = s.start()
-            out = runner.Outcome(failed, clean=False) if failed else s.drive(p.variant, p.evidence)
-            runner.finish_evidence(p, opts, p.variant, p.evidence, out, s.rank_pids, False)
-        finally:
-            s.stop()
-            s.close_drivers()
-        v = read_json(p.evidence.path / "verdict.json")
+    s = runner.Session(p, detectors=[StallDetector()] if stall_only else None)  # None: the default detect stage
+    try:
+        failed = s.start()
+    except BaseException:
+        s.stop()
+        raise
+    return opts, p, s, failed, time.time() - t0
+
+
+def _finish(started, stall_only: bool, t_lock0: float) -> dict:
+    """Drive a started run's variant once (arm, burst, detect), write its evidence, end its server; one row."""
+    from repro import runner
+    from repro.evidence import read_json
+
+    opts, p, s, failed, start_s = started
+    t0 = time.time()
+    try:
+        out = runner.Outcome(failed, clean=False) if failed else s.drive(p.variant, p.evidence)
+        out.timings["healthy_s"] = s.healthy_s or 0.0
+        runner.finish_evidence(p, opts, p.variant, p.evidence, out, s.rank_pids, False)
+        p.evidence.set_status("complete", timings=out.timings)
+    finally:
+        s.stop()
+        s.close_drivers()
+    v = read_json(p.evidence.path / "verdict.json")
     t = v.get("timings", {})
-    return {"variant": variant, "mode": "stall-only" if stall_only else "proof", "verdict": v["verdict"],
+    try:
+        stalls = read_json(p.evidence.path / "stalls.json")
+    except Exception:
+        stalls = []
+    cap = next((r for r in (stalls or []) if isinstance(r, dict) and r.get("detector") == "ledger-proof"), {})
+    est = (p.scenario.stall_s + t["proof_capture_s"]) if t.get("proof_capture_s") is not None else None
+    return {"variant": p.variant.name, "mode": "stall-only" if stall_only else "proof", "verdict": v["verdict"],
             "proof": (v.get("proof") or {}).get("kind"), "proof_latency_s": t.get("proof_latency_s"),
             "last_progress_to_verdict_s": t.get("last_progress_to_verdict_s"),
+            "stall_rule_estimate_s": est, "stall_rule_would_deadlock": cap.get("stall_rule_deadlocked"),
             "ledger_follow_cpu_s": t.get("ledger_follow_cpu_s"), "burst_s": t.get("burst_s"),
-            "evidence": v.get("evidence")}
+            "healthy_s": round(start_s, 1), "drive_to_stop_s": round(time.time() - t0, 1),
+            "since_start_s": round(time.time() - t_lock0, 1), "reason": v.get("reason", "")[:200],
+            "evidence": str(p.evidence.path)}
+
+
+def _runs(path: Path, variant: str, root: Path, stall_only: bool, n: int, prewarm: int, t_lock0: float, emit):
+    """``n`` runs of one deadlock variant, a fresh server each (a deadlocked server cannot be re-armed). With
+    ``prewarm`` = k > 0 the next k runs' servers start (in threads) while the current one is driven and torn down,
+    so at most k + 1 servers exist at a time and the lock is held for far less than one start-up per run (start-up
+    is mostly waiting, not CPU); the driven server then shares the 2 cores with starting ones (a loaded box: the
+    latency figures are pessimistic, not flattered)."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    rows: list[dict] = []
+    if n <= 0:
+        return rows
+    ex = ThreadPoolExecutor(max_workers=max(1, prewarm))
+    pending: deque = deque()
+    submitted = 0
+
+    def top_up(ahead: int) -> None:
+        nonlocal submitted
+        while len(pending) < ahead and submitted < n:
+            pending.append(ex.submit(_start, path, variant, root, stall_only))
+            submitted += 1
+
+    try:
+        top_up(max(1, prewarm))
+        for i in range(n):
+            started = pending.popleft().result()
+            top_up(prewarm)
+            row = _finish(started, stall_only, t_lock0)
+            rows.append(row)
+            emit(i, row)
+            top_up(1)
+        return rows
+    finally:
+        for fut in pending:  # a started server nobody drove (error or interrupt): end it
+            try:
+                fut.result()[2].stop()
+            except BaseException:
+                pass
+        ex.shutdown(wait=True)
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return round(statistics.median(xs), 3) if xs else None
 
 
 def latency(a: argparse.Namespace, root: Path) -> None:
     summary = {}
+    t_lock0 = time.time()
     for name in a.only or list(CASES):
         path, variant = CASES[name]
-        rows = []
-        for i in range(a.repeats):
-            r = _run_one(path, variant, root, False)
-            rows.append(r)
-            _emit({"case": name, "i": i, **r})
-        stall = []
-        for i in range(a.stall_repeats):
-            r = _run_one(path, variant, root, True)
-            stall.append(r)
-            _emit({"case": name, "i": i, **r})
+        rows = _runs(path, variant, root, False, a.repeats, a.prewarm, t_lock0,
+                     lambda i, r: _emit({"case": name, "i": i, **r}))
+        stall = _runs(path, variant, root, True, a.stall_repeats, a.prewarm, t_lock0,
+                      lambda i, r: _emit({"case": name, "i": i, **r}))
         lat = [r["proof_latency_s"] for r in rows if r["proof_latency_s"] is not None]
         lp = [r["last_progress_to_verdict_s"] for r in rows if r["last_progress_to_verdict_s"] is not None]
         summary[name] = {"runs": len(rows), "deadlocked_with_proof": sum(1 for r in rows if r["verdict"] == "DEADLOCKED"
@@ -93,32 +168,61 @@ def latency(a: argparse.Namespace, root: Path) -> None:
                          "last_progress_to_verdict_median_s": statistics.median(lp) if lp else None,
                          "last_progress_to_verdict_max_s": max(lp) if lp else None,
                          "follower_cpu_s_max": max((r["ledger_follow_cpu_s"] or 0) for r in rows) if rows else None,
+                         "stall_rule_estimate_median_s": _median([r["stall_rule_estimate_s"] for r in rows]),
+                         "stall_rule_would_deadlock": [r["stall_rule_would_deadlock"] for r in rows],
+                         "healthy_median_s": _median([r["healthy_s"] for r in rows]),
+                         "drive_to_stop_median_s": _median([r["drive_to_stop_s"] for r in rows]),
                          "stall_only_last_progress_to_verdict_s": [r["last_progress_to_verdict_s"] for r in stall],
                          "stall_only_verdicts": [r["verdict"] for r in stall]}
     _emit({"summary": summary})
 
 
 def clean(a: argparse.Namespace, root: Path) -> None:
-    from repro.runner import RunOptions, run_many
+    from repro import runner
 
+    items = [runner.VariantItem("control", label="control-first")]
+    for i in range(a.desync_repeats):
+        items += [runner.VariantItem("desync_control", label=f"desync_control-{i}"),
+                  runner.VariantItem("desync_reduce_op", label=f"desync_reduce_op-{i}")]
+    items += [runner.VariantItem("control", label=f"control-{i}") for i in range(a.bursts)]
     names = ["control", "desync_control", "desync_reduce_op"]
-    res = run_many(RunOptions(scenario_path=SMOKE, evidence_root=root), names)
-    for n, r in zip(names, res):
-        _emit({"variant": n, "verdict": r.verdict.verdict})
-    tmp = Path(tempfile.mkdtemp(prefix="repro-clean-"))
-    # one server, N control bursts: run_many needs unique injection ids per variant, so give each burst a copy
-    text = SMOKE.read_text()
-    m = re.search(r'(\[\[variants\]\]\nname = "control".*?)(?=\n\[\[variants\]\]|\Z)', text, re.S)
-    block = m.group(1)
-    extra = "".join("\n" + block.replace('name = "control"', f'name = "control_{i}"')
-                    .replace('id = "observe_run_batch"', f'id = "observe_run_batch_{i}"') for i in range(a.bursts))
-    scn = tmp / "smoke_extra_allreduce.toml"
-    scn.write_text(text + extra)
-    names = [f"control_{i}" for i in range(a.bursts)]
-    res = run_many(RunOptions(scenario_path=scn, evidence_root=root), names)
-    verdicts = [r.verdict.verdict for r in res]
-    _emit({"summary": {"clean_bursts": len(verdicts), "verdicts": {v: verdicts.count(v) for v in set(verdicts)},
-                       "false_deadlocks": verdicts.count("DEADLOCKED"), "false_desyncs": verdicts.count("DESYNCED")}})
+    opts = runner.RunOptions(scenario_path=SMOKE, evidence_root=root)
+    p = runner.prepare(opts, label_default="session", variants=names)
+    session = runner.make_session(p)
+    rows: list[dict] = []
+    t0 = time.time()
+
+    def on_result(d) -> None:
+        v = d.outcome.verdict
+        t = d.outcome.timings
+        row = {"i": d.index, "variant": d.item.variant, "label": d.item.label, "verdict": v.verdict,
+               "ok": d.result.requests_ok, "total": d.result.requests_total, "burst_s": round(t.get("burst_s", 0), 2),
+               "follower_cpu_s": t.get("ledger_follow_cpu_s"), "clean": d.outcome.clean,
+               "t_s": round(time.time() - t0, 1), "evidence": str(d.run_dir.path)}
+        if v.verdict != ("DESYNCED" if d.item.variant == "desync_reduce_op" else "ALL REQUESTS SUCCEEDED"):
+            row["reason"] = v.reason[:300]
+        rows.append(row)
+        _emit(row)
+
+    try:
+        runner.run_variants(session, opts, items, on_result)
+    finally:
+        session.stop()
+        session.close_drivers()
+
+    def count(variant: str, first: "bool | None" = None) -> dict:
+        vs = [r["verdict"] for r in rows if r["variant"] == variant
+              and (first is None or (r["label"] == "control-first") == first)]
+        return {v: vs.count(v) for v in sorted(set(vs))}
+
+    controls = [r for r in rows if r["variant"] in ("control", "desync_control")]
+    _emit({"summary": {"healthy_s": round(session.healthy_s or 0, 1), "wall_s": round(time.time() - t0, 1),
+                       "restarts_needed": sum(1 for r in rows if not r["clean"]),
+                       "desync_reduce_op": count("desync_reduce_op"), "desync_control": count("desync_control"),
+                       "clean_bursts": count("control", False), "first_control": count("control", True),
+                       "false_deadlocks": sum(1 for r in controls if r["verdict"] == "DEADLOCKED"),
+                       "false_desyncs": sum(1 for r in controls if r["verdict"] == "DESYNCED"),
+                       "follower_cpu_s_max": max((r["follower_cpu_s"] or 0) for r in rows) if rows else None}})
 
 
 def throughput(a: argparse.Namespace, root: Path) -> None:
@@ -135,14 +239,19 @@ def throughput(a: argparse.Namespace, root: Path) -> None:
     off.write_text(text.replace("budget_s = 90", "budget_s = 600\nledger = false"))
     sessions = {}
     try:
+        from concurrent.futures import ThreadPoolExecutor
+
         for name, path in (("on", on), ("off", off)):
             p = runner.prepare(runner.RunOptions(scenario_path=path, variant="control", evidence_root=root,
                                                  label=f"tput-{name}"))
-            s = runner.Session(p)
-            failed = s.start()
-            if failed:
-                raise SystemExit(f"{name}: {failed.reason}")
-            sessions[name] = (p, s)
+            sessions[name] = (p, runner.Session(p))
+        t0 = time.time()
+        with ThreadPoolExecutor(max_workers=2) as ex:  # both start-ups at once: one start-up of lock time, not two
+            failed = dict(zip(sessions, ex.map(lambda ps: ps[1].start(), sessions.values())))
+        for name, f in failed.items():
+            if f:
+                raise SystemExit(f"{name}: {f.reason}")
+        _emit({"healthy_s": round(time.time() - t0, 1)})
         tps = {"on": [], "off": []}
         cpu = []
         for i in range(a.pairs):
@@ -157,7 +266,9 @@ def throughput(a: argparse.Namespace, root: Path) -> None:
                 _emit({"pair": i, "ledger": name, "verdict": out.verdict.verdict, "burst_s": out.timings["burst_s"],
                        "tokens_per_s": round(rate, 1), "follower_cpu_s": out.timings.get("ledger_follow_cpu_s")})
         ratio = statistics.median(tps["on"]) / statistics.median(tps["off"])
-        _emit({"summary": {"pairs": a.pairs, "median_tokens_per_s_on": statistics.median(tps["on"]),
+        per_pair = [on_ / off_ for on_, off_ in zip(tps["on"], tps["off"])]
+        _emit({"summary": {"pairs": a.pairs, "per_pair_ratios": [round(x, 4) for x in per_pair],
+                           "per_pair_ratio_min": round(min(per_pair), 4), "per_pair_ratio_max": round(max(per_pair), 4), "median_tokens_per_s_on": statistics.median(tps["on"]),
                            "median_tokens_per_s_off": statistics.median(tps["off"]), "ratio_on_off": round(ratio, 4),
                            "follower_cpu_s_per_burst": cpu}})
     finally:
@@ -171,10 +282,13 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     la = sub.add_parser("latency")
     la.add_argument("--repeats", type=int, default=10)
-    la.add_argument("--stall-repeats", type=int, default=1)
+    la.add_argument("--stall-repeats", type=int, default=0)
     la.add_argument("--only", nargs="*", choices=list(CASES))
+    la.add_argument("--prewarm", type=int, default=1,
+                    help="servers started ahead while the current run is driven (0: strictly one at a time)")
     cl = sub.add_parser("clean")
     cl.add_argument("--bursts", type=int, default=20)
+    cl.add_argument("--desync-repeats", type=int, default=10)
     tp = sub.add_parser("throughput")
     tp.add_argument("--pairs", type=int, default=5)
     tp.add_argument("--requests", type=int, default=16)
