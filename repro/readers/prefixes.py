@@ -2,7 +2,8 @@
 
 Always stripped (unambiguous): markdown quote markers (``> ``, ``>> ``), markdown fences (a fence line is a block
 boundary), torch's ``[rank3]:`` prefix (names rank 3), mpirun's ``[1,3]<stderr>:`` tag (job 1, rank 3), ray's
-``(RayWorkerWrapper pid=123, ip=…)`` worker prefix, leading timestamps (ISO ``2026-12-01T09:59:27.944Z``,
+``(RayWorkerWrapper pid=123, ip=…)`` and vLLM's ``(VllmWorker rank=1 pid=123)`` / ``(Worker_TP1 pid=123)`` worker
+prefixes, leading timestamps (ISO ``2026-12-01T09:59:27.944Z``,
 ``2026-12-01 09:59:27,944``, bracketed ``[2026-12-01 09:59:27]``) and glog headers (``[E1201 09:59:27.94 x.cpp:68]``).
 torchrun's ``--tee`` prefix ``[default0]:`` (role and local rank; names that rank), SGLang's log prefix
 ``[2026-12-01 09:59:27 TP1] `` (names TP rank 1; the unprefixed lines after it, the rest of that log record such as
@@ -27,7 +28,7 @@ _TP_TAG_RE = re.compile(r"\bTP(\d+)\b")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 _HOST_RE = re.compile(r"^(?P<host>[A-Za-z0-9][\w.\-]{0,62}): ")
 _MPI_RE = re.compile(r"^\[(\d+),(\d+)\]<(?:stdout|stderr|stddiag)>:\s?")
-_RAY_RE = re.compile(r"^\((?P<name>[\w.:\-]+)(?: pid=(?P<pid>\d+))?(?:, ip=[\d.:a-fA-F]+)?(?:, [\w=.\-]+)*\)\s")
+_RAY_RE = re.compile(r"^\((?P<name>[\w.:\-]+)(?: rank=(?P<rank>\d+))?(?: pid=(?P<pid>\d+))?(?:, ip=[\d.:a-fA-F]+)?(?:, [\w=.\-]+)*\)\s")
 _TS_RE = re.compile(r"^\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?"
                     r"(?: ?[|:] ?| )?")
 _GLOG_RE = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+(?: +\d+)? [\w.\-]+:\d+\]\s?")
@@ -130,6 +131,8 @@ def _strip_fixed2(line: str) -> tuple[str, str, Optional[int], str, bool]:
         m = _RAY_RE.match(s)
         if m:
             label = f"{m.group('name')} pid={m.group('pid')}" if m.group("pid") else m.group("name")
+            if m.group("rank") is not None and hint is None:  # vLLM's '(VllmWorker rank=1 pid=123) '
+                hint, src = int(m.group("rank")), f"worker prefix ({m.group('name')} rank={m.group('rank')})"
             s = s[m.end():]
         m = _TS_RE.match(s)
         if m and m.end() > 0:
