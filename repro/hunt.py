@@ -1403,6 +1403,8 @@ def _hunt_workloads(runner: Any, base: Any, cat: Catalogue, ncat: Any, points: S
     t0 = time.time()
     try:
         run_variants(session, ro, items, lambda d: done.__setitem__(d.item.variant, d), settle_s=SETTLE_S,
+                     before=lambda i, item: (f"budget of {opts.budget_min:.1f} min ended before this clean run"
+                                             if clock.remaining <= 0 else None),
                      max_restart_failures=MAX_RESTART_FAILURES, finish=runner.finish_evidence, snapshot=runner.snapshot_session,
                      on_not_run=lambda rest, why: log.event("baseline_not_run", variants=[x.variant for x in rest], why=why))
     finally:
@@ -1421,7 +1423,7 @@ def _hunt_workloads(runner: Any, base: Any, cat: Catalogue, ncat: Any, points: S
     for w in names:
         d = done.get(vname[w])
         spec = specs[w]
-        entry: dict = {"workload": w, "says": spec.says, "verdict": NOT_RUN}
+        entry: dict = {"workload": w, "says": spec.says, "verdict": NOT_RUN, "reason": "the budget ended before this clean run"}
         if d is not None:
             st, v = d.outcome.state, d.outcome.verdict
             entry.update(verdict=v.verdict, reason=v.reason, evidence=str(d.run_dir.path),
@@ -1440,7 +1442,7 @@ def _hunt_workloads(runner: Any, base: Any, cat: Catalogue, ncat: Any, points: S
         rows_by[w] = rows_from_seen(cat, [e for e in seen if e.get("id") in ids], ids)
     log.header["workload_baselines"] = baselines
     quiet = next((b for b in baselines if b["workload"] == QUIET), None)
-    if quiet is not None and quiet["verdict"] != SUCCEEDED:
+    if quiet is not None and quiet["verdict"] not in (SUCCEEDED, NOT_RUN):
         raise HuntError(f"the clean baseline burst did not succeed ({quiet['verdict']}: {quiet.get('reason', '')}); a hunt "
                         f"needs a healthy base scenario. Evidence: {quiet.get('evidence') or p0.evidence.path}")
     all_probes = {k: v for w in names for k, v in probes_by[w].items()}

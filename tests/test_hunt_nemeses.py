@@ -360,3 +360,21 @@ def test_unknown_workload_or_config_is_refused_before_any_launch(tmp_path):
     with pytest.raises(H.HuntError, match="no configuration 'nah'"):
         H.hunt(_wopts(tmp_path, configs=("nah",)), runner=fr)
     assert fr.sessions == []
+
+
+def test_clean_runs_past_the_budget_are_not_run_and_say_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(H, "SETTLE_S", 0.0)
+    fr = WorkloadRunner({})
+    real = H._Clock.remaining
+    calls = {"n": 0}
+
+    def remaining(self):
+        calls["n"] += 1
+        return real.fget(self) if calls["n"] <= 3 else 0.0
+
+    monkeypatch.setattr(H._Clock, "remaining", property(remaining))
+    res = H.hunt(_wopts(tmp_path, workloads=("mass_abort", "mixed"), clean_only=True), runner=fr)
+    m = json.loads((res.folder / "matrix.json").read_text())
+    verdicts = [b["verdict"] for g in m["groups"] for b in g.get("baselines", [])]
+    assert "NOT RUN" in verdicts and verdicts[0] == "ALL REQUESTS SUCCEEDED"
+    assert res.results == []  # --clean-only: no trials
