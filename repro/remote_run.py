@@ -360,7 +360,9 @@ class MultiHostSession:
                     last_watch = now
                     dead = self._dead_nodes()
                     if dead:
-                        verdict = Verdict(INCONCLUSIVE, "server died during the burst: " + "; ".join(dead))
+                        faults = self.link_faults()  # a lost data link is the cause worth naming first
+                        verdict = Verdict(INCONCLUSIVE, "; ".join(faults) + ("; then " if faults else "") +
+                                          "server died during the burst: " + "; ".join(dead))
                         break
                 stalled = st.stalled_for(now)
                 if stalled < scenario.stall_s or now - last_capture_t < scenario.stall_s:
