@@ -31,18 +31,30 @@ def strip_injector(src: Path, dst: Path) -> None:
     dst.write_text("\n".join(out) + "\n", encoding="utf-8")
 
 
+def first_capture(d: Path) -> list[Path]:
+    """The text dump of each rank's first capture in a stacks folder (``rank<k>.txt``, or ``rank<k>-proof.txt`` when
+    the ledger proof took it); a file stands for itself."""
+    if not d.is_dir():
+        return [d]
+    out = []
+    for k in sorted({int(m.group(1)) for f in d.glob("rank*.txt") if (m := re.match(r"rank(\d+)", f.name))}):
+        f = next((d / n for n in (f"rank{k}.txt", f"rank{k}-proof.txt") if (d / n).is_file()), None)
+        if f is not None:
+            out.append(f)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("dumps", nargs="+", type=Path, help="stacks folders or rank<k>.txt files of a hung run")
+    ap.add_argument("dumps", nargs="+", type=Path, help="stacks folders (rank<k>.txt or rank<k>-proof.txt) or files of a hung run")
     ap.add_argument("--only", action="append", default=[])
     ap.add_argument("--out", type=Path, default=Path("/tmp/reproduce-bench"))
     a = ap.parse_args()
     clean = a.out / "dumps"
     clean.mkdir(parents=True, exist_ok=True)
     for d in a.dumps:
-        files = sorted(d.glob("rank[0-9].txt")) + sorted(d.glob("rank[0-9][0-9].txt")) if d.is_dir() else [d]
-        for f in files:
-            strip_injector(f, clean / f.name)
+        for f in first_capture(d):
+            strip_injector(f, clean / (f.name.split("-", 1)[0].removesuffix(".txt") + ".txt"))
     base = [sys.executable, "-m", "repro", "reproduce", str(clean), "--out", str(a.out / "result")]
     only = [x for o in a.only for x in ("--only", o)]
     t0 = time.monotonic()
