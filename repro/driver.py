@@ -96,19 +96,23 @@ class AbortPlan:
     """The mass-abort action: once ``when_in_flight`` requests are in flight at once (sent, and with
     ``before_first_token`` no output id yet), the clients of ``count`` of them (the lowest indices) disconnect at the
     same instant. ``timeout_s``: seconds after the burst's start to stop waiting for that many in flight (then
-    nothing is aborted and the history says so). Built from a scenario's ``[burst.abort]`` (:meth:`from_spec`)."""
+    nothing is aborted and the history says so). ``delay_s``: seconds between seeing them in flight and the
+    disconnect (the chosen ones are those still in flight, before their first token if asked, after the delay).
+    Built from a scenario's ``[burst.abort]`` (:meth:`from_spec`)."""
 
     count: int
     when_in_flight: int
     before_first_token: bool = True
     timeout_s: float = 60.0
+    delay_s: float = 0.0
 
     @classmethod
     def from_spec(cls, spec: Any) -> Optional["AbortPlan"]:
         """From ``repro.scenario.MassAbort`` (None → None)."""
         if spec is None:
             return None
-        return cls(int(spec.count), int(spec.when_in_flight), bool(spec.before_first_token), float(spec.timeout_s))
+        return cls(int(spec.count), int(spec.when_in_flight), bool(spec.before_first_token), float(spec.timeout_s),
+                   float(getattr(spec, "delay_s", 0.0) or 0.0))
 
 
 @dataclass(frozen=True)
@@ -536,11 +540,14 @@ class BurstDriver:
         plan = self.abort
         assert plan is not None
         deadline = time.time() + plan.timeout_s
+        due: Optional[float] = None  # when enough were seen in flight, plus the delay
         while not self._abandoned.is_set() and time.time() < deadline:
             with self._lock:
                 flying = [r for r in self._records if r.status == "outstanding"
                           and (not plan.before_first_token or r.first_token_t is None)]
-                if len(flying) >= plan.when_in_flight:
+                if due is None and len(flying) >= plan.when_in_flight:
+                    due = time.time() + plan.delay_s
+                if due is not None and time.time() >= due and flying:
                     chosen = sorted(r.index for r in flying)[: plan.count]
                     self._to_abort.update(chosen)
                     resps = [self._responses.get(i) for i in chosen]

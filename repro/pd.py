@@ -687,6 +687,22 @@ def after_abort(evd: ev.EvidenceDir, servers: dict, top_n: int = 6) -> Optional[
     return {"t": t_abort, "aborted": n, "servers": out} if out else None
 
 
+def entered_by_rank(report: Any, variant: Any, pids: dict) -> dict[int, list[tuple[str, int]]]:
+    """Per rank, ``(injection id, times its site was entered after the last arming)`` for every injection of one
+    server's ``variant``, from its ``repro.injection_records.InjectorReport`` (``{}`` when either is missing)."""
+    if report is None or variant is None:
+        return {}
+    out: dict[int, list[tuple[str, int]]] = {int(k): [] for k in pids}
+    for inj in getattr(variant, "injections", []):
+        try:
+            entered = report.counts_by_rank(inj.id)["entered"]
+        except Exception:
+            continue
+        for k in out:
+            out[k].append((inj.id, int(entered.get(k, 0))))
+    return out
+
+
 def finish_pd_evidence(p: Any, opts: Any, variant: Any, evd: ev.EvidenceDir, outcome: Any, interrupted: bool) -> None:
     """Per server: ``servers/<role>/`` of ``evd`` gets that server's analysis, ledger, env, REPORT.md and
     verdict.json (``repro.runner.finish_evidence`` on the server's own records). Then the run folder's REPORT.md is
@@ -745,8 +761,11 @@ def finish_pd_evidence(p: Any, opts: Any, variant: Any, evd: ev.EvidenceDir, out
             for k, (total, top) in sorted(per.items()):
                 kinds = ", ".join(f"{what} ×{c}" for what, c in top) or "none"
                 lines.append(f"- {rank_name(n, k)}: {total} collective(s): {kinds}")
-        lines.append("")
-        lines.append("Aborts each rank handled: the `count_aborts` row of the injection table (entered = aborts).")
+        lines += ["", "Per rank, how often each counted site was entered during the burst (after arming): the aborts "
+                  "it handled, and through which path (see the variant's description):", ""]
+        for n, _, xx, _ in rows:
+            for k, counts in sorted(entered_by_rank(xx.get("injector"), xx.get("variant"), xx["pids"]).items()):
+                lines.append(f"- {rank_name(n, k)}: " + (", ".join(f"`{i}` {c}" for i, c in counts) or "no counted site"))
     stack = session.server
     if stack is not None and getattr(stack, "healthy_s", None):
         lines += ["", "Start-up: " + ", ".join(f"{k} healthy after {v:.1f} s" for k, v in stack.healthy_s.items()) + "."]

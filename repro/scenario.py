@@ -104,6 +104,8 @@ class MassAbort(_Strict):
     when_in_flight: int = Field(..., ge=1)
     before_first_token: bool = True
     timeout_s: float = Field(60.0, gt=0, description="give up waiting for that many in flight after this many seconds")
+    delay_s: float = Field(0.0, ge=0, description="seconds to wait once that many are in flight before disconnecting "
+                           "(a request a router has not forwarded yet never reaches the servers)")
 
     @model_validator(mode="after")
     def _count_fits(self) -> "MassAbort":

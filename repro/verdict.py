@@ -3,7 +3,9 @@
 Three verdicts, each with an exit code:
 
 - ``DEADLOCKED`` (3): a stall was seen and, in two captures ~1–2 s apart, no rank is busy, at least one rank is in
-  a collective, the ranks disagree, the blocking frames are unchanged and every rank uses < 10 % of a core.
+  a collective, the ranks disagree, the blocking frames are unchanged and every rank uses < 10 % of a core —
+  except a rank whose innermost frames are a known spin-wait in both captures (an engine's ``FrameRules.spin_waits``):
+  hot, but blocked.
 - ``ALL REQUESTS SUCCEEDED`` (0): every request answered normally AND the injector was loaded and armed in every
   rank process AND every injected site was entered on every rank after arming.
 - ``DESYNCED`` (7): the collective ledgers show that at one (process group, sequence number) the ranks entered
@@ -115,7 +117,12 @@ def judge_stall(
         where = "; ".join(f"TP{k} {states[k].where()}" for k in busy if callable(getattr(states[k], "where", None)))
         return StallJudgement(False, f"rank(s) {_ranks(busy)} busy (on CPU or sleeping outside a collective)"
                               + (f": {where}" if where else ""), tuple(busy), dict(cpu_percent))
-    hot = sorted(k for k, pct in cpu_percent.items() if pct >= IDLE_CPU_PERCENT)
+    # A hot rank whose innermost frames are a known spin-wait (FrameRules.spin_waits, read into RankState.spin_wait)
+    # in both captures, with frames unchanged, waits for a peer: blocked, not busy (vLLM's CPU shm ops spin).
+    first_by_rank = {r.rank: r for r in first.ranks}
+    spinning = {k for k, r in states.items() if frames_unchanged and getattr(r, "spin_wait", False)
+                and getattr(first_by_rank.get(k), "spin_wait", False)}
+    hot = sorted(k for k, pct in cpu_percent.items() if pct >= IDLE_CPU_PERCENT and k not in spinning)
     if hot:
         detail = ", ".join(f"TP{k} {cpu_percent[k]:.0f}%" for k in hot)
         return StallJudgement(False, f"rank(s) {_ranks(hot)} still use CPU ({detail} of a core)", tuple(hot), dict(cpu_percent))
@@ -138,6 +145,7 @@ class InjectionCheck:
     matched: Mapping[int, int]
     fired: Mapping[int, int]
     absent: Optional[str] = None  # the injector found the site absent in every process that looked (why), else None
+    required: bool = True  # False: an observe-only counter (scenario ``required = false``); zero entries are a count
 
 
 def judge_completion(
@@ -157,7 +165,8 @@ def judge_completion(
         injections: one InjectionCheck per injection of the variant.
     Returns:
         SUCCEEDED only if every request succeeded (but those the driver's mass abort disconnected), the injector was loaded (and armed) on every rank and every
-        injected site was entered on every rank after arming; otherwise INCONCLUSIVE naming what is missing.
+        injected site was entered on every rank after arming (but ``required=False`` counters, whose counts are only
+        noted); otherwise INCONCLUSIVE naming what is missing.
     """
     failed = [r for r in requests if not r.succeeded and getattr(r, "status", "") != "aborted"]  # aborted: on purpose
     if failed:
@@ -182,6 +191,10 @@ def judge_completion(
                 f"site {inj.site} ({inj.injection_id}) is absent in this sglang, so it was never patched nor entered: "
                 f"{inj.absent} (`repro sites` lists the nearest names)",
             )
+        if not inj.required:
+            entered = ", ".join(f"TP{k} {inj.entered.get(k, 0)}" for k in expected_ranks)
+            notes.append(f"{inj.injection_id}: {inj.site} entered ({entered}) (counted only; not required)")
+            continue
         if never:
             return Verdict(
                 INCONCLUSIVE,

@@ -5,6 +5,8 @@ disconnects, the rest still succeed, and the completion rule does not count an a
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,7 +16,9 @@ from repro.verdict import SUCCEEDED, judge_completion
 from test_driver_evidence import PlainAdapter
 
 
-def _server(first_token_after_s: float, token_gap_s: float):
+def _server(first_token_after_s: float, token_gap_s: float, headers_late: bool = False):
+    """A local SSE endpoint. ``headers_late``: the headers come only with the first token (as a PD router's do),
+    and during that wait the handler watches its socket, recording the instant the client went away."""
     disconnects: list[float] = []
 
     class H(BaseHTTPRequestHandler):
@@ -29,12 +33,19 @@ def _server(first_token_after_s: float, token_gap_s: float):
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if headers_late:  # "prefill + KV transfer" with no headers yet: does the client leave meanwhile?
+                end = time.time() + first_token_after_s
+                while time.time() < end:
+                    r, _, _ = select.select([self.connection], [], [], 0.02)
+                    if r and self.connection.recv(1, socket.MSG_PEEK) == b"":
+                        disconnects.append(time.time())
+                        return
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             try:
-                time.sleep(first_token_after_s)  # "prefill + KV transfer"
+                time.sleep(0.0 if headers_late else first_token_after_s)  # "prefill + KV transfer"
                 for i in range(1, body["n"] + 1):
                     fin = "length" if i == body["n"] else None
                     self._chunk(f"data: {json.dumps({'n': i, 'finish': fin})}\n\n".encode())
@@ -92,3 +103,28 @@ def test_mass_abort_that_never_sees_enough_in_flight_aborts_nothing_and_says_so(
     assert st.ok == 2 and st.aborted == 0
     events = [json.loads(x)["event"] for x in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert "abort_not_done" in events and "abort" not in events
+
+
+def test_mass_abort_disconnects_before_the_response_headers_arrive(tmp_path):
+    """A client that leaves during prefill has no headers yet: its socket is closed at the abort instant, not when
+    headers would have come (the server sees EOF within a fraction of a second of the abort event)."""
+    srv, disconnects = _server(first_token_after_s=3.0, token_gap_s=0.05, headers_late=True)
+    try:
+        d = BurstDriver(PlainAdapter(), f"http://127.0.0.1:{srv.server_port}", make_prompts(6, 3, 1), 3, 6,
+                        tmp_path / "r.jsonl", 10, abort=AbortPlan(count=2, when_in_flight=6, delay_s=0.3))
+        d.start()
+        deadline = time.time() + 20
+        while not d.state().finished and time.time() < deadline:
+            time.sleep(0.02)
+        st = d.state()
+        d.close()
+    finally:
+        srv.shutdown()
+    assert st.finished and st.aborted == 2 and st.ok == 4 and st.failed == 0
+    events = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+    cut = [e for e in events if e["event"] == "abort"]
+    assert len(cut) == 1 and cut[0]["requests"] == [0, 1]
+    assert cut[0]["t"] - max(e["t"] for e in events if e.get("event") == "sent") >= 0.3  # delay_s after all 6 flew
+    assert len(disconnects) == 2 and all(abs(t - cut[0]["t"]) < 0.5 for t in disconnects)
+    aborted_at = [e["t"] for e in events if e.get("event") == "aborted"]
+    assert len(aborted_at) == 2 and all(t - cut[0]["t"] < 0.5 for t in aborted_at)  # not 3 s later with the headers

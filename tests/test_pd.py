@@ -63,7 +63,8 @@ def test_injections_name_their_server_and_ranks_are_named_apart():
     sc = load_scenario(DISAGG)
     roles = injection_roles(sc)
     assert roles["pop_bootstrapped_empty_on_ranks_2_3"] == roles["observe_pop_bootstrapped"] == "prefill"
-    assert roles["count_aborts"] == "decode" and roles["count_bootstrap_pops"] == "prefill"
+    assert roles["aborts_handled"] == roles["abort_requests"] == "decode"
+    assert roles["prefill_aborts_handled"] == roles["count_bootstrap_pops"] == "prefill"
     assert rank_name("prefill", 2) == "prefill TP2" and rank_name("decode", 0) == "decode TP0"
 
 

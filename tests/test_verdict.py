@@ -79,6 +79,14 @@ def test_success_needs_every_site_entered_on_every_rank():
     assert v.verdict == INCONCLUSIVE and "m:C.f" in v.reason and "rank(s) 1" in v.reason
 
 
+def test_a_counter_that_is_not_required_may_stay_at_zero_and_its_per_rank_counts_are_noted():
+    counter = InjectionCheck("aborts", "m:C.f", {0: 2}, {0: 2}, {0: 0}, required=False)
+    v = judge_completion([_ok(0)], [0, 1], [0, 1], [0, 1], [CHECK, counter])
+    assert v.verdict == SUCCEEDED and any(n.startswith("aborts:") and "TP0 2, TP1 0" in n for n in v.notes)
+    absent = InjectionCheck("aborts", "m:C.f", {}, {}, {}, absent="no such class", required=False)
+    assert judge_completion([_ok(0)], [0, 1], [0, 1], [0, 1], [absent]).verdict == INCONCLUSIVE  # still a bad site
+
+
 def test_gate_never_matching_is_said_in_words():
     unmatched = InjectionCheck("x", "m:C.f", {0: 2, 1: 2}, {}, {})
     v = judge_completion([_ok(0)], [0, 1], [0, 1], [0, 1], [unmatched])
