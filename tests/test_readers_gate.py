@@ -54,7 +54,11 @@ def test_gated_reading_equals_the_full_reading_on_shuffled_fixture_lines_among_j
                 lines.append("".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 60))))
             else:
                 lines.append(rnd.choice(["", "   ", "```", "> " + rnd.choice(pool), "[rank1]:" + rnd.choice(pool),
-                                         "2026-12-01 09:59:27,944 " + rnd.choice(pool), rnd.choice(string.ascii_letters)]))
+                                         "2026-12-01 09:59:27,944 " + rnd.choice(pool),
+                                         "\x1b[33m" + rnd.choice(pool), "worker-1: " + rnd.choice(pool),
+                                         "[2026-12-01 10:04:27 TP1] " + rnd.choice(pool),
+                                         "ERROR 12-01 09:59:27 [x.py:5] " + rnd.choice(pool),
+                                         rnd.choice(string.ascii_letters)]))
         a, b = _both(lines)
         assert a == b, f"trial {trial}"
 
@@ -64,8 +68,11 @@ def test_junk_costs_no_handler_call(monkeypatch):
     import repro.readers as readers
 
     calls = []
-    monkeypatch.setattr(readers, "_GATED", tuple((s, sub, (lambda asm, line, n, h=h: calls.append(line) or h(asm, line, n)))
-                                                 for s, sub, h in readers._GATED))
+
+    def spy(h):
+        return lambda asm, line, n: calls.append(line) or h(asm, line, n)
+
+    monkeypatch.setattr(readers, "_GATED", tuple((s, sub, spy(h)) for s, sub, h in readers._GATED))
     lines = ["lorem ipsum dolor sit amet, consectetur adipiscing elit!"] * 1000 + ["Thread 12 (idle): \"MainThread\""]
     dumps = parse_lines(lines)
     assert calls == ["Thread 12 (idle): \"MainThread\""]

@@ -13,8 +13,8 @@
   ``->``). ``←``/``<-`` read "called from" (innermost first). For ``→``/``->`` the order is taken from the ends:
   when the last item is a collective op or a wait and the first is not, the chain is outermost first and reversed;
   otherwise innermost first. The note says which order was assumed.
-- Heading: a short line ``rank 3:``, ``## TP1``, ``**Rank 2 (GPU 2)**``, ``<details><summary>rank 1</summary>``
-  names the rank of the block under it.
+- Heading: a short line ``rank 3:``, ``## TP1``, ``**Rank 2 (GPU 2)**``, ``<details><summary>rank 1</summary>``,
+  ``=== rank 0 ===`` names the rank of the block under it.
 
 No tool writes these: fixtures of these formats are written by hand (in the shape of public bug reports).
 """
@@ -33,7 +33,8 @@ _FRAME_RES = (
     re.compile(rf"^(?P<file>[^\s()]+\.py):(?P<line>\d+)(?:\s+in)?\s+(?P<func>{_FUNC})$"),
     re.compile(rf"^(?P<func>{_FUNC})$"),
 )
-HEADING_RE = re.compile(r"^\s*(?:<[a-z]+>\s*)*(?:#+\s*|\*\*|__)?\s*(?:rank|tp|worker|gpu|process)\s*[_#-]?\s*(\d+)\b[^:]{0,40}?:?"
+HEADING_RE = re.compile(r"^\s*(?:<[a-z]+>\s*)*(?:[=\-~]{2,}\s*)?(?:#+\s*|\*\*|__)?\s*"
+                        r"(?:rank|tp|worker|gpu|process)\s*[_#-]?\s*(\d+)\b[^:]{0,40}?:?"
                         r"\s*(?:\*\*|__)?\s*:?\s*$", re.I)
 _ARROW_SPLIT = re.compile(r"\s*(?:→|⟶|->|-->|<-|<--|←|⟵)\s*")
 _LABEL_RE = re.compile(r"^(?P<label>[^:→←<>]{1,40}?):\s+(?P<chain>.+)$")
@@ -42,7 +43,8 @@ _KEYWORDS = frozenset({"and", "or", "the", "then", "to", "from", "is", "in", "at
 
 # a superset of the lines :func:`handle` can take that are not indented (the reader gate, see readers/__init__.py):
 # a heading, a frame of one of the four forms of ``_FRAME_RES`` (with trailing ',;' or '…'), or an arrow anywhere
-GATE_START = (r"(?i:\s*(?:<[a-z]+>\s*)*(?:#+\s*|\*\*|__)?\s*(?:rank|tp|worker|gpu|process)\s*[_#-]?\s*\d)|"
+GATE_START = (r"(?i:\s*(?:<[a-z]+>\s*)*(?:[=\-~]{2,}\s*)?(?:#+\s*|\*\*|__)?\s*"
+              r"(?:rank|tp|worker|gpu|process)\s*[_#-]?\s*\d)|"
               rf"{_FUNC}(?:[\s,;.…]*$|\s+\(|\s+(?:at|in)\s)|[^\s()]+\.py:\d")
 GATE_SUBSTRINGS: tuple = ("→", "⟶", "->", "<-", "←", "⟵")
 

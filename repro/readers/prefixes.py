@@ -2,9 +2,10 @@
 
 Always stripped (unambiguous): markdown quote markers (``> ``, ``>> ``), markdown fences (a fence line is a block
 boundary), torch's ``[rank3]:`` prefix (names rank 3), mpirun's ``[1,3]<stderr>:`` tag (job 1, rank 3), ray's
-``(RayWorkerWrapper pid=123, ip=…)`` and vLLM's ``(VllmWorker rank=1 pid=123)`` / ``(Worker_TP1 pid=123)`` worker
-prefixes, leading timestamps (ISO ``2026-12-01T09:59:27.944Z``,
-``2026-12-01 09:59:27,944``, bracketed ``[2026-12-01 09:59:27]``) and glog headers (``[E1201 09:59:27.94 x.cpp:68]``).
+``(RayWorkerWrapper pid=123, ip=…)`` and vLLM's ``(VllmWorker rank=1 pid=123)`` / ``(Worker_TP1 pid=123)``
+worker prefixes, leading timestamps (ISO ``2026-12-01T09:59:27.944Z``, ``2026-12-01 09:59:27,944``, bracketed
+``[2026-12-01 09:59:27]``), glog headers (``[E1201 09:59:27.94 x.cpp:68]``) and vLLM's log headers
+(``ERROR 12-01 09:59:27 [multiproc_executor.py:527]``).
 torchrun's ``--tee`` prefix ``[default0]:`` (role and local rank; names that rank), SGLang's log prefix
 ``[2026-12-01 09:59:27 TP1] `` (names TP rank 1; the unprefixed lines after it, the rest of that log record such as
 a traceback, belong to it), and terminal colour codes (``ESC[33m``, as py-spy writes on a terminal) are stripped too.
@@ -28,15 +29,21 @@ _TP_TAG_RE = re.compile(r"\bTP(\d+)\b")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 _HOST_RE = re.compile(r"^(?P<host>[A-Za-z0-9][\w.\-]{0,62}): ")
 _MPI_RE = re.compile(r"^\[(\d+),(\d+)\]<(?:stdout|stderr|stddiag)>:\s?")
-_RAY_RE = re.compile(r"^\((?P<name>[\w.:\-]+)(?: rank=(?P<rank>\d+))?(?: pid=(?P<pid>\d+))?(?:, ip=[\d.:a-fA-F]+)?(?:, [\w=.\-]+)*\)\s")
+_RAY_RE = re.compile(r"^\((?P<name>[\w.:\-]+)(?: rank=(?P<rank>\d+))?(?: pid=(?P<pid>\d+))?(?:, ip=[\d.:a-fA-F]+)?"
+                     r"(?:, [\w=.\-]+)*\)\s")
 _TS_RE = re.compile(r"^\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?"
                     r"(?: ?[|:] ?| )?")
 _GLOG_RE = re.compile(r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+(?: +\d+)? [\w.\-]+:\d+\]\s?")
+# vLLM's log header 'ERROR 12-01 09:59:27 [multiproc_executor.py:527] ' (one space after it: a traceback's own
+# indentation is kept)
+_LEVEL_RE = re.compile(r"^(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? "
+                       r"\[[\w.\-]+(?::\d+)?\] ?")
 _COMPOSE_RE = re.compile(r"^(?P<svc>[A-Za-z0-9][A-Za-z0-9_.\-]*)\s*\|\s?")
 _BRACKET_RE = re.compile(r"^\[(?P<br>[A-Za-z0-9_.:/\-]{1,120})\]\s")
 # every fixed prefix above starts like this (a quote marker, '[', '(', a date, a glog letter): a line that does not
 # is returned as it is without trying each prefix (most lines of a dump)
-_ANY_FIXED_RE = re.compile(r"[ \t]{0,3}>|[\[(]|\d{4}-\d\d-\d\d[T ]|[IWEF]\d{4} ")
+_ANY_FIXED_RE = re.compile(r"[ \t]{0,3}>|[\[(]|\d{4}-\d\d-\d\d[T ]|[IWEF]\d{4} |"
+                           r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-")
 
 
 @dataclass(frozen=True)
@@ -138,6 +145,9 @@ def _strip_fixed2(line: str) -> tuple[str, str, Optional[int], str, bool]:
         if m and m.end() > 0:
             s = s[m.end():]
         m = _GLOG_RE.match(s)
+        if m:
+            s = s[m.end():]
+        m = _LEVEL_RE.match(s)
         if m:
             s = s[m.end():]
         if s == before:
