@@ -785,7 +785,7 @@ def watch(
 
 def _reproduce_run(w, dumps, out_dir: Path, evidence_dir, python, model, tp, only, as_json: bool) -> None:
     """Run the written candidates, write REPRODUCTION.md, print the outcome and exit 10/11/12 (``repro.reproduce``)."""
-    from repro.reproduce import exit_code, reproduction_markdown, run_candidates
+    from repro.reproduce import ReproduceInputError, exit_code, keep_winner, reproduction_markdown, run_candidates
     from repro.runner import RunError
 
     _sigterm_to_interrupt()
@@ -799,11 +799,16 @@ def _reproduce_run(w, dumps, out_dir: Path, evidence_dir, python, model, tp, onl
         raise typer.Exit(_interrupted_exit())
     src = ", ".join(str(d) for d in dumps)
     md = out_dir / "REPRODUCTION.md"
+    try:
+        kept = keep_winner(w, tried, out_dir)
+    except ReproduceInputError as e:
+        console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        kept = None
     md.write_text(reproduction_markdown(w, tried, src, time.monotonic() - t0), encoding="utf-8")
     code = exit_code(tried)
     if as_json:
         out.print_json(json.dumps({**w.to_json(), "tried": [t.to_json() for t in tried], "reproduction": str(md),
-                                   "exit_code": code}, default=str))
+                                   "kept": str(kept) if kept else None, "exit_code": code}, default=str))
         raise typer.Exit(code)
     for line in w.signature.lines():
         out.print("original:     " + escape(line), highlight=False)
@@ -811,6 +816,8 @@ def _reproduce_run(w, dumps, out_dir: Path, evidence_dir, python, model, tp, onl
         out.print(f"{t.candidate}: {t.verdict} → [bold]{t.outcome}[/] ({escape(str(t.evidence))})", highlight=False)
         for line in (t.signature.lines() if t.signature else []):
             out.print("  reproduction: " + escape(line), highlight=False)
+    if kept:
+        out.print(f"scenario kept: {escape(str(kept))}", highlight=False)
     out.print(f"REPRODUCTION.md written to {escape(str(md))}", highlight=False)
     raise typer.Exit(code)
 

@@ -653,6 +653,34 @@ def run_candidates(w: Written, evidence_root: Path, *, python: Optional[str] = N
     return out
 
 
+def keep_winner(w: Written, tried: Sequence[Tried], out_dir: Path) -> Optional[Path]:
+    """Write ``out_dir/reproducer.toml``: the written scenario's server and burst with only the first REPRODUCED
+    candidate as its one variant (the scenario to keep, beside the dumps in an issue). None when nothing reproduced.
+
+    Raises:
+        ReproduceInputError: the kept file does not validate (a bug here; the message names the file).
+    """
+    from repro.hunt import scenario_toml
+    from repro.scenario import ScenarioError, load_scenario
+
+    win = next((t for t in tried if t.outcome == REPRODUCED), None)
+    c = next((c for c in w.plan.candidates if win is not None and c.name == win.candidate), None)
+    if c is None:
+        return None
+    base = load_scenario(w.scenario_file)
+    f = out_dir / "reproducer.toml"
+    comment = (f"Kept by `repro reproduce`: candidate {c.name} ({c.kind}) hung with the dumps' signature.\n"
+               + "".join(f"server guess: {x}\n" for x in w.plan.server_says)
+               + f"Run: repro run {f} --expect deadlock")
+    f.write_text(scenario_toml(base, base.name, c.description, [(c.name, "deadlock", c.description, c.injections)],
+                               comment=comment), encoding="utf-8")
+    try:
+        load_scenario(f)
+    except ScenarioError as e:
+        raise ReproduceInputError(f"{f}: the kept scenario does not validate ({e})") from None
+    return f
+
+
 def exit_code(tried: Sequence[Tried]) -> int:
     """10 when a candidate REPRODUCED, else 11 when one made a DIFFERENT HANG, else 12."""
     outs = {t.outcome for t in tried}
@@ -694,7 +722,9 @@ def reproduction_markdown(w: Written, tried: Sequence[Tried], source: str, secon
         lines += ["", "## What was guessed", ""] + [f"- server: {s}" for s in w.plan.server_says] + \
                  [f"- {s}" for s in w.plan.needs_base] + [f"- version drift: {d}" for d in w.plan.drift]
     if best:
-        lines += ["", "## Keep it", "", f"Scenario: `{w.scenario_file}`, variant `{best.candidate}`.", "",
+        kept = w.scenario_file.parent / "reproducer.toml"
+        lines += ["", "## Keep it", "", f"Scenario: `{w.scenario_file}`, variant `{best.candidate}`"
+                  + (f" (alone: `{kept}`)" if best.outcome == REPRODUCED else "") + ".", "",
                   f"Run again: `repro run {w.scenario_file} --variant {best.candidate}` (expects DEADLOCKED).", "",
                   f"Prove a fix: `repro compare {w.scenario_file} --variant {best.candidate} --before installed "
                   "--after patch:FIX.patch` (before DEADLOCKED, after ALL REQUESTS SUCCEEDED; a root-cause candidate "

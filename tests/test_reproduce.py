@@ -424,3 +424,25 @@ def test_reproduction_md_shows_a_different_hang_beside_the_original_even_when_an
     assert f"## {DIFFERENT_HANG}: `extra`" in md and "VocabParallelEmbedding.forward" in md
     # the original beside the reproduction and beside the different hang, plus the reproduction's own row
     assert md.count("SchedulerRequestReceiver._broadcast_reqs_across_ranks") == 3
+
+
+def test_the_winning_candidate_is_kept_alone_as_a_scenario_that_loads(tmp_path, monkeypatch):
+    import sys
+
+    from repro.reproduce import NOT_REPRODUCED, REPRODUCED, Tried, Written, keep_winner
+
+    _engine(tmp_path, monkeypatch)
+    a, caps = read_dumps([str(_hang(tmp_path))])
+    p = plan(a, caps, sys.executable, "sglang", load_rules(rules_path("sglang")) | {"package": "fakeeng",
+                                                                                    "default_group": "g"})
+    assert len(p.candidates) >= 2, [c.name for c in p.candidates]
+    f = tmp_path / "reproduce.toml"
+    f.write_text(scenario_text(p, None, "dumps"))
+    w = Written(f, signature(a, caps), p, sys.executable, [])
+    first, second = p.candidates[0].name, p.candidates[1].name
+    assert keep_winner(w, [Tried(first, "DEADLOCKED", tmp_path, NOT_REPRODUCED)], tmp_path) is None
+    kept = keep_winner(w, [Tried(first, "ALL REQUESTS SUCCEEDED", tmp_path, NOT_REPRODUCED),
+                           Tried(second, "DEADLOCKED", tmp_path, REPRODUCED)], tmp_path)
+    sc = load_scenario(kept)
+    assert [v.name for v in sc.variants] == [second]
+    assert sc.server == load_scenario(f).server
