@@ -2,7 +2,8 @@
 
     python benchmarks/analyze_memory.py [--mb 50]
 
-Cases, each run in a fresh `python -m repro analyze` subprocess (peak RSS from its rusage):
+Cases, each run in a fresh `python -m repro analyze` subprocess (peak RSS and CPU seconds from its rusage; CPU
+seconds stay comparable on a loaded machine, wall seconds do not):
 - stack-like: a 50 MB file of successive py-spy dumps of the 3 real gloo ranks (tests/fixtures/pasted/pyspy_text_gloo3)
   repeated, as a log that captured py-spy every few seconds holds;
 - deep: one process whose main thread has 50 MB of frames (a runaway recursion);
@@ -23,7 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 _WRAP = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
-         "print('MAXRSS_KIB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
+         "u = resource.getrusage(resource.RUSAGE_CHILDREN); "
+         "print('MAXRSS_KIB', u.ru_maxrss, file=sys.stderr); "
+         "print('CPU_S', u.ru_utime + u.ru_stime, file=sys.stderr); "
          "sys.exit(r.returncode)")
 
 
@@ -31,6 +34,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=50)
     a = ap.parse_args()
+    load0 = os.getloadavg()[0]
     size = a.mb * 1024 * 1024
     tmp = Path(tempfile.mkdtemp(prefix="repro-bench-"))
     src = ROOT / "tests" / "fixtures" / "pasted" / "pyspy_text_gloo3"
@@ -65,16 +69,18 @@ def main():
         p = subprocess.run([sys.executable, "-c", _WRAP, sys.executable, "-m", "repro", "analyze", str(path)],
                            cwd=ROOT, capture_output=True, text=True, timeout=600)
         dt = time.time() - t0
-        err = [ln for ln in p.stderr.splitlines() if not ln.startswith("MAXRSS_KIB")]
+        err = [ln for ln in p.stderr.splitlines() if not ln.startswith(("MAXRSS_KIB", "CPU_S"))]
         rss = int(next(ln.split()[1] for ln in p.stderr.splitlines() if ln.startswith("MAXRSS_KIB")))
+        cpu = float(next(ln.split()[1] for ln in p.stderr.splitlines() if ln.startswith("CPU_S")))
         text = "\n".join(err) + "\n" + p.stdout
         lines = [ln for ln in text.splitlines() if ln.strip()]
-        rows.append((name, path.stat().st_size if path.is_file() else 0, dt, rss, p.returncode, len(lines),
+        rows.append((name, path.stat().st_size if path.is_file() else 0, dt, cpu, rss, p.returncode, len(lines),
                      " ".join(text.split())[:100]))
-    print("| input | bytes | seconds | peak RSS (MiB) | exit | output lines | output starts |")
-    print("|---|---|---|---|---|---|---|")
-    for name, b, dt, rss, rc, nl, first in rows:
-        print(f"| {name} | {b} | {dt:.1f} | {rss / 1024:.0f} | {rc} | {nl} | {first} |")
+    print(f"load average at the start: {load0:.1f}, at the end: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
+    print("| input | bytes | wall s | CPU s | peak RSS (MiB) | exit | output lines | output starts |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, b, dt, cpu, rss, rc, nl, first in rows:
+        print(f"| {name} | {b} | {dt:.1f} | {cpu:.1f} | {rss / 1024:.0f} | {rc} | {nl} | {first} |")
     for p in tmp.iterdir():
         if p.is_file():
             p.unlink()

@@ -20,6 +20,9 @@ from repro.readers.types import Frame
 HEAD_RE = re.compile(r"(?:^\s*|\^C|: )Traceback \(most recent call last\):\s*$")
 FRAME_RE = re.compile(r"^\s+File \"(.*)\", line (\d+), in (.+?)\s*$")
 EXC_RE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Timeout\w*|Interrupt|Exit|Warning)):?\s?(.*)$")
+# gloo's monitored_barrier: "... waiting for send/recv from rank 0. Please check rank 0 logs for faulty rank." or
+# "Ranks 0, 2 failed to pass monitoredBarrier in 4000 ms" (torch 2.14 ProcessGroupGloo.cpp)
+_FAULTY_RE = re.compile(r"send/recv from rank (\d+)|Ranks? ([\d, ]+) failed to pass monitoredBarrier")
 _CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
 
 # a superset of the lines :func:`handle` can take that are not indented outside a traceback (the reader gate, see
@@ -86,3 +89,7 @@ def _exception(asm, text: str, cont: bool = False) -> None:
         cur["backend"], cur["group_kind"] = "NCCL", "device"
     if "timed out" in low or "timeout" in low:
         asm.note("torch timed out waiting in this collective: the rank was blocked there")
+    m = _FAULTY_RE.search(text) if "monitoredbarrier" in low else None
+    if m:
+        who = (m.group(1) or m.group(2)).strip().rstrip(",")
+        asm.note(f"torch's monitored_barrier names rank(s) {who} as faulty: they did not reach the barrier")
