@@ -44,7 +44,8 @@ def can_import_sglang(python: str, timeout_s: float = IMPORT_CHECK_TIMEOUT_S) ->
     return can_import(python, _default_package(), timeout_s)
 
 
-def choose_python(explicit: Optional[str], require_sglang: bool = True, package: Optional[str] = None) -> str:
+def choose_python(explicit: Optional[str], require_sglang: bool = True, package: Optional[str] = None,
+                  adapter: Optional[object] = None) -> str:
     """Pick the interpreter that runs the server.
 
     Args:
@@ -53,6 +54,8 @@ def choose_python(explicit: Optional[str], require_sglang: bool = True, package:
             seconds); ``repro sites`` passes False so it can report missing modules itself.
         package: the engine's package (the scenario's adapter's ``ref_location.package``; default: the default
             adapter's, ``sglang``).
+        adapter: the scenario's adapter: its ``testbed_python()`` / ``testbed_setup_command()`` name the CPU
+            testbed to fall back on (default: the SGLang testbed of ``repro.testbed``).
     Returns:
         Path (or command name found on PATH) of the interpreter.
     Raises:
@@ -61,6 +64,8 @@ def choose_python(explicit: Optional[str], require_sglang: bool = True, package:
             ``bash scripts/cpu_testbed/setup.sh``).
     """
     pkg = package or _default_package()
+    tb_python = getattr(adapter, "testbed_python", None)
+    setup_cmd = adapter.testbed_setup_command() if hasattr(adapter, "testbed_setup_command") else testbed.setup_command()
     if explicit:
         path = Path(explicit)
         found = str(path) if path.exists() else shutil.which(explicit)
@@ -70,14 +75,21 @@ def choose_python(explicit: Optional[str], require_sglang: bool = True, package:
             raise InterpreterError(f"--python {explicit}: not an executable file; pass the path of a python interpreter (e.g. venv/bin/python)")
         if require_sglang and not can_import(found, pkg):
             raise InterpreterError(
-                f"--python {explicit}: cannot import {pkg}; pass a python that has {pkg} installed, or run `{testbed.setup_command()}` "
+                f"--python {explicit}: cannot import {pkg}; pass a python that has {pkg} installed, or run `{setup_cmd}` "
                 "and omit --python")
         return found
     if can_import(sys.executable, pkg):
         return sys.executable
+    if tb_python is not None:
+        found_tb = tb_python()
+        if found_tb is not None:
+            return str(found_tb)
+        raise InterpreterError(
+            f"no Python with {pkg} found: this interpreter ({sys.executable}) cannot import {pkg} and the {pkg} CPU "
+            f"testbed is not set up; pass --python PATH or run `{setup_cmd}`")
     if testbed.is_set_up():
         return str(testbed.testbed_python())
     raise InterpreterError(
         f"no Python with {pkg} found: this interpreter ({sys.executable}) cannot import {pkg} and the CPU testbed "
-        f"is not set up at {testbed.testbed_dir()}; pass --python PATH or run `{testbed.setup_command()}`"
+        f"is not set up at {testbed.testbed_dir()}; pass --python PATH or run `{setup_cmd}`"
     )

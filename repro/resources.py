@@ -29,7 +29,8 @@ _CLONE = _PKG_DIR.parent
 _DATA = _PKG_DIR / "_data"
 
 # name inside repro/_data  ->  folder of the checkout it is copied from (setup.py reads this table)
-DATA_FOLDERS = {"injectors": "injectors", "scenarios": "scenarios", "cpu_testbed": "scripts/cpu_testbed"}
+DATA_FOLDERS = {"injectors": "injectors", "scenarios": "scenarios", "cpu_testbed": "scripts/cpu_testbed",
+                "vllm_testbed": "scripts/vllm_testbed"}
 SCENARIO_SUFFIX = ".toml"
 NOT_SCENARIOS = ("hunt_catalogue.toml", "discover_rules.toml", "reproduce_rules.toml")
 
@@ -165,7 +166,8 @@ def find_scenario(text: Union[str, Path]) -> Path:
     Returns:
         The file; or ``Path(text)`` unchanged when nothing matches (the scenario loader then says "not found").
     Raises:
-        ResourceError: a bare name matches several bundled scenarios (the message lists them).
+        ResourceError: a bare name matches several bundled scenarios, none of them SGLang's (``scenarios/sglang/``,
+            preferred) (the message lists them).
     """
     p = find_data_file(text)
     if p.exists() or p.is_absolute() or len(p.parts) != 1:
@@ -176,6 +178,11 @@ def find_scenario(text: Union[str, Path]) -> Path:
     except ResourceError:
         found = []
     if len(found) > 1:
+        # the default engine's scenario keeps its bare name (``smoke_extra_allreduce`` is SGLang's; vLLM's twin is
+        # scenarios/vllm/smoke_extra_allreduce.toml, named by path)
+        default = [q for q in found if q.parent.name == "sglang"]
+        if len(default) == 1:
+            return default[0]
         raise ResourceError(f"scenario name {name!r} is ambiguous: " + ", ".join(str(q) for q in found) + "; pass a path")
     return found[0] if found else p
 

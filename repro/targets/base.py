@@ -171,6 +171,8 @@ class FrameRules:
         request_broadcast_layers: ``via`` layers of the request broadcast (``broadcast_pyobj``).
         request_broadcast_callers: caller functions of the request broadcast (an idle rank waits there).
         idle_loop_callers: caller functions of the scheduler's idle path (the idle sleep).
+        spin_waits: rules for frames that wait for a peer by spinning on the CPU (vLLM's CPU shm ops, NCCL's proxy
+            loop): a hot rank whose innermost frames match one, unchanged across two captures, is blocked, not busy.
     """
 
     idle_waits: tuple[tuple[str, Optional[str], str], ...] = ()
@@ -179,6 +181,7 @@ class FrameRules:
     request_broadcast_layers: frozenset = frozenset()
     request_broadcast_callers: frozenset = frozenset()
     idle_loop_callers: frozenset = frozenset()
+    spin_waits: tuple[CommRule, ...] = ()
 
     def merged(self, other: "FrameRules") -> "FrameRules":
         """These rules followed by ``other``'s (for reading dumps of any registered engine)."""
@@ -189,6 +192,7 @@ class FrameRules:
             request_broadcast_layers=self.request_broadcast_layers | other.request_broadcast_layers,
             request_broadcast_callers=self.request_broadcast_callers | other.request_broadcast_callers,
             idle_loop_callers=self.idle_loop_callers | other.idle_loop_callers,
+            spin_waits=self.spin_waits + tuple(x for x in other.spin_waits if x not in self.spin_waits),
         )
 
 
@@ -462,6 +466,31 @@ class AdapterBase:
     def owned_dirs(self, env: dict[str, str]) -> list[Path]:
         """No folders of its own."""
         return []
+
+    def leftover_files(self, server_log: Path) -> list[Path]:
+        """Files a stopped server of this engine left behind, found from its log (removed after every stop, also
+        by ``repro cleanup``); only the ones the server that wrote ``server_log`` created. Default: none."""
+        return []
+
+    # ---- the CPU testbed of this engine (``repro.interpreter.choose_python``, ``repro.runner.prepare``) ---------
+    def testbed_python(self) -> Optional[Path]:
+        """The CPU testbed's interpreter for this engine when it is set up, else None (default: the SGLang
+        testbed of ``repro.testbed``)."""
+        from repro import testbed
+
+        return testbed.testbed_python() if testbed.is_set_up() else None
+
+    def testbed_model(self) -> Path:
+        """The tiny model the CPU testbed serves when the scenario names none (default: ``repro.testbed``'s)."""
+        from repro import testbed
+
+        return testbed.tiny_model_dir()
+
+    def testbed_setup_command(self) -> str:
+        """The command that sets up this engine's CPU testbed (for error messages)."""
+        from repro import testbed
+
+        return testbed.setup_command()
 
     # ---- several servers (a Topology with more than one role): used by repro.pd ------------------------------
     def role_adapter(self, role: ServerRole) -> "AdapterBase":

@@ -1,7 +1,7 @@
 """The adapter registry: engine name → adapter, extended by the Python entry-point group ``repro.adapters``.
 
 A scenario's ``[server] adapter = "NAME"`` selects ``get_adapter("NAME")``. Built in: ``sglang``
-(``repro.targets.sglang:SGLangAdapter``). Another package adds an engine without touching the harness::
+(``repro.targets.sglang:SGLangAdapter``) and ``vllm`` (``repro.targets.vllm:VLLMAdapter``). Another package adds an engine without touching the harness::
 
     # its pyproject.toml
     [project.entry-points."repro.adapters"]
@@ -45,6 +45,12 @@ def _builtin_sglang() -> Adapter:
     from repro.targets.sglang import SGLangAdapter
 
     return SGLangAdapter()
+
+
+def _builtin_vllm() -> Adapter:
+    from repro.targets.vllm import VLLMAdapter
+
+    return VLLMAdapter()
 
 
 def _load_entry_points() -> None:
@@ -193,3 +199,5 @@ def combined_frame_rules() -> FrameRules:
 
 
 _factories[DEFAULT_ADAPTER] = _builtin_sglang
+_factories["vllm"] = _builtin_vllm  # also the `repro.adapters` entry point of pyproject.toml (an editable install
+# made before that entry was added does not list it)
