@@ -143,10 +143,28 @@ def _not_ours(folder: Path, procs: list[ProcInfo]) -> CleanupResult:
                          left_alone=[(p, why) for p in live], refused=True)
 
 
+def _remove_leftover_files(folder: Path) -> list[str]:
+    """Files the run's servers left behind, found from their logs in ``folder`` by every registered adapter's
+    ``leftover_files`` (vLLM: ``/dev/shm/vllm_dist_<id>-*``, ``/tmp/vllm_dist_<id>`` of the ids its log names)."""
+    from repro.targets.registry import all_adapters
+
+    removed: list[str] = []
+    logs = sorted(folder.glob("**/" + Layout.SERVER_LOG.name)) if folder.is_dir() else []
+    for log in logs:
+        for a in all_adapters().values():
+            for f in getattr(a, "leftover_files", lambda _p: [])(log):
+                try:
+                    f.unlink()
+                    removed.append(str(f))
+                except OSError:
+                    pass
+    return removed
+
+
 def _remove_owned_dirs(folder: Path) -> list[str]:
     owned = read_json(folder / Layout.OWNED_DIRS.name) if (folder / Layout.OWNED_DIRS.name).is_file() else None
     tmp = Path(tempfile.gettempdir())
-    removed = []
+    removed = _remove_leftover_files(folder)
     for d in (Path(x) for x in (owned if isinstance(owned, list) else []) if isinstance(x, str)):
         if d.parent == tmp and d.name.startswith("repro-") and d.is_dir():
             shutil.rmtree(d, ignore_errors=True)

@@ -225,7 +225,8 @@ class Server:
         Snapshots the tree (with create times) before signalling, adds every process seen by earlier
         :meth:`procs` calls (children re-parented away are still ended), SIGTERMs the process group then each
         process, waits ``grace_s`` seconds, SIGKILLs what is left, reaps the root and closes the log file. Removes
-        folders the adapter says the server owned (e.g. a temporary HiCache storage folder).
+        folders the adapter says the server owned (e.g. a temporary HiCache storage folder) and, once nothing of
+        the tree is left, the files the adapter finds it left behind (``leftover_files``: vLLM's shm segments).
 
         Returns:
             Processes still alive after SIGKILL (should be empty; the same list on repeated calls).
@@ -257,6 +258,12 @@ class Server:
                     pass
                 for d in self._owned_dirs:
                     shutil.rmtree(d, ignore_errors=True)
+                if not self._leftover:  # files the engine leaves behind (vLLM's shm segments, file store)
+                    for f in getattr(self.adapter, "leftover_files", lambda _p: [])(self.log_path):
+                        try:
+                            f.unlink()
+                        except OSError:
+                            pass
         return list(self._leftover)
 
     def _kill_own_root(self) -> None:
