@@ -102,6 +102,19 @@ def _attr_path(obj: Any, path: str) -> Any:
     return obj
 
 
+def _module_group(spec: str) -> Any:
+    """The group a ``module:attr.path`` (a module global, e.g. vLLM's ``parallel_state:_TP``) or
+    ``module:getter()`` (called with no arguments, e.g. ``parallel_state:get_tp_group()``) names; the module is
+    imported if this process has not yet."""
+    import importlib
+
+    mod_name, _, path = spec.partition(":")
+    obj: Any = sys.modules.get(mod_name) or importlib.import_module(mod_name)
+    call = path.endswith("()")
+    obj = _attr_path(obj, path[:-2] if call else path)
+    return obj() if call else obj
+
+
 def _dist() -> Any:
     """``torch.distributed`` if this process already imported it and it is initialized, else None."""
     d = sys.modules.get("torch.distributed")
@@ -236,8 +249,10 @@ class Site:
         import torch.distributed as dist
 
         a = self.action
-        if self_obj is None:
-            raise RuntimeError(f"{self.id}: extra_collective needs a method site (group/method are read from self)")
+        from_module = ":" in (a.get("group") or "")  # "module:attr.path" or "module:getter()": a module's group
+        if self_obj is None and not from_module:
+            raise RuntimeError(f"{self.id}: extra_collective needs a method site (group/method are read from self), "
+                               "or a group given as 'module:attribute' / 'module:getter()'")
         t0 = torch.ones(1, dtype=torch.int32)
         if a.get("method"):
             fn = _attr_path(self_obj, a["method"])
@@ -251,7 +266,7 @@ class Site:
             red = getattr(dist.ReduceOp, a.get("reduce_op") or "MAX")
             fn(t0, red) if nparams >= 2 else fn(t0)
             return
-        g = _attr_path(self_obj, a["group"])
+        g = _module_group(a["group"]) if from_module else _attr_path(self_obj, a["group"])
         if not isinstance(g, dist.ProcessGroup) and hasattr(g, "cpu_group"):
             g = g.cpu_group  # an sglang GroupCoordinator: use its gloo group
         backend = str(dist.get_backend(g)).lower()
