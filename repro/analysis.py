@@ -245,6 +245,13 @@ def read_thread(t: ThreadStack, max_chain: int = 8) -> ThreadReading:
             return ThreadReading(state="idle-wait", wait="native wait", innermost=frames[0])
         return ThreadReading(state="collective" if layers else "busy", op=native_ops[0] if native_ops else None,
                              via="native-wait" if layers else None, layers=layers, innermost=frames[0])
+    # torch's op dispatch (``torch.ops._C.shm_allreduce(...)`` → ``OpOverloadPacket.__call__``) right inside a
+    # communication layer is part of that layer (vLLM's CPU shm ops); anywhere else it is the caller's own work
+    k = i
+    while k < len(frames) and (frames[k].native or is_op_dispatch_frame(frames[k])):
+        k += 1
+    if k > i and k < len(frames) and comm_layer(frames[k]) not in (None, "native"):
+        i = k
     innermost = frames[i]
     # collective: contiguous comm-layer frames from the innermost Python frame outwards
     j = i
@@ -361,6 +368,8 @@ class RankState(BaseModel):
         backend / group_kind: the backend (gloo / NCCL / MPI) and group kind (CPU / device) the frames or the
             text show, else None.
         fmt / source / rank_source: the format read, the file (and block) it came from, how the rank was known.
+        spin_wait: the innermost frames are a known spin-wait (an engine's ``FrameRules.spin_waits``: vLLM's CPU
+            shm ops, NCCL's proxy loop): hot on the CPU while it waits for a peer (``repro.verdict.judge_stall``).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -389,6 +398,7 @@ class RankState(BaseModel):
     fmt: str = ""
     source: str = ""
     rank_source: str = ""
+    spin_wait: bool = False
 
     def where(self) -> str:
         """Short human description: ``all_reduce via GroupCoordinator ← VocabParallelEmbedding.forward ← …``
@@ -603,6 +613,30 @@ def _python_layer_kind(threads: Sequence[ThreadStack]) -> tuple[Optional[str], O
     return None, None
 
 
+def is_op_dispatch_frame(f: Frame) -> bool:
+    """torch's Python op dispatch frame (``OpOverloadPacket.__call__`` / ``OpOverload.__call__`` in torch/_ops.py),
+    through which ``torch.ops.<ns>.<op>(...)`` calls a C++ op."""
+    return not f.native and f.module_or_file.replace("\\", "/").endswith("torch/_ops.py") \
+        and f.function.startswith(("OpOverloadPacket.", "OpOverload."))
+
+
+def is_spin_wait(t: ThreadStack) -> bool:
+    """True when the thread's innermost frames are a known spin-wait (``FrameRules.spin_waits`` of the registered
+    engines): native frames up to the innermost Python frame, and that frame (ledger wrappers are transparent)."""
+    rules = _frame_rules().spin_waits
+    if not rules:
+        return False
+    for f in t.frames:
+        if is_ledger_frame(f) or is_op_dispatch_frame(f):
+            continue
+        path = f.module_or_file.replace("\\", "/")
+        if any(r.matches(path, f.basename, f.function, f.short_function) for r in rules):
+            return True
+        if not f.native:
+            return False
+    return False
+
+
 def rank_state(c: RankCapture) -> RankState:
     """The :class:`RankState` of one capture (``unknown`` with the capture's error when no stack was read)."""
     rank = c.rank if c.rank is not None else -1
@@ -643,7 +677,7 @@ def rank_state(c: RankCapture) -> RankState:
         blocked_frame=r.blocked_frame.render() if r.blocked_frame else None, caller_chain=r.caller_chain,
         thread=t.name or t.thread_id, main_thread=t.is_main, injected=r.injected, injected_site=r.injected_site,
         error=note, location_key=key, notes=notes, other_collectives=others, backend=backend,
-        group_kind=kind, **info,
+        group_kind=kind, spin_wait=r.state == "collective" and is_spin_wait(t), **info,
     )
 
 
