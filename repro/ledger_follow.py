@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
@@ -307,8 +308,51 @@ class LedgerFollower:
         return self.lines - before
 
     def close(self) -> None:
+        self.closed = True
         for t in self.tails.values():
             t.close()
 
+    closed = False
 
-__all__ = ["LedgerFollower", "LiveAlignment", "RankFollow", "Slot", "CHUNK_MAX_BYTES"]
+
+MAX_SHARED_FOLLOWERS = 4
+_SHARED: "OrderedDict[tuple, LedgerFollower]" = OrderedDict()
+
+
+def shared_follower(injector_dir: Path, rank_pids: Mapping[int, int]) -> LedgerFollower:
+    """The one :class:`LedgerFollower` of a live server's ledgers, kept across bursts.
+
+    A session drives many bursts on one server (controls, clean bursts, hunt trials); each burst's detector follows
+    the ledgers from where the previous one stopped instead of re-reading every file from its start (the files hold
+    up to ``max_records`` collectives per rank: re-reading them cost the harness ~0.1 s of CPU more per burst,
+    measured in benchmarks/RESULTS.md). Keyed by the injector folder and the rank → pid map, so a restarted server
+    (new pids) gets a new follower; at most :data:`MAX_SHARED_FOLLOWERS` are kept, the oldest closed first. What a
+    follower found unusable (a truncated or out-of-order ledger) stays unusable for the server's life: never a
+    proof from it.
+
+    Args:
+        injector_dir: the injector folder holding ``ledger-<pid>.jsonl``.
+        rank_pids: rank → pid of the server's rank processes.
+    Returns:
+        A follower that has not been closed (callers must not close it; :func:`forget_followers` does).
+    """
+    key = (str(Path(injector_dir).resolve()), tuple(sorted((int(k), int(v)) for k, v in rank_pids.items())))
+    f = _SHARED.pop(key, None)
+    if f is None or f.closed:
+        f = LedgerFollower(Path(injector_dir), rank_pids)
+    _SHARED[key] = f
+    while len(_SHARED) > MAX_SHARED_FOLLOWERS:
+        _k, old = _SHARED.popitem(last=False)
+        old.close()
+    return f
+
+
+def forget_followers() -> None:
+    """Close and drop every follower :func:`shared_follower` keeps."""
+    while _SHARED:
+        _k, f = _SHARED.popitem()
+        f.close()
+
+
+__all__ = ["LedgerFollower", "LiveAlignment", "RankFollow", "Slot", "CHUNK_MAX_BYTES", "shared_follower",
+           "forget_followers"]

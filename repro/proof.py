@@ -5,7 +5,7 @@ file is a prefix of its history (``repro.ledger_follow``):
 
 - **missing partner** — a *wait edge* ``r → s`` says: rank r's thread T is inside collective (g, n) (entered, not
   left), s is a member of g that has not entered (g, n), and the thread of s that issues g's collectives (the
-  thread of its latest record on g; a group s used from several threads makes no edge) is itself inside another
+  thread of its latest record on g; a group s used from several threads, or never yet, makes no edge) is itself inside another
   collective (g′, m). r cannot leave (g, n) before s
   enters it, and s cannot enter it before it leaves (g′, m). A *cycle* of such edges is a closed set of waits: take
   the first of them to leave its collective — it needed its successor to leave first. So nobody leaves: DEADLOCKED.
@@ -369,9 +369,11 @@ def find_proof(al: LiveAlignment, alive: Optional[Iterable[int]] = None) -> Opti
             sf = al.ranks[s]
             if not sf.knows_group(r.group) or sf.seq_on(r.group) >= r.seq:
                 continue
-            if len(sf.threads_on.get(r.group, ())) > 1:
-                continue  # s issues g's collectives from several threads: which one would enter (g, n) is unknown
-            th_s = sf.last_thread.get(r.group, "MainThread")
+            if len(sf.threads_on.get(r.group, ())) > 1 or r.group not in sf.last_thread:
+                # s issues g's collectives from several threads, or has issued none yet (a group a background thread
+                # of r uses, e.g. HiCache's prefetch group): which thread of s would enter (g, n) is unknown
+                continue
+            th_s = sf.last_thread[r.group]
             w = nodes.get((s, th_s))
             if w is None or (w.group, w.seq) == (r.group, r.seq):
                 continue
@@ -492,8 +494,10 @@ class LedgerProofDetector:
     On a proof it still captures every rank twice (``repro.checker.check_stall``) for the report; the verdict time
     is taken before capturing. Timings it adds (seconds): ``proof_latency_s`` (enter of the record that closed the
     proof → verdict), ``last_progress_to_verdict_s``, ``ledger_follow_cpu_s`` (this process's CPU spent following
-    and proving). Inactive when the plan's ledger is off; a rank whose ledger is missing, truncated or rotated out
-    of order is left out of every proof, and the verdict's notes say so (the stall rule decides instead).
+    and proving; one ``repro.ledger_follow.shared_follower`` follows a server's ledgers across all its bursts,
+    never re-reading them). Inactive when the plan's ledger is off; a rank whose ledger is missing, truncated or
+    rotated out of order is left out of every proof, and the verdict's notes say so (the stall rule decides
+    instead).
     """
 
     name = "ledger-proof"
@@ -514,7 +518,7 @@ class LedgerProofDetector:
     def start(self, ctx: Any) -> None:
         import time as _t
 
-        from repro.ledger_follow import LedgerFollower
+        from repro.ledger_follow import shared_follower
 
         self.__init__()
         led = (ctx.plan or {}).get("ledger") or {}
@@ -523,7 +527,8 @@ class LedgerProofDetector:
         self.rank_pids = dict(ctx.rank_pids)
         self.since = ctx.t_burst or _t.time()
         c0 = _t.thread_time()
-        self.follower = LedgerFollower(Path(ctx.injector_dir), self.rank_pids)
+        # the server's ledgers are followed for its whole life: this burst reads on from where the last one stopped
+        self.follower = shared_follower(Path(ctx.injector_dir), self.rank_pids)
         self.follower.poll()
         self._judge_slots()
         self.cpu_s += _t.thread_time() - c0
@@ -627,7 +632,8 @@ class LedgerProofDetector:
                 found = [crash] if crash is not None else []
             fb = al.fallback_reasons()
         finally:
-            self.follower.close()
+            if not self._alive():  # the server is gone: nothing more to follow
+                self.follower.close()
         out = verdict
         if found and verdict.verdict != DEADLOCKED:
             d = found[0]

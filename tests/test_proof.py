@@ -20,6 +20,15 @@ CPU, DEV = "1", "2"
 PIDS = {0: 1000, 1: 1001}
 
 
+@pytest.fixture(autouse=True)
+def _no_followers_kept():
+    """The detector keeps a server's follower across bursts (repro.ledger_follow.shared_follower): none outlives a test."""
+    from repro.ledger_follow import forget_followers
+
+    yield
+    forget_followers()
+
+
 class Led:
     """One rank's ledger file, written line by line like the injector's writer thread."""
 
@@ -400,3 +409,72 @@ def test_damaged_ledger_mid_run_is_a_stated_fallback_to_the_stall_rule_never_a_p
     assert v.verdict == DEADLOCKED and v.proof is None and v.reason.startswith("stall rule")
     assert any(n.startswith("ledger proof unavailable for part of the run, the stall rule decided: rank 1: ")
                for n in v.notes)
+
+
+def test_a_servers_ledgers_are_followed_across_its_bursts_never_re_read(tmp_path: Path, monkeypatch):
+    """Burst after burst on one server (controls, clean bursts, hunt trials), the detector reads on from where the
+    previous burst stopped: nothing is read twice, a desync of an earlier burst is not this burst's, a desync of
+    this burst is; a restarted server (new pids) is followed afresh."""
+    from repro.ledger_follow import forget_followers, shared_follower
+    from repro.proof import LedgerProofDetector
+
+    monkeypatch.setitem(PIDS, 0, os.getpid())  # live processes stand in for the two ranks (only pid_exists is asked)
+    monkeypatch.setitem(PIDS, 1, os.getppid())
+    try:
+        a, b = healthy(tmp_path)
+        ctx = _detector_ctx(tmp_path)
+        ctx.t_burst = max(a.t, b.t)
+        det = LedgerProofDetector()
+        det.start(ctx)
+        f = det.follower
+        a.enter(CPU, "all_reduce", red="MAX", shapes=((1,),), dtypes=("int32",))
+        b.enter(CPU, "all_reduce", red="MIN", shapes=((1,),), dtypes=("int32",))
+        a.exit(CPU)
+        b.exit(CPU)
+        a.tick()
+        b.tick()
+        det.poll(ctx)
+        v1 = det.final_verdict(Verdict(SUCCEEDED, "all 4 requests answered"), ctx)
+        assert v1.verdict == DESYNCED and v1.desync["records"]["0"]["red"] == "MAX"
+
+        seen = f.lines
+        ctx2 = _detector_ctx(tmp_path)
+        ctx2.t_burst = max(a.t, b.t) + 0.001
+        det2 = LedgerProofDetector()
+        det2.start(ctx2)
+        assert det2.follower is f and f.lines == seen  # the next burst re-reads nothing
+        a.tick()
+        b.tick()
+        det2.poll(ctx2)
+        assert f.lines == seen + 12  # one tick: 3 collectives × (enter + exit) × 2 ranks
+        v2 = det2.final_verdict(Verdict(SUCCEEDED, "all 4 requests answered"), ctx2)
+        assert v2.verdict == SUCCEEDED and v2.notes == ()
+
+        det3 = LedgerProofDetector()
+        det3.start(ctx2)
+        smoke_hang(a, b)
+        assert det3.follower is f and find_proof(f.alignment, alive=[0, 1]) is None  # not read yet
+        det3.follower.poll()
+        assert find_proof(f.alignment, alive=[0, 1]) is not None
+
+        assert shared_follower(tmp_path, {0: PIDS[0], 1: 99999}) is not f  # a restarted server: a new follower
+    finally:
+        forget_followers()
+
+
+def test_a_wait_on_a_group_the_peer_never_used_makes_no_edge_and_the_proof_names_the_main_thread(tmp_path: Path):
+    """#30760 on the testbed: rank 1's HiCache prefetch thread waits in all_reduce(MIN) #1 on the prefetch group,
+    which rank 0 never used yet (so which of its threads would enter it is unknown); the main threads' closed set of
+    waits is the proof, and it names rank 1's main-thread collective, not the background one."""
+    a, b = healthy(tmp_path)
+    for led in (a, b):
+        led._w({"e": "group", "g": "9", "name": "9", "ranks": [0, 1], "backend": "gloo", "label": "pg9",
+                "rank_in_group": led.rank})
+        led.seq["9"] = 0
+    smoke_hang(a, b)
+    b.enter("9", "all_reduce", red="MIN", shapes=((1,),), dtypes=("int32",), thread="Thread-1 (prefetch_thread_func)",
+            site=("m:HiCacheController._all_reduce",))
+    p = find_proof(follow(tmp_path).alignment)
+    assert p is not None and p.kind == "missing_partner" and p.ranks == (0, 1)
+    assert {(e.rank, e.thread) for e in p.edges} == {(0, "MainThread"), (1, "MainThread")}
+    assert p.records[1].group == DEV and "VocabParallelEmbedding.forward" in p.summary and "pg9" not in p.summary
