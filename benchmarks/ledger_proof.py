@@ -21,7 +21,7 @@ benchmarks/ledger_proof.py …``. Results print as one JSON line per run and a s
   that leaked into a later burst's verdict would show as a false one.
 - ``throughput [--pairs 5] [--requests 16] [--max-new-tokens 64]``: two servers of the smoke scenario, one with
   the ledger on, one with it off (``ledger = false``), bursts of the ``control`` variant interleaved on/off (the
-  order alternates per pair); output tokens/s per burst (requests × max_new_tokens / burst seconds), the on/off
+  order alternates per pair, after one uncounted warm-up burst each); output tokens/s per burst (requests × max_new_tokens / burst seconds), the on/off
   ratio of the medians and the spread of the per-pair ratios.
 
 Lock time (2-core testbed, measured in benchmarks/RESULTS.md): latency ≈ 70-110 s per run; clean ≈ start-up +
@@ -52,16 +52,21 @@ def _emit(d: dict) -> None:
     print(json.dumps(d), flush=True)
 
 
-def _start(path: Path, variant: str, root: Path, stall_only: bool):
-    """Prepare one run and start its server (blocking: launch → healthy). Returns (opts, prepared, session,
-    failed verdict or None, start-up seconds)."""
+def _prepare(path: Path, variant: str, root: Path, stall_only: bool):
+    """One run prepared, its session made (not started): (opts, prepared, session)."""
     from repro import runner
     from repro.detect import StallDetector
 
-    t0 = time.time()
     opts = runner.RunOptions(scenario_path=path, variant=variant, evidence_root=root)
     p = runner.prepare(opts)
-    s = runner.Session(p, detectors=[StallDetector()] if stall_only else None)  # None: the default detect stage
+    return opts, p, runner.Session(p, detectors=[StallDetector()] if stall_only else None)  # None: default stage
+
+
+def _start(prepared):
+    """Start a prepared run's server (blocking: launch → healthy). Returns (opts, prepared, session, failed verdict
+    or None, start-up seconds)."""
+    opts, p, s = prepared
+    t0 = time.time()
     try:
         failed = s.start()
     except BaseException:
@@ -103,12 +108,15 @@ def _finish(started, stall_only: bool, t_lock0: float) -> dict:
             "evidence": str(p.evidence.path)}
 
 
-def _runs(path: Path, variant: str, root: Path, stall_only: bool, n: int, prewarm: int, t_lock0: float, emit):
+def _runs(path: Path, variant: str, root: Path, stall_only: bool, n: int, prewarm: int, t_lock0: float, emit,
+          deadline_s: float = 0.0):
     """``n`` runs of one deadlock variant, a fresh server each (a deadlocked server cannot be re-armed). With
     ``prewarm`` = k > 0 the next k runs' servers start (in threads) while the current one is driven and torn down,
-    so at most k + 1 servers exist at a time and the lock is held for far less than one start-up per run (start-up
-    is mostly waiting, not CPU); the driven server then shares the 2 cores with starting ones (a loaded box: the
-    latency figures are pessimistic, not flattered)."""
+    so at most k + 1 servers exist at a time (start-up is partly waiting, not CPU; on 2 cores k = 1 pays, k = 2
+    with HiCache did not: two concurrent start-ups took ~165 s each). The driven server shares the cores with a
+    starting one (a loaded box: the latency figures are pessimistic, not flattered). ``deadline_s`` > 0: no server
+    is started after that many seconds since ``t_lock0`` (the runs already started are finished), so a run under
+    the shared lock ends on its own, before an outer ``timeout``."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
@@ -116,19 +124,23 @@ def _runs(path: Path, variant: str, root: Path, stall_only: bool, n: int, prewar
     if n <= 0:
         return rows
     ex = ThreadPoolExecutor(max_workers=max(1, prewarm))
-    pending: deque = deque()
+    pending: deque = deque()  # (session prepared, future of its start)
     submitted = 0
 
     def top_up(ahead: int) -> None:
         nonlocal submitted
-        while len(pending) < ahead and submitted < n:
-            pending.append(ex.submit(_start, path, variant, root, stall_only))
+        while len(pending) < ahead and submitted < n and not (deadline_s and time.time() - t_lock0 > deadline_s):
+            prep = _prepare(path, variant, root, stall_only)
+            pending.append((prep, ex.submit(_start, prep)))
             submitted += 1
 
     try:
         top_up(max(1, prewarm))
         for i in range(n):
-            started = pending.popleft().result()
+            if not pending:
+                emit(i, {"stopped": f"deadline of {deadline_s:g} s since the start reached: {i} of {n} runs made"})
+                break
+            started = pending.popleft()[1].result()
             top_up(prewarm)
             row = _finish(started, stall_only, t_lock0)
             rows.append(row)
@@ -136,11 +148,16 @@ def _runs(path: Path, variant: str, root: Path, stall_only: bool, n: int, prewar
             top_up(1)
         return rows
     finally:
-        for fut in pending:  # a started server nobody drove (error or interrupt): end it
+        # servers started ahead that nobody will drive (error, interrupt): end them now, even mid-start (their
+        # wait for health then fails at once), then once more after their start returned
+        for (_o, _p, s), _f in pending:
+            s.stop()
+        for (_o, _p, s), fut in pending:
             try:
-                fut.result()[2].stop()
+                fut.result()
             except BaseException:
                 pass
+            s.stop()
         ex.shutdown(wait=True)
 
 
@@ -155,9 +172,9 @@ def latency(a: argparse.Namespace, root: Path) -> None:
     for name in a.only or list(CASES):
         path, variant = CASES[name]
         rows = _runs(path, variant, root, False, a.repeats, a.prewarm, t_lock0,
-                     lambda i, r: _emit({"case": name, "i": i, **r}))
+                     lambda i, r: _emit({"case": name, "i": i, **r}), a.deadline_s)
         stall = _runs(path, variant, root, True, a.stall_repeats, a.prewarm, t_lock0,
-                      lambda i, r: _emit({"case": name, "i": i, **r}))
+                      lambda i, r: _emit({"case": name, "i": i, **r}), a.deadline_s)
         lat = [r["proof_latency_s"] for r in rows if r["proof_latency_s"] is not None]
         lp = [r["last_progress_to_verdict_s"] for r in rows if r["last_progress_to_verdict_s"] is not None]
         summary[name] = {"runs": len(rows), "deadlocked_with_proof": sum(1 for r in rows if r["verdict"] == "DEADLOCKED"
@@ -252,6 +269,10 @@ def throughput(a: argparse.Namespace, root: Path) -> None:
             if f:
                 raise SystemExit(f"{name}: {f.reason}")
         _emit({"healthy_s": round(time.time() - t0, 1)})
+        for name, (p, s) in sessions.items():  # one warm-up burst each, not counted (a fresh server's first burst
+            d = EvidenceDir(p.evidence.root, p.scenario.name, f"tput-{name}-warmup")  # ran 1.8x slower, measured)
+            out = s.drive(p.scenario.variant("control"), d)
+            _emit({"warmup": name, "verdict": out.verdict.verdict, "burst_s": out.timings["burst_s"]})
         tps = {"on": [], "off": []}
         cpu = []
         for i in range(a.pairs):
@@ -268,7 +289,9 @@ def throughput(a: argparse.Namespace, root: Path) -> None:
         ratio = statistics.median(tps["on"]) / statistics.median(tps["off"])
         per_pair = [on_ / off_ for on_, off_ in zip(tps["on"], tps["off"])]
         _emit({"summary": {"pairs": a.pairs, "per_pair_ratios": [round(x, 4) for x in per_pair],
-                           "per_pair_ratio_min": round(min(per_pair), 4), "per_pair_ratio_max": round(max(per_pair), 4), "median_tokens_per_s_on": statistics.median(tps["on"]),
+                           "per_pair_ratio_min": round(min(per_pair), 4), "per_pair_ratio_max": round(max(per_pair), 4),
+                           "per_pair_ratio_median": round(statistics.median(per_pair), 4),
+                           "median_tokens_per_s_on": statistics.median(tps["on"]),
                            "median_tokens_per_s_off": statistics.median(tps["off"]), "ratio_on_off": round(ratio, 4),
                            "follower_cpu_s_per_burst": cpu}})
     finally:
@@ -286,6 +309,8 @@ def main() -> int:
     la.add_argument("--only", nargs="*", choices=list(CASES))
     la.add_argument("--prewarm", type=int, default=1,
                     help="servers started ahead while the current run is driven (0: strictly one at a time)")
+    la.add_argument("--deadline-s", type=float, default=0.0,
+                    help="start no server after this many seconds (0: no limit); keeps a run inside the lock's turn")
     cl = sub.add_parser("clean")
     cl.add_argument("--bursts", type=int, default=20)
     cl.add_argument("--desync-repeats", type=int, default=10)
@@ -295,6 +320,13 @@ def main() -> int:
     tp.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--evidence-dir", default="")
     a = ap.parse_args()
+    import signal
+
+    def _term(signum, frame):  # SIGTERM (an outer `timeout`) tears the servers down like Ctrl-C
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
     root = Path(a.evidence_dir) if a.evidence_dir else Path(tempfile.mkdtemp(prefix="repro-bench-proof-"))
     {"latency": latency, "clean": clean, "throughput": throughput}[a.cmd](a, root)
     return 0
