@@ -218,6 +218,7 @@ def run(
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
     expect: Optional[str] = typer.Option(None, "--expect", help=EXPECT_HELP),
     native: bool = typer.Option(False, "--native", help="py-spy --native stacks (slower; retried without on failure)"),
+    hosts: Optional[Path] = typer.Option(None, "--hosts", help="JSON list of the hosts the server spans (node rank, ssh target or command template; scripts/multihost/README.md): every rank is started, captured and stopped through its host's runner"),
 ) -> None:
     """Run one scenario variant end to end and print the verdict.
 
@@ -231,9 +232,26 @@ def run(
     opts = RunOptions(scenario_path=scenario, variant=variant, python=python, model=model, tp=tp, label=label,
                       evidence_root=evidence_dir, requests=requests_, expect=expect, native=native,
                       command_line=shlex.join(["repro", *sys.argv[1:]]))
+    host_list = None
+    if hosts is not None:
+        import json as _json
+
+        from repro.hosts import hosts_from_json
+
+        try:
+            host_list = hosts_from_json(_json.loads(hosts.read_text()))
+        except (OSError, ValueError) as e:
+            console.print(f"[red]error:[/] --hosts {hosts}: {e}; expected a JSON list of hosts like "
+                          '[{"name": "h0", "node_rank": 0, "ssh": "root@10.0.0.1", "address": "10.0.1.1"}, …]')
+            raise typer.Exit(EXIT_USAGE)
     try:
         with _Progress(as_json) as prog:
-            res = run_scenario(opts, prog)
+            if host_list is not None:
+                from repro.remote_run import run_multihost
+
+                res = run_multihost(opts, host_list, prog)
+            else:
+                res = run_scenario(opts, prog)
     except RunError as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(EXIT_USAGE)

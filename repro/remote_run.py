@@ -154,6 +154,7 @@ class MultiHostSession:
                for n in self.nodes if not (reach[n.name][0] and reach[n.name][1][0])]
         if bad:
             return Verdict(INCONCLUSIVE, "host unreachable at start, nothing was started: " + "; ".join(bad))
+        self.observe("launch", {"evidence": str(p.evidence.path)})
         write_arm_file(p.arm_file, [])
         arm_bytes = Path(p.arm_file).read_bytes()
         ports = {}
@@ -180,12 +181,13 @@ class MultiHostSession:
                                        pythonpath_prepend=prepend)
             env = adapter.launch_env(spec, {})
             argv = adapter.launch_command(spec)
-            self.observe("launch", {"host": n.name, "argv": argv})
+            self.observe("node_launch", {"host": n.name, "argv": argv})
             n.root_pid = n.runner.start(argv, env, f"{n.workdir}/server.log", n.workdir)
             self.started = True
         self._save_launch()
         timeout_s = p.scenario.server.startup_timeout_s
-        self.observe("wait_healthy", {"url": self.url, "timeout_s": timeout_s})
+        self.observe("wait_healthy", {"url": self.url, "timeout_s": timeout_s,
+                                      "pid": f"{n0.name}:{n0.root_pid}", "log": f"{n0.name}:{n0.workdir}/server.log"})
         deadline = time.time() + timeout_s
         last_watch = 0.0
         while True:
@@ -334,7 +336,8 @@ class MultiHostSession:
         late = self.arm(ids)
         timings["arm_ack_s"] = time.time() - t
         if late:
-            self.observe("arm_not_acknowledged", {"ranks": late})
+            self.observe("arm_not_acknowledged", {"ranks": late, "timeout_s": ARM_ACK_TIMEOUT_S})
+        self.observe("armed", {"injections": ids, "ranks": {k: f"{r.host}:{r.pid}" for k, r in self.ranks.items()}})
         prompts = make_prompts(n_requests or burst.requests, burst.input_len, burst.seed)
         driver = BurstDriver(p.adapter, self.url, prompts, burst.max_new_tokens, burst.concurrency,
                              p.evidence.requests.path, burst.request_timeout_s)
@@ -350,6 +353,7 @@ class MultiHostSession:
                 time.sleep(POLL_S)
                 now = time.time()
                 st = driver.state()
+                self.observe("burst", {"state": st})
                 if st.finished:
                     break
                 if now - t_burst > scenario.budget_s:
@@ -597,8 +601,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     opts = RunOptions(scenario_path=a.scenario, variant=a.variant, evidence_root=a.evidence_dir, expect=a.expect,
                       requests=a.requests, command_line=" ".join(["python -m repro.remote_run", *map(shlex.quote, argv or sys.argv[1:])]))
     try:
-        res = run_multihost(opts, hosts, observe=lambda e, d: print(f"[{time.strftime('%H:%M:%S')}] {e} "
-                                                                    f"{json.dumps(d, default=str)[:300]}", file=sys.stderr, flush=True))
+        res = run_multihost(opts, hosts, observe=lambda e, d: e == "burst" or print(
+            f"[{time.strftime('%H:%M:%S')}] {e} {json.dumps(d, default=str)[:300]}", file=sys.stderr, flush=True))
     except RunError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
