@@ -52,3 +52,6 @@ def test_the_30760_root_cause_dump_is_reproduced_by_its_free_slot_drift_candidat
     assert any("_can_terminate_prefetch" in f for g in t["signature"] for f in g["frames"])
     md = Path(res["reproduction"]).read_text()
     assert md.startswith("# REPRODUCED") and drift[0]["name"] in md and "repro compare" in md
+    from repro.scenario import load_scenario
+
+    assert [v.name for v in load_scenario(Path(res["kept"])).variants] == [drift[0]["name"]]  # the winner, kept alone
