@@ -54,6 +54,10 @@ _HANDLERS = tuple(m.handle for m in _READERS)
 _GATE_START = re.compile("|".join(f"(?:{m.GATE_START})" for m in _READERS))
 _GATE_SUBSTRINGS = tuple(dict.fromkeys(x for m in _READERS for x in m.GATE_SUBSTRINGS))
 _GATE_SUB_RE = re.compile("|".join(re.escape(x) for x in _GATE_SUBSTRINGS))
+# one test each for the line nothing can take: what the line cleaner strips (a prefix, quote, fence, colour code)
+# or a reader's gate would let through
+_JUNK_START = re.compile(f"(?:{_ANY_FIXED_RE.pattern})|(?:{_GATE_START.pattern})")
+_JUNK_SUB = re.compile("|".join(re.escape(x) for x in _GATE_SUBSTRINGS + ("```", "~~~", "\x1b")))
 # per reader: (start gate, substring gate or None, handler), in the handlers' order; a line that is not indented,
 # outside a sub-state, can only be taken by a reader whose own gate it passes
 _GATED = tuple((re.compile(m.GATE_START).match,
@@ -93,9 +97,22 @@ def parse_lines(lines: Iterable[str], source: str = "", gate: bool = True) -> li
     sticky = False  # the current label is a log record's (SGLang's [time TP1]): unprefixed lines continue it
     plain = not labelled
     start_match, sub_search, fixed_match = _GATE_START.match, _GATE_SUB_RE.search, _ANY_FIXED_RE.match
+    junk_start, junk_sub = _JUNK_START.match, _JUNK_SUB.search
     for n, raw in enumerate(itertools.chain(head, it), 1):
         if len(raw) > MAX_LINE_CHARS:
             raw = raw[:MAX_LINE_CHARS]
+        if gate and plain and not sticky and raw and not raw[0].isspace() and not junk_start(raw) \
+                and not junk_sub(raw):
+            # the commonest line of a junk file: no prefix, fence or colour code, and no reader's gate passed
+            asm = asms.get("")
+            if asm is None:
+                asm = asms[""] = Assembler("")
+            if not asm.mode:
+                s = raw.rstrip("\r\n")
+                if not _COMMENT_RE.match(s):
+                    asm.ignore(n, s)
+                asm.after_blank = False
+                continue
         if gate and plain and not sticky and not fixed_match(raw) and "```" not in raw and "~~~" not in raw \
                 and "\x1b" not in raw:
             # no prefix, quote or fence on this line (clean_line would return it as it is)

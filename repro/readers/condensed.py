@@ -39,6 +39,8 @@ HEADING_RE = re.compile(r"^\s*(?:<[a-z]+>\s*)*(?:[=\-~]{2,}\s*)?(?:#+\s*|\*\*|__
 _ARROW_SPLIT = re.compile(r"\s*(?:→|⟶|->|-->|<-|<--|←|⟵)\s*")
 _LABEL_RE = re.compile(r"^(?P<label>[^:→←<>]{1,40}?):\s+(?P<chain>.+)$")
 _LABEL_RANK_RE = re.compile(r"(?:rank|tp|worker|gpu)\s*[_#-]?\s*(\d+)", re.I)
+_LETTER_RE = re.compile(r"[A-Za-z_]")
+_LOCATED_RE = re.compile(r"[\w.]\.py\b|:\d+\)?\s*$")
 _KEYWORDS = frozenset({"and", "or", "the", "then", "to", "from", "is", "in", "at", "of", "a"})
 
 # a superset of the lines :func:`handle` can take that are not indented (the reader gate, see readers/__init__.py):
@@ -60,7 +62,7 @@ def parse_frame(text: str) -> Optional[Frame]:
         m = rx.match(t)
         if m:
             func = m.group("func").removesuffix("()")
-            if not re.search(r"[A-Za-z_]", func):
+            if not _LETTER_RE.search(func):
                 return None
             file = m.groupdict().get("file") or ""
             line = m.groupdict().get("line")
@@ -69,7 +71,7 @@ def parse_frame(text: str) -> Optional[Frame]:
 
 
 def _looks_located(text: str) -> bool:
-    return bool(re.search(r"[\w.]\.py\b|:\d+\)?\s*$", text))
+    return bool(_LOCATED_RE.search(text))
 
 
 def _op_like(f: Frame) -> bool:
