@@ -56,6 +56,7 @@ def test_gated_reading_equals_the_full_reading_on_shuffled_fixture_lines_among_j
                 lines.append(rnd.choice(["", "   ", "```", "> " + rnd.choice(pool), "[rank1]:" + rnd.choice(pool),
                                          "2026-12-01 09:59:27,944 " + rnd.choice(pool),
                                          "\x1b[33m" + rnd.choice(pool), "worker-1: " + rnd.choice(pool),
+                                         rnd.choice(pool).replace(" ", "\xa0"),
                                          "[2026-12-01 10:04:27 TP1] " + rnd.choice(pool),
                                          "ERROR 12-01 09:59:27 [x.py:5] " + rnd.choice(pool),
                                          rnd.choice(string.ascii_letters)]))

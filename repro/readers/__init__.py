@@ -57,7 +57,7 @@ _GATE_SUB_RE = re.compile("|".join(re.escape(x) for x in _GATE_SUBSTRINGS))
 # one test each for the line nothing can take: what the line cleaner strips (a prefix, quote, fence, colour code)
 # or a reader's gate would let through
 _JUNK_START = re.compile(f"(?:{_ANY_FIXED_RE.pattern})|(?:{_GATE_START.pattern})")
-_JUNK_SUB = re.compile("|".join(re.escape(x) for x in _GATE_SUBSTRINGS + ("```", "~~~", "\x1b")))
+_JUNK_SUB = re.compile("|".join(re.escape(x) for x in _GATE_SUBSTRINGS + ("```", "~~~", "\x1b", "\xa0")))
 # per reader: (start gate, substring gate or None, handler), in the handlers' order; a line that is not indented,
 # outside a sub-state, can only be taken by a reader whose own gate it passes
 _GATED = tuple((re.compile(m.GATE_START).match,
@@ -114,7 +114,7 @@ def parse_lines(lines: Iterable[str], source: str = "", gate: bool = True) -> li
                 asm.after_blank = False
                 continue
         if gate and plain and not sticky and not fixed_match(raw) and "```" not in raw and "~~~" not in raw \
-                and "\x1b" not in raw:
+                and "\x1b" not in raw and "\xa0" not in raw:
             # no prefix, quote or fence on this line (clean_line would return it as it is)
             s = raw.rstrip("\r\n")
             asm = asms.get("")

@@ -8,7 +8,8 @@ worker prefixes, leading timestamps (ISO ``2026-12-01T09:59:27.944Z``, ``2026-12
 (``ERROR 12-01 09:59:27 [multiproc_executor.py:527]``).
 torchrun's ``--tee`` prefix ``[default0]:`` (role and local rank; names that rank), SGLang's log prefix
 ``[2026-12-01 09:59:27 TP1] `` (names TP rank 1; the unprefixed lines after it, the rest of that log record such as
-a traceback, belong to it), and terminal colour codes (``ESC[33m``, as py-spy writes on a terminal) are stripped too.
+a traceback, belong to it), and terminal colour codes (``ESC[33m``, as py-spy writes on a terminal) are stripped too;
+no-break spaces (copied from a rendered page) are read as spaces.
 Stripped only when most lines carry them (they could be content otherwise): docker compose ``name  | ``, kubectl
 ``[pod/name/container] `` and pdsh ``host: `` (DeepSpeed's multi-node launcher) prefixes. Each distinct source
 (rank, service, pod, host, ray worker) is read on its own, so interleaved logs are split.
@@ -161,6 +162,8 @@ def clean_line(line: str, compose: bool = False, bracket: bool = False, host: bo
     line = line.rstrip("\r\n")
     if "\x1b" in line:
         line = _ANSI_RE.sub("", line)
+    if "\xa0" in line:  # no-break spaces: what copying indented text from a rendered web page gives
+        line = line.replace("\xa0", " ")
     fenced = "```" in line or "~~~" in line
     if fenced and _FENCE_RE.match(_QUOTE_RE.sub("", line, count=1)):
         return CleanLine("", fence=True)
