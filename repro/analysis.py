@@ -772,6 +772,8 @@ def _honesty(caps: Sequence[RankCapture], states: Sequence[RankState]):
             missing.append(f"rank {s.rank} has no main thread in its dump")
         if any("Python frames are absent" in n for n in s.notes):
             missing.append(f"rank {s.rank}: Python frames absent (native frames only)")
+        if any(n.startswith("no stack in the watchdog's text") for n in s.notes):
+            missing.append(f"rank {s.rank}: no stack (read from torch's watchdog message)")
     if len(states) == 1:
         why.append("only one rank: nothing to compare")
     if any(s.state == "unknown" for s in states):
@@ -782,6 +784,8 @@ def _honesty(caps: Sequence[RankCapture], states: Sequence[RankState]):
         why.append("hand-written frame lists (no thread states, possibly abridged)")
     if any(any("Python frames are absent" in n for n in s.notes) for s in states):
         why.append("native frames only")
+    if any(m.endswith("(read from torch's watchdog message)") for m in missing):
+        why.append("a rank read from a watchdog message, not from a stack")
     if any(s.state != "unknown" and not s.main_thread for s in states) or \
             any(m.endswith("has no main thread in its dump") for m in missing):
         why.append("a rank's state was read from a thread other than the main one")
