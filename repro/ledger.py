@@ -356,6 +356,24 @@ def align(ledgers: dict[int, RankLedger]) -> Divergence:
                 found.append(Divergence(kind=DivergenceKind.MISMATCH, group=info, seq=n, entered=at, culprits=culprits,
                                         waits={r: w for r, w in waits_all.items() if r in members}, fields=diff))
                 break
+            # Same op and size, but an injected record meets a genuine one, or the call sites differ: the backend
+            # paired two different collectives (vLLM's shm stamps pair an extra op with the peer's next op of the
+            # same kind and size), so the ranks drift out of step here, not where the drift finally hangs.
+            inj = tuple(sorted(r for r, rec in at.items() if rec.inj))
+            site = {r: (rec.site[0] if rec.site else "") for r, rec in at.items()}
+            mixed_inj = 0 < len(inj) < len(at)
+            sites = Counter(x for x in site.values() if x)
+            if mixed_inj or len(sites) > 1:
+                if mixed_inj:
+                    culprits = inj
+                else:
+                    top, cnt = sites.most_common(1)[0]
+                    culprits = () if list(sites.values()).count(cnt) > 1 else \
+                        tuple(sorted(r for r, x in site.items() if x != top))
+                diff = tuple(nm for nm, hit in (("injected", mixed_inj), ("call site", len(sites) > 1)) if hit)
+                found.append(Divergence(kind=DivergenceKind.MISMATCH, group=info, seq=n, entered=at, culprits=culprits,
+                                        waits={r: w for r, w in waits_all.items() if r in members}, fields=diff))
+                break
     if not found:
         return Divergence(kind=DivergenceKind.NONE, summary=_agree_summary(ledgers))
 
@@ -403,6 +421,13 @@ def _summary(d: Divergence, ledgers: dict[int, RankLedger], dead: Optional[Mappi
             sig0 = recs[0].signature()
             culprit = [r for r in recs if r.signature() == sig0]
             others = [r for r in recs if r.signature() != sig0]
+
+        if not d.culprits or len(d.culprits) >= len(recs):
+            pass
+        elif set(d.fields) <= {"injected", "call site"}:  # same op and size: name the records, the odd one first
+            return (f"{gname} #{d.seq}: {_ranks([r.rank for r in culprit])} entered {_desc(culprit[0], ledgers)} while "
+                    f"{_ranks([r.rank for r in others])} entered {_desc(others[0], ledgers)} (the backend paired "
+                    f"them: {', '.join(d.fields)} differ).")
 
         def what(r: Record) -> str:
             return f"{r.op}({r.red or ''}) {list(r.shapes)} {','.join(r.dtypes)} from {r.call_site()}"
