@@ -78,3 +78,18 @@ def test_junk_costs_no_handler_call(monkeypatch):
     dumps = parse_lines(lines)
     assert calls == ["Thread 12 (idle): \"MainThread\""]
     assert dumps[0].fmt == "py-spy"
+
+
+def test_after_a_long_stretch_without_a_stack_only_dump_starts_are_sought_and_a_late_dump_is_still_read():
+    """A huge file with no stack in its first ``give_up_chars`` characters is scanned for a dump's first line only
+    (said in the first warning); a real py-spy dump at its end is still read in full."""
+    junk = ["lorem ipsum dolor sit amet, consectetur adipiscing elit!"] * 8192
+    dump = (FIXTURES / "pasted" / "pyspy_text_gloo3" / "rank0.txt").read_text().splitlines()
+    late = parse_lines(junk + dump, give_up_chars=100_000)
+    full = parse_lines(dump)
+    assert [t.model_dump() for t in late[0].threads] == [t.model_dump() for t in full[0].threads]
+    assert late[0].pid == full[0].pid and "only lines that start a dump were looked for" in late[0].warnings[0]
+    assert "one found at line 8193" in late[0].warnings[0]
+    none = parse_lines(junk, give_up_chars=100_000)
+    assert none[0].fmt == "unknown" and "none found" in none[0].warnings[0]
+    assert parse_lines(junk)[0].warnings[0].startswith("first line:")  # under the limit: every line read

@@ -78,15 +78,41 @@ def _handle(asm: Assembler, s: str, n: int, gate: bool) -> bool:
     return False
 MAX_LINE_CHARS = 4096  # longer lines are cut before reading (a 50 MB one-line file stays cheap)
 SNIFF_LINES = 2000
+GIVE_UP_CHARS = 16 << 20  # characters with no line of a stack in them before only dump-starting lines are sought
 _COMMENT_RE = re.compile(r"^#(?!\d)")
 
 
-def parse_lines(lines: Iterable[str], source: str = "", gate: bool = True) -> list[ProcessDump]:
+# what the first line of a dump holds, in every format but the hand-written ones (scanning a huge file that had no
+# stack in its first GIVE_UP_CHARS): py-spy/ray, faulthandler, tracebacks, pystack, gdb, torch's watchdog, fr_trace
+_DUMP_START = re.compile(r"Process \d+:|Thread |Traceback \(most recent|Current thread 0x|Stack \(most recent|"
+                         r"File \"|Traceback for thread|Stack trace of the failed|OpType=|sequence number: |#\d+ +0x|"
+                         r"Stack dump for |Attaching to ")
+
+
+def _has_stack(asm: Assembler) -> bool:
+    """Whether a source has read anything a stack is made of: a kept process, or an open one with a thread (a lone
+    hand-written-looking word, a condensed block of one frame, does not count)."""
+    if asm.done or asm.errors:
+        return True
+    cur = asm.cur
+    if cur is None:
+        return False
+    if cur["fmt"] == "condensed":
+        th = cur["threads"]
+        return bool(th) and (len(th[0]["frames"]) > 1 or bool(th[0].get("located")))
+    return bool(cur["threads"]) or cur["pid"] is not None
+
+
+def parse_lines(lines: Iterable[str], source: str = "", gate: bool = True,
+                give_up_chars: int = GIVE_UP_CHARS) -> list[ProcessDump]:
     """Read dump lines (any supported format, quoted or prefixed) into one :class:`ProcessDump` per process.
 
     Returns at least one dump; when no stack was found, one dump of format ``unknown`` whose warnings say what
     was seen and what was expected. ``source`` (a file name) prefixes every warning. ``gate=False`` runs every
-    handler on every line (the reading is the same; tests compare the two).
+    handler on every line (the reading is the same; tests compare the two). When ``give_up_chars`` characters
+    (16 Mi by default) have held no line of a stack in any source, only lines that start a dump (not a hand-written
+    list) are looked for after that, one cheap search each, and full reading resumes at the first one; the first
+    warning says so (a 50 MB junk file answers in seconds, a dump at the end of a big log is still read).
     """
     it = iter(lines)
     head = list(itertools.islice(it, SNIFF_LINES))
@@ -98,9 +124,20 @@ def parse_lines(lines: Iterable[str], source: str = "", gate: bool = True) -> li
     plain = not labelled
     start_match, sub_search, fixed_match = _GATE_START.match, _GATE_SUB_RE.search, _ANY_FIXED_RE.match
     junk_start, junk_sub = _JUNK_START.match, _JUNK_SUB.search
+    chars = n_found = 0
+    scan_from = 0  # line number where scanning for a dump's first line began (0: reading every line)
     for n, raw in enumerate(itertools.chain(head, it), 1):
         if len(raw) > MAX_LINE_CHARS:
             raw = raw[:MAX_LINE_CHARS]
+        if scan_from > 0:
+            if not _DUMP_START.search(raw):
+                continue
+            scan_from, n_found = -scan_from, n  # found one: read every line from here on
+        elif scan_from == 0:
+            chars += len(raw)
+            if chars > give_up_chars and not n & 4095 and not any(_has_stack(a) for a in asms.values()):
+                scan_from = n
+                continue
         if gate and plain and not sticky and raw and not raw[0].isspace() and not junk_start(raw) \
                 and not junk_sub(raw):
             # the commonest line of a junk file: no prefix, fence or colour code, and no reader's gate passed
@@ -173,6 +210,11 @@ def parse_lines(lines: Iterable[str], source: str = "", gate: bool = True) -> li
         out.extend(dumps)
     if not out:
         out = [ProcessDump(fmt="unknown", warnings=["the input is empty: no line to read", NO_STACK_HINT])]
+    if scan_from:
+        w = (f"no line of a stack dump in the first {chars >> 20} MB ({abs(scan_from) - 1} lines): from there on only "
+             "lines that start a dump were looked for (py-spy, faulthandler, tracebacks, pystack, gdb, torch's "
+             "watchdog" + (f"; one found at line {n_found}" if scan_from < 0 else "; none found") + ")")
+        out = [d.model_copy(update={"warnings": [w] + d.warnings}) for d in out]
     if source:
         out = [d.model_copy(update={"warnings": [f"{source}: {w}" for w in d.warnings]}) for d in out]
     return out
