@@ -86,7 +86,7 @@ _COMMENT_RE = re.compile(r"^#(?!\d)")
 # stack in its first GIVE_UP_CHARS): py-spy/ray, faulthandler, tracebacks, pystack, gdb, torch's watchdog, fr_trace
 _DUMP_START = re.compile(r"Process \d+:|Thread |Traceback \(most recent|Current thread 0x|Stack \(most recent|"
                          r"File \"|Traceback for thread|Stack trace of the failed|OpType=|sequence number: |#\d+ +0x|"
-                         r"Stack dump for |Attaching to ")
+                         r"Stack dump for |Attaching to |STACK TRACE FOR PROC ")
 
 
 def _has_stack(asm: Assembler) -> bool:

@@ -7,7 +7,9 @@ native: without CPython's gdb extension there are no Python function names, only
 <pid>) detached]`` give the pid; gdb's own chatter (``[New LWP …]``, libthread_db lines) is skipped. With CPython's
 gdb extension (``thread apply all py-bt``; checked with the libpython.py Cython ships, gdb 13) a thread holds
 ``Traceback (most recent call first):`` then ``  File "<path>", line <n>, in <function>`` and
-``  <built-in method <name> of …>`` lines, innermost first; frames it could not read are said in a note.
+``  <built-in method <name> of …>`` lines, innermost first; frames it could not read are said in a note. Open MPI's
+``mpirun --timeout N --get-stack-traces`` prints ``STACK TRACE FOR PROC [[<job>,1],<rank>] (<host>, PID <pid>)`` and
+then gdb's output for that process with a TAB before each line (no MPI here: its fixture is written by hand).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ PYBT_NOISE = ("(unable to read python frame information)", "Unable to locate pyt
 _PY_EVAL = ("_PyEval_EvalFrameDefault", "PyEval_EvalCode", "_PyEval_Vector", "_PyFunction_Vectorcall")
 
 # a superset of the lines :func:`handle` can take that are not indented (the reader gate, see readers/__init__.py)
-GATE_START = (r"Traceback \(most recent call first|Unable to locate|\(unable|\(frame information|Python Exception <|"
+GATE_START = (r"STACK TRACE FOR PROC |Traceback \(most recent call first|Unable to locate|\(unable|\(frame information|Python Exception <|"
               r"Attaching to |\[Inferior |Thread \d|#|\[New |\[Thread debugging|Using host|Reading symbols|"
               r"warning: |Downloading |0x[0-9a-f]+ in ")
 GATE_SUBSTRINGS: tuple = ()
@@ -51,8 +53,19 @@ def _frame(rest: str) -> Frame:
                  native=True)
 
 
+OMPI_RE = re.compile(r"^STACK TRACE FOR PROC \[\[(\d+),(\d+)\],(\d+)\] \(([^,]*), PID (\d+)\)")
+
+
 def handle(asm, s: str, n: int) -> bool:
     """Consume one gdb line; False when it is not one."""
+    m = OMPI_RE.match(s)
+    if m:  # Open MPI's mpirun --timeout --get-stack-traces: gdb's output for one process, each line after a TAB
+        asm.pending_rank = (int(m.group(3)), f"mpirun stack trace header [[{m.group(1)},{m.group(2)}],{m.group(3)}]")
+        asm.new_process("gdb", n, pid=int(m.group(5)), title=f"MPI rank {m.group(3)} on {m.group(4)}")
+        asm.cur["ompi"] = True
+        return True
+    if s.startswith("\t") and asm.cur is not None and asm.cur.get("ompi"):
+        s = s[1:]
     m = PID_RE.match(s)
     if m:
         pid = int(m.group(1) or m.group(2))
