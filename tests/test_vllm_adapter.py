@@ -236,3 +236,59 @@ def test_real_hang_is_deadlocked_by_the_stack_rule_despite_the_hot_rank():
     first, second = analyze(_real()), analyze(_real("-b"))
     j = judge_stall(first, second, True, MEASURED_CPU, [0, 1])
     assert j.deadlocked, j.reason
+
+
+# ---- the launcher removes what the server left behind (a small program stands in for the server) -------------
+class _PrintingVLLM(VLLMAdapter):
+    """The vLLM adapter launching a program that logs vLLM's init-method line and creates the files vLLM leaves."""
+
+    def __init__(self, argv):
+        self.argv = argv
+
+    def launch_command(self, spec):
+        return list(self.argv)
+
+
+def test_stop_removes_the_servers_shm_segments_and_file_store_only(tmp_path):
+    import sys
+    import time
+
+    from repro.launcher import start_server
+
+    mine, other = uuid.uuid4().hex, uuid.uuid4().hex
+    store = Path("/tmp") / f"vllm_dist_{mine}"
+    seg = Path("/dev/shm") / f"vllm_dist_{mine}-tp:0-[0-1]-cpushm"
+    keep = Path("/dev/shm") / f"vllm_dist_{other}-tp:0-[0-1]-cpushm"
+    keep.write_text("")
+    prog = (f"import time, pathlib; pathlib.Path({str(store)!r}).write_text(''); pathlib.Path({str(seg)!r})"
+            f".write_text(''); print('INFO distributed_init_method=file://{store} backend=gloo', flush=True); "
+            "time.sleep(60)")
+    try:
+        server = start_server(_PrintingVLLM([sys.executable, "-c", prog]),
+                              LaunchSpec(python=sys.executable, model="/m"), tmp_path / "server.log")
+        deadline = time.monotonic() + 30
+        while not (seg.exists() and "distributed_init_method" in (tmp_path / "server.log").read_text()):
+            assert time.monotonic() < deadline, "the stand-in server did not start"
+            time.sleep(0.1)
+        assert server.stop() == []
+        assert not store.exists() and not seg.exists()
+        assert keep.exists()  # another server's segment is never touched
+    finally:
+        for p in (store, seg, keep):
+            p.unlink(missing_ok=True)
+
+
+def test_cleanup_removes_the_files_a_killed_runs_server_left(tmp_path):
+    from repro.cleanup import _remove_owned_dirs
+
+    mine = uuid.uuid4().hex
+    store, seg = Path("/tmp") / f"vllm_dist_{mine}", Path("/dev/shm") / f"vllm_dist_{mine}-tp:0-[0-1]-cpushm"
+    try:
+        store.write_text("")
+        seg.write_text("")
+        (tmp_path / "server.log").write_text(f"distributed_init_method=file://{store}\n")
+        removed = _remove_owned_dirs(tmp_path)
+        assert sorted(removed) == sorted([str(store), str(seg)]) and not store.exists() and not seg.exists()
+    finally:
+        store.unlink(missing_ok=True)
+        seg.unlink(missing_ok=True)
