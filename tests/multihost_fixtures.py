@@ -81,21 +81,28 @@ def run_in_rig(rig, args, tmp_path: Path, *, via: str = "ssh", on_line=None, tim
     p = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     err_lines: list[str] = []
+    out_lines: list[str] = []
 
-    def pump():
+    def pump_err():
+        # the only reader of stderr (communicate() would read it too and take lines from on_line)
         for line in p.stderr:
             err_lines.append(line)
             if on_line is not None:
                 on_line(line)
 
-    t = threading.Thread(target=pump, daemon=True)
-    t.start()
+    def pump_out():
+        out_lines.extend(p.stdout)
+
+    threads = [threading.Thread(target=pump_err, daemon=True), threading.Thread(target=pump_out, daemon=True)]
+    for t in threads:
+        t.start()
     try:
-        out, _ = p.communicate(timeout=timeout_s)
+        p.wait(timeout=timeout_s)
     except BaseException:
         os.killpg(p.pid, 9)  # the harness's PID namespace ends with it (unshare --kill-child); the rig ends the hosts
         p.wait()
         raise
-    t.join(timeout=5)
-    last = [ln for ln in out.splitlines() if ln.startswith("{")]
+    for t in threads:
+        t.join(timeout=5)
+    last = [ln for ln in out_lines if ln.startswith("{")]
     return p.returncode, (json.loads(last[-1]) if last else None), "".join(err_lines)

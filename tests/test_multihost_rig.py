@@ -75,3 +75,67 @@ def test_host_unreachable_at_start_is_inconclusive_naming_it_and_starts_nothing(
     assert "host unreachable at start" in res["reason"] and "h1 (ssh root@" in res["reason"]
     assert "h0 (" not in res["reason"]
     assert rig2.host_procs("h0") == []  # nothing was started on the reachable host
+
+
+LINK_CHECK = r"""
+import json, sys, time
+from pathlib import Path
+from repro import evidence as ev
+from repro.hosts import hosts_from_json
+from repro.remote_run import MultiHostSession
+
+hosts = hosts_from_json(json.loads(Path(sys.argv[1]).read_text()))
+evd = ev.EvidenceDir(Path(sys.argv[2]), "links", "check")
+
+class P:  # the members link_faults uses
+    evidence = evd
+
+s = MultiHostSession(P(), hosts)
+listener = ("import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 0)); s.listen(); "
+            "print(s.getsockname()[1], flush=True); time.sleep(600)")
+procs = []
+try:
+    for n in s.nodes:  # a listener on each host stands in for its node's HTTP port
+        procs.append((n, n.runner.start(["/usr/bin/python3", "-c", listener], {}, n.workdir + "/listen.log", n.workdir)))
+        got = ""
+        for _ in range(100):
+            got = (n.runner.get(n.workdir + "/listen.log") or b"").decode().strip()
+            if got:
+                break
+            time.sleep(0.1)
+        n.http_port = int(got)
+    print(json.dumps(s.link_faults()), flush=True)
+    sys.stdin.readline()  # the test cuts h1's data link now
+    print(json.dumps(s.link_faults()), flush=True)
+finally:
+    for n, pid in procs:
+        n.runner.signal_group(pid, "KILL")
+"""
+
+
+def test_lost_data_link_is_named_by_host(rig2, tmp_path):
+    """The data-link check of repro.remote_run, run as the harness over real ssh: with every link up it names no
+    host; with h1's data0 down it names h1, and only h1."""
+    from tests.multihost_fixtures import REPO, hosts_file
+
+    hosts = hosts_file(rig2, tmp_path / "hosts.json")
+    (tmp_path / "check.py").write_text(LINK_CHECK)
+    p = subprocess.Popen(rig2.harness_argv([sys.executable, str(tmp_path / "check.py"), str(hosts), str(tmp_path / "ev")]),
+                         cwd=REPO, env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        before = json.loads(p.stdout.readline() or "null")
+        rig2.set_data_link("h1", up=False)
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        after = json.loads(p.stdout.readline() or "null")
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        rig2.set_data_link("h1", up=True)
+    assert before == [], p.stderr.read()[-2000:]
+    assert after is not None and len(after) == 1, after
+    assert "host h1's data link is lost" in after[0] and "data0 is down" in after[0]
+    assert rig2.host_procs("h0") == [] and rig2.host_procs("h1") == []

@@ -205,6 +205,11 @@ class Rig:
     def _netns_with_veths(self, ns: str, links: Sequence[tuple[str, str, str]]) -> list[str]:
         sh("ip", "netns", "add", ns)
         sh("ip", "-n", ns, "link", "set", "lo", "up")
+        # both veths share one bridge (one L2 segment): without these Linux answers ARP for the management address
+        # on the data veth too ("ARP flux"), and cutting the data link would cut ssh with it
+        for key, val in (("arp_ignore", "1"), ("arp_announce", "2")):
+            for scope in ("all", "default"):
+                sh("ip", "netns", "exec", ns, "sysctl", "-q", "-w", f"net.ipv4.conf.{scope}.{key}={val}")
         outer_names = []
         for tag, inner, cidr in links:
             outer = f"{self.prefix}{tag}"[:15]
@@ -271,6 +276,8 @@ class Rig:
         """Cut (``up=False``) or restore host ``host``'s data link (its ``data0`` veth, from the root namespace)."""
         h = self.host(host)
         sh("ip", "-n", h.netns, "link", "set", "data0", "up" if up else "down")
+        if not up:  # forget the peers' data-address neighbours learnt before the cut (no stale answers)
+            sh("ip", "-n", h.netns, "neigh", "flush", "dev", "data0", check=False)
 
     def host_procs(self, host: str) -> list[tuple[int, str]]:
         """(root-namespace pid, command line) of every process in host ``host``'s PID namespace other than its
