@@ -45,7 +45,7 @@ def _deadlock_checks(rig, rc, res, err):
     by_rank = {p["rank"]: p for p in cap["processes"]}
     assert by_rank[0]["host"] == "h0" and by_rank[1]["host"] == "h1"
     assert all(p["ok"] and p["method"] == "py-spy" for p in cap["processes"])
-    for k in (0, 1):  # the pid each host reported is not a process of the harness's (or this) namespace's rank
+    for k in (0, 1):  # each capture names the pid its host reported for that rank (its own PID namespace)
         assert by_rank[k]["pid"] == hosts["ranks"][str(k)]["pid"]
     analysis = json.loads((evd / "analysis.json").read_text())
     assert "all_reduce" in json.dumps(analysis)
