@@ -6,7 +6,10 @@ as torch's timeout errors (:mod:`.traceback`), pystack (:mod:`.pystack`), gdb ``
 watchdog / Flight Recorder text (:mod:`.flight_recorder`), and hand-written frame lists, arrow chains and ``rank
 N:`` headings (:mod:`.condensed`). Quoting and log prefixes are removed first (:mod:`.prefixes`); each prefixed
 source is read on its own. Lines are read one at a time, so a 50 MB file is read in bounded memory (at most
-``MAX_FRAMES`` frames per thread and ``MAX_THREADS`` threads per process are kept; see :mod:`.assemble`).
+``MAX_FRAMES`` frames per thread and ``MAX_THREADS`` threads per process are kept; see :mod:`.assemble`). Each
+line first meets one cheap gate (each reader's ``GATE_START``/``GATE_SUBSTRINGS``: a superset of what it can take),
+so junk costs one regex per line; after ``GIVE_UP_CHARS`` with no stack, only lines that start a dump are sought
+(numbers in benchmarks/RESULTS.md; the gate changes nothing that is read: tests/test_readers_gate.py).
 
 Reading never raises on bad content: what could not be read is in each dump's ``warnings`` (unknown lines counted
 and the first one quoted, escaped), what was concluded about the reading in its ``notes``, and every dump says
