@@ -2,8 +2,9 @@
 
 Runs ``scenarios/sglang/disagg_bootstrap_divergence.toml`` (prefill TP=4 + HiCache, decode TP=1, router):
 
-- ``--repeats N``: N × ``control`` then N × ``mass_abort`` on ONE stack (re-armed between them), then N ×
-  ``divergence`` (each hangs its stack, so the session restarts it before the next one); per run the verdict,
+- ``--repeats N``: N × ``control`` then N × ``mass_abort`` on ONE stack (re-armed between them), then N (or
+  ``--divergence M``) × ``divergence`` (each hangs its stack, so the session restarts it before the next one); per
+  run the verdict, the per-rank abort counts (mass_abort),
   the server that diverged, requests ok/aborted, and the stack's start-up (every role's health, the router's
   ``/workers``);
 - ``--interrupt``: one ``python -m repro run … --variant divergence`` in a child, SIGINT once the burst has been
@@ -42,12 +43,32 @@ def _row(res) -> dict:
     aborted = sum(len(e.get("requests", [])) for e in events if e.get("event") == "abort")
     return {"variant": res.evidence.name.split("-", 1)[1], "verdict": res.verdict.verdict,
             "diverged": v.get("diverged_server"), "ok": res.requests_ok, "total": res.requests_total,
-            "aborted": aborted, "to_verdict_s": round(res.timings.get("to_verdict_s", 0.0), 1),
+            "aborted": aborted, "abort_counts": _abort_counts(res.evidence), "to_verdict_s": round(res.timings.get("to_verdict_s", 0.0), 1),
             "evidence": str(res.evidence), "stack": stack}
 
 
-def repeats(n: int, root: Path) -> list[dict]:
-    names = ["control"] * n + ["mass_abort"] * n + ["divergence"] * n
+def _abort_counts(run: Path) -> str:
+    """The run REPORT's per-rank counts of the mass abort's counted sites, one short string ("" for other variants)."""
+    try:
+        text = (run / "REPORT.md").read_text(encoding="utf-8")
+    except OSError:
+        return ""
+    if "## After the mass abort" not in text:
+        return ""
+    tail = text.split("## After the mass abort", 1)[1]
+    out = []
+    for ln in tail.splitlines():
+        if not (ln.startswith("- ") and "`" in ln and "collective(s)" not in ln):
+            continue
+        rank, rest = ln[2:].split(":", 1)
+        nums = [part.rsplit(" ", 1)[1] for part in rest.split(",") if "abort" in part]  # aborts handled / AbortReqs
+        out.append(f"{rank} {'/'.join(nums)}")
+    return ", ".join(out)
+
+
+def repeats(n: int, root: Path, n_divergence: int | None = None) -> list[dict]:
+    n_div = n if n_divergence is None else n_divergence
+    names = ["control"] * n + ["mass_abort"] * n + ["divergence"] * n_div
     rows = []
     t0 = time.time()
     for res in run_many(RunOptions(DISAGG, evidence_root=root), names):
@@ -88,20 +109,22 @@ def interrupt(root: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=0, help="control and mass_abort runs (and divergence runs unless "
+                    "--divergence says otherwise)")
+    ap.add_argument("--divergence", type=int, default=None, help="divergence runs (each restarts the stack, ~2 min)")
     ap.add_argument("--interrupt", action="store_true")
     ap.add_argument("--evidence-dir", type=Path, default=Path("/tmp/repro-pd-repeat"))
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
     out: dict = {}
     if args.repeats:
-        out["repeats"] = repeats(args.repeats, args.evidence_dir)
-        print("| variant | verdict | diverged server | requests ok / aborted / total | to verdict (s) |")
-        print("|---|---|---|---|---|")
+        out["repeats"] = repeats(args.repeats, args.evidence_dir, args.divergence)
+        print("| variant | verdict | diverged server | requests ok / aborted / total | to verdict (s) | per rank: FINISH_ABORT / abort_request |")
+        print("|---|---|---|---|---|---|")
         for r in out["repeats"]:
             if "variant" in r:
                 print(f"| {r['variant']} | {r['verdict']} | {r['diverged'] or '—'} | {r['ok']} / {r['aborted']} / "
-                      f"{r['total']} | {r['to_verdict_s']} |")
+                      f"{r['total']} | {r['to_verdict_s']} | {r['abort_counts'] or '—'} |")
         print(f"wall: {out['repeats'][-1]['wall_s']} s")
     if args.interrupt:
         out["interrupt"] = interrupt(args.evidence_dir)

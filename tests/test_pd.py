@@ -59,6 +59,20 @@ def test_router_is_ready_only_when_it_lists_both_servers_healthy():
     assert router_args(p, 9000, d) == ["--pd-disaggregation", "--prefill", p, "9000", "--decode", d]
 
 
+def test_each_router_gets_its_own_metrics_port_so_two_stacks_can_share_a_machine():
+    from repro.targets.base import LaunchSpec
+    from repro.targets.sglang import SGLangAdapter
+    from repro.targets.sglang_pd import SGLangRouterAdapter
+
+    a = SGLangRouterAdapter(SGLangAdapter())
+    cmd = a.launch_command(LaunchSpec(model="", tp_size=1, python="py", port=31000, nccl_port=31001,
+                                      args=tuple(router_args("http://h:1", 2, "http://h:3"))))
+    assert cmd[cmd.index("--prometheus-port") + 1] == "31001"  # not the fixed default 29000
+    own = a.launch_command(LaunchSpec(model="", tp_size=1, python="py", port=31000, nccl_port=31001,
+                                      args=("--prometheus-port", "9100")))
+    assert own.count("--prometheus-port") == 1 and own[own.index("--prometheus-port") + 1] == "9100"
+
+
 def test_injections_name_their_server_and_ranks_are_named_apart():
     sc = load_scenario(DISAGG)
     roles = injection_roles(sc)

@@ -40,6 +40,7 @@ TRANSFER_FLAG = "--disaggregation-transfer-backend"
 DEFAULT_TRANSFER_BACKEND = "mooncake"
 DEFAULT_DECODE_TP = 1
 WORKERS_PATH = "/workers"
+PROMETHEUS_PORT_FLAG = "--prometheus-port"  # the router's metrics listener (default 29000, one per machine)
 
 
 def pd_topology(server: Any) -> Topology:
@@ -115,7 +116,9 @@ class SGLangRouterAdapter:
     """Adapter for SGLang's router (``sglang_router.launch_router``, sglang-router 0.3.2) as one role of a stack.
 
     It starts the router and parses the engine's HTTP shapes (the router forwards them); it has no rank processes.
-    The launcher's ``nccl_port`` is picked but unused.
+    The launcher's second free port (``nccl_port``) becomes the router's ``--prometheus-port``: its default, 29000,
+    is fixed, and a second stack on the machine died at start-up on it (measured: "failed to install Prometheus
+    metrics exporter … Address already in use").
     """
 
     name = "sglang-router"
@@ -127,16 +130,20 @@ class SGLangRouterAdapter:
         self._engine = engine
 
     def launch_command(self, spec: LaunchSpec) -> list[str]:
-        """``[python, -m, sglang_router.launch_router, --host, H, --port, P, *spec.args]`` (args from
-        :func:`router_args`).
+        """``[python, -m, sglang_router.launch_router, --host, H, --port, P, *spec.args, --prometheus-host, H,
+        --prometheus-port, spec.nccl_port]`` (args from :func:`router_args`; the metrics port is left to the args
+        when they name one, or when ``nccl_port`` is 0).
 
         Raises:
             ValueError: ``spec.port`` is still 0.
         """
         if spec.port == 0:
             raise ValueError("launch_command needs a concrete port; start the router with repro.launcher.start_server")
+        metrics = []
+        if spec.nccl_port and flag_value(list(spec.args), PROMETHEUS_PORT_FLAG) is None:
+            metrics = ["--prometheus-host", spec.host, PROMETHEUS_PORT_FLAG, str(spec.nccl_port)]
         return [spec.python, "-m", "sglang_router.launch_router", "--host", spec.host, "--port", str(spec.port),
-                *spec.args]
+                *spec.args, *metrics]
 
     def launch_env(self, spec: LaunchSpec, base_env: dict[str, str]) -> dict[str, str]:
         """The engine adapter's environment rules (``spec.env`` over ``base_env``, PYTHONPATH prepend)."""
