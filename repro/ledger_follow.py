@@ -315,7 +315,7 @@ class LedgerFollower:
     closed = False
 
 
-MAX_SHARED_FOLLOWERS = 4
+MAX_SHARED_FOLLOWERS = 16
 _SHARED: "OrderedDict[tuple, LedgerFollower]" = OrderedDict()
 
 
