@@ -18,19 +18,20 @@ stages=()
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    fast|sglang|hang|pd|multihost) stages+=("$1"); shift ;;
+    fast|sglang|hang|pd|multihost|vllm) stages+=("$1"); shift ;;
     --) shift; extra=("$@"); break ;;
-    *) echo "test.sh: unknown stage '$1' (expected fast, sglang, hang, pd, multihost; pytest args go after --)" >&2; exit 2 ;;
+    *) echo "test.sh: unknown stage '$1' (expected fast, sglang, hang, pd, multihost, vllm; pytest args go after --)" >&2; exit 2 ;;
   esac
 done
-[ ${#stages[@]} -eq 0 ] && stages=(fast sglang hang pd)
+[ ${#stages[@]} -eq 0 ] && stages=(fast sglang hang pd vllm)
 
 marker() {
   case "$1" in
-    fast) echo "not sglang and not hang and not pd and not pd_abort and not multihost" ;;
+    fast) echo "not sglang and not hang and not pd and not pd_abort and not multihost and not vllm" ;;
     sglang) echo "sglang" ;;
     hang) echo "hang" ;;
     pd) echo "pd" ;;
+    vllm) echo "vllm" ;;  # the vLLM testbed (scripts/vllm_testbed/setup.sh) is set up first, below
     multihost) echo "multihost" ;;
   esac
 }
@@ -41,6 +42,9 @@ total0=$(date +%s)
 for stage in "${stages[@]}"; do
   echo "=== test stage '$stage': pytest -m \"$(marker "$stage")\" ==="
   t0=$(date +%s)
+  if [ "$stage" = vllm ] && ! bash scripts/vllm_testbed/setup.sh; then
+    echo "test.sh: the vLLM testbed could not be set up; the vllm stage's test fails without it" >&2
+  fi
   "$PY" -m pytest -m "$(marker "$stage")" --durations=10 "${extra[@]}"
   rc=$?
   dt=$(( $(date +%s) - t0 ))
