@@ -113,7 +113,8 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
     try:
         scenario = load_scenario(opts.scenario_path)
         variant = scenario.variant(opts.variant if not variants else variants[0])
-        loaded = [scenario.variant(v) for v in variants] if variants else [variant]
+        # each variant once (a variant may be asked for several times: repeats on one server)
+        loaded = [scenario.variant(v) for v in dict.fromkeys(variants)] if variants else [variant]
     except ScenarioError as e:
         raise RunError(str(e)) from None
     all_ids = [i.id for v in loaded for i in v.injections]

@@ -104,6 +104,22 @@ def test_prepare_gives_each_engine_server_its_own_plan_arm_file_and_injector_fol
     assert "--disaggregation-decode-retraction-backup" not in pre.spec.args
 
 
+def test_a_variant_asked_for_several_times_is_loaded_once_so_repeats_share_one_stack(tmp_path: Path):
+    from repro import testbed
+    from repro.pd import prepare_roles
+    from repro.runner import RunOptions, prepare
+
+    py = testbed.testbed_python()
+    if py is None:
+        pytest.fail(f"CPU testbed not set up at {testbed.testbed_dir()}: run `{testbed.setup_command()}`")
+    p = prepare(RunOptions(DISAGG, evidence_root=tmp_path, python=str(py)),
+                variants=["control", "control", "mass_abort", "mass_abort", "divergence"])
+    roles = {r.name: r for r in prepare_roles(p)}
+    ids = roles["prefill"].injection_ids
+    assert sorted(ids) == sorted(set(ids)) and "observe_pop_bootstrapped" in ids and "count_bootstrap_pops" in ids
+    assert roles["decode"].injection_ids == ["aborts_handled", "abort_requests"]
+
+
 def test_a_compare_overlay_reaches_both_engine_servers_and_not_the_router(tmp_path: Path):
     # `repro compare --after patch:FILE` puts its sglang overlay first on the server's PYTHONPATH (RunOptions
     # .pythonpath_prepend): on a PD stack both servers must run the patched sglang.
