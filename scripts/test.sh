@@ -27,7 +27,7 @@ done
 
 marker() {
   case "$1" in
-    fast) echo "not sglang and not hang and not pd and not pd_abort and not multihost and not vllm" ;;
+    fast) echo "not sglang and not hang and not pd and not multihost and not vllm" ;;
     sglang) echo "sglang" ;;
     hang) echo "hang" ;;
     pd) echo "pd" ;;
