@@ -223,7 +223,8 @@ class Server:
         """End the whole tree and verify it is gone. Idempotent.
 
         Snapshots the tree (with create times) before signalling, adds every process seen by earlier
-        :meth:`procs` calls (children re-parented away are still ended), SIGTERMs the process group then each
+        :meth:`procs` calls and the live members of the server's own session (children re-parented away, also
+        those of a root that died before any snapshot saw them, are still ended), SIGTERMs the process group then each
         process, waits ``grace_s`` seconds, SIGKILLs what is left, reaps the root and closes the log file. Removes
         folders the adapter says the server owned (e.g. a temporary HiCache storage folder) and, once nothing of
         the tree is left, the files the adapter finds it left behind (``leftover_files``: vLLM's shm segments).
@@ -236,6 +237,9 @@ class Server:
             return list(self._leftover)
         try:
             self.procs()
+            if self.root is not None:  # members of the server's own session that left the tree (root died first)
+                for p in _procs.session_members(self.pid, self.root.start_ticks):
+                    self._known.setdefault(p.key, p)
             snap = [p for p in self._known.values()]
             # Root first in the list so stop_procs signals it last (it signals in reverse order).
             snap.sort(key=lambda p: (p.pid != self.pid, p.pid))

@@ -122,6 +122,42 @@ def snapshot_tree(root_pid: int) -> list[ProcInfo]:
     return out
 
 
+def session_members(sid: int, not_before_ticks: Optional[int]) -> list[ProcInfo]:
+    """Live processes of session ``sid`` that started at or after ``not_before_ticks`` (clock ticks since boot).
+
+    The launcher starts each server in a session of its own (``start_new_session=True``: session id = root pid), so
+    these are the server's processes even after its root died and they were re-parented away from the tree, where
+    :func:`snapshot_tree` no longer finds them (a root killed while it was still forking its first children, before
+    any snapshot saw them). Linux does not hand out a pid that is still a live session's id, so while one member
+    lives the id is ours; the start-tick bound keeps out anything older than the root. Zombies are left out.
+
+    Args:
+        sid: the session id (the root's pid).
+        not_before_ticks: the root's start time in clock ticks since boot (:func:`start_ticks`); None finds nothing.
+    Returns:
+        The members by pid, each a :class:`ProcInfo`; [] when ``/proc`` cannot be read.
+    """
+    if not_before_ticks is None:
+        return []
+    out: list[ProcInfo] = []
+    try:
+        pids = sorted(int(d) for d in os.listdir("/proc") if d.isdigit())
+    except OSError:
+        return []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().decode("ascii", "replace").rsplit(")", 1)[1].split()
+            if int(fields[3]) != sid or int(fields[19]) < not_before_ticks:
+                continue
+        except (OSError, IndexError, ValueError):
+            continue
+        info = proc_info(pid)
+        if info is not None and info.start_ticks is not None and info.start_ticks >= not_before_ticks:
+            out.append(info)
+    return out
+
+
 def same_start(p: ProcInfo) -> bool:
     """True iff the process now holding ``p.pid`` started when ``p`` did (False when no such pid).
 

@@ -179,6 +179,42 @@ def test_stop_ends_children_seen_earlier_even_after_the_root_died(tmp_path: Path
     assert left == [] and not any(alive(p) for p in snap)
 
 
+FORK_THEN_DIE = textwrap.dedent("""
+    import os, sys, time
+    if os.fork() == 0:          # a child in the server's session, like a scheduler process
+        with open(sys.argv[1], "w") as f:
+            f.write(str(os.getpid()))
+        while True:
+            time.sleep(1)
+    time.sleep(0.3)
+    os._exit(3)                 # the root dies before the harness ever snapshots its tree
+""")
+
+
+def test_stop_ends_a_child_no_snapshot_saw_when_the_root_died_first(tmp_path: Path):
+    """Seen in a loaded fast suite: a PD stand-in server's root died at 0.5 s, before the stack's first snapshot
+    had seen its forked child; stop() ended nothing and the child lived on (re-parented to init) for an hour."""
+    import psutil
+
+    script, pidfile = tmp_path / "fork_then_die.py", tmp_path / "child.pid"
+    script.write_text(FORK_THEN_DIE)
+    server = start_server(_CommandAdapter([sys.executable, str(script), str(pidfile)]), _spec(), tmp_path / "server.log")
+    server._known.clear()  # as if no snapshot had run yet (the root is recorded at start; its child is not)
+    child = None
+    try:
+        server.popen.wait(timeout=30)
+        deadline = time.time() + 30
+        while time.time() < deadline and not (pidfile.exists() and pidfile.read_text()):
+            time.sleep(0.05)
+        child = psutil.Process(int(pidfile.read_text()))
+        assert child.ppid() != server.pid and server.procs() == []  # outside the tree: snapshots cannot find it
+    finally:
+        left = server.stop(grace_s=2.0)
+    assert left == []
+    child.wait(timeout=10)  # raises psutil.TimeoutExpired if stop() left it running
+    assert not child.is_running()
+
+
 def _step_wall_clock(monkeypatch, step_s: float = 33.0) -> None:
     """Simulate a wall-clock step of ``step_s`` seconds as psutil sees it: its boot time (from /proc/stat's btime,
     which the kernel derives from the wall clock) moves, and with it every process's ``create_time()``."""
