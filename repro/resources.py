@@ -166,8 +166,8 @@ def find_scenario(text: Union[str, Path]) -> Path:
     Returns:
         The file; or ``Path(text)`` unchanged when nothing matches (the scenario loader then says "not found").
     Raises:
-        ResourceError: a bare name matches several bundled scenarios, none of them SGLang's (``scenarios/sglang/``,
-            preferred) (the message lists them).
+        ResourceError: a bare name matches several bundled scenarios, none of them the default engine's
+            (``scenarios/<repro.targets.registry.DEFAULT_ADAPTER>/``, preferred) (the message lists them).
     """
     p = find_data_file(text)
     if p.exists() or p.is_absolute() or len(p.parts) != 1:
@@ -180,7 +180,9 @@ def find_scenario(text: Union[str, Path]) -> Path:
     if len(found) > 1:
         # the default engine's scenario keeps its bare name (``smoke_extra_allreduce`` is SGLang's; vLLM's twin is
         # scenarios/vllm/smoke_extra_allreduce.toml, named by path)
-        default = [q for q in found if q.parent.name == "sglang"]
+        from repro.targets.registry import DEFAULT_ADAPTER
+
+        default = [q for q in found if q.parent.name == DEFAULT_ADAPTER]
         if len(default) == 1:
             return default[0]
         raise ResourceError(f"scenario name {name!r} is ambiguous: " + ", ".join(str(q) for q in found) + "; pass a path")
