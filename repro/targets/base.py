@@ -26,6 +26,7 @@ captures every role that has ranks (rank processes named apart by role, e.g. ``p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
@@ -396,6 +397,32 @@ class AdapterBase:
     hunt_catalogue: Optional[Path] = None
     discover_rules: Optional[Path] = None  # `repro discover`'s rules (None: discover_rules.toml next to the catalogue)
     title_namespace = ""  # prefix of every process title the engine sets (``sglang::``); "" = none
+
+    def parse_stream_line(self, line: Union[bytes, str]) -> Optional[StreamUpdate]:
+        """One line of a server-sent-events stream (both SGLang's ``/generate`` and vLLM's ``/v1/completions``
+        stream this way): ``data: {...}`` → ``self._update(body, done=False)`` (the engine's chunk reader),
+        ``data: [DONE]`` → done with ``output_ids=None`` (the previous count stands); an unparseable chunk → done
+        with an error; blank, comment and other lines → None."""
+        if isinstance(line, bytes):
+            line = line.decode("utf-8", errors="replace")
+        line = line.strip()
+        if not line.startswith("data:"):
+            return None
+        payload = line[len("data:"):].strip()
+        if payload == "[DONE]":
+            return StreamUpdate(output_ids=None, finish_reason=None, done=True)
+        try:
+            body = json.loads(payload)
+        except json.JSONDecodeError:
+            return StreamUpdate(0, None, True, error=f"unparseable stream chunk: {payload[:200]}")
+        if not isinstance(body, dict):
+            return None
+        return self._update(body, done=False)
+
+    @staticmethod
+    def _update(body: dict[str, Any], done: bool) -> StreamUpdate:  # pragma: no cover - engines with a stream override it
+        """One decoded response or stream chunk → :class:`StreamUpdate` (the engine's answer shape)."""
+        raise NotImplementedError("this adapter reads no generate responses")
 
     def parse_title(self, title: str) -> Optional[RankTitle]:  # pragma: no cover - every engine overrides it
         raise NotImplementedError(f"adapter {self.name!r} does not parse process titles")

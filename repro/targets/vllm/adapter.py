@@ -235,25 +235,6 @@ class VLLMAdapter(AdapterBase):
             return StreamUpdate(0, None, True, error=f"unexpected completion answer: {str(body)[:200]}")
         return self._update(body, done=True)
 
-    def parse_stream_line(self, line: Union[bytes, str]) -> Optional[StreamUpdate]:
-        """One SSE line: ``data: {...}`` → update (cumulative count from ``usage``), ``data: [DONE]`` → done with
-        ``output_ids=None``; other lines → None."""
-        if isinstance(line, bytes):
-            line = line.decode("utf-8", errors="replace")
-        line = line.strip()
-        if not line.startswith("data:"):
-            return None
-        payload = line[len("data:"):].strip()
-        if payload == "[DONE]":
-            return StreamUpdate(output_ids=None, finish_reason=None, done=True)
-        try:
-            body = json.loads(payload)
-        except json.JSONDecodeError:
-            return StreamUpdate(0, None, True, error=f"unparseable stream chunk: {payload[:200]}")
-        if not isinstance(body, dict):
-            return None
-        return self._update(body, done=False)
-
     @staticmethod
     def _update(body: dict[str, Any], done: bool) -> StreamUpdate:
         err = body.get("error")
