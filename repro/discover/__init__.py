@@ -44,9 +44,10 @@ class DiscoverError(Exception):
 
 
 # ------------------------------------------------------------------------------------------------------ rules
-def default_rules_path(adapter: str = "sglang", catalogue: Optional[Path] = None) -> Path:
-    """The rules file of an engine: the adapter's ``discover_rules`` when it has one, else ``discover_rules.toml``
-    next to ``catalogue`` (default: the adapter's hunt catalogue)."""
+def default_rules_path(adapter: Optional[str] = None, catalogue: Optional[Path] = None) -> Path:
+    """The rules file of an engine (``adapter``: a registered name; None = the registry's default): the adapter's
+    ``discover_rules`` when it has one, else ``discover_rules.toml`` next to ``catalogue`` (default: the adapter's
+    hunt catalogue)."""
     try:
         from repro.targets.registry import get_adapter
 

@@ -37,7 +37,7 @@ class DiscoveryState:
 
 
 def prepare(cat: Any, python: str, *, rules_path: Optional[Path] = None, keep_hand_points: bool = True,
-            adapter: str = "sglang") -> tuple[Any, DiscoveryState]:
+            adapter: Optional[str] = None) -> tuple[Any, DiscoveryState]:
     """Run discovery in ``python`` and merge its points into ``cat`` (a ``repro.hunt.Catalogue``).
 
     Raises:
