@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional, Sequence
 from repro import evidence as ev
 from repro import resources
 from repro.hosts import HostError, HostSpec, RemoteRank, Runner, capture_remote, hosts_from_json, in_parallel
-from repro.runner import RunOptions, RunResult, prepare, write_arm_file
+from repro.runner import Observer, RunOptions, RunResult, _noop, prepare, write_arm_file
 from repro.scenario import PLAN_ENV
 from repro.verdict import DEADLOCKED, INCONCLUSIVE, InjectionCheck, Verdict, exit_code_for, judge_completion, judge_stall
 
@@ -48,13 +48,6 @@ CAPTURE_DEADLINE_S = 20.0
 ARM_ACK_TIMEOUT_S = 15.0
 STOP_GRACE_S = 10.0
 LINK_PROBE_S = 2.0
-
-Observer = Callable[[str, dict], None]
-
-
-def _noop(event: str, data: dict) -> None:
-    pass
-
 
 @dataclass
 class Node:

@@ -398,6 +398,18 @@ class AdapterBase:
     discover_rules: Optional[Path] = None  # `repro discover`'s rules (None: discover_rules.toml next to the catalogue)
     title_namespace = ""  # prefix of every process title the engine sets (``sglang::``); "" = none
 
+    @staticmethod
+    def check_generate_args(input_ids: Sequence[int], max_new_tokens: int) -> None:
+        """The arguments every engine's ``generate_body`` refuses.
+
+        Raises:
+            ValueError: empty ``input_ids`` or ``max_new_tokens < 1``.
+        """
+        if not input_ids:
+            raise ValueError("generate_body: input_ids must not be empty")
+        if max_new_tokens < 1:
+            raise ValueError(f"generate_body: max_new_tokens must be >= 1, got {max_new_tokens}")
+
     def parse_stream_line(self, line: Union[bytes, str]) -> Optional[StreamUpdate]:
         """One line of a server-sent-events stream (both SGLang's ``/generate`` and vLLM's ``/v1/completions``
         stream this way): ``data: {...}`` → ``self._update(body, done=False)`` (the engine's chunk reader),

@@ -415,10 +415,7 @@ class SGLangAdapter(AdapterBase):
         Raises:
             ValueError: empty ``input_ids`` or ``max_new_tokens < 1``.
         """
-        if not input_ids:
-            raise ValueError("generate_body: input_ids must not be empty")
-        if max_new_tokens < 1:
-            raise ValueError(f"generate_body: max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.check_generate_args(input_ids, max_new_tokens)
         return {
             "input_ids": [int(i) for i in input_ids],
             "sampling_params": {"max_new_tokens": int(max_new_tokens), "temperature": 0.0, "ignore_eos": True},

@@ -211,10 +211,7 @@ class VLLMAdapter(AdapterBase):
         Raises:
             ValueError: empty ``input_ids`` or ``max_new_tokens < 1``.
         """
-        if not input_ids:
-            raise ValueError("generate_body: input_ids must not be empty")
-        if max_new_tokens < 1:
-            raise ValueError(f"generate_body: max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.check_generate_args(input_ids, max_new_tokens)
         body: dict[str, Any] = {
             "model": SERVED_MODEL_NAME,
             "prompt": [int(i) for i in input_ids],
