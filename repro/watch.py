@@ -437,12 +437,16 @@ class Discovery:
             ``default-title``, ``none`` (the URL is another host's) or ``given`` (a callable supplied by the caller).
         procs: the processes considered (root first for tree methods).
         note: why nothing (or something unexpected) was found, naming the flag that fixes it.
+        servers: behind a router (``router-workers``): server name (the worker's type, ``prefill`` / ``decode``)
+            → that server's own rank → pid; the hang is then captured and judged per server
+            (:func:`repro.pd.check_servers`). Empty for a single server.
     """
 
     rank_pids: dict[int, int]
     method: str
     procs: list[ProcInfo] = field(default_factory=list)
     note: str = ""
+    servers: dict[str, dict[int, int]] = field(default_factory=dict)
 
 
 def _listener_pid(url: str) -> Optional[int]:
@@ -559,10 +563,12 @@ def _ranks_behind_router(adapter: Any, url: str, ranks_of: Callable) -> Optional
     if not workers:
         return None
     rank_pids: dict[int, int] = {}
+    servers: dict[str, dict[int, int]] = {}
     procs: list[ProcInfo] = []
     names: list[str] = []
     for w in sorted(workers, key=lambda w: (w.get("worker_type") != "prefill", str(w.get("url")))):
         wurl, kind = str(w.get("url") or ""), str(w.get("worker_type") or "worker")
+        name = kind if kind not in servers else f"{kind}{sum(1 for n in servers if n.startswith(kind)) + 1}"
         lp = _listener_pid(wurl) if wurl else None
         if lp is None:
             names.append(f"{kind} {wurl}: no local listener")
@@ -571,10 +577,12 @@ def _ranks_behind_router(adapter: Any, url: str, ranks_of: Callable) -> Optional
         base = len(rank_pids)
         for k, pid in sorted(d.rank_pids.items()):
             rank_pids[base + k] = pid
+        if d.rank_pids:
+            servers[name] = dict(sorted(d.rank_pids.items()))
         procs += d.procs
         names.append(f"{kind} TP0..{len(d.rank_pids) - 1} = ranks {base}..{len(rank_pids) - 1} ({wurl})"
                      if d.rank_pids else f"{kind} {wurl}: {d.note}")
-    return Discovery(rank_pids, "router-workers", procs, "the router's workers: " + "; ".join(names))
+    return Discovery(rank_pids, "router-workers", procs, "the router's workers: " + "; ".join(names), servers)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -935,18 +943,34 @@ class Watcher:
         judgement = None
         verdict, reason = INCONCLUSIVE, ""
         rank_pids = disc.rank_pids
+        report_stacks = stacks_dir  # the raw stacks REPORT.md shows (behind a router: the diverged server's)
+        per_server: dict[str, Any] = {}
+        diverged: Optional[str] = None
         if not rank_pids:
             reason = f"hung without deadlock evidence: no rank process found to capture ({disc.note})"
         else:
             try:
                 # the confirm gap is not cut short by a stop request: the confirmation needs it
-                chk = check_stall(rank_pids, stacks_dir, list(range(max(rank_pids) + 1)), tag="", second_tag="-2",
-                                  confirm_gap_s=o.confirm_gap_s, timeout_s=o.capture_timeout_s, native=o.native)
+                kw = dict(tag="", second_tag="-2", confirm_gap_s=o.confirm_gap_s, timeout_s=o.capture_timeout_s,
+                          native=o.native)
+                if disc.servers:  # several servers behind a router: each captured into servers/<name>/, judged alone
+                    from repro.pd import check_servers
+
+                    base = evd.path if evd is not None else stacks_dir
+                    per_server, diverged = check_servers(disc.servers, base, **kw)
+                    shown = diverged or next(iter(per_server))
+                    chk = per_server[shown]
+                    report_stacks = Path(base) / "servers" / shown / "stacks"
+                else:
+                    chk = check_stall(rank_pids, stacks_dir, list(range(max(rank_pids) + 1)), **kw)
                 a1, a2, judgement = chk.first_analysis, chk.second_analysis, chk.judgement
                 if self.ledger_proof is not None:  # proven from the ledgers: the stacks are for the report
                     verdict, reason = DEADLOCKED, self.ledger_proof.summary
                 elif judgement.deadlocked:
-                    verdict, reason = DEADLOCKED, judgement.reason
+                    verdict, reason = DEADLOCKED, (f"the {diverged} server deadlocked: " if diverged else "") + judgement.reason
+                elif per_server:
+                    reason = "hung without deadlock evidence: " + "; ".join(
+                        f"{n} server: {c.judgement.reason}" for n, c in per_server.items())
                 else:
                     reason = f"hung without deadlock evidence: {judgement.reason}"
             except OSError as e:
@@ -973,14 +997,25 @@ class Watcher:
                            "cpu_percent": {str(k): round(v, 1) for k, v in judgement.cpu_percent.items()}}
                           if judgement is not None else None),
         }
+        if disc.servers:
+            hang_json["diverged_server"] = diverged
+            hang_json["servers"] = {
+                n: {"rank_pids": {str(k): v for k, v in pids.items()}, "stacks": f"servers/{n}/stacks",
+                    **({"deadlocked": per_server[n].judgement.deadlocked, "reason": per_server[n].judgement.reason,
+                        "summary": per_server[n].second_analysis.summary} if n in per_server else
+                       {"deadlocked": None, "reason": "not captured"})}
+                for n, pids in disc.servers.items()}
         if evd is not None:
             writes = []
             if a2 is not None:
                 writes.append((ev.Layout.ANALYSIS.name, lambda: evd.analysis.write(a2.to_dict())))
                 writes.append((ev.Layout.ANALYSIS_FIRST.name, lambda: evd.analysis_first.write(a1.to_dict())))
+            for n, c in per_server.items():  # each server's own analysis next to its stacks
+                writes.append((f"servers/{n}/{ev.Layout.ANALYSIS.name}", lambda n=n, c=c: ev.write_json_atomic(
+                    evd.path / "servers" / n / ev.Layout.ANALYSIS.name, c.second_analysis.to_dict())))
             writes.append((ev.Layout.HANG.name, lambda: evd.hang.write(hang_json)))
             writes.append((ev.Layout.REPORT.name, lambda: evd.report.write(watch_report(
-                o, hang_json, a2, list(self.history), disc, evd.stacks_dir))))
+                o, hang_json, a2, list(self.history), disc, report_stacks))))
             # verdict.json takes a run's shape (repro.evidence.VerdictRecord), plus kind = watch and the hang label
             timings = {"declared_after_first_failure_s": declared_after, "capture_s": capture_s}
             writes.append((ev.Layout.VERDICT.name, lambda: evd.verdict.write(ev.verdict_record(
@@ -1131,6 +1166,7 @@ def watch_report(opts: WatchOptions, hang: dict, analysis: Any, history: Sequenc
                  stacks_dir: Path, last_rounds: int = 15) -> str:
     """REPORT.md of a watch hang: verdict line first, the hang (what /health said), diagnosis + rank table,
     the probes before it, processes, metrics, what runs next, raw stacks."""
+    from repro.diagnosis import md_cell
     from repro.report import rank_table, stacks_details
 
     lines = [f"# {hang['verdict']} — watch {opts.url}", "", f"**Reason:** {hang['reason']}", ""]
@@ -1150,6 +1186,19 @@ def watch_report(opts: WatchOptions, hang: dict, analysis: Any, history: Sequenc
             cpu = ", ".join(f"TP{k} {v}%" for k, v in j.get("cpu_percent", {}).items())
             lines += [f"DEADLOCKED rule: {'holds' if j['deadlocked'] else 'does not hold'} — {j['reason']} "
                       f"(CPU between the two captures: {cpu or 'unknown'})", ""]
+    servers = hang.get("servers") or {}
+    if servers:
+        shown = hang.get("diverged_server")
+        lines += ["## Servers", "",
+                  (f"**The {shown} server diverged**; the diagnosis above is its ranks'." if shown else
+                   f"No server's ranks are deadlocked; the diagnosis above is the {stacks_dir.parent.name} server's."),
+                  "Each server is captured and judged on its own (its ranks are its own TP group).", "",
+                  "| server | ranks (pid) | deadlocked | reason | stacks |", "|---|---|---|---|---|"]
+        for n, x in servers.items():
+            ranks = ", ".join(f"{n} TP{k} ({pid})" for k, pid in x["rank_pids"].items())
+            lines.append(f"| {n} | {ranks} | {x.get('deadlocked')} | {md_cell(str(x.get('reason', '')))[:300]} | "
+                         f"`{x['stacks']}/` |")
+        lines.append("")
     lines += ["## Probes before the hang", "", "| time | round | generate | health |", "|---|---|---|---|"]
     for r in list(history)[-last_rounds:]:
         g, hh = r.get("generate", {}), r.get("health", {})
@@ -1168,5 +1217,10 @@ def watch_report(opts: WatchOptions, hang: dict, analysis: Any, history: Sequenc
               (f"`{opts.on_hang}` runs after this folder is complete (`REPRO_EVIDENCE_DIR` = this folder); its exit "
                "status and output are in `on_hang.json` / `on_hang.log`." if opts.on_hang else "No --on-hang command."),
               "", "Re-analyse: `repro analyze " + shlex.quote(str(stacks_dir.parent)) + "`", ""]
-    lines += ["## Raw stacks", ""] + stacks_details(stacks_dir)
+    lines += ["## Raw stacks", ""]
+    if servers:
+        for n in servers:
+            lines += [f"### {n} server", ""] + stacks_details(stacks_dir.parent.parent / n / "stacks")
+    else:
+        lines += stacks_details(stacks_dir)
     return "\n".join(lines) + "\n"

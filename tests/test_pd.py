@@ -249,6 +249,7 @@ def test_watch_on_the_router_url_finds_the_ranks_of_both_servers_through_get_wor
         stack.stop()
     assert d.method == "router-workers" and [d.rank_pids[k] for k in sorted(d.rank_pids)] == want
     assert "prefill TP0..0 = ranks 0..0" in d.note and "decode TP0..0 = ranks 1..1" in d.note
+    assert d.servers == {"prefill": {0: want[0]}, "decode": {0: want[1]}}  # each server's own ranks, for the capture
 
 
 def test_cleanup_of_a_pd_folder_ends_all_three_trees(tmp_path: Path):
@@ -272,3 +273,73 @@ def test_cleanup_of_a_pd_folder_ends_all_three_trees(tmp_path: Path):
     assert len(procs) == 6
     assert res.exit_code == 0, res.message
     assert len(res.stopped) == 6 and alive_after == []
+
+
+def test_watch_behind_a_router_captures_and_judges_each_server_on_its_own(tmp_path: Path, torch_python: str):
+    # What `repro watch` does with a router's workers (Discovery.servers, as the router-workers discovery fills it):
+    # each server's ranks captured into servers/<name>/stacks and judged as their own TP group. Here the "prefill"
+    # server is a real 2-rank gloo job hung on an extra all_reduce, the "decode" server one process sleeping
+    # outside any collective: DEADLOCKED, and the prefill server named.
+    import json
+    import subprocess
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from gloo_programs.job import GlooJob
+
+    from repro.watch import Discovery, WatchOptions, Watcher
+
+    release = threading.Event()
+
+    class Hung(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):  # the router's /generate never answers: its workers are hung
+            release.wait(30)
+
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Hung)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    marker = tmp_path / "on_hang.txt"
+    events: list[dict] = []
+    try:
+        with GlooJob(torch_python, 2, tmp_path / "job", mode="extra-allreduce", extra_rank=0) as job:
+            job.wait_ready()
+            servers = {"prefill": dict(job.pids), "decode": {0: sleeper.pid}}
+            opts = WatchOptions(url=f"http://127.0.0.1:{srv.server_address[1]}", interval_s=0.2, probe_timeout_s=0.5,
+                                health_timeout_s=0.5, evidence_root=tmp_path / "ev", confirm_gap_s=0.5, once=True,
+                                on_hang=f"ls $REPRO_EVIDENCE_DIR/servers > {marker}").validate()
+            w = Watcher(opts, events.append, adapter=SGLangAdapter())
+            w.discover = lambda: Discovery({0: job.pids[0], 1: job.pids[1], 2: sleeper.pid}, "router-workers", [],
+                                           "the router's workers", servers)
+            code = w.run()
+    finally:
+        release.set()
+        srv.shutdown()
+        srv.server_close()
+        os.killpg(sleeper.pid, 9)
+        sleeper.wait(10)
+    ev_ = [e for e in events if e["event"] == "evidence"]
+    assert code == 3 and ev_ and ev_[0]["verdict"] == "DEADLOCKED", ev_
+    evd = Path(ev_[0]["path"])
+    for name, ranks in (("prefill", (0, 1)), ("decode", (0,))):
+        for k in ranks:
+            for tag in ("", "-2"):
+                assert (evd / "servers" / name / "stacks" / f"rank{k}{tag}.txt").is_file(), (name, k, tag)
+        assert json.loads((evd / "servers" / name / "analysis.json").read_text())["ranks"]
+    hang = json.loads((evd / "hang.json").read_text())
+    assert hang["diverged_server"] == "prefill" and hang["reason"].startswith("the prefill server deadlocked")
+    assert hang["servers"]["prefill"]["deadlocked"] is True and hang["servers"]["decode"]["deadlocked"] is False
+    top = json.loads((evd / "analysis.json").read_text())
+    assert top["diverged"] is True and {r["rank"] for r in top["ranks"]} == {0, 1}  # the prefill server's ranks
+    report = (evd / "REPORT.md").read_text()
+    assert "**The prefill server diverged**" in report and "### decode server" in report
+    assert marker.read_text().split() == ["decode", "prefill"]  # --on-hang ran after both servers' evidence
