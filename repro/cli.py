@@ -333,17 +333,22 @@ def demo(
 ) -> None:
     """Run the smoke scenario's armed variant (expects DEADLOCKED) and its control (expects ALL REQUESTS SUCCEEDED).
 
-    The scenario is the bundled ``scenarios/sglang/smoke_extra_allreduce.toml`` (a clone's, or the installed
+    The scenario is the default adapter's ``Adapter.demo_scenario`` (SGLang: ``scenarios/sglang/smoke_extra_allreduce.toml``; a clone's, or the installed
     wheel's copy), so this works from any folder. Exit 0 iff both verdicts are the expected ones, else 5; 2 when
     the testbed is missing.
     """
     from repro import resources
     from repro.runner import RunError, RunOptions, run as run_scenario
     from repro.scenario import ScenarioError, load_scenario
+    from repro.targets.registry import DEFAULT_ADAPTER, get_adapter
 
     _sigterm_to_interrupt()
     try:
-        path = resources.scenarios_dir() / "sglang" / "smoke_extra_allreduce.toml"
+        resources.scenarios_dir()  # a broken install: its own error, naming the fix
+        demo_adapter = get_adapter(DEFAULT_ADAPTER)
+        if getattr(demo_adapter, "demo_scenario", None) is None:
+            raise ScenarioError(f"adapter {DEFAULT_ADAPTER!r} has no demo scenario (Adapter.demo_scenario)")
+        path = Path(demo_adapter.demo_scenario)
         scen = load_scenario(path)
     except (resources.ResourceError, ScenarioError) as e:
         console.print(f"[red]error:[/] {escape(str(e))}")
@@ -587,7 +592,7 @@ def sites(
         from repro.targets.registry import get_adapter
 
         ad = get_adapter(sc.server.adapter)
-        py = choose_python(python, require_sglang=False, package=ad.ref_location.package or None, adapter=ad)
+        py = choose_python(python, require_package=False, package=ad.ref_location.package or None, adapter=ad)
     except (ScenarioError, InterpreterError) as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(EXIT_USAGE)

@@ -120,7 +120,7 @@ class Materialized:
         python: interpreter that runs the server (None: the runner's default choice).
         pythonpath_prepend: folders to put first on the server's PYTHONPATH (overlay / worktree ``python/``).
         description: one line for people: what code this side runs.
-        sglang_dir: the sglang package folder the server will import (for the record).
+        package_dir: the engine package folder the server will import (for the record).
         created: folders created by the harness (removed by ``close``).
     """
 
@@ -128,7 +128,7 @@ class Materialized:
     python: Optional[str]
     pythonpath_prepend: tuple[str, ...] = ()
     description: str = ""
-    sglang_dir: Optional[str] = None
+    package_dir: Optional[str] = None
     created: list[Path] = field(default_factory=list)
     _closers: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
@@ -304,13 +304,13 @@ def check_patch_applies(patch_file: Path, root: Path, strip: int, loc: Optional[
     raise CompareError(f"{patch_file} does not apply to {root / pkg}: {detail}")
 
 
-def make_overlay(sglang_dir: Path, patch_file: Path, patch_text: str, strip: int, parent: Optional[Path] = None,
+def make_overlay(package_dir: Path, patch_file: Path, patch_text: str, strip: int, parent: Optional[Path] = None,
                  loc: Optional[RefLocation] = None) -> Path:
-    """Create the overlay folder: ``<tmp>/<package>`` mirrors ``sglang_dir`` (the installed package folder) with
+    """Create the overlay folder: ``<tmp>/<package>`` mirrors ``package_dir`` (the installed package folder) with
     symlinks; patched files are copies.
 
     Args:
-        sglang_dir: the installed package folder (read only).
+        package_dir: the installed package folder (read only).
         patch_file / patch_text / strip: the checked patch and its ``-p`` level (see :func:`patch_strip`).
         parent: where to create the temporary folder (default: the system temp dir).
     Returns:
@@ -322,7 +322,7 @@ def make_overlay(sglang_dir: Path, patch_file: Path, patch_text: str, strip: int
     try:
         _write_owner(root)
         dst = root / _loc(loc).package
-        shutil.copytree(sglang_dir, dst, symlinks=True, copy_function=lambda s, d: os.symlink(os.path.abspath(s), d))
+        shutil.copytree(package_dir, dst, symlinks=True, copy_function=lambda s, d: os.symlink(os.path.abspath(s), d))
         for f in patch_files(patch_text):
             rel = Path(*f.split("/")[strip:])
             target = root / rel

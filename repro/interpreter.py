@@ -44,13 +44,13 @@ def can_import_sglang(python: str, timeout_s: float = IMPORT_CHECK_TIMEOUT_S) ->
     return can_import(python, _default_package(), timeout_s)
 
 
-def choose_python(explicit: Optional[str], require_sglang: bool = True, package: Optional[str] = None,
+def choose_python(explicit: Optional[str], require_package: bool = True, package: Optional[str] = None,
                   adapter: Optional[object] = None) -> str:
     """Pick the interpreter that runs the server.
 
     Args:
         explicit: the ``--python`` value, or None.
-        require_sglang: an explicit interpreter must be able to import the engine (checked in a subprocess, a few
+        require_package: an explicit interpreter must be able to import the engine (checked in a subprocess, a few
             seconds); ``repro sites`` passes False so it can report missing modules itself.
         package: the engine's package (the scenario's adapter's ``ref_location.package``; default: the default
             adapter's, ``sglang``).
@@ -73,7 +73,7 @@ def choose_python(explicit: Optional[str], require_sglang: bool = True, package:
             raise InterpreterError(f"--python {explicit}: no such interpreter; pass the path of a python that has {pkg} installed")
         if not (Path(found).is_file() and os.access(found, os.X_OK)):
             raise InterpreterError(f"--python {explicit}: not an executable file; pass the path of a python interpreter (e.g. venv/bin/python)")
-        if require_sglang and not can_import(found, pkg):
+        if require_package and not can_import(found, pkg):
             raise InterpreterError(
                 f"--python {explicit}: cannot import {pkg}; pass a python that has {pkg} installed, or run `{setup_cmd}` "
                 "and omit --python")

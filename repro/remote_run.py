@@ -201,7 +201,7 @@ class MultiHostSession:
         for n in self.nodes:
             for pid, title in n.runner.session_procs(n.root_pid):
                 rt = adapter.parse_title(title)
-                if rt is not None and rt.role == "scheduler":
+                if rt is not None:  # the adapter parses only its rank processes' titles
                     self.ranks[rt.tp] = RemoteRank(rt.tp, n.runner, pid, self.injector_dir(n))
                     self.host_of_rank[rt.tp] = n.name
         self._save_launch()

@@ -203,4 +203,6 @@ def resolve(frames: list[dict], package: str) -> list[dict]:
 
 if __name__ == "__main__":
     frames = json.loads(sys.stdin.read() or "[]")
-    print(_MARK + json.dumps(resolve(frames, sys.argv[1] if len(sys.argv) > 1 else "sglang")))
+    if len(sys.argv) != 2:
+        sys.exit("usage: python reproduce_src.py PACKAGE < frames.json (PACKAGE: the engine's top-level package)")
+    print(_MARK + json.dumps(resolve(frames, sys.argv[1])))

@@ -94,14 +94,30 @@ def testbed_files_dir() -> Path:
     return _folder("cpu_testbed")
 
 
-def hunt_catalogue() -> Path:
-    """The SGLang adapter's default hunt catalogue (``scenarios/sglang/hunt_catalogue.toml``). Never raises: in a
-    broken install the path does not exist and the hunt's own "catalogue not found" error names it."""
+def engine_file(engine: str, name: str) -> Path:
+    """``scenarios/<engine>/<name>`` of a clone, or the installed wheel's copy: an adapter's data file (its hunt
+    catalogue, its demo scenario). Never raises: in a broken install the path does not exist and the caller's own
+    "not found" error names it.
+
+    Args:
+        engine: the adapter's scenario folder (its registry name, e.g. the SGLang adapter's).
+        name: file name inside it.
+    """
     try:
         root = scenarios_dir()
     except ResourceError:
         root = _DATA / "scenarios"
-    return root / "sglang" / "hunt_catalogue.toml"
+    return root / engine / name
+
+
+def hunt_catalogue(engine: Optional[str] = None) -> Path:
+    """The hunt catalogue of ``engine``'s adapter (default: the registry's default adapter), as
+    :attr:`repro.targets.base.Adapter.hunt_catalogue` gives it. Never raises for a broken install (see
+    :func:`engine_file`)."""
+    from repro.targets.registry import DEFAULT_ADAPTER, get_adapter
+
+    path = getattr(get_adapter(engine or DEFAULT_ADAPTER), "hunt_catalogue", None)
+    return Path(path) if path else engine_file(engine or DEFAULT_ADAPTER, "hunt_catalogue.toml")
 
 
 def setup_script() -> Path:

@@ -152,7 +152,7 @@ def test_patch_overlay_is_patched_first_on_path_and_removed_while_the_install_is
     m = materialize(parse_ref(f"patch:{PATCH}"), sys.executable, choose=lambda p: p)
     try:
         root = Path(m.pythonpath_prepend[0])
-        assert m.sglang_dir == str(root / "sglang")
+        assert m.package_dir == str(root / "sglang")
         sched = root / "sglang" / "srt" / "managers" / "scheduler.py"
         assert not sched.is_symlink()
         text = sched.read_text()
@@ -232,7 +232,7 @@ def test_missing_git_rev_is_one_clear_line(site: Path, tmp_path: Path) -> None:
 
 def test_python_ref_needs_an_interpreter_with_sglang(tmp_path: Path, on_site: Path) -> None:
     m = materialize(parse_ref(f"python:{sys.executable}"), None)
-    assert m.python == sys.executable and m.sglang_dir == str(on_site / "sglang")
+    assert m.python == sys.executable and m.package_dir == str(on_site / "sglang")
     with pytest.raises(CompareError, match="does not exist"):
         materialize(parse_ref(f"python:{tmp_path / 'nope' / 'python'}"), None)
 

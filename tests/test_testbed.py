@@ -232,7 +232,7 @@ def test_explicit_python_without_sglang_or_not_executable_is_one_clear_line(no_t
     with pytest.raises(InterpreterError, match="cannot import sglang") as e:
         choose_python(str(py))
     assert "\n" not in str(e.value) and "setup.sh" in str(e.value)
-    assert choose_python(str(py), require_sglang=False) == str(py)  # `repro sites` reports missing modules itself
+    assert choose_python(str(py), require_package=False) == str(py)  # `repro sites` reports missing modules itself
     with pytest.raises(InterpreterError, match="not an executable file"):
         choose_python(str(tmp_path))  # a directory
 

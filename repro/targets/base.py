@@ -396,6 +396,7 @@ class AdapterBase:
     watch_defaults = WatchDefaults(title_match="")
     hunt_catalogue: Optional[Path] = None
     discover_rules: Optional[Path] = None  # `repro discover`'s rules (None: discover_rules.toml next to the catalogue)
+    demo_scenario: Optional[Path] = None  # the scenario `repro demo` runs (None: this engine has no demo)
     title_namespace = ""  # prefix of every process title the engine sets (``sglang::``); "" = none
 
     @staticmethod

@@ -207,7 +207,15 @@ class SGLangAdapter(AdapterBase):
         """``scenarios/sglang/hunt_catalogue.toml`` of a clone, or the installed wheel's copy (``repro.resources``)."""
         from repro import resources
 
-        return resources.hunt_catalogue()
+        return resources.engine_file(self.name, "hunt_catalogue.toml")
+
+    @property
+    def demo_scenario(self) -> Path:  # type: ignore[override]
+        """``scenarios/sglang/smoke_extra_allreduce.toml``: the scenario ``repro demo`` runs (its armed deadlock and
+        its control)."""
+        from repro import resources
+
+        return resources.engine_file(self.name, "smoke_extra_allreduce.toml")
 
     @property
     def discover_rules(self) -> Path:  # type: ignore[override]
