@@ -140,6 +140,9 @@ class MultiHostSession:
         """
         p = self.p
         adapter = p.adapter
+        self.ranks, self.host_of_rank, self.healthy_s = {}, {}, None  # a restart maps the new tree afresh
+        for n in self.nodes:
+            n.root_pid = n.http_port = 0
         if not callable(getattr(adapter, "multinode", None)):
             return Verdict(INCONCLUSIVE, f"the {adapter.name} adapter has no multi-node launch (adapter.multinode)")
         reach = in_parallel({n.name: (lambda left, n=n: n.runner.reachable(min(left, 15.0))) for n in self.nodes}, 30.0)
@@ -458,6 +461,15 @@ class MultiHostSession:
         res = in_parallel({n.name: one(n) for n in self.nodes if n.root_pid}, 60.0)
         return {k: (v if ok else [f"error: {v}"]) for k, (ok, v) in res.items()}
 
+    def write_server_log(self) -> None:
+        """The evidence folder's ``server.log``: every host's copied log (``hosts/<host>/server.log``), host by host."""
+        logs = []
+        for n in self.nodes:
+            f = self.host_dir(n) / "server.log"
+            if f.exists():
+                logs.append(f"===== host {n.name} (node rank {n.host.node_rank}) =====\n" + f.read_text(errors="replace"))
+        self.p.evidence.server_log.path.write_text("\n".join(logs))
+
     def stop(self) -> dict[str, list]:
         """Node 0's group SIGTERM first, then every node's group SIGKILL after ``STOP_GRACE_S``; gather the logs and
         records; remove each host's run folder. Returns host -> pids still in its session (empty lists: clean)."""
@@ -486,20 +498,58 @@ class MultiHostSession:
             except HostError as e:
                 left[n.name] = [f"not reachable to check: {e}"]
         gathered = self.gather()
-        logs = []
+        self.write_server_log()
         for n in self.nodes:
-            f = self.host_dir(n) / "server.log"
-            if f.exists():
-                logs.append(f"===== host {n.name} (node rank {n.host.node_rank}) =====\n" + f.read_text(errors="replace"))
             try:
                 n.runner.run(f"rm -rf {shlex.quote(n.workdir)}", check=False)
             except HostError:
                 pass
-        self.p.evidence.server_log.path.write_text("\n".join(logs))
-        self.p.evidence.teardown.write({"left_running": [f"{h}:{pid}" for h, pids in left.items() for pid in pids],
+        # left_running: the pids (each as its host sees it; by_host says which host, or why it could not be checked)
+        self.p.evidence.teardown.write({"left_running": [pid for pids in left.values() for pid in pids if isinstance(pid, int)],
                                         "by_host": left, "gathered": gathered, "time": time.time()})
         self.started = False
         return left
+
+
+def _finish(p: Any, opts: RunOptions, s: MultiHostSession, out: dict, interrupted: bool, left: dict,
+            t0: float) -> RunResult:
+    """Write one run folder's analysis, versions, REPORT.md, verdict.json and status from a drive's ``out``; a node
+    left running after a stop (``left``: host -> pids) is added to the verdict's reason."""
+    from repro.report import ReportInput, write_report
+    from repro.runner import collect_versions
+
+    evd = p.evidence
+    verdict = out["verdict"] or Verdict(INCONCLUSIVE, "internal error before a verdict (see the console)")
+    if any(left.values()):
+        verdict = Verdict(verdict.verdict, verdict.reason + f"; left running after the stop: {left}")
+    timings = {**out["timings"], "total_s": time.time() - t0}
+    if out["analysis"] is not None:
+        evd.analysis.write(out["analysis"].to_dict())
+    rank_pids = {k: r.pid for k, r in s.ranks.items()}
+    loaded, armed, checks = s.injection_checks(p.variant) if s.ranks else ([], [], [])
+    h0_inj = s.host_dir(s.nodes[0]) / "injector"
+    versions = collect_versions(h0_inj if h0_inj.is_dir() else evd.injector_dir, p.python)
+    evd.env.write(versions)
+    command = opts.command_line or f"python -m repro.remote_run {opts.scenario_path} --variant {p.variant.name}"
+    write_report(evd, ReportInput(
+        scenario=p.scenario.name, mirrors=p.scenario.mirrors or "", description=p.scenario.description or "",
+        variant=p.variant.name, variant_expects=p.variant.expect, variant_description=p.variant.description or "",
+        has_injections=bool(p.variant.injections), verdict=verdict, analysis=out["analysis"],
+        requests=out["state"], ranks=sorted(rank_pids) or list(range(p.spec.tp_size)), checks=checks,
+        timings=timings, versions=versions, ledger=None, timeline=None, stacks_dir=evd.stacks_dir, command=command))
+    code = exit_code_for(verdict.verdict, opts.expect)
+    evd.verdict.write(ev.verdict_record(
+        verdict, exit_code=code, evidence=evd.path, scenario=p.scenario.name, variant=p.variant.name,
+        variant_expects=p.variant.expect, expect=opts.expect, partial=interrupted, timings=timings,
+        rank_pids=rank_pids, rank_hosts={str(k): h for k, h in s.host_of_rank.items()}))
+    evd.set_status("interrupted" if interrupted else "complete", timings=timings)
+    reqs = out["state"].requests if out["state"] else []
+    return RunResult(verdict, code, evd.path, opts.expect, out["analysis"], timings,
+                     sum(1 for r in reqs if r.succeeded), len(reqs))
+
+
+def _empty_out() -> dict:
+    return {"verdict": None, "analysis": None, "state": None, "timings": {}}
 
 
 def run_multihost(opts: RunOptions, hosts: Sequence[HostSpec], observe: Observer = _noop) -> RunResult:
@@ -511,16 +561,13 @@ def run_multihost(opts: RunOptions, hosts: Sequence[HostSpec], observe: Observer
     Raises:
         repro.runner.RunError: bad scenario or options (nothing launched).
     """
-    from repro.report import ReportInput, write_report
-    from repro.runner import collect_versions
-
     p = prepare(opts)
-    evd = p.evidence
-    evd.command.write((opts.command_line or f"python -m repro.remote_run {opts.scenario_path}") + "\n")
+    p.evidence.command.write((opts.command_line or f"python -m repro.remote_run {opts.scenario_path}") + "\n")
     s = MultiHostSession(p, hosts, observe)
     t0 = time.time()
-    out: dict = {"verdict": None, "analysis": None, "state": None, "timings": {}}
+    out = _empty_out()
     interrupted = False
+    left: dict = {"?": ["teardown interrupted"]}
     try:
         failed = s.start()
         if failed is not None:
@@ -532,56 +579,105 @@ def run_multihost(opts: RunOptions, hosts: Sequence[HostSpec], observe: Observer
         interrupted = True
         out["verdict"] = Verdict(INCONCLUSIVE, "interrupted by the user (Ctrl-C/SIGTERM) before a verdict; evidence is partial")
     finally:
-        if out["verdict"] is None:
-            out["verdict"] = Verdict(INCONCLUSIVE, "internal error before a verdict (see the console)")
         try:
             left = s.stop()
-        except BaseException:
-            left = {"?": ["teardown interrupted"]}
-            raise
         finally:
-            verdict = out["verdict"]
-            if any(left.values()):
-                verdict = Verdict(verdict.verdict, verdict.reason + f"; left running after the stop: {left}")
-            timings = {**out["timings"], "total_s": time.time() - t0}
-            if out["analysis"] is not None:
-                evd.analysis.write(out["analysis"].to_dict())
-            rank_pids = {k: r.pid for k, r in s.ranks.items()}
-            loaded, armed, checks = s.injection_checks(p.variant) if s.ranks else ([], [], [])
-            h0_inj = s.host_dir(s.nodes[0]) / "injector"
-            versions = collect_versions(h0_inj if h0_inj.is_dir() else evd.injector_dir, p.python)
-            evd.env.write(versions)
-            write_report(evd, ReportInput(
-                scenario=p.scenario.name, mirrors=p.scenario.mirrors or "", description=p.scenario.description or "",
-                variant=p.variant.name, variant_expects=p.variant.expect, variant_description=p.variant.description or "",
-                has_injections=bool(p.variant.injections), verdict=verdict, analysis=out["analysis"],
-                requests=out["state"], ranks=sorted(rank_pids) or list(range(p.spec.tp_size)), checks=checks,
-                timings=timings, versions=versions, ledger=None, timeline=None, stacks_dir=evd.stacks_dir,
-                command=opts.command_line or f"python -m repro.remote_run {opts.scenario_path} --variant {p.variant.name}"))
-            evd.verdict.write(ev.verdict_record(
-                verdict, exit_code=exit_code_for(verdict.verdict, opts.expect), evidence=evd.path,
-                scenario=p.scenario.name, variant=p.variant.name, variant_expects=p.variant.expect, expect=opts.expect,
-                partial=interrupted, timings=timings, rank_pids=rank_pids,
-                rank_hosts={str(k): h for k, h in s.host_of_rank.items()}))
-            evd.set_status("interrupted" if interrupted else "complete", timings=timings)
+            res = _finish(p, opts, s, out, interrupted, left, t0)
     if interrupted:
         raise KeyboardInterrupt
-    return RunResult(verdict, exit_code_for(verdict.verdict, opts.expect), evd.path, opts.expect, out["analysis"],
-                     timings, sum(1 for r in (out["state"].requests if out["state"] else []) if r.succeeded),
-                     len(out["state"].requests) if out["state"] else 0)
+    return res
+
+
+def run_multihost_many(opts: RunOptions, variants: Sequence[str], hosts: Sequence[HostSpec],
+                       observe: Observer = _noop, on_result: Optional[Callable[[RunResult], None]] = None
+                       ) -> tuple[list[RunResult], dict[str, list]]:
+    """Several variants of one scenario on ONE server spanning ``hosts`` (``repro.runner.run_many`` for hosts).
+
+    The plan holds every listed variant's injections (ids unique across them); each variant is armed in turn and
+    gets its own run folder (``session.json`` names the session folder; ``hosts/<host>/`` holds that host's log and
+    injector records as they were when the variant ended). A variant that leaves the server unusable (any verdict
+    but ALL REQUESTS SUCCEEDED) makes the server restart before the next one (never after the last). The session
+    folder keeps ``teardown.json`` of the last stop. Every node is stopped at the end, on failure and on Ctrl-C.
+
+    Args:
+        on_result: called with each variant's RunResult as soon as its folder is complete.
+    Returns:
+        (one RunResult per variant, in order; host -> pids left running after the final stop, empty lists: clean).
+    Raises:
+        repro.runner.RunError: bad scenario or options (nothing launched).
+        KeyboardInterrupt: after teardown.
+    """
+    from repro.verdict import SUCCEEDED
+
+    p = prepare(opts, label_default="session", variants=variants)
+    p.evidence.command.write((opts.command_line or f"python -m repro.remote_run {opts.scenario_path}") + "\n")
+    s = MultiHostSession(p, hosts, observe)
+    results: list[RunResult] = []
+    left: dict = {"?": ["teardown interrupted"]}
+    interrupted = False
+    try:
+        failed = s.start()
+        for i, name in enumerate(variants):
+            if i and results[-1].verdict.verdict != SUCCEEDED:
+                s.p = p
+                s.stop()
+                failed = s.start()
+            variant = p.scenario.variant(name)
+            run_dir = ev.EvidenceDir(p.evidence.root, p.scenario.name, name)
+            run_dir.session.write({"session": str(p.evidence.path),
+                                   "rank_pids": {str(k): r.pid for k, r in s.ranks.items()}})
+            run_dir.command.write((opts.command_line or f"python -m repro.remote_run {opts.scenario_path}") + "\n")
+            rp = dataclasses.replace(p, evidence=run_dir, variant=variant)
+            s.p = rp
+            t0 = time.time()
+            out = _empty_out()
+            try:
+                if failed is not None:
+                    out["verdict"] = failed
+                else:
+                    out = s.drive(variant, opts.requests)
+                    out["timings"]["healthy_s"] = s.healthy_s or 0.0
+            except KeyboardInterrupt:
+                interrupted = True
+                out["verdict"] = Verdict(INCONCLUSIVE, "interrupted by the user (Ctrl-C/SIGTERM) before a verdict; "
+                                                       "evidence is partial")
+                raise
+            finally:
+                if s.started:
+                    s.gather()
+                    s._save_launch()
+                    s.write_server_log()
+                res = _finish(rp, opts, s, out, interrupted, {}, t0)
+                results.append(res)
+                if on_result is not None:
+                    on_result(res)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        s.p = p
+        left = s.stop()
+        p.evidence.set_status("interrupted" if interrupted else "complete")
+    if interrupted:
+        raise KeyboardInterrupt
+    return results, left
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """CLI: ``python -m repro.remote_run SCENARIO --hosts HOSTS.json [--variant V] [--evidence-dir D] [--expect E]``.
+    """CLI: ``python -m repro.remote_run SCENARIO --hosts HOSTS.json [--variant V ...] [--evidence-dir D] [--expect E]``.
 
-    Prints the verdict line and the evidence folder, then one JSON line; exit code as ``repro run`` (2 on bad input).
+    One ``--variant``: prints the verdict line and the evidence folder, then one JSON line; exit code as ``repro
+    run`` (2 on bad input). Several ``--variant``: they run in turn on one server (:func:`run_multihost_many`); one
+    verdict line, folder and JSON line (with ``variant``) per variant, then a JSON line ``{"session": …,
+    "left_running": …}``; exit code 0 when every variant's is 0, else the first non-zero one (1 when a node was
+    left running).
     """
     from repro.runner import RunError
 
     ap = argparse.ArgumentParser(prog="python -m repro.remote_run", description="repro run across several hosts")
     ap.add_argument("scenario", type=Path)
     ap.add_argument("--hosts", type=Path, required=True, help="JSON list of hosts (repro.hosts.HostSpec fields)")
-    ap.add_argument("--variant")
+    ap.add_argument("--variant", action="append",
+                    help="variant to run; give it several times to run them in turn on one server")
     ap.add_argument("--evidence-dir", type=Path, default=ev.DEFAULT_EVIDENCE_DIR)
     ap.add_argument("--expect")
     ap.add_argument("--requests", type=int)
@@ -591,19 +687,37 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (OSError, ValueError) as e:
         print(f"error: {a.hosts}: {e}", file=sys.stderr)
         return 2
-    opts = RunOptions(scenario_path=a.scenario, variant=a.variant, evidence_root=a.evidence_dir, expect=a.expect,
-                      requests=a.requests, command_line=" ".join(["python -m repro.remote_run", *map(shlex.quote, argv or sys.argv[1:])]))
+    variants = a.variant or []
+    opts = RunOptions(scenario_path=a.scenario, variant=variants[0] if variants else None, evidence_root=a.evidence_dir,
+                      expect=a.expect, requests=a.requests,
+                      command_line=" ".join(["python -m repro.remote_run", *map(shlex.quote, argv or sys.argv[1:])]))
+
+    def observe(e: str, d: Any) -> None:
+        if e != "burst":
+            print(f"[{time.strftime('%H:%M:%S')}] {e} {json.dumps(d, default=str)[:300]}", file=sys.stderr, flush=True)
+
+    def show(res: RunResult, variant: Optional[str] = None) -> None:
+        print(f"{res.verdict.verdict}: {res.verdict.reason}")
+        print(f"evidence: {res.evidence}")
+        print(json.dumps({**({"variant": variant} if variant else {}), "verdict": res.verdict.verdict,
+                          "reason": res.verdict.reason, "evidence": str(res.evidence), "exit_code": res.exit_code}),
+              flush=True)
+
     try:
-        res = run_multihost(opts, hosts, observe=lambda e, d: e == "burst" or print(
-            f"[{time.strftime('%H:%M:%S')}] {e} {json.dumps(d, default=str)[:300]}", file=sys.stderr, flush=True))
+        if len(variants) <= 1:
+            res = run_multihost(opts, hosts, observe=observe)
+            show(res)
+            return res.exit_code
+        shown = iter(variants)
+        results, left = run_multihost_many(opts, variants, hosts, observe=observe,
+                                           on_result=lambda r: show(r, next(shown)))
     except RunError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{res.verdict.verdict}: {res.verdict.reason}")
-    print(f"evidence: {res.evidence}")
-    print(json.dumps({"verdict": res.verdict.verdict, "reason": res.verdict.reason, "evidence": str(res.evidence),
-                      "exit_code": res.exit_code}))
-    return res.exit_code
+    session = json.loads(Path(results[0].evidence, ev.Layout.SESSION.name).read_text())["session"] if results else ""
+    print(json.dumps({"session": session, "left_running": left}), flush=True)
+    codes = [r.exit_code for r in results if r.exit_code]
+    return codes[0] if codes else (1 if any(left.values()) else 0)
 
 
 if __name__ == "__main__":
