@@ -28,10 +28,12 @@ def rig_or_skip(n_hosts: int = 2):
     """A built Rig (context manager entered by the caller), or a skip when not root / no namespaces here."""
     if os.geteuid() != 0:
         pytest.skip("the multihost rig needs root (network namespaces, sshd)")
-    for tool in ("ip", "unshare", "nsenter", "ssh", "ssh-keygen"):
-        if shutil.which(tool) is None:
-            pytest.fail(f"the multihost rig needs {tool!r} (iproute2, util-linux, openssh-client)")
-    return load_rig_module().Rig(n_hosts)
+    rig = load_rig_module()
+    try:
+        rig.ensure_tools()  # installs what is missing (openssh-server on a fresh machine)
+    except rig.RigError as e:
+        pytest.fail(f"the multihost rig's tools: {e}")
+    return rig.Rig(n_hosts)
 
 
 def hosts_file(rig, path: Path, *, via: str = "ssh", workdir: str = "/tmp/repro-remote") -> Path:
@@ -58,16 +60,27 @@ def rig2():
         yield rig
 
 
+@pytest.fixture(scope="module")
+def rig2_shared():
+    """One two-host rig for a whole test module (the e2e tests share it; each leaves its hosts empty and every
+    data link up); torn down after the module's last test."""
+    rig = rig_or_skip(2)
+    with rig:
+        yield rig
+
+
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_in_rig(rig, args, tmp_path: Path, *, via: str = "ssh", on_line=None, timeout_s: float = 420.0):
+def run_in_rig(rig, args, tmp_path: Path, *, via: str = "ssh", on_line=None, timeout_s: float = 420.0,
+               all_lines: bool = False):
     """Run ``python -m repro.remote_run ARGS --hosts <the rig's hosts>`` as the harness (its own namespaces).
 
     Args:
         on_line: called with each progress line the harness prints (stderr), e.g. to cut a link mid-burst.
+        all_lines: return every JSON line printed (several ``--variant``: one per variant, then the session's).
     Returns:
-        (exit code, the last JSON line printed, all stderr text).
+        (exit code, the last JSON line printed — or the list of them with ``all_lines`` —, all stderr text).
     """
     import subprocess
     import threading
@@ -104,5 +117,7 @@ def run_in_rig(rig, args, tmp_path: Path, *, via: str = "ssh", on_line=None, tim
         raise
     for t in threads:
         t.join(timeout=5)
-    last = [ln for ln in out_lines if ln.startswith("{")]
-    return p.returncode, (json.loads(last[-1]) if last else None), "".join(err_lines)
+    found = [json.loads(ln) for ln in out_lines if ln.startswith("{")]
+    if all_lines:
+        return p.returncode, found, "".join(err_lines)
+    return p.returncode, (found[-1] if found else None), "".join(err_lines)

@@ -36,6 +36,23 @@ def test_harness_reaches_host_processes_only_through_ssh(rig2, tmp_path):
     assert {"rank0-1.json", "rank1-1.json", "capture-1.json"} <= set(out["capture_files"])
 
 
+def test_host_without_py_spy_falls_back_to_the_faulthandler_dump_and_says_so(rig2, tmp_path):
+    """py-spy missing on every host: each rank's stacks come from the faulthandler dump its process registered
+    (SIGUSR2, the injector's way), taken on its own host through ssh, and the capture says py-spy was unusable."""
+    hosts = hosts_file(rig2, tmp_path / "hosts.json")
+    p = subprocess.run(rig2.harness_argv([sys.executable, str(RIG_DIR / "harness_probe.py"), str(hosts), "--no-py-spy"]),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    for name, h in out["hosts"].items():
+        assert h["capture_ok"], h["capture_error"]
+        assert h["method"] == "faulthandler"
+        assert "py-spy unusable" in h["notice"] and "not found" in h["notice"] and f"host {name}" in h["notice"]
+        assert "probe_waits_here" in h["functions"]
+        assert h["left_after_kill"] == []
+    assert {"rank0-1.txt", "rank1-1.txt", "capture-1.json"} <= set(out["capture_files"])
+
+
 def _running(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"

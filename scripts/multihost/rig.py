@@ -16,8 +16,9 @@ Layout (``Rig(n_hosts)``, names all start with the rig's prefix ``rmh<id>``, so 
   (outside ``/tmp``, which the hosts replace); ``/run/sshd`` (sshd's privilege-separation folder) is created when
   missing and removed again by teardown.
 
-Needs: ``ip`` (iproute2), ``unshare``/``nsenter`` (util-linux), ``ssh-keygen``/``ssh`` and ``/usr/sbin/sshd``
-(Debian ``openssh-server``: :func:`ensure_sshd` installs it with apt-get when missing).
+Needs: ``ip``/``ss`` (iproute2), ``unshare``/``nsenter`` (util-linux), ``sysctl``/``ps`` (procps), ``tar``,
+``ssh-keygen``/``ssh`` (openssh-client) and ``/usr/sbin/sshd`` (Debian ``openssh-server``): :func:`ensure_tools`
+installs the packages of the missing ones with apt-get (on a stock Debian image only openssh-server).
 
 Teardown (:meth:`Rig.down`, also on failure and Ctrl-C through the context manager, and ``rig.py down --all`` for
 leftovers of a killed run) kills each host's PID 1 by its pid, deletes the namespaces and the bridge by the names
@@ -60,23 +61,50 @@ def sh(*argv: str, check: bool = True, input: Optional[bytes] = None, timeout_s:
     return p
 
 
+# what the rig and the hosts run -> the Debian package that has it (all but openssh-server are in a stock image)
+TOOLS = {"ip": "iproute2", "ss": "iproute2", "unshare": "util-linux", "nsenter": "util-linux", "sysctl": "procps",
+         "ps": "procps", "tar": "tar", "ssh": "openssh-client", "ssh-keygen": "openssh-client", SSHD: "openssh-server"}
+
+
+def missing_tools() -> dict[str, str]:
+    """tool -> Debian package, for each tool of :data:`TOOLS` not found here."""
+    return {t: pkg for t, pkg in TOOLS.items() if not (os.path.exists(t) if t.startswith("/") else shutil.which(t))}
+
+
+def ensure_tools() -> None:
+    """Install the Debian packages of any missing tool (:data:`TOOLS`; on a fresh machine usually only
+    ``openssh-server``) with apt-get (``apt-get update`` and a retry when the first install fails).
+
+    Raises:
+        RigError: not root, apt-get missing, or the install failed (its output tail and the tools still missing).
+    """
+    missing = missing_tools()
+    if not missing:
+        return
+    pkgs = sorted(set(missing.values()))
+    if os.geteuid() != 0:
+        raise RigError(f"missing {sorted(missing)}; installing {pkgs} needs root")
+    if shutil.which("apt-get") is None:
+        raise RigError(f"missing {sorted(missing)} and no apt-get to install {pkgs}: install them first")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    cmd = ["apt-get", "install", "-y", "--no-install-recommends", *pkgs]
+    p = subprocess.run(cmd, capture_output=True, env=env)
+    if p.returncode != 0:
+        subprocess.run(["apt-get", "update"], capture_output=True, env=env)
+        p = subprocess.run(cmd, capture_output=True, env=env)
+    still = missing_tools()
+    if p.returncode != 0 or still:
+        raise RigError(f"{' '.join(cmd)} -> exit {p.returncode}; still missing {sorted(still)}: "
+                       f"{p.stderr.decode(errors='replace')[-500:]}")
+
+
 def ensure_sshd() -> str:
-    """``/usr/sbin/sshd``, installing Debian's ``openssh-server`` with apt-get first when it is missing (root).
+    """``/usr/sbin/sshd``, installing what the rig needs first (:func:`ensure_tools`).
 
     Raises:
         RigError: not root, or the install failed (its output tail).
     """
-    if os.path.exists(SSHD):
-        return SSHD
-    if os.geteuid() != 0:
-        raise RigError("sshd is missing and installing openssh-server needs root")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    p = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "openssh-server"], capture_output=True, env=env)
-    if p.returncode != 0:
-        subprocess.run(["apt-get", "update"], capture_output=True, env=env)
-        p = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "openssh-server"], capture_output=True, env=env)
-    if p.returncode != 0 or not os.path.exists(SSHD):
-        raise RigError(f"apt-get install openssh-server failed: {p.stderr.decode(errors='replace')[-500:]}")
+    ensure_tools()
     return SSHD
 
 
