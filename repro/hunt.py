@@ -11,7 +11,9 @@ perturbations that make sense for it. The hunt then:
    (caller, enclosing loop) seen — so "inside the admission loop" and "before it" are different rows;
 2. **trials** — relaunches with one injection per row × perturbation × rank in a single plan (all unarmed) and, on
    that one healthy server, arms each trial in turn (re-arming, no restart), runs the burst, records verdict and
-   evidence, disarms; the server is restarted only after a hang or a crash;
+   evidence, disarms; the server is replaced only after a hang or a crash — by a **spare** server launched in the
+   background while the trials ran (:class:`SparedSession`), so a hang costs the rest of the spare's start-up, not
+   a whole restart;
 3. **results** stream to ``hunt.jsonl`` and ``HUNT.md`` as they come (an interrupted hunt keeps what it found): per
    trial the verdict, time to verdict, the collective that diverged, whether it is in the model's forward or in a
    scheduling/cache collective (the family we hunt, ranked first), a one-line hazard statement and, for each
@@ -26,8 +28,9 @@ import fnmatch
 import json
 import re
 import sys
+import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -645,7 +648,7 @@ class HuntLog:
         h = self.header
         out = ["# repro hunt", ""]
         for k in ("scenario", "catalogue", "discovery", "ref", "sglang", "torch", "python", "ranks", "budget_min", "command",
-                  "interrupted_during", "error"):
+                  "restarts", "interrupted_during", "error"):
             if h.get(k) not in (None, ""):
                 out.append(f"- **{k}**: {_md(h[k])}")
         done = [r for r in self.results if r.verdict != NOT_RUN]
@@ -830,6 +833,8 @@ class HuntOptions:
         discover: add the decision points ``repro discover`` proposes from the engine's source (hand points win);
             ``hand_points`` False drops the hand catalogue's points (discovery alone; its perturbations, collective
             names and known issues stay); ``discover_rules``: the rules file (default: the adapter's).
+        spare: a second trial server (same plan, its own folder ``…-hunt-spare``) is launched as soon as the trial
+            server is healthy; after a hang or a crash the hunt swaps to it instead of restarting (False: restart).
     """
 
     scenario_path: Path
@@ -854,6 +859,7 @@ class HuntOptions:
     workload_file: Optional[Path] = None  # default: hunt_workloads.toml beside the catalogue
     group_workloads: Sequence[str] = ()  # set by hunt_matrix: the workloads of one server group (one hunt)
     clean_only: bool = False  # with workloads: only each workload's clean run (no trials): "is the engine safe under it?"
+    spare: bool = True  # keep a spare trial server starting in the background; a hang swaps to it (SparedSession)
 
 
 @dataclass
@@ -1129,7 +1135,15 @@ def _trial_phase(runner: Any, base: Any, cat: Catalogue, trials: Sequence[Trial]
     except runner.RunError as e:
         raise HuntError(str(e)) from None
     log.event("session", evidence=str(p.evidence.path))  # the trial server's run folder (`repro cleanup` finds it)
-    _run_trials(runner, p, ro, base, cat, trials, log, clock, observe, opts)
+    spare_p = None
+    if opts.spare and len(trials) > 1:  # one trial never needs a second server
+        ro_spare = replace(ro, label="hunt-spare")
+        try:
+            spare_p = runner.prepare(ro_spare, label_default="hunt-spare", variants=[t.name for t in trials])
+        except runner.RunError as e:
+            raise HuntError(str(e)) from None
+        log.event("spare_session", evidence=str(spare_p.evidence.path))
+    _run_trials(runner, p, ro, base, cat, trials, log, clock, observe, opts, spare_p)
 
 
 def _discovery_python(opts: HuntOptions) -> str:
@@ -1167,14 +1181,19 @@ def trial_seed(base: Any, trial: Trial) -> int:
 
 
 def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials: Sequence[Trial], log: HuntLog,
-                clock: _Clock, observe: Observer, opts: HuntOptions) -> None:
-    """Drive every trial on one session; restart after a hang/crash; mark the rest NOT RUN when the budget ends."""
+                clock: _Clock, observe: Observer, opts: HuntOptions, spare_p: Any = None) -> None:
+    """Drive every trial on one session; after a hang/crash swap to the spare server (``spare_p``'s, when given)
+    or restart; mark the rest NOT RUN when the budget ends."""
     if clock.remaining <= 0:  # the baseline used up the budget: do not start a trial server for nothing
         _not_run(log, trials, f"budget of {opts.budget_min:g} min ended before this trial")
         return
     from repro.runner import VariantItem, run_variants  # the one multi-variant loop (runner may be a stand-in)
 
-    session = runner.Session(p, observe)
+    started = [0]  # trials started so far (a spare is worth launching while one more is left after the next)
+    session: Any = runner.Session(p, observe)
+    if spare_p is not None:
+        session = SparedSession(session, runner.Session(spare_p, observe),
+                                want_spare=lambda: clock.remaining > 0 and started[0] + 1 < len(trials), log=log)
     by_name = {t.name: t for t in trials}
     items = [VariantItem(t.name, command=(opts.command_line or f"repro hunt {opts.scenario_path}") + f"  # trial {t.name}",
                          seed=trial_seed(base, t), session_info={"hunt": str(log.folder)}) for t in trials]
@@ -1183,12 +1202,14 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
         return f"budget of {opts.budget_min:g} min ended before this trial" if clock.remaining <= 0 else None
 
     def on_start(i: int, item: Any) -> None:
+        started[0] = i + 1
         observe("trial_start", {"trial": by_name[item.variant], "n": i + 1, "total": len(trials), "remaining_s": clock.remaining})
 
     def on_result(d: Any) -> None:
         t = by_name[d.item.variant]
-        tr = _trial_result(runner, p, base, cat, t, d.variant, d.outcome, d.run_dir.path, session.rank_pids, log.folder,
-                           opts, _log_since(log_path, d.log_offset) if not d.outcome.clean else "")
+        sp = session.p  # the server this trial ran on (the spare after a swap)
+        tr = _trial_result(runner, sp, base, cat, t, d.variant, d.outcome, d.run_dir.path, session.rank_pids, log.folder,
+                           opts, _log_since(sp.evidence.file("server.log"), d.log_offset) if not d.outcome.clean else "")
         results[d.item.variant] = tr
         log.add(tr)
         observe("trial", {"result": tr, "n": d.index + 1, "total": len(trials), "remaining_s": clock.remaining})
@@ -1201,7 +1222,6 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
         log.header["interrupted_during"] = f"{item.variant} (partial evidence: {run_dir.path})"
 
     results: dict[str, TrialResult] = {}
-    log_path = p.evidence.file("server.log")
     try:
         run_variants(session, ro, items, on_result, before=before, on_start=on_start,
                      on_not_run=lambda rest, why: _not_run(log, [by_name[x.variant] for x in rest], why),
@@ -1212,6 +1232,127 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
         session.stop()
         session.close_drivers()
         p.evidence.set_status("complete")
+        if spare_p is not None:
+            spare_p.evidence.set_status("complete")
+            log.header["restarts"] = session.summary()
+            log.event("restarts", swaps=session.swaps, plain_restarts=session.restarts)
+
+
+class SparedSession:
+    """A hunt's trial server with a spare: two :class:`repro.runner.Session` over two plans of the same trials.
+
+    Looks like one session to :func:`repro.runner.run_variants` (``p``, ``server``, ``rank_pids``, ``healthy_s``,
+    ``start``, ``restart``, ``drive``, ``stop``, ``close_drivers``; ``p`` is the active server's plan, so each
+    trial's evidence, log slice and injector records come from the server it ran on). Once the active server is
+    healthy the other session's server is launched in the background (``Session.launch``, only while
+    ``want_spare()``); after a hang or a crash ``restart`` swaps: the hung server is torn down in a thread while
+    the spare's remaining start-up is waited for (it must answer health, map its ranks and resolve its sites like
+    any fresh server: a fresh process tree, nothing of the hung one reused), and a new spare is launched on the
+    freed plan. With no spare launched, ``restart`` stops and starts as a plain session does.
+
+    The two servers run at once only while one of them starts or idles; the launcher gives each its own ports and
+    HiCache storage folder. ``stop`` ends both (also on KeyboardInterrupt: the teardown thread is joined first).
+
+    Args:
+        active, other: sessions over two prepared plans of the same trial variants (``runner.prepare`` twice).
+        want_spare: asked before each launch of a spare (e.g. "a trial is left after the next one, budget left").
+        log: the hunt log: one ``spare`` event per swap or failed spare launch.
+    """
+
+    def __init__(self, active: Any, other: Any, want_spare: Callable[[], bool], log: Optional[HuntLog] = None) -> None:
+        self.active, self.other = active, other
+        self.want_spare = want_spare
+        self.log = log
+        self.spare_launched = False
+        self.stopper: Optional[threading.Thread] = None
+        self.swaps: list[dict] = []  # per swap: seconds blocked waiting for the spare, its start-up since launch
+        self.restarts = 0  # plain restarts (no spare was launched to swap to)
+
+    @property
+    def p(self) -> Any:
+        return self.active.p
+
+    @property
+    def server(self) -> Any:
+        return self.active.server
+
+    @property
+    def rank_pids(self) -> dict:
+        return self.active.rank_pids
+
+    @property
+    def healthy_s(self) -> Optional[float]:
+        return self.active.healthy_s
+
+    def _event(self, **data: Any) -> None:
+        if self.log is not None:
+            self.log.event("spare", **data)
+
+    def _join_stopper(self) -> None:
+        if self.stopper is not None:
+            self.stopper.join()
+            self.stopper = None
+
+    def _launch_spare(self) -> None:
+        if self.spare_launched or not self.want_spare():
+            return
+        self._join_stopper()  # the other plan's previous server is fully gone before its plan is reused
+        failed = self.other.launch()
+        if failed is not None:
+            self.other.stop()
+            self._event(action="launch_failed", reason=failed.reason)
+            return
+        self.spare_launched = True
+
+    def start(self) -> Optional[Any]:
+        """Start the active server (waits healthy), then launch the spare. Returns None or the failure verdict."""
+        failed = self.active.start()
+        if failed is None:
+            self._launch_spare()
+        return failed
+
+    def restart(self) -> Optional[Any]:
+        """After a hang or a crash: swap to the spare (or, with none launched, restart the active server).
+
+        Returns:
+            None once the new active server is healthy, else the INCONCLUSIVE verdict saying why it is not.
+        """
+        old = self.active
+        if not self.spare_launched:
+            self.restarts += 1
+            failed = old.restart()
+        else:
+            self.active, self.other, self.spare_launched = self.other, old, False
+            self.stopper = threading.Thread(target=old.stop, name="repro-hunt-teardown")
+            self.stopper.start()
+            t0 = time.time()
+            failed = self.active.start()  # the rest of its start-up, checked like any fresh server
+            self.swaps.append({"waited_s": round(time.time() - t0, 1), "healthy_s": round(self.active.healthy_s or 0.0, 1),
+                               "ok": failed is None})
+            self._event(action="swap", evidence=str(self.active.p.evidence.path), **self.swaps[-1],
+                        **({"reason": failed.reason} if failed is not None else {}))
+        if failed is None:
+            self._launch_spare()
+        return failed
+
+    def drive(self, *a: Any, **kw: Any) -> Any:
+        return self.active.drive(*a, **kw)
+
+    def stop(self) -> list:
+        """End both servers (idempotent); returns what was left running of either."""
+        self._join_stopper()
+        self.spare_launched = False
+        return [*self.active.stop(), *self.other.stop()]
+
+    def close_drivers(self) -> None:
+        self.active.close_drivers()
+        self.other.close_drivers()
+
+    def summary(self) -> str:
+        """One line for HUNT.md: swaps to the spare (and the seconds waited for it in all), plain restarts."""
+        waited = sum(x["waited_s"] for x in self.swaps)
+        return (f"{len(self.swaps)} swap(s) to the spare server (waited {waited:.0f} s in all for it to be healthy), "
+                f"{self.restarts} plain restart(s)")
 
 
 def _not_run(log: HuntLog, trials: Sequence[Trial], why: str) -> None:

@@ -358,6 +358,7 @@ class Session:
         self.rank_pids: dict[int, int] = {}
         self.healthy_s: Optional[float] = None
         self.interrupted_in_teardown = False
+        self._launched_t: Optional[float] = None  # launch() started the server; start() waits for it
 
     def start(self) -> Optional[Verdict]:
         """Launch and wait healthy (a port taken during start-up is retried on new ports), record the tree, map the
@@ -374,14 +375,19 @@ class Session:
         from repro.launcher import LaunchError, start_server
 
         p, t0 = self.p, time.time()
-        write_arm_file(p.arm_file, [])
-        self.observe("launch", {"evidence": str(p.evidence.path)})
+        launched_t, self._launched_t = self._launched_t, None  # set by launch(): the server is already starting
+        if launched_t is None or self.server is None:
+            write_arm_file(p.arm_file, [])
+            self.observe("launch", {"evidence": str(p.evidence.path)})
+        else:
+            t0 = launched_t
         for attempt in range(1, PORT_RACE_ATTEMPTS + 1):
-            try:
-                self.server = start_server(p.adapter, p.spec, p.evidence.server_log.path)
-            except LaunchError as e:
-                return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
-            save_server_procs(p.evidence, self.server)
+            if attempt > 1 or launched_t is None or self.server is None:
+                try:
+                    self.server = start_server(p.adapter, p.spec, p.evidence.server_log.path)
+                except LaunchError as e:
+                    return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
+                save_server_procs(p.evidence, self.server)
             self.observe("wait_healthy", {"url": self.server.url, "pid": self.server.pid,
                                           "log": str(p.evidence.server_log.path),
                                           "timeout_s": p.scenario.server.startup_timeout_s})
@@ -424,8 +430,30 @@ class Session:
             raise UnresolvedSitesError(str(e)) from None
         self._sites_ok = True
 
+    def launch(self) -> Optional[Verdict]:
+        """Start the server's processes and return at once, without waiting for health (``repro hunt``'s spare
+        server, started while another server serves trials); the next :meth:`start` waits for this one instead of
+        launching again (``healthy_s`` then counts from this launch). Event: ``launch``.
+
+        Returns:
+            None when the processes started, else the INCONCLUSIVE verdict saying why (nothing left running).
+        """
+        from repro.launcher import LaunchError, start_server
+
+        p = self.p
+        write_arm_file(p.arm_file, [])
+        self.observe("launch", {"evidence": str(p.evidence.path), "spare": True})
+        try:
+            self.server = start_server(p.adapter, p.spec, p.evidence.server_log.path)
+        except LaunchError as e:
+            return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
+        self._launched_t = time.time()
+        save_server_procs(p.evidence, self.server)
+        return None
+
     def stop(self) -> list:
         """End the whole server tree (idempotent); records what was left in ``teardown.json``."""
+        self._launched_t = None
         if self.server is None:
             return []
         self.observe("teardown", {})
@@ -760,6 +788,8 @@ def run_variants(
                     return done
                 failed = session.restart()
             failures = 0
+        if session.p is not p:  # a session that swapped to its spare server (repro hunt) drives on that one's plan
+            p, log_path = session.p, session.p.evidence.server_log.path
         if on_start is not None:
             on_start(i, item)
         if item.seed is not None:

@@ -190,14 +190,16 @@ class FakeRunner:
         self.alive_checks = 0
         self.sessions: list["FakeSession"] = []
         self.driven: list[str] = []
+        self.driven_on: list[str] = []  # the evidence folder name of the server each variant was driven on
+        self.events: list[tuple[str, str]] = []  # (launch|start|stop, folder name)
         self.seeds: list[int] = []
         runner = self
 
         class FakeSession:
             def __init__(self, p: Any, observe: Any) -> None:
                 self.p, self.rank_pids, self.healthy_s = p, {}, 1.0
-                self.starts = self.stops = 0
-                self.running = False
+                self.starts = self.stops = self.launches = self.starts_of_launched = 0
+                self.running = self.launched = False
                 runner.sessions.append(self)
 
             @property
@@ -208,10 +210,19 @@ class FakeRunner:
                     die = runner.alive_checks > 1
                 return types.SimpleNamespace(is_running=lambda: self.running and not die)
 
+            def launch(self) -> None:  # the spare: processes started, health not waited for
+                assert not self.running, "launch over a running server"
+                self.launches += 1
+                self.running = self.launched = True
+                runner.events.append(("launch", self.p.evidence.path.name))
+                return None
+
             def start(self) -> None:
                 self.starts += 1
-                self.running = True
-                self.rank_pids = {0: 100, 1: 101}
+                self.starts_of_launched += self.launched
+                self.running, self.launched = True, False
+                self.rank_pids = {0: 100 + 10 * runner.sessions.index(self), 1: 101 + 10 * runner.sessions.index(self)}
+                runner.events.append(("start", self.p.evidence.path.name))
                 return None
 
             def restart(self) -> None:
@@ -221,15 +232,17 @@ class FakeRunner:
             def stop(self) -> list:
                 if self.running:
                     self.stops += 1
-                self.running = False
+                    runner.events.append(("stop", self.p.evidence.path.name))
+                self.running = self.launched = False
                 return []
 
             def close_drivers(self) -> None:
                 pass
 
             def drive(self, variant: Any, run_dir: Any, n: Any = None, native: bool = False) -> Any:
-                assert self.running, "drive on a stopped server"
+                assert self.running and not self.launched, "drive on a stopped or not yet healthy server"
                 runner.driven.append(variant.name)
+                runner.driven_on.append(self.p.evidence.path.name)
                 runner.seeds.append(self.p.scenario.burst.seed)
                 if runner.interrupt_at and runner.interrupt_at in variant.name:
                     raise KeyboardInterrupt
@@ -281,6 +294,7 @@ class FakeRunner:
 
 
 def _opts(tmp_path: Path, **kw: Any) -> H.HuntOptions:
+    kw.setdefault("spare", False)  # these tests count the plain restarts; tests/test_hunt_spare.py the spare's swaps
     return H.HuntOptions(scenario_path=BASE, evidence_root=tmp_path / "ev", only=("get_num_allocatable_reqs",),
                          perturbations=("zero_once", "delay_once"), **kw)
 

@@ -170,7 +170,8 @@ def test_admin_calls_under_load_are_recorded_with_status_and_body_filled(tmp_pat
         N.AdminCall(method="POST", path="/admin/update", when_in_flight=2, fill_from="/info",
                     body={"model_path": "{model_path}", "load_format": "dummy"}, repeat=2, interval_s=0.05)],
         after=1)
-    st, seen, events = _drive(tmp_path, wl, n=6, max_new=10)
+    # streams of 10 tokens 0.2 s apart: the calls land while they are open also on a loaded box (0.05 s failed once)
+    st, seen, events = _drive(tmp_path, wl, n=6, max_new=10, gap_s=0.2)
     assert st.finished and st.ok == 7 and len(st.requests) == 7  # 6 + 1 after the burst
     calls = seen["admin"]
     assert len(calls) == 3 and all(c["busy"] for c in calls)  # all landed while streams were open
@@ -293,6 +294,7 @@ class WorkloadRunner(FakeRunner):
 
 
 def _wopts(tmp_path: Path, **kw: Any) -> H.HuntOptions:
+    kw.setdefault("spare", False)  # the session counts below are the plain ones (the spare: tests/test_hunt_spare.py)
     return H.HuntOptions(scenario_path=BASE, evidence_root=tmp_path / "ev", only=("get_num_allocatable_reqs",),
                          perturbations=("zero_once",), ranks=(0,), **kw)
 
