@@ -982,6 +982,7 @@ def hunt(
     config: Optional[List[str]] = typer.Option(None, "--config", help="server configuration of the workload file to hunt beside the base scenario's (repeatable), e.g. no_radix"),
     clean_only: bool = typer.Option(False, "--clean-only", help="with --workload/--config: only each workload's clean run on each server group (no trials)"),
     workload_file: Optional[Path] = typer.Option(None, "--workload-file", help="workloads/configurations TOML (default: hunt_workloads.toml beside the catalogue)"),
+    spare: bool = typer.Option(True, "--spare/--no-spare", help="keep a spare trial server starting in the background and swap to it after a hang (--no-spare: restart the hung server)"),
     as_json: bool = typer.Option(False, "--json", help="print the results as JSON on stdout"),
 ) -> None:
     """Search a live server for collective-desync hazards: perturb each rank-local decision point once, on one rank
@@ -1006,7 +1007,7 @@ def hunt(
                        requests=requests_, command_line=shlex.join(["repro", *sys.argv[1:]]),
                        discover=discover_, hand_points=not no_hand, discover_rules=discover_rules,
                        workloads=tuple(workload or ()), configs=tuple(config or ()), workload_file=workload_file,
-                       clean_only=clean_only)
+                       clean_only=clean_only, spare=spare)
     prog = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[left]}"), console=console, transient=True, disable=as_json)
     state: dict = {"task": None, "folder": None}
