@@ -220,6 +220,12 @@ def cleanup_run(folder: Path, force: bool = False) -> CleanupResult:
         return CleanupResult(folder, EXIT_USAGE, f"the run in {folder} is still in progress (harness pid {harness}); stop it "
                              "with Ctrl-C, or pass --force to end its server anyway", refused=True,
                              left_alone=[(p, f"its harness (pid {harness}) is still running") for p in recorded if _procs.alive(p)])
+    hosts = (read_json(path) or {}).get("hosts") if not recorded else None
+    if hosts:  # a server spanning hosts (repro/remote_run.py): each node's session is ended through its host's runner
+        from repro.remote_run import cleanup_hosts
+
+        rc, msg = cleanup_hosts(hosts)
+        return CleanupResult(folder, EXIT_OK if rc == 0 else EXIT_INTERNAL, msg)
     live = [p for p in recorded if _procs.alive(p)]
     gone = len(recorded) - len(live)
     left = _procs.stop_procs(live) if live else []

@@ -90,6 +90,10 @@ print(json.dumps(out))
 '''
 
 
+# The start time of a process on its host, in clock ticks since that host's boot (/proc/PID/stat field 22).
+_START_TICKS_PY = "import sys; print(open('/proc/%s/stat' % sys.argv[1]).read().rsplit(')', 1)[1].split()[19])"
+
+
 def _q(*argv: str) -> str:
     return " ".join(shlex.quote(str(a)) for a in argv)
 
@@ -208,6 +212,7 @@ class MultiHostSession:
                     self.ranks[rt.tp] = RemoteRank(rt.tp, n.runner, pid, self.injector_dir(n))
                     self.host_of_rank[rt.tp] = n.name
         self._save_launch()
+        self.save_processes()
         if sorted(self.ranks) != expected:
             return Verdict(INCONCLUSIVE, f"expected scheduler ranks {expected} across the hosts, found "
                                          f"{ {k: f'{r.host}:{r.pid}' for k, r in sorted(self.ranks.items())} }")
@@ -249,6 +254,28 @@ class MultiHostSession:
             "ranks": {str(k): {"host": r.host, "pid": r.pid} for k, r in sorted(self.ranks.items())},
             "note": "pids are as each host sees them (its own PID namespace or machine)",
         })
+
+    def save_processes(self) -> None:
+        """``processes.json`` of a server spanning hosts, for ``repro cleanup`` after a killed harness: the launch
+        mark (this harness), and per host its spec (how to reach it), the node's root pid (= session and process
+        group there), that root's start ticks on the host (clock ticks since its boot: a reused pid is told apart)
+        and the session's processes as the host listed them. ``processes`` is empty: no pid here is local."""
+        from repro.procs import launch_mark
+
+        hosts = {}
+        for n in self.nodes:
+            if not n.root_pid:
+                continue
+            try:
+                ticks: Optional[int] = int(n.runner.run(_q(n.host.python, "-c", _START_TICKS_PY, str(n.root_pid))).text)
+                procs = n.runner.session_procs(n.root_pid)
+            except (HostError, ValueError):
+                ticks, procs = None, []
+            hosts[n.name] = {"host": {**dataclasses.asdict(n.host), "ssh_options": list(n.host.ssh_options)},
+                             "root_pid": n.root_pid, "root_start_ticks": ticks, "workdir": n.workdir,
+                             "processes": [{"pid": pid, "cmdline": t} for pid, t in procs]}
+        self.p.evidence.write_json(ev.Layout.PROCESSES.name, {**launch_mark(None, root_pid=0), "hosts": hosts,
+                                                              "processes": []})
 
     # ---- arm ---------------------------------------------------------------------------------------------------
     def _armed_count(self, r: RemoteRank) -> int:
@@ -660,6 +687,44 @@ def run_multihost_many(opts: RunOptions, variants: Sequence[str], hosts: Sequenc
     if interrupted:
         raise KeyboardInterrupt
     return results, left
+
+
+def cleanup_hosts(hosts: dict) -> tuple[int, str]:
+    """End a killed multi-host run's nodes through each host's runner (``repro cleanup`` on its folder).
+
+    Args:
+        hosts: the ``hosts`` of its ``processes.json`` (:meth:`MultiHostSession.save_processes`).
+    Returns:
+        (exit code: 0 every host's session is gone, 1 a host could not be reached or still runs something; one line
+        per host saying what was done). A host whose recorded root pid now belongs to another process (other start
+        ticks) is left alone; a host not reachable is said so: run ``repro cleanup`` again once its link is back.
+    """
+    rc, lines = 0, []
+    for name, rec in hosts.items():
+        spec = HostSpec(**{**rec["host"], "ssh_options": tuple(rec["host"].get("ssh_options") or ())})
+        r, root = Runner(spec), int(rec["root_pid"])
+        try:
+            live = r.session_procs(root)
+            if not live:
+                lines.append(f"{name}: nothing to clean (session {root} has no process)")
+            else:
+                ticks = r.run(_q(spec.python, "-c", _START_TICKS_PY, str(root)), check=False).text.strip()
+                if ticks and rec.get("root_start_ticks") is not None and ticks != str(rec["root_start_ticks"]):
+                    lines.append(f"{name}: pid {root} now belongs to another process (started at tick {ticks}, "
+                                 f"recorded {rec['root_start_ticks']}): left alone")
+                    continue
+                r.signal_group(root, "KILL")
+                time.sleep(0.5)
+                left = r.session_procs(root)
+                if left:
+                    rc = 1
+                lines.append(f"{name}: stopped session {root} ({len(live)} processes)" +
+                             (f"; still running: {[p for p, _ in left]}" if left else ""))
+            r.run(f"rm -rf {shlex.quote(rec['workdir'])}", check=False)
+        except HostError as e:
+            rc = 1
+            lines.append(f"{name} ({spec.reach}) not reachable: {e}; run `repro cleanup` again once it answers")
+    return rc, "; ".join(lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

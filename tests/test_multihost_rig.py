@@ -156,3 +156,56 @@ def test_lost_data_link_is_named_by_host(rig2, tmp_path):
     assert after is not None and len(after) == 1, after
     assert "host h1's data link is lost" in after[0] and "data0 is down" in after[0]
     assert rig2.host_procs("h0") == [] and rig2.host_procs("h1") == []
+
+
+KILLED_RUN = r"""
+import json, sys
+from pathlib import Path
+from repro import evidence as ev
+from repro.hosts import hosts_from_json
+from repro.remote_run import MultiHostSession
+
+hosts = hosts_from_json(json.loads(Path(sys.argv[1]).read_text()))
+evd = ev.EvidenceDir(Path(sys.argv[2]), "cleanup", "killed")
+
+class P:  # the members save_processes uses
+    evidence = evd
+
+s = MultiHostSession(P(), hosts)
+tree = "import subprocess, time; subprocess.Popen(['sleep', '600']); time.sleep(600)"
+for n in s.nodes:  # a node's tree (root + child) on each host; then this harness ends without stopping them
+    n.root_pid = n.runner.start(["/usr/bin/python3", "-c", tree], {}, n.workdir + "/node.log", n.workdir)
+s.save_processes()
+print(evd.path)
+"""
+
+
+def test_cleanup_over_ssh_ends_a_killed_multihost_runs_nodes(rig2, tmp_path):
+    """A harness that ended without stopping its nodes left a tree on each host; ``repro cleanup FOLDER`` (run as
+    the harness: it reaches the hosts only over ssh) ends each host's session from processes.json and removes the
+    run folder there; a second cleanup finds nothing."""
+    from tests.multihost_fixtures import REPO
+
+    hosts = hosts_file(rig2, tmp_path / "hosts.json")
+    (tmp_path / "killed.py").write_text(KILLED_RUN)
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
+    p = subprocess.run(rig2.harness_argv([sys.executable, str(tmp_path / "killed.py"), str(hosts), str(tmp_path / "ev")]),
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    folder = p.stdout.strip().splitlines()[-1]
+    rec = json.loads((Path(folder) / "processes.json").read_text())
+    assert set(rec["hosts"]) == {"h0", "h1"} and rec["processes"] == []
+    for h in ("h0", "h1"):
+        assert len(rig2.host_procs(h)) == 2, rig2.host_procs(h)  # root + child, left running
+        assert len(rec["hosts"][h]["processes"]) == 2 and rec["hosts"][h]["root_start_ticks"]
+    c = subprocess.run(rig2.harness_argv([sys.executable, "-m", "repro", "cleanup", folder]), cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert c.returncode == 0, c.stdout[-2000:] + c.stderr[-2000:]
+    assert "h0: stopped session" in c.stdout and "h1: stopped session" in c.stdout, c.stdout
+    assert rig2.host_procs("h0") == [] and rig2.host_procs("h1") == []
+    for h in ("h0", "h1"):
+        ls = subprocess.run(rig2.host_argv(h, ["ls", rec["hosts"][h]["workdir"]]), capture_output=True, text=True)
+        assert ls.returncode != 0  # the run folder on the host is gone
+    again = subprocess.run(rig2.harness_argv([sys.executable, "-m", "repro", "cleanup", folder]), cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "nothing to clean" in again.stdout, again.stdout + again.stderr
