@@ -411,7 +411,8 @@ def remove_worktree(repo: Path, wt: Path) -> None:
 
 
 def materialize(ref: Ref, python: Optional[str], choose: Optional[Callable[[Optional[str]], str]] = None,
-                tmp_parent: Optional[Path] = None, ref_location: Optional[RefLocation] = None) -> Materialized:
+                tmp_parent: Optional[Path] = None, ref_location: Optional[RefLocation] = None,
+                adapter: Optional[Any] = None) -> Materialized:
     """Check a REF and make it runnable, before any server starts.
 
     Args:
@@ -420,6 +421,8 @@ def materialize(ref: Ref, python: Optional[str], choose: Optional[Callable[[Opti
         choose: picks the interpreter from ``python`` (default ``repro.interpreter.choose_python``).
         tmp_parent: where overlays/worktrees are created (default: system temp dir).
         ref_location: where the engine's package lives (the scenario's adapter's; default: the default adapter's).
+        adapter: the scenario's adapter: the default ``choose`` falls back on its CPU testbed's interpreter (default:
+            the SGLang testbed).
     Returns:
         A :class:`Materialized`; the caller must ``close()`` it (also on errors and interrupts).
     Raises:
@@ -431,7 +434,7 @@ def materialize(ref: Ref, python: Optional[str], choose: Optional[Callable[[Opti
 
         def choose(p: Optional[str]) -> str:
             try:
-                return choose_python(p)
+                return choose_python(p, package=_loc(ref_location).package or None, adapter=adapter)
             except InterpreterError as e:
                 raise CompareError(str(e)) from None
 
@@ -648,7 +651,8 @@ def run_compare(opts: CompareOptions, observe: Observer = _noop, run_side: Calla
     with ExitStack() as stack:
         mats: dict[str, Materialized] = {}
         for side in wanted:  # every REF checked and materialised before the first server starts
-            m = materialize(refs[side], opts.python, tmp_parent=opts.tmp_parent, ref_location=adapter.ref_location)
+            m = materialize(refs[side], opts.python, tmp_parent=opts.tmp_parent, ref_location=adapter.ref_location,
+                            adapter=adapter)
             stack.callback(m.close)
             mats[side] = m
         for side in wanted:

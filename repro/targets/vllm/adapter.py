@@ -100,6 +100,7 @@ class VLLMAdapter(AdapterBase):
             step (``CPUWorker`` inherits it; the engine core's own ``EngineCore.step`` is in no rank process).
         frame_rules / injector_profile: ``repro.targets.vllm.frames``.
         ref_location: the ``vllm`` package, at the root of a source checkout.
+        hunt_catalogue: ``scenarios/vllm/hunt_catalogue.toml``.
         watch_defaults: workers are titled ``VLLM::Worker…``; ``/health`` answers at once.
     """
 
@@ -113,7 +114,13 @@ class VLLMAdapter(AdapterBase):
     watch_defaults = WatchDefaults(title_match=WORKER_TITLE_PREFIX, title_example="VLLM::Worker_TP<k>",
                                    health_timeout_s=10.0, metrics_path="/metrics")
     title_namespace = TITLE_NAMESPACE
-    hunt_catalogue: Optional[Path] = None
+
+    @property
+    def hunt_catalogue(self) -> Path:  # type: ignore[override]
+        """``scenarios/vllm/hunt_catalogue.toml`` of a clone, or the installed wheel's copy (``repro.resources``)."""
+        from repro import resources
+
+        return resources.engine_file(self.name, "hunt_catalogue.toml")
 
     def parse_title(self, title: str) -> Optional[RankTitle]:
         """A worker title → RankTitle (role ``worker``); the engine core, API server and others → None."""
