@@ -10,9 +10,11 @@ health, ``start`` then waits for that same process, a swap leaves the hung tree 
 
 from __future__ import annotations
 
+import _thread
 import json
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -130,7 +132,7 @@ SERVER = textwrap.dedent('''
               "port: 40177, code: -98, name: EADDRINUSE", flush=True)
         time.sleep(0.5)
         sys.exit(1)
-    time.sleep(1.0)  # start-up
+    time.sleep(3600 if mode == "never" else 1.0)  # start-up ("never": never becomes healthy)
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
@@ -231,3 +233,19 @@ def test_stop_while_the_spare_is_still_starting_ends_every_process(tmp_path: Pat
     finally:
         ss.stop()
     assert not any(_alive(x) for x in pids)
+
+
+def test_an_interrupt_while_waiting_for_the_spare_ends_the_hung_tree_and_the_spare(tmp_path: Path) -> None:
+    pa, _ = _prepared(tmp_path, "hunt-session")
+    pb, _ = _prepared(tmp_path, "hunt-spare", mode="never")  # the spare never becomes healthy
+    ss = H.SparedSession(Session(pa), Session(pb), want_spare=lambda: True)
+    pids: list[int] = []
+    try:
+        assert ss.start() is None
+        pids = [ss.active.server.pid, ss.other.server.pid]
+        threading.Timer(1.5, _thread.interrupt_main).start()  # Ctrl-C while the swap waits for the spare's health
+        with pytest.raises(KeyboardInterrupt):
+            ss.restart()
+    finally:
+        left = ss.stop()
+    assert left == [] and len(pids) == 2 and not any(_alive(x) for x in pids)
