@@ -978,7 +978,7 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
             raise HuntError(f"--perturbation {', '.join(missing)}: no chosen decision point offers it; "
                             + "; ".join(f"{pt.name}: {', '.join(pt.perturbations)}" for pt in points))
     clock = _Clock(opts.budget_min * 60.0)
-    mat = _materialize(opts.ref, opts.python)
+    mat = _materialize(opts.ref, opts.python, base.server.adapter)
     if mat is None and opts.python:  # an explicit --python is checked before any folder exists
         from repro.interpreter import InterpreterError, choose_python
 
@@ -1157,14 +1157,17 @@ def _discovery_python(opts: HuntOptions) -> str:
         raise HuntError(str(e)) from None
 
 
-def _materialize(ref: str, python: Optional[str]) -> Any:
-    """``installed`` → None (the interpreter as given); other REFs → a ``repro.compare.Materialized`` (close it)."""
+def _materialize(ref: str, python: Optional[str], adapter_name: Optional[str] = None) -> Any:
+    """``installed`` → None (the interpreter as given); other REFs → a ``repro.compare.Materialized`` (close it),
+    made where the base scenario's adapter (``adapter_name``; default: the registry's default) keeps its package."""
     if not ref or ref == "installed":
         return None
     from repro.compare import CompareError, materialize, parse_ref
+    from repro.targets.registry import get_adapter
 
     try:
-        return materialize(parse_ref(ref), python)
+        ad = get_adapter(adapter_name)
+        return materialize(parse_ref(ref), python, ref_location=ad.ref_location, adapter=ad)
     except CompareError as e:
         raise HuntError(f"--ref {ref}: {e}") from None
 
