@@ -14,7 +14,7 @@ ledger = nothing patched: cost zero by construction (the plan key is read once a
 
 ``--hang-latency N``: instead, N times, start the 2-rank gloo job ``tests/gloo_programs/ledger_sched.py --mode
 extra`` (rank 0 enters an all_reduce its peer never joins, and blocks), poll rank 0's ledger file every 2 ms and
-report how long after the record's enter time it was on disk (the writer thread flushes every 50 ms while the
+report how long after the record's enter time it was on disk (the writer thread writes every 150 ms while the
 rank is blocked in gloo). Both ranks are ended by process group.
 
 Usage: ``python benchmarks/ledger_overhead.py [--calls 5000] [--repeats 7] [--hang-latency 5]`` with an

@@ -23,6 +23,11 @@ benchmarks/ledger_proof.py …``. Results print as one JSON line per run and a s
   the ledger on, one with it off (``ledger = false``), bursts of the ``control`` variant interleaved on/off (the
   order alternates per pair, after one uncounted warm-up burst each); output tokens/s per burst (requests × max_new_tokens / burst seconds), the on/off
   ratio of the medians and the spread of the per-pair ratios.
+- ``profile [--pairs 2] [--pyspy]``: the throughput set-up (two smoke servers, ledger on and off), and around each
+  burst every thread's CPU time (``/proc/<pid>/task/<tid>/stat``, utime + stime) and voluntary context switches
+  (wake-ups) of both servers' processes and of this harness process, as deltas per burst, grouped by process and
+  thread name; with ``--pyspy`` one more on-burst under ``py-spy record --nonblocking --gil`` on rank 0 (its
+  folded stacks are printed, top 25). Where the ledger-on server's extra time goes.
 
 Lock time (2-core testbed, measured in benchmarks/RESULTS.md): latency ≈ 70-110 s per run; clean ≈ start-up +
 ~5 s per burst; throughput ≈ two start-ups + 2 × pairs bursts.
@@ -300,6 +305,139 @@ def throughput(a: argparse.Namespace, root: Path) -> None:
             s.close_drivers()
 
 
+def _thread_cpu(pids: dict) -> dict:
+    """(label, thread name) -> [cpu seconds, voluntary context switches] over every thread of ``pids`` (label -> pid)."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict = {}
+    for label, pid in pids.items():
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                stat = open(f"/proc/{pid}/task/{tid}/stat").read()
+                status = open(f"/proc/{pid}/task/{tid}/status").read()
+            except OSError:
+                continue
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            f = stat[stat.rindex(")") + 2:].split()
+            cpu = (int(f[11]) + int(f[12])) / tick
+            vol = int(re.search(r"voluntary_ctxt_switches:\s+(\d+)", status).group(1))
+            key = (label, name)
+            acc = out.setdefault(key, [0.0, 0, 0])
+            acc[0] += cpu
+            acc[1] += vol
+            acc[2] += 1
+    return out
+
+
+def _delta(before: dict, after: dict) -> dict:
+    return {f"{k[0]}|{k[1]}": [round(v[0] - before.get(k, [0, 0])[0], 3), v[1] - before.get(k, [0, 0])[1], v[2]]
+            for k, v in after.items() if v[0] - before.get(k, [0, 0])[0] > 0.004 or v[1] - before.get(k, [0, 0])[1] > 20}
+
+
+def profile(a: argparse.Namespace, root: Path) -> None:
+    import os
+    import subprocess
+
+    from repro import runner
+    from repro.evidence import EvidenceDir
+
+    tmp = Path(tempfile.mkdtemp(prefix="repro-prof-"))
+    text = SMOKE.read_text()
+    text = re.sub(r"max_new_tokens = \d+", f"max_new_tokens = {a.max_new_tokens}", text)
+    text = re.sub(r"requests = \d+", f"requests = {a.requests}", text)
+    text = re.sub(r"concurrency = \d+", "concurrency = 8", text)
+    on, off = tmp / "on.toml", tmp / "off.toml"
+    on.write_text(text.replace("budget_s = 90", "budget_s = 600"))
+    off.write_text(text.replace("budget_s = 90", "budget_s = 600\nledger = false"))
+    sessions = {}
+    try:
+        from concurrent.futures import ThreadPoolExecutor
+
+        for name, path in (("on", on), ("off", off)):
+            p = runner.prepare(runner.RunOptions(scenario_path=path, variant="control", evidence_root=root,
+                                                 label=f"prof-{name}"))
+            sessions[name] = (p, runner.Session(p))
+        t0 = time.time()
+        with ThreadPoolExecutor(max_workers=2) as ex:
+            failed = dict(zip(sessions, ex.map(lambda ps: ps[1].start(), sessions.values())))
+        for name, f in failed.items():
+            if f:
+                raise SystemExit(f"{name}: {f.reason}")
+        _emit({"healthy_s": round(time.time() - t0, 1)})
+        pids: dict = {"harness": os.getpid()}
+        for name, (p, s) in sessions.items():
+            for pi in s.server.procs():
+                role = "rank" if pi.pid in s.rank_pids.values() else "proc"
+                rk = next((r for r, q in s.rank_pids.items() if q == pi.pid), None)
+                pids[f"{name}:{role}{'' if rk is None else rk}:{pi.pid}"] = pi.pid
+        _emit({"pids": pids})
+        for name, (p, s) in sessions.items():
+            d = EvidenceDir(p.evidence.root, p.scenario.name, f"prof-{name}-warmup")
+            out = s.drive(p.scenario.variant("control"), d)
+            _emit({"warmup": name, "verdict": out.verdict.verdict, "burst_s": out.timings["burst_s"]})
+
+        def burst(name: str, tag: str, pyspy: bool = False) -> None:
+            p, s = sessions[name]
+            d = EvidenceDir(p.evidence.root, p.scenario.name, f"prof-{name}-{tag}")
+            spy = None
+            if pyspy:
+                rank0 = s.rank_pids[min(s.rank_pids)]
+                spy_out = tmp / f"pyspy-{name}-{tag}.txt"
+                spy = subprocess.Popen(["py-spy", "record", "--nonblocking", "--gil", "--threads", "-r", "50", "-f",
+                                        "raw", "-o", str(spy_out), "-p", str(rank0)], stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL, start_new_session=True)
+                time.sleep(1.0)
+            b = _thread_cpu(pids)
+            w0 = time.time()
+            out = s.drive(p.scenario.variant("control"), d)
+            wall = time.time() - w0
+            dl = _delta(b, _thread_cpu(pids))
+            if spy is not None:
+                import signal as _sig
+                os.killpg(spy.pid, _sig.SIGINT)
+                try:
+                    spy.wait(20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(spy.pid, _sig.SIGKILL)
+                    spy.wait()
+            rate = a.requests * a.max_new_tokens / out.timings["burst_s"]
+            _emit({"burst": tag, "ledger": name, "verdict": out.verdict.verdict, "burst_s": out.timings["burst_s"],
+                   "wall_s": round(wall, 2), "tokens_per_s": round(rate, 1),
+                   "follower_cpu_s": out.timings.get("ledger_follow_cpu_s"),
+                   "threads": dict(sorted(dl.items(), key=lambda kv: -kv[1][0]))})
+            if spy is not None and spy_out.exists():
+                rows = []
+                for line in spy_out.read_text().splitlines():
+                    stack, _, n = line.rpartition(" ")
+                    if n.isdigit():
+                        rows.append((int(n), stack))
+                total = sum(n for n, _ in rows) or 1
+                leaf: dict = {}
+                for n, stack in rows:
+                    frames = stack.split(";")
+                    key = frames[0] + " .. " + ";".join(frames[-3:])
+                    leaf[key] = leaf.get(key, 0) + n
+                _emit({"pyspy_samples": total, "top": [(round(n / total, 4), k) for k, n in
+                                                       sorted(leaf.items(), key=lambda kv: -kv[1])[:25]]})
+                ledger = sum(n for n, st in rows if "repro_ledger" in st or "_ledger.py" in st or "repro-ledger" in st)
+                _emit({"pyspy_ledger_share": round(ledger / total, 4), "raw": str(spy_out)})
+
+        for i in range(a.pairs):
+            for name in (("on", "off") if i % 2 == 0 else ("off", "on")):
+                burst(name, str(i))
+        if a.pyspy:
+            burst("on", "pyspy", pyspy=True)
+    finally:
+        for _p, s in sessions.values():
+            s.stop()
+            s.close_drivers()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -318,6 +456,11 @@ def main() -> int:
     tp.add_argument("--pairs", type=int, default=5)
     tp.add_argument("--requests", type=int, default=16)
     tp.add_argument("--max-new-tokens", type=int, default=64)
+    pr = sub.add_parser("profile")
+    pr.add_argument("--pairs", type=int, default=2)
+    pr.add_argument("--requests", type=int, default=16)
+    pr.add_argument("--max-new-tokens", type=int, default=64)
+    pr.add_argument("--pyspy", action="store_true")
     ap.add_argument("--evidence-dir", default="")
     a = ap.parse_args()
     import signal
@@ -328,7 +471,7 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, _term)
     root = Path(a.evidence_dir) if a.evidence_dir else Path(tempfile.mkdtemp(prefix="repro-bench-proof-"))
-    {"latency": latency, "clean": clean, "throughput": throughput}[a.cmd](a, root)
+    {"latency": latency, "clean": clean, "throughput": throughput, "profile": profile}[a.cmd](a, root)
     return 0
 
 

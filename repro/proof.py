@@ -653,7 +653,7 @@ def crash_desync(al: LiveAlignment, alive: Iterable[int], server_log: Path) -> O
 
     gloo aborts the process (``terminate … gloo::EnforceNotMet … Received data size doesn't match expected size. Is
     there a distributed collective mismatch in your code?``) within microseconds of the mismatched call, before the
-    ledger's writer thread (50 ms) wrote it. Then the ledger shows a survivor inside (or raised out of) collective
+    ledger's writer thread (every 150 ms) wrote it. Then the ledger shows a survivor inside (or raised out of) collective
     (g, n), a dead member of g that never reached n, and the server log carries gloo's message: that is a desync the
     backend crashed on. None unless all three hold.
     """

@@ -224,3 +224,62 @@ def test_report_diagnosis_section_comes_first_with_the_ledger_sentence_table_and
     assert "![per-rank collective timeline](timeline.svg)" in text
     d = diag.to_dict()
     assert d["divergence"]["kind"] == "missing" and d["records_per_group"]["tp/cpu"] == {"0": 4, "1": 3}
+
+
+def test_injector_writes_enter_and_exit_lines_as_the_documented_json_records(tmp_path: Path):
+    """The pre-encoded lines (``Ledger.enter_line`` and the exit line) parse to exactly the documented records,
+    keys in the documented order, whatever was cached from earlier records (same site, other shapes / ops)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "injectors"))
+    from repro_injector._ledger import Ledger
+
+    class T:  # what the writer reads of a tensor: shape and dtype
+        def __init__(self, shape, dtype="torch.float16"):
+            self.shape, self.dtype = shape, dtype
+
+    class RT:
+        out_dir, pid = str(tmp_path), 4242
+
+        def error(self, *a):
+            raise AssertionError(a)
+
+    led = Ledger(RT(), {"max_records": 1000})
+    site = ("sglang.srt.layers.linear:RowParallelLinear.forward", "sglang.srt.models.llama:LlamaMLP.forward")
+    items = [
+        ("n", "3", 7, "all_reduce", "GroupCoordinator.all_reduce", "SUM", (T((8, 512)),), site, 11, 1796143260.0566263,
+         None, "MainThread", False, None),
+        ("x", "3", 7, 1796143260.07, None),
+        ("n", "3", 8, "all_reduce", "GroupCoordinator.all_reduce", "MAX", (T((1,), "torch.int32"),), site, 12,
+         1796143261.5, "extra", "MainThread", False, None),
+        ("x", "3", 8, 1796143261.75, 'RuntimeError: gloo "size" mismatch\n'),
+        ("n", "4", 1, "broadcast", "torch.distributed.broadcast", None, ([T((2,)), T((2,))],), site[:1], 12, 1.25,
+         None, "prefetch \"thread\"", False, 0),
+        ("n", "3", 9, "all_gather", "GroupCoordinator.all_gather", None, (T((8, 512)),), site, 13, 2.0, None,
+         "MainThread", True, None),
+    ]
+    for it in items:
+        led.q.append(it)
+    led.drain()
+    lines = [json.loads(x) for x in Path(led.path()).read_text().splitlines()]
+    assert lines[0]["e"] == "header" and lines[0]["pid"] == 4242
+    got = lines[1:]
+    base = {"e": "enter", "g": "3", "op": "all_reduce", "api": "GroupCoordinator.all_reduce", "inj": None,
+            "thread": "MainThread"}
+    want = [
+        {**base, "seq": 7, "red": "SUM", "shapes": [[8, 512]], "dtypes": ["float16"], "site": list(site), "tick": 11,
+         "t": 1796143260.0566263},
+        {"e": "exit", "g": "3", "seq": 7, "t": 1796143260.07, "err": None},
+        {**base, "seq": 8, "red": "MAX", "shapes": [[1]], "dtypes": ["int32"], "site": list(site), "tick": 12,
+         "t": 1796143261.5, "inj": "extra"},
+        {"e": "exit", "g": "3", "seq": 8, "t": 1796143261.75, "err": 'RuntimeError: gloo "size" mismatch\n'},
+        {"e": "enter", "g": "4", "seq": 1, "op": "broadcast", "api": "torch.distributed.broadcast", "red": None,
+         "shapes": [[2, 2]], "dtypes": ["float16"], "site": list(site[:1]), "tick": 12, "t": 1.25, "inj": None,
+         "thread": 'prefetch "thread"', "src": 0},
+        {**base, "g": "3", "seq": 9, "op": "all_gather", "api": "GroupCoordinator.all_gather", "red": None,
+         "shapes": [[8, 512]], "dtypes": ["float16"], "site": list(site), "tick": 13, "t": 2.0, "bypass": True},
+    ]
+    assert got == want
+    order = ["e", "g", "seq", "op", "api", "red", "shapes", "dtypes", "site", "tick", "t", "inj", "thread"]
+    assert [list(d)[:13] for d in got if d["e"] == "enter"] == [order] * 4
+    assert [list(d) for d in got if d["e"] == "exit"] == [["e", "g", "seq", "t", "err"]] * 2

@@ -110,12 +110,14 @@ def test_hung_injected_collective_is_on_disk_while_blocked_and_is_the_first_dive
     try:
         _wait_for(lambda: all((tmp_path / "out" / f"ready-{r}").exists() for r in (0, 1)), "both ranks ready")
 
-        last: list = [None]
+        last: list = [None, 0.0]
 
-        def hung():  # both ranks blocked and the files unchanged over one poll (no write in flight)
-            leds = load_ledgers(tmp_path / "out")
+        def hung():  # both ranks blocked and the files unchanged for longer than the writer thread's period
+            leds = load_ledgers(tmp_path / "out")  # (150 ms: WRITER_PERIOD_S, so no write is still to come)
             key = [(r, len(l.records), len(l.open_records())) for r, l in sorted(leds.items())]
-            stable, last[0] = key == last[0], key
+            if key != last[0]:
+                last[0], last[1] = key, time.monotonic()
+            stable = time.monotonic() - last[1] >= 0.5
             return leds if stable and len(leds) == 2 and all(l.open_records() for l in leds.values()) else None
 
         leds = _wait_for(hung, "both ranks' open records on disk")
@@ -173,3 +175,55 @@ def test_coordinator_call_that_never_reaches_torch_is_on_disk_while_it_blocks(to
         assert rec.site[0] == "ledger_sched:main" and rec.tick == 3
     finally:
         _end(procs)
+
+
+IDLE_PROG = r'''
+import json, os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+from repro_injector import _runtime
+rt = _runtime.activate()
+led = rt.ledger
+out = {}
+time.sleep(0.3)  # the writer thread reaches its idle wait
+w0 = led.wakes
+time.sleep(1.2)
+out["idle_wakes"] = led.wakes - w0  # nothing queued: the writer thread slept through
+t = torch.ones(2)
+dist.all_reduce(t)  # the first collective: its thread writes the queue at the entry (no write for 50 ms)
+files = [f for f in os.listdir(rt.out_dir) if f.startswith("ledger-")]
+out["enter_on_disk_at_return"] = any('"e":"enter"' in open(os.path.join(rt.out_dir, f)).read() for f in files)
+time.sleep(0.6)
+out["exit_on_disk_after"] = any('"e":"exit"' in open(os.path.join(rt.out_dir, f)).read() for f in files)
+w0, t0 = led.wakes, time.time()
+while time.time() - t0 < 1.0:  # a busy rank: a collective every ~1 ms
+    dist.all_reduce(t)
+    time.sleep(0.001)
+out["busy_wakes_per_s"] = (led.wakes - w0) / (time.time() - t0)
+out["busy_records"] = led.total
+print(json.dumps(out))
+'''
+
+
+def test_writer_thread_sleeps_while_nothing_is_queued_and_a_busy_rank_writes_its_own_records(torch_python: str,
+                                                                                                tmp_path: Path):
+    """The writer thread does not wake in an idle process; a collective's record is on disk when the call returns
+    (the calling thread wrote it); on a busy rank the writer wakes at most every WRITER_PERIOD_S (150 ms)."""
+    plan = json.loads(_plan(tmp_path).read_text())
+    plan["ledger"].update(tick_function="", coordinators=[])
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "REPRO_PLAN")}
+    env.update(PYTHONPATH=str(INJECTORS), REPRO_PLAN=str(tmp_path / "plan.json"), OMP_NUM_THREADS="1")
+    p = subprocess.Popen([torch_python, "-c", IDLE_PROG, str(tmp_path / "init")], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        so, se = p.communicate(timeout=WAIT_S)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    assert p.returncode == 0, se[-2000:]
+    out = json.loads(so.strip().splitlines()[-1])
+    assert out["idle_wakes"] == 0
+    assert out["enter_on_disk_at_return"] and out["exit_on_disk_after"]
+    assert out["busy_records"] > 100 and out["busy_wakes_per_s"] <= 1 / 0.15 + 1

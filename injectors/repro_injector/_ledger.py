@@ -45,9 +45,14 @@ File format (one JSON object per line; ``e`` says which):
 - ``{"e": "exit", "g", "seq", "t", "err"}``: the call returned (for ``async_op=True``, when the call returned, not
   when the work completed).
 
-Timing: the hot path appends a tuple to a deque; a writer thread (``repro-ledger``) serialises and flushes every
-``FLUSH_INTERVAL_S`` (50 ms). A blocked gloo collective releases the GIL, so the record of the collective a rank hangs
-in is on disk within ~100 ms (tests/test_ledger_gloo.py). Bounded: the file rotates after ``max_records // 2``
+Timing: the hot path appends a tuple to a deque; at a collective's entry, once the last write is
+``FLUSH_INTERVAL_S`` (50 ms) old, the calling thread writes the queue itself (it holds the GIL already: no hand-over
+to another thread); the writer thread (``repro-ledger``) writes what is still queued every ``WRITER_PERIOD_S``
+(150 ms) while records are queued or a coordinator call is open, and sleeps (woken by the next record) while
+nothing is: an idle process's writer does not wake, and a busy rank's main thread loses the GIL to it ~7 times a
+second instead of 20 (each hand-over on a loaded 2-core box cost the rank's main thread a wait for the writer to
+be scheduled: measured in benchmarks/RESULTS.md). A blocked gloo collective releases the GIL, so the record of the
+collective a rank hangs in is on disk within ``WRITER_PERIOD_S`` (tests/test_ledger_gloo.py). Bounded: the file rotates after ``max_records // 2``
 enter records into ``ledger-<pid>.1.jsonl`` (replacing the previous part), so between ``max_records // 2`` and
 ``max_records`` of the most recent records are kept (~250 bytes each: 20,000 records ≈ 5 MB per rank); the header's
 ``dropped`` says how many were discarded.
@@ -70,9 +75,12 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from . import gate as _gate
 
-FLUSH_INTERVAL_S = 0.05
+FLUSH_INTERVAL_S = 0.05  # the calling thread writes the queue itself at a collective's entry once it is this old
+WRITER_PERIOD_S = 0.15  # the writer thread's period while records are queued or a coordinator call is open
+IDLE_WAIT_S = 2.0  # the writer thread's longest sleep while nothing is queued (it is woken by the next record)
 PENDING_AFTER_S = 0.05  # a coordinator call with no torch.distributed call yet is written after this long
 SITE_FRAMES = 4
+MAX_FRAGMENTS = 4096  # encoded line parts kept (enter_line); cleared when full
 MAX_WALK = 40
 
 # The torch.distributed functions the ledger wraps. The injector never imports the harness, so it keeps this copy;
@@ -101,6 +109,11 @@ GENERIC_COMM_MODULE_PREFIXES = ("torch.distributed", "repro_injector", "torch.ut
 COMM_MODULE_PREFIXES = GENERIC_COMM_MODULE_PREFIXES[:1] + ENGINE_COMM_MODULE_PREFIXES + GENERIC_COMM_MODULE_PREFIXES[1:]
 
 _wall = time.time
+
+
+def _js(x: Any) -> str:
+    return json.dumps(x, default=repr, separators=(",", ":"))
+
 _sleep = time.sleep
 _tls = threading.local()
 
@@ -191,6 +204,11 @@ class Ledger:
         self.total = 0
         self._thread: Optional[threading.Thread] = None
         self._wlock = threading.Lock()
+        self._frags: Tuple[Dict[tuple, Any], ...] = ({}, {}, {})  # encoded parts of enter lines (enter_line)
+        self.last_write = 0.0  # wall time of the last drain (by any thread)
+        self.idle = False  # the writer thread sleeps until woken: the hot path sets ``_wake`` when it queues a record
+        self._wake = threading.Event()
+        self.wakes = 0  # the writer thread's wake-ups (tests, benchmarks)
 
     # ---- install ----------------------------------------------------------------------------------------------
 
@@ -426,14 +444,23 @@ class Ledger:
                 if ri >= 0 and red is None:
                     red = "SUM"
                 src = _src(op, args, kwargs, si)
-                q.append(("n", key, seq, op, api, red, args[:2], site, led.tick, wall(), inj,
+                t = wall()
+                q.append(("n", key, seq, op, api, red, args[:2], site, led.tick, t, inj,
                           threading.current_thread().name, False, src))
+                if t - led.last_write >= FLUSH_INTERVAL_S:
+                    led.write_now()
+                elif led.idle:
+                    led._wake.set()
                 try:
                     res = orig(*args, **kwargs)
                 except BaseException as e:
                     q.append(("x", key, seq, wall(), f"{type(e).__name__}: {e}"))
+                    if led.idle:
+                        led._wake.set()
                     raise
                 q.append(("x", key, seq, wall(), None))
+                if led.idle:
+                    led._wake.set()
                 return res
             finally:
                 tls.d = 0
@@ -500,6 +527,8 @@ class Ledger:
             tls.d = 1
             tls.p = p
             pending[ident] = p
+            if led.idle:
+                led._wake.set()
             err: Optional[str] = None
             try:
                 return orig(coord, *args, **kwargs)
@@ -517,6 +546,8 @@ class Ledger:
                         led.rt.error(f"ledger: {api} bypass record failed", e)
                 if p.key is not None:
                     led.q.append(("x", p.key, p.seq, wall(), err))
+                    if led.idle:
+                        led._wake.set()
 
         repro_ledger.__repro_ledger__ = True  # type: ignore[attr-defined]
         repro_ledger.__wrapped__ = orig  # type: ignore[attr-defined]
@@ -544,7 +575,35 @@ class Ledger:
                 self._line({"e": "group", **info})
 
     def _line(self, rec: Dict[str, Any]) -> None:
-        self.fh.write(json.dumps(rec, default=repr, separators=(",", ":")) + "\n")
+        self.fh.write(_js(rec) + "\n")
+
+    def enter_line(self, item: tuple) -> str:
+        """One queued enter item as its JSON line (the same object as ``json.dumps`` of the record dict, keys in
+        the documented order). The parts that repeat from one collective to the next — group, op / API / reduce
+        op, shapes and dtypes, call site, injection / thread — are encoded once and kept (``_frags``, bounded):
+        a third of ``json.dumps``'s time per record, measured in benchmarks/RESULTS.md."""
+        _, key, seq, op, api, red, objs, site, tick, t, inj, thread, bypass, src = item
+        if red is not None and not isinstance(red, str):
+            red = str(red).rsplit(".", 1)[-1]
+        shapes, dtypes = self._tensor_meta(objs)
+        f1, f2, f3 = self._frags
+        if len(f1) + len(f2) + len(f3) > MAX_FRAGMENTS:
+            f1.clear(), f2.clear(), f3.clear()
+        k1 = (key, op, api, red)
+        a = f1.get(k1)
+        if a is None:
+            a = f1[k1] = ('{"e":"enter","g":' + _js(key) + ',"seq":', ',"op":' + _js(op) + ',"api":' + _js(api)
+                          + ',"red":' + _js(red) + ',"shapes":')
+        k2 = (repr(shapes), repr(dtypes), site)
+        b = f2.get(k2)
+        if b is None:
+            b = f2[k2] = _js(shapes) + ',"dtypes":' + _js(dtypes) + ',"site":' + _js(list(site)) + ',"tick":'
+        k3 = (inj, thread, bool(bypass), src)
+        c = f3.get(k3)
+        if c is None:
+            c = f3[k3] = (',"inj":' + _js(inj) + ',"thread":' + _js(thread) + (',"bypass":true' if bypass else "")
+                          + ("" if src is None else ',"src":' + _js(src)) + "}\n")
+        return a[0] + str(int(seq)) + a[1] + b + str(int(tick)) + ',"t":' + repr(float(t)) + c
 
     def _rotate(self) -> None:
         self.fh.close()
@@ -569,47 +628,73 @@ class Ledger:
                 dtypes.append(str(o[0].dtype).replace("torch.", ""))
         return shapes, dtypes
 
+    def write_now(self) -> None:
+        """The calling thread writes the queue (hot path, at a collective's entry): never waits for the writer
+        thread (skipped while it is writing) and never raises into the caller."""
+        if not self._wlock.acquire(False):
+            return
+        try:
+            self._drain_locked()
+        except Exception as e:
+            self.last_write = _wall()  # do not retry at every collective
+            try:
+                self.rt.error("ledger write", e)
+            except Exception:
+                pass
+        finally:
+            self._wlock.release()
+
     def drain(self) -> None:
         """Write everything queued so far and flush (writer thread, atexit, tests)."""
         with self._wlock:
-            if not self.q:
-                return
-            if self.fh is None:
-                self._open()
-            q = self.q
-            while q:
-                item = q.popleft()
-                kind = item[0]
-                if kind == "x":
-                    self._line({"e": "exit", "g": item[1], "seq": item[2], "t": item[3], "err": item[4]})
-                elif kind == "n":
-                    _, key, seq, op, api, red, objs, site, tick, t, inj, thread, bypass, src = item
-                    shapes, dtypes = self._tensor_meta(objs)
-                    if red is not None and not isinstance(red, str):
-                        red = str(red).rsplit(".", 1)[-1]
-                    rec = {"e": "enter", "g": key, "seq": seq, "op": op, "api": api, "red": red, "shapes": shapes,
-                           "dtypes": dtypes, "site": list(site), "tick": tick, "t": t, "inj": inj, "thread": thread}
-                    if bypass:
-                        rec["bypass"] = True
-                    if src is not None:
-                        rec["src"] = src
-                    if self.in_part >= self.max_records // 2:
-                        self._rotate()
-                    self._line(rec)
-                    self.in_part += 1
-                    self.total += 1
-                elif kind == "g":
-                    self._line({"e": "group", **item[1]})
-            self.fh.flush()
+            self._drain_locked()
+
+    def _drain_locked(self) -> None:
+        self.last_write = _wall()
+        if not self.q:
+            return
+        if self.fh is None:
+            self._open()
+        q = self.q
+        while q:
+            item = q.popleft()
+            kind = item[0]
+            if kind == "x":
+                _, key, seq, t, err = item
+                self.fh.write('{"e":"exit","g":' + _js(key) + ',"seq":' + str(int(seq)) + ',"t":' + repr(float(t))
+                              + ',"err":' + ("null" if err is None else _js(err)) + "}\n")
+            elif kind == "n":
+                line = self.enter_line(item)
+                if self.in_part >= self.max_records // 2:
+                    self._rotate()
+                self.fh.write(line)
+                self.in_part += 1
+                self.total += 1
+            elif kind == "g":
+                self._line({"e": "group", **item[1]})
+        self.fh.flush()
 
     def _loop(self) -> None:
+        wake = self._wake
         while True:
-            _sleep(FLUSH_INTERVAL_S)
             try:
+                if not self.q and not self.pending:
+                    self.idle = True
+                    woken = True
+                    if not self.q and not self.pending:  # re-checked after ``idle`` is published (no lost wake-up)
+                        woken = wake.wait(IDLE_WAIT_S)
+                    wake.clear()
+                    self.idle = False
+                    if not woken and not self.q and not self.pending:
+                        continue  # the safety time-out, nothing queued: back to sleep
+                _sleep(WRITER_PERIOD_S)
+                self.wakes += 1
                 if self.pending:
                     self.flush_pending()
-                self.drain()
+                if self.q:
+                    self.drain()
             except Exception as e:
+                self.idle = False
                 self.rt.error("ledger writer", e)
                 _sleep(1.0)
 
@@ -624,4 +709,7 @@ class Ledger:
         self.q.clear()
         self._wlock = threading.Lock()
         self.lock = threading.Lock()
+        self._wake = threading.Event()
+        self.idle = False
+        self.last_write = 0.0
         self.start_thread()
