@@ -22,7 +22,8 @@ benchmarks/ledger_proof.py …``. Results print as one JSON line per run and a s
 - ``throughput [--pairs 5] [--requests 16] [--max-new-tokens 64]``: two servers of the smoke scenario, one with
   the ledger on, one with it off (``ledger = false``), bursts of the ``control`` variant interleaved on/off (the
   order alternates per pair, after one uncounted warm-up burst each); output tokens/s per burst (requests × max_new_tokens / burst seconds), the on/off
-  ratio of the medians and the spread of the per-pair ratios.
+  ratio of the medians and the spread of the per-pair ratios; per burst also every thread's CPU and wake-ups,
+  summed by server, role and thread name (as ``profile``).
 - ``profile [--pairs 2] [--pyspy]``: the throughput set-up (two smoke servers, ledger on and off), and around each
   burst every thread's CPU time (``/proc/<pid>/task/<tid>/stat``, utime + stime) and voluntary context switches
   (wake-ups) of both servers' processes and of this harness process, as deltas per burst, grouped by process and
@@ -280,11 +281,14 @@ def throughput(a: argparse.Namespace, root: Path) -> None:
             _emit({"warmup": name, "verdict": out.verdict.verdict, "burst_s": out.timings["burst_s"]})
         tps = {"on": [], "off": []}
         cpu = []
+        pids = _server_pids(sessions)
         for i in range(a.pairs):
             for name in (("on", "off") if i % 2 == 0 else ("off", "on")):
                 p, s = sessions[name]
                 d = EvidenceDir(p.evidence.root, p.scenario.name, f"tput-{name}-{i}")
+                before = _thread_cpu(pids)
                 out = s.drive(p.scenario.variant("control"), d)
+                _emit({"pair": i, "ledger": name, "threads": _by_role(_delta(before, _thread_cpu(pids)))})
                 rate = a.requests * a.max_new_tokens / out.timings["burst_s"]
                 tps[name].append(rate)
                 if name == "on":
@@ -339,6 +343,30 @@ def _delta(before: dict, after: dict) -> dict:
             for k, v in after.items() if v[0] - before.get(k, [0, 0])[0] > 0.004 or v[1] - before.get(k, [0, 0])[1] > 20}
 
 
+def _server_pids(sessions: dict) -> dict:
+    """label (``on:rank0:<pid>``, ``off:proc:<pid>``, ``harness``) -> pid of both servers' processes and this one."""
+    import os
+
+    pids: dict = {"harness": os.getpid()}
+    for name, (_p, s) in sessions.items():
+        for pi in s.server.procs():
+            rk = next((r for r, q in s.rank_pids.items() if q == pi.pid), None)
+            pids[f"{name}:{'proc' if rk is None else f'rank{rk}'}:{pi.pid}"] = pi.pid
+    return pids
+
+
+def _by_role(delta: dict) -> dict:
+    """Per-thread deltas summed by (server, role, thread name): ``on:rank0|python`` -> [cpu s, wake-ups]."""
+    out: dict = {}
+    for k, v in delta.items():
+        lab, name = k.split("|", 1)
+        role = ":".join(lab.split(":")[:2])
+        acc = out.setdefault(f"{role}|{name}", [0.0, 0])
+        acc[0] = round(acc[0] + v[0], 3)
+        acc[1] += v[1]
+    return dict(sorted(out.items(), key=lambda kv: -kv[1][0]))
+
+
 def profile(a: argparse.Namespace, root: Path) -> None:
     import os
     import subprocess
@@ -369,12 +397,7 @@ def profile(a: argparse.Namespace, root: Path) -> None:
             if f:
                 raise SystemExit(f"{name}: {f.reason}")
         _emit({"healthy_s": round(time.time() - t0, 1)})
-        pids: dict = {"harness": os.getpid()}
-        for name, (p, s) in sessions.items():
-            for pi in s.server.procs():
-                role = "rank" if pi.pid in s.rank_pids.values() else "proc"
-                rk = next((r for r, q in s.rank_pids.items() if q == pi.pid), None)
-                pids[f"{name}:{role}{'' if rk is None else rk}:{pi.pid}"] = pi.pid
+        pids = _server_pids(sessions)
         _emit({"pids": pids})
         for name, (p, s) in sessions.items():
             d = EvidenceDir(p.evidence.root, p.scenario.name, f"prof-{name}-warmup")
@@ -408,8 +431,7 @@ def profile(a: argparse.Namespace, root: Path) -> None:
             rate = a.requests * a.max_new_tokens / out.timings["burst_s"]
             _emit({"burst": tag, "ledger": name, "verdict": out.verdict.verdict, "burst_s": out.timings["burst_s"],
                    "wall_s": round(wall, 2), "tokens_per_s": round(rate, 1),
-                   "follower_cpu_s": out.timings.get("ledger_follow_cpu_s"),
-                   "threads": dict(sorted(dl.items(), key=lambda kv: -kv[1][0]))})
+                   "follower_cpu_s": out.timings.get("ledger_follow_cpu_s"), "threads": _by_role(dl)})
             if spy is not None and spy_out.exists():
                 rows = []
                 for line in spy_out.read_text().splitlines():
