@@ -13,8 +13,9 @@ Layout (``Rig(n_hosts)``, names all start with the rig's prefix ``rmh<id>``, so 
 - the harness: network namespace ``<prefix>-hx`` (management address ``10.<net>.0.2``), and every harness command
   runs in a new PID + mount namespace (``/proc`` remounted): it cannot see the hosts' processes;
 - keys: a client key, a host key per host and a ``known_hosts`` made by the rig under ``/var/tmp/<prefix>/``
-  (outside ``/tmp``, which the hosts replace); ``/run/sshd`` (sshd's privilege-separation folder) is created when
-  missing and removed again by teardown.
+  (outside ``/tmp``, which the hosts replace); ``/run/sshd`` (sshd's privilege-separation folder, checked on every
+  connection by every rig's sshd) is created when missing, with a mark, and removed by the teardown of the last rig
+  (no other ``/var/tmp/rmh*`` folder left) when the mark is there: one rig going never breaks another's ssh.
 
 Needs: ``ip``/``ss`` (iproute2), ``unshare``/``nsenter`` (util-linux), ``sysctl``/``ps`` (procps), ``tar``,
 ``ssh-keygen``/``ssh`` (openssh-client) and ``/usr/sbin/sshd`` (Debian ``openssh-server``): :func:`ensure_tools`
@@ -47,6 +48,7 @@ PREFIX = "rmh"
 STATE_ROOT = Path("/var/tmp")
 SSHD = "/usr/sbin/sshd"
 PRIVSEP_DIR = Path("/run/sshd")
+PRIVSEP_MARK = PRIVSEP_DIR / ".made-by-multihost-rig"
 SSHD_START_TIMEOUT_S = 15.0
 
 
@@ -180,6 +182,7 @@ class Rig:
         made_privsep = False
         if not PRIVSEP_DIR.exists():
             PRIVSEP_DIR.mkdir(mode=0o755)
+            PRIVSEP_MARK.touch()  # a rig made it: the last rig to go removes it (another may still need it)
             made_privsep = True
         key = d / "id_ed25519"
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{self.prefix}-client", "-f", str(key))
@@ -350,8 +353,8 @@ class Rig:
 
 def teardown(state: Optional[RigState], procs: Sequence[subprocess.Popen], d: Path, prefix: str) -> list[str]:
     """Kill each host's PID 1 (ending its whole PID namespace) and the ``unshare`` parents by pid, delete the
-    namespaces, veths and bridge by the names the rig created, remove the rig folder (and ``/run/sshd`` if it made
-    it). Idempotent. Returns what is still there afterwards."""
+    namespaces, veths and bridge by the names the rig created, remove the rig folder (and ``/run/sshd`` when a rig
+    made it and no other rig is left). Idempotent. Returns what is still there afterwards."""
     left: list[str] = []
     hosts = [RigHost(**h) if isinstance(h, dict) else h for h in (state.hosts if state else [])]
     for h in hosts:
@@ -394,8 +397,12 @@ def teardown(state: Optional[RigState], procs: Sequence[subprocess.Popen], d: Pa
     links = sh("ip", "-o", "link", "show", check=False).stdout.decode()
     left += [f"link {w.split('@')[0]}" for line in links.splitlines() for w in line.split()[1:2]
              if w.startswith(prefix)]
-    if state and state.made_privsep_dir and PRIVSEP_DIR.exists():
+    # /run/sshd is shared by every rig's sshd (each connection checks it): removed by the last rig to go, when a rig
+    # made it (its mark is there), never while another rig's folder is still there
+    others = [o for o in STATE_ROOT.glob(f"{PREFIX}*") if o.is_dir() and o.name != d.name]
+    if PRIVSEP_MARK.exists() and not others:
         try:
+            PRIVSEP_MARK.unlink()
             PRIVSEP_DIR.rmdir()
         except OSError:
             pass
