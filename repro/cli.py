@@ -747,6 +747,7 @@ def watch(
     native: bool = typer.Option(False, "--native", help="py-spy --native stacks (slower; retried without on failure)"),
     ledger_dir: Optional[Path] = typer.Option(None, "--ledger-dir", help="the injector folder with the ranks' collective ledgers (repro serve's EVIDENCE/injector): a ledger proof declares a deadlock at once"),
     adapter_name: Optional[str] = typer.Option(None, "--adapter", help="engine adapter whose titles, frame rules and API the watch uses (default sglang; an unknown name lists the known ones)"),
+    hosts: Optional[Path] = typer.Option(None, "--hosts", help="JSON list of the hosts a multi-node server spans (ssh target or command template; scripts/multihost/README.md): its ranks are found and dumped on each host through that host's runner"),
 ) -> None:
     """Probe a live server's generate path; on a hang keep the evidence (stacks ×2, diagnosis, /metrics), then run --on-hang.
 
@@ -762,6 +763,16 @@ def watch(
                             failures=failures, pid_root=pid_root, match=match, evidence_root=evidence_dir,
                             on_hang=on_hang, on_hang_timeout_s=on_hang_timeout, once=once, max_rounds=count,
                             native=native, ledger_dir=ledger_dir).validate()
+        if hosts is not None:
+            import dataclasses
+
+            from repro.hosts import hosts_from_json
+
+            try:
+                opts = dataclasses.replace(opts, hosts=tuple(hosts_from_json(json.loads(hosts.read_text()))))
+            except (OSError, ValueError) as e:
+                raise WatchConfigError(f"--hosts {hosts}: {e}; expected a JSON list of hosts like "
+                                       '[{"name": "h0", "node_rank": 0, "ssh": "root@10.0.0.10"}, …]') from None
     except WatchConfigError as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(EXIT_USAGE)

@@ -129,6 +129,8 @@ class WatchOptions:
             ledgers are followed between and after probe rounds (every 0.2 s) and a ledger proof of a deadlock
             (``repro.proof``) declares the hang at once, without waiting for ``failures`` failed probes; a desync
             the ledgers show is logged (``desync`` event).
+        hosts: the hosts a multi-node server spans (``repro.hosts.HostSpec``; ``--hosts``): its ranks are listed
+            and dumped on each host through that host's runner (``repro/remote_watch.py``); empty: this host.
     """
 
     url: str
@@ -148,6 +150,7 @@ class WatchOptions:
     native: bool = False
     metrics_path: str = "/metrics"
     ledger_dir: Optional[Path] = None  # the injector folder with the ranks' ledger-<pid>.jsonl (repro.proof reads it)
+    hosts: tuple = ()  # repro.hosts.HostSpec of each host the server spans: ranks found and captured there (repro/remote_watch.py)
 
     def validate(self) -> "WatchOptions":
         """Check every field; returns self with the URL normalised (no trailing slash).
@@ -640,6 +643,7 @@ class Watcher:
         self.adapter = adapter
         self._log_sink = log or (lambda _e: None)
         self._discover_fn = discover
+        self._remote_ranks: dict = {}  # rank -> repro.hosts.RemoteRank (opts.hosts)
         self._stop = threading.Event()
         self._follower: Any = None
         self._follow_since = 0.0
@@ -679,6 +683,11 @@ class Watcher:
     # ---- discovery ---------------------------------------------------------------------------------------------
     def discover(self) -> Discovery:
         """Find the rank processes now (see :func:`discover_ranks`); never raises: problems go into ``note``."""
+        if self.opts.hosts:  # ranks on other hosts: listed and captured through each host's runner
+            from repro.remote_watch import discover_on_hosts
+
+            disc, self._remote_ranks = discover_on_hosts(self.adapter, self.opts.hosts, self.opts.match)
+            return disc
         if self._discover_fn is not None:
             try:
                 return Discovery(dict(self._discover_fn()), "given")
@@ -961,6 +970,12 @@ class Watcher:
                     shown = diverged or next(iter(per_server))
                     chk = per_server[shown]
                     report_stacks = Path(base) / "servers" / shown / "stacks"
+                elif o.hosts:  # every rank dumped on its own host (repro/remote_watch.py)
+                    from repro.remote_watch import check_stall_on_hosts, write_hosts_record
+
+                    chk = check_stall_on_hosts(self._remote_ranks, stacks_dir, list(range(max(rank_pids) + 1)), **kw)
+                    if evd is not None:
+                        write_hosts_record(evd, self._remote_ranks)
                 else:
                     chk = check_stall(rank_pids, stacks_dir, list(range(max(rank_pids) + 1)), **kw)
                 a1, a2, judgement = chk.first_analysis, chk.second_analysis, chk.judgement

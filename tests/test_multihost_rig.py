@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,85 @@ def test_cleanup_over_ssh_ends_a_killed_multihost_runs_nodes(rig2, tmp_path):
     again = subprocess.run(rig2.harness_argv([sys.executable, "-m", "repro", "cleanup", folder]), cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "nothing to clean" in again.stdout, again.stdout + again.stderr
+
+
+# A stand-in front of a server whose ranks hang: /health answers, /generate never does (the ranks behind it are
+# the real hung gloo job below; the watch judges them, not this front).
+STUCK_FRONT = r"""
+import http.server, sys, time
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+    def do_POST(self):
+        time.sleep(600)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_watch_hosts_finds_and_captures_hung_ranks_on_each_host(rig2, tmp_path):
+    """``repro watch --url … --hosts …``, run as the harness: a real gloo job hung across the two hosts (rank 1 in
+    an extra all_reduce, rank 0 in the next broadcast; ranks titled like SGLang's schedulers, gloo on the data
+    link) is found by listing each host's processes over ssh, dumped with py-spy on its own host, and judged
+    DEADLOCKED; the evidence labels each rank's host and its pid as that host sees it."""
+    import os
+    import signal
+
+    from repro import testbed
+    from tests.multihost_fixtures import REPO
+
+    py = testbed.testbed_python()
+    if py is None:
+        pytest.fail(f"the gloo job needs the testbed's torch: run `{testbed.setup_command()}`")
+    desync = REPO / "tests" / "gloo_programs" / "desync.py"
+    h0 = rig2.host("h0")
+    procs = []
+    try:
+        for k, name in enumerate(("h0", "h1")):
+            job = (f"mkdir -p /tmp/desync && exec env GLOO_SOCKET_IFNAME=data0 {py} {desync} {k} 2 29611 /tmp/desync "
+                   f"--master-addr {h0.data_addr} --title sglang::scheduler_TP{k} --extra-rank 1 --lifetime-s 150")
+            procs.append(subprocess.Popen(rig2.host_argv(name, ["sh", "-c", job]), stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, start_new_session=True))
+        procs.append(subprocess.Popen(rig2.host_argv("h0", ["/usr/bin/python3", "-c", STUCK_FRONT, "30777"]),
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        for _ in range(600):  # both ranks reached their hang point (desync.py writes ready-<rank>)
+            ready = [subprocess.run(rig2.host_argv(n, ["ls", "/tmp/desync"]), capture_output=True, text=True).stdout
+                     for n in ("h0", "h1")]
+            if "ready-0" in ready[0] and "ready-1" in ready[1]:
+                break
+            time.sleep(0.2)
+        assert "ready-0" in ready[0] and "ready-1" in ready[1], ready
+        time.sleep(1.0)
+        hosts = hosts_file(rig2, tmp_path / "hosts.json")
+        w = subprocess.run(rig2.harness_argv([
+            sys.executable, "-m", "repro", "watch", "--url", f"http://{h0.mgmt_addr}:30777", "--hosts", str(hosts),
+            "--once", "--probe-timeout", "3", "--health-timeout", "3", "--evidence-dir", str(tmp_path / "ev")]),
+            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=180)
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=30)
+    assert w.returncode == 3, w.stdout[-3000:] + w.stderr[-2000:]
+    (verdict_file,) = [v for v in (tmp_path / "ev").glob("watch-*/*/verdict.json") if v.parent.name != "latest"]
+    evd = verdict_file.parent
+    assert json.loads(verdict_file.read_text())["verdict"] == "DEADLOCKED"
+    ranks = json.loads((evd / "hosts.json").read_text())["ranks"]
+    assert {k: v["host"] for k, v in ranks.items()} == {"0": "h0", "1": "h1"}
+    cap = json.loads((evd / "stacks" / "capture.json").read_text())
+    by_rank = {c["rank"]: c for c in cap["processes"]}
+    assert by_rank[0]["host"] == "h0" and by_rank[1]["host"] == "h1"
+    assert all(c["ok"] and c["method"] == "py-spy" for c in cap["processes"])
+    assert by_rank[1]["pid"] == ranks["1"]["pid"]
+    assert (evd / "stacks" / "rank1.txt").read_text().startswith("# host h1 (pid")
+    assert "check_prefetch_progress" in (evd / "stacks" / "rank1.txt").read_text()
+    assert "all_reduce" in (evd / "analysis.json").read_text()
+    for _ in range(100):  # the SIGKILLed job's processes are gone within moments (not a watch leftover: it starts none)
+        left = rig2.host_procs("h0") + rig2.host_procs("h1")
+        if not left:
+            break
+        time.sleep(0.1)
+    assert left == []

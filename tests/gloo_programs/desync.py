@@ -2,6 +2,11 @@
 
 Usage: python desync.py RANK WORLD_SIZE PORT OUT_DIR [--mode MODE] [--extra-rank K] [--ticks N]
                                                    [--fault-signal SIGUSR2] [--lifetime-s S]
+                                                   [--master-addr ADDR] [--title TITLE]
+
+``--master-addr``: rank 0's address for the rendezvous (default 127.0.0.1; ranks on several hosts: rank 0's data
+address, with ``GLOO_SOCKET_IFNAME`` set). ``--title``: the process title (setproctitle, as SGLang titles its
+schedulers ``sglang::scheduler_TP{k}``), when setproctitle is installed.
 
 Every rank runs ``scheduler_loop``: each tick, rank 0 "receives requests" and broadcasts them to the TP group
 (``broadcast`` on a 1-element tensor, like ``broadcast_pyobj`` → ``dist.broadcast``). Modes:
@@ -99,15 +104,21 @@ def main() -> None:
     p.add_argument("--ticks", type=int, default=3)
     p.add_argument("--fault-signal", default="")
     p.add_argument("--lifetime-s", type=float, default=300.0)
+    p.add_argument("--master-addr", default="127.0.0.1")
+    p.add_argument("--title", default="")
     args = p.parse_args()
     _lifetime_guard(args.lifetime_s)
+    if args.title:
+        import setproctitle
+
+        setproctitle.setproctitle(args.title)
     if args.fault_signal:
         sig = getattr(signal, args.fault_signal)
         fh = open(os.path.join(args.out_dir, f"faulthandler-{os.getpid()}.txt"), "a")
         faulthandler.register(sig, file=fh, all_threads=True)
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{args.port}",
+        init_method=f"tcp://{args.master_addr}:{args.port}",
         rank=args.rank,
         world_size=args.world_size,
         timeout=datetime.timedelta(seconds=args.lifetime_s),
