@@ -993,7 +993,7 @@ def hunt(
     config: Optional[List[str]] = typer.Option(None, "--config", help="server configuration of the workload file to hunt beside the base scenario's (repeatable), e.g. no_radix"),
     clean_only: bool = typer.Option(False, "--clean-only", help="with --workload/--config: only each workload's clean run on each server group (no trials)"),
     workload_file: Optional[Path] = typer.Option(None, "--workload-file", help="workloads/configurations TOML (default: hunt_workloads.toml beside the catalogue)"),
-    spare: bool = typer.Option(True, "--spare/--no-spare", help="keep a spare trial server starting in the background and swap to it after a hang (--no-spare: restart the hung server)"),
+    spare: bool = typer.Option(False, "--spare/--no-spare", help="keep a spare trial server starting in the background and swap to it after a hang (default: restart the hung server; on a 2-core CPU box the spare does not pay)"),
     as_json: bool = typer.Option(False, "--json", help="print the results as JSON on stdout"),
 ) -> None:
     """Search a live server for collective-desync hazards: perturb each rank-local decision point once, on one rank

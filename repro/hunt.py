@@ -11,9 +11,9 @@ perturbations that make sense for it. The hunt then:
    (caller, enclosing loop) seen — so "inside the admission loop" and "before it" are different rows;
 2. **trials** — relaunches with one injection per row × perturbation × rank in a single plan (all unarmed) and, on
    that one healthy server, arms each trial in turn (re-arming, no restart), runs the burst, records verdict and
-   evidence, disarms; the server is replaced only after a hang or a crash — by a **spare** server launched in the
-   background while the trials ran (:class:`SparedSession`), so a hang costs the rest of the spare's start-up, not
-   a whole restart;
+   evidence, disarms; the server is restarted only after a hang or a crash (its tree SIGKILLed after
+   ``STOP_GRACE_S``), or with ``--spare`` replaced by a spare server launched in the background while the trials
+   ran (:class:`SparedSession`; on the 2-core CPU testbed it did not pay: benchmarks/RESULTS.md);
 3. **results** stream to ``hunt.jsonl`` and ``HUNT.md`` as they come (an interrupted hunt keeps what it found): per
    trial the verdict, time to verdict, the collective that diverged, whether it is in the model's forward or in a
    scheduling/cache collective (the family we hunt, ranked first), a one-line hazard statement and, for each
@@ -61,6 +61,12 @@ FAMILY_UNCLEAR = CollectiveFamily.UNCLEAR
 NOT_RUN = "NOT RUN"
 MAX_RESTART_FAILURES = 2  # consecutive failed (re)starts before the hunt gives up
 SETTLE_S = 2.0  # seconds after a clean burst before the server is checked for a delayed crash
+# Seconds a hunt's server tree gets after SIGTERM before SIGKILL (runner.Session.stop_grace_s; the launcher's
+# default is 10). Once a scheduler died of the SIGTERM, sglang 0.5.23's parent logs "Sleeping 5 seconds before crash
+# diagnostics" (managers/tokenizer_manager.py, its SIGQUIT handler) and only then exits: 6 s of every teardown
+# (measured) — after each hang, and for the baseline and the last trial server — that a hunt's server, hung or
+# done, has no use for.
+STOP_GRACE_S = 1.0
 
 Observer = Callable[[str, dict], None]
 
@@ -834,7 +840,9 @@ class HuntOptions:
             ``hand_points`` False drops the hand catalogue's points (discovery alone; its perturbations, collective
             names and known issues stay); ``discover_rules``: the rules file (default: the adapter's).
         spare: a second trial server (same plan, its own folder ``…-hunt-spare``) is launched as soon as the trial
-            server is healthy; after a hang or a crash the hunt swaps to it instead of restarting (False: restart).
+            server is healthy; after a hang or a crash the hunt swaps to it instead of restarting (False, the
+            default: restart). Pays where start-up leaves the CPU idle (weights read from disk); on the 2-core CPU
+            testbed start-up is CPU-bound and it did not (benchmarks/RESULTS.md, benchmarks/hunt_restarts.py).
     """
 
     scenario_path: Path
@@ -859,7 +867,7 @@ class HuntOptions:
     workload_file: Optional[Path] = None  # default: hunt_workloads.toml beside the catalogue
     group_workloads: Sequence[str] = ()  # set by hunt_matrix: the workloads of one server group (one hunt)
     clean_only: bool = False  # with workloads: only each workload's clean run (no trials): "is the engine safe under it?"
-    spare: bool = True  # keep a spare trial server starting in the background; a hang swaps to it (SparedSession)
+    spare: bool = False  # keep a spare trial server starting in the background; a hang swaps to it (SparedSession)
 
 
 @dataclass
@@ -1028,7 +1036,7 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
             raise HuntError(str(e)) from None
         result.baseline = p0.evidence.path
         observe("baseline", {"evidence": str(p0.evidence.path)})
-        s0 = runner.Session(p0, observe)
+        s0 = _session(runner, p0, observe)
         try:
             failed = s0.start()
             if failed is not None:
@@ -1193,9 +1201,9 @@ def _run_trials(runner: Any, p: Any, ro: Any, base: Any, cat: Catalogue, trials:
     from repro.runner import VariantItem, run_variants  # the one multi-variant loop (runner may be a stand-in)
 
     started = [0]  # trials started so far (a spare is worth launching while one more is left after the next)
-    session: Any = runner.Session(p, observe)
+    session: Any = _session(runner, p, observe)
     if spare_p is not None:
-        session = SparedSession(session, runner.Session(spare_p, observe),
+        session = SparedSession(session, _session(runner, spare_p, observe),
                                 want_spare=lambda: clock.remaining > 0 and started[0] + 1 < len(trials), log=log)
     by_name = {t.name: t for t in trials}
     items = [VariantItem(t.name, command=(opts.command_line or f"repro hunt {opts.scenario_path}") + f"  # trial {t.name}",
@@ -1356,6 +1364,13 @@ class SparedSession:
         waited = sum(x["waited_s"] for x in self.swaps)
         return (f"{len(self.swaps)} swap(s) to the spare server (waited {waited:.0f} s in all for it to be healthy), "
                 f"{self.restarts} plain restart(s)")
+
+
+def _session(runner: Any, p: Any, observe: Observer) -> Any:
+    """A ``runner.Session`` whose teardown SIGKILLs what is left after :data:`STOP_GRACE_S` seconds."""
+    s = runner.Session(p, observe)
+    s.stop_grace_s = STOP_GRACE_S
+    return s
 
 
 def _not_run(log: HuntLog, trials: Sequence[Trial], why: str) -> None:
@@ -1539,7 +1554,7 @@ def _hunt_workloads(runner: Any, base: Any, cat: Catalogue, ncat: Any, points: S
         raise HuntError(str(e)) from None
     result.baseline = p0.evidence.path
     observe("baseline", {"evidence": str(p0.evidence.path)})
-    session = runner.Session(p0, observe)
+    session = _session(runner, p0, observe)
     done: dict[str, Any] = {}
     items = [VariantItem(vname[w], command=(opts.command_line or f"repro hunt {opts.scenario_path}") + f"  # clean run, workload {w}",
                          session_info={"hunt": str(hf), "workload": w}) for w in names]

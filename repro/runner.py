@@ -359,6 +359,9 @@ class Session:
         self.healthy_s: Optional[float] = None
         self.interrupted_in_teardown = False
         self._launched_t: Optional[float] = None  # launch() started the server; start() waits for it
+        # seconds stop() lets the tree exit after SIGTERM before SIGKILL (repro hunt: 1 s — sglang's parent sleeps 5 s
+        # after a child died before it exits, and a hunt's servers have nothing to drain)
+        self.stop_grace_s = 10.0
 
     def start(self) -> Optional[Verdict]:
         """Launch and wait healthy (a port taken during start-up is retried on new ports), record the tree, map the
@@ -458,11 +461,11 @@ class Session:
             return []
         self.observe("teardown", {})
         try:
-            left = self.server.stop()
+            left = self.server.stop(grace_s=self.stop_grace_s)
         except KeyboardInterrupt:
             # Ctrl-C/SIGTERM arrived during the teardown itself: finish it (the CLI ignores further signals now),
             # then let the caller report the interruption.
-            left = self.server.stop()
+            left = self.server.stop(grace_s=self.stop_grace_s)
             self.interrupted_in_teardown = True
         self.p.evidence.teardown.write({"left_running": [getattr(x, "pid", x) for x in left], "time": time.time()})
         self.server = None

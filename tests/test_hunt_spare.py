@@ -5,7 +5,8 @@ Two levels: the hunt loop with the scripted stand-in runner of tests/test_hunt.p
 when spares are launched, that every server ends stopped, also on an interrupt), and real process trees with a
 small stand-in server program (not SGLang) under repro.runner.Session and the launcher: ``launch`` returns before
 health, ``start`` then waits for that same process, a swap leaves the hung tree gone and a new spare starting,
-``stop`` ends both. The real-server measurement (trials/hour before and after) is benchmarks/hunt_restarts.py.
+``stop`` ends both; a hunt's teardown SIGKILLs a tree that lingers after SIGTERM (``STOP_GRACE_S``). The
+real-server measurement (trials/hour before and after) is benchmarks/hunt_restarts.py.
 """
 
 from __future__ import annotations
@@ -132,6 +133,9 @@ SERVER = textwrap.dedent('''
               "port: 40177, code: -98, name: EADDRINUSE", flush=True)
         time.sleep(0.5)
         sys.exit(1)
+    if mode == "slow_exit":  # like sglang's parent after a child died: 5 s before it exits on SIGTERM
+        import signal
+        signal.signal(signal.SIGTERM, lambda *a: (time.sleep(5.0), sys.exit(0)))
     time.sleep(3600 if mode == "never" else 1.0)  # start-up ("never": never becomes healthy)
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -249,3 +253,18 @@ def test_an_interrupt_while_waiting_for_the_spare_ends_the_hung_tree_and_the_spa
     finally:
         left = ss.stop()
     assert left == [] and len(pids) == 2 and not any(_alive(x) for x in pids)
+
+
+def test_a_hunts_teardown_does_not_wait_for_a_server_that_lingers_after_sigterm(tmp_path: Path) -> None:
+    p, _ = _prepared(tmp_path, "hunt-session", mode="slow_exit")
+    s = Session(p)
+    s.stop_grace_s = H.STOP_GRACE_S
+    assert s.start() is None
+    pid = s.server.pid
+    t0 = time.time()
+    assert s.stop() == []
+    assert time.time() - t0 < H.STOP_GRACE_S + 2.0 and not _alive(pid)  # not the 5 s it would take to exit
+    # every session a hunt makes gets that grace (baseline, trial server, spare)
+    fr = FakeRunner({"-zero_once-r0": DEADLOCKED})
+    H.hunt(_opts(tmp_path / "h"), runner=fr)
+    assert len(fr.sessions) == 3 and all(x.stop_grace_s == H.STOP_GRACE_S for x in fr.sessions)
