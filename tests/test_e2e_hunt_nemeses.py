@@ -52,6 +52,7 @@ def test_every_workload_nemesis_runs_clean_on_one_shared_server_with_a_verdict_o
     # the nemeses took effect on the real server
     assert by["mass_abort"]["aborted"] == 4, by["mass_abort"]
     assert by["client_abort"]["aborted"] == 4, by["client_abort"]  # every 3rd of 12 requests
+    assert by["deadlines"]["aborted"] >= 1, by["deadlines"]  # a client gave up on its request after 0.5 s
     for w in ("flush_cache", "storage_attach_detach", "weight_update"):
         assert "→" in by[w]["admin"] and "not called" not in by[w]["admin"], by[w]  # each call answered with a status
     # HUNT.md shows each workload's clean verdict
