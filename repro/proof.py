@@ -486,6 +486,31 @@ def _desync_summary(d: Desync, al: LiveAlignment) -> str:
     return f"Ledger desync at {d.label} #{d.seq}: {by} — {', '.join(d.fields)} differ {how}."
 
 
+def judge_slots(al: LiveAlignment, since: float = 0.0, max_slots: int = 50_000) -> list[Desync]:
+    """Retire the slots changed since the last call that every member entered and left, and return the desyncs
+    among them (completed or crashed) entered at or after ``since`` (epoch seconds). Keeps the alignment's memory
+    and :func:`find_proof` / :func:`find_desyncs`'s work bounded on a long-lived server; at most ``max_slots`` are
+    kept (the oldest retired first). Used by the detect stage and by ``repro watch`` (repro/watch.py)."""
+    out: list[Desync] = []
+    for key in list(al.dirty):
+        slot = al.slots.get(key)
+        al.dirty.discard(key)
+        if slot is None:
+            continue
+        members = al.members(slot.group)
+        if not (set(members) <= slot.left):
+            continue
+        if len({_signature(r) for r in slot.entered.values()}) > 1 and \
+                min(r.t_enter for r in slot.entered.values()) >= since:
+            out += [d for d in find_desyncs(_Only(al, key)) if d.outcome != "pending"]
+        al.retire(key)
+    if len(al.slots) > max_slots:
+        for key in sorted(al.slots, key=lambda k: min(r.t_enter for r in al.slots[k].entered.values()))[
+                : len(al.slots) - max_slots]:
+            al.retire(key)
+    return out
+
+
 class LedgerProofDetector:
     """The detect stage's ledger detector (``repro.detect``): follows every rank's ledger while the burst runs and
     ends it DEADLOCKED the moment :func:`find_proof` holds, whatever the ranks' CPU; after the burst
@@ -540,23 +565,7 @@ class LedgerProofDetector:
 
     def _judge_slots(self) -> None:
         """Retire slots every member entered and left; keep the desyncs among them (entered after ``since``)."""
-        al = self.follower.alignment
-        for key in list(al.dirty):
-            slot = al.slots.get(key)
-            al.dirty.discard(key)
-            if slot is None:
-                continue
-            members = al.members(slot.group)
-            if not (set(members) <= slot.left):
-                continue
-            if len({_signature(r) for r in slot.entered.values()}) > 1 and \
-                    min(r.t_enter for r in slot.entered.values()) >= self.since:
-                self.desyncs += [d for d in find_desyncs(_Only(al, key)) if d.outcome != "pending"]
-            al.retire(key)
-        if len(al.slots) > self.MAX_SLOTS:
-            for key in sorted(al.slots, key=lambda k: min(r.t_enter for r in al.slots[k].entered.values()))[
-                    : len(al.slots) - self.MAX_SLOTS]:
-                al.retire(key)
+        self.desyncs += judge_slots(self.follower.alignment, self.since, self.MAX_SLOTS)
 
     def poll(self, ctx: Any) -> Optional[Any]:
         import time as _t
@@ -694,4 +703,4 @@ class _Only:
 
 
 __all__ = ["LedgerProofDetector", "PairingTable", "PairingError", "Side", "features", "table_for", "WaitEdge", "Proof", "Desync",
-           "find_proof", "find_desyncs", "crash_desync", "numel", "WAIT_OPS"]
+           "find_proof", "find_desyncs", "crash_desync", "judge_slots", "numel", "WAIT_OPS"]

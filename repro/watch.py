@@ -706,19 +706,20 @@ class Watcher:
         if o.ledger_dir is None or self.state == "hung":
             return False
         try:
-            from repro.ledger_follow import LedgerFollower
-            from repro.proof import find_desyncs, find_proof
+            from repro.ledger_follow import shared_follower
+            from repro.proof import find_desyncs, find_proof, judge_slots
 
             if self._follower is None:
                 pids = self.discover().rank_pids
                 if not pids:
                     return False
-                self._follower = LedgerFollower(Path(o.ledger_dir), pids)
+                self._follower = shared_follower(Path(o.ledger_dir), pids)  # the server's one follower (kept)
                 self._follow_since = time.time()
             if not self._follower.poll() and self._follower.lines:
                 return False
             al = self._follower.alignment
-            for d in find_desyncs(al):
+            # slots every rank left are judged once and dropped (memory and work stay bounded on a long watch)
+            for d in judge_slots(al) + find_desyncs(al):
                 key = (d.group, d.seq)
                 if key not in self._desyncs_seen:
                     self._desyncs_seen.add(key)

@@ -478,3 +478,35 @@ def test_a_wait_on_a_group_the_peer_never_used_makes_no_edge_and_the_proof_names
     assert p is not None and p.kind == "missing_partner" and p.ranks == (0, 1)
     assert {(e.rank, e.thread) for e in p.edges} == {(0, "MainThread"), (1, "MainThread")}
     assert p.records[1].group == DEV and "VocabParallelEmbedding.forward" in p.summary and "pg9" not in p.summary
+
+
+def test_watch_follows_the_servers_shared_follower_and_drops_the_slots_every_rank_left(tmp_path: Path, monkeypatch):
+    """``repro watch`` uses the server's one follower (``shared_follower``: the same object a run's detector gets),
+    judges each slot every rank left once (a desync among them is logged once) and drops it, so a long watch
+    neither grows the alignment nor re-judges old collectives."""
+    from repro.ledger_follow import shared_follower
+    from repro.watch import WatchOptions, Watcher
+
+    monkeypatch.setitem(PIDS, 0, os.getpid())
+    monkeypatch.setitem(PIDS, 1, os.getppid())
+    a, b = healthy(tmp_path)
+    events = []
+    w = Watcher(WatchOptions(url="http://127.0.0.1:9", ledger_dir=tmp_path).validate(), log=events.append,
+                discover=lambda: dict(PIDS))
+    assert w._ledger_check() is False
+    assert w._follower is shared_follower(tmp_path, dict(PIDS))
+    al = w._follower.alignment
+    assert al.slots == {}  # healthy ticks: every slot judged and dropped
+    a.enter(CPU, "all_reduce", red="MAX", shapes=((1,),), dtypes=("int32",))
+    b.enter(CPU, "all_reduce", red="MIN", shapes=((1,),), dtypes=("int32",))
+    a.exit(CPU)
+    b.exit(CPU)
+    for _ in range(3):
+        a.tick()
+        b.tick()
+        assert w._ledger_check() is False
+    assert al.slots == {}
+    desyncs = [e for e in events if e["event"] == "desync"]
+    assert len(desyncs) == 1 and desyncs[0]["verdict"] == "DESYNCED" and desyncs[0]["desync"]["fields"] == ["red"]
+    smoke_hang(a, b)
+    assert w._ledger_check() is True and w.ledger_proof.kind == "missing_partner"
