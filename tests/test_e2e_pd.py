@@ -1,12 +1,26 @@
 """PD disaggregation end to end on the CPU testbed: a real prefill server (TP=4, HiCache), decode server (TP=1) and
-SGLang's router, Mooncake moving the KV over TCP. ONE stack serves every case of this file: the control first, the
-mass abort (no fault) next — both leave the stack clean and re-armable — and the hanging case last (marked ``pd``;
-`bash scripts/test.sh pd`)."""
+SGLang's router, Mooncake moving the KV over TCP (marked ``pd``; `bash scripts/test.sh pd`).
+
+ONE stack serves the cases of the module fixture: the control first, the mass abort (no fault) next — both leave
+the stack clean and re-armable — then ``repro watch`` (the CLI, its own session) is started on the stack's router
+and the hanging case is armed while it watches: the run's divergence deadlocks the prefill server, the run judges
+it, and the watch, probing the router, declares the same hang, keeps both servers' evidence and runs ``--on-hang``
+before the stack is torn down. The last test runs ``repro compare`` with a no-op patch: it needs a stack per side
+(a patch is a different sglang on the servers' PYTHONPATH), so it starts two more, prefill TP=2 to keep them short.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -17,23 +31,154 @@ from repro.verdict import DEADLOCKED, SUCCEEDED
 
 REPO = Path(__file__).resolve().parent.parent
 DISAGG = REPO / "scenarios" / "sglang" / "disagg_bootstrap_divergence.toml"
+NOOP_PATCH = REPO / "tests" / "fixtures" / "pd" / "noop-comment.patch"
+DIVERGENCE_ID = "pop_bootstrapped_empty_on_ranks_2_3"
+
+# The watch on the router: a healthy 1-token probe through the PD stack takes ~0.5–3 s here (2 shared cores). Four
+# failures 10 s apart declare 30–48 s after arming — after the run's own capture of the same ranks (its stall rule:
+# 15 s without progress, verdict ~19 s after arming, measured), never during it (two py-spy on one pid collide).
+WATCH_INTERVAL_S = 10.0
+WATCH_PROBE_TIMEOUT_S = 8.0
+WATCH_FAILURES = 4
+WATCH_HEALTHY_ROUNDS = 2
+WATCH_BOUND_S = WATCH_FAILURES * WATCH_INTERVAL_S + WATCH_PROBE_TIMEOUT_S  # the watch's declare bound (probe <= interval)
 
 pytestmark = pytest.mark.pd
 
 
-def run_pd_variants(tmp_path_factory, folder: str, variants: list[str]):
-    """Run ``variants`` of the disagg scenario on one real PD stack; (evidence root, variant -> RunResult)."""
+def _testbed_python() -> str:
     py = testbed.testbed_python()
     if py is None or not testbed.is_set_up():
         pytest.fail(f"CPU testbed not set up at {testbed.testbed_dir()}: run `{testbed.setup_command()}`")
-    root = tmp_path_factory.mktemp(folder)
-    results = run_many(RunOptions(DISAGG, evidence_root=root, python=str(py)), variants)
-    return root, {r.evidence.name.split("-", 1)[1]: r for r in results}
+    return str(py)
+
+
+def _record_cmd(out: Path) -> str:
+    """An --on-hang command that records what it found in REPRO_EVIDENCE_DIR when it ran."""
+    script = (
+        "import json, os, pathlib, time; d = pathlib.Path(os.environ['REPRO_EVIDENCE_DIR']); "
+        f"pathlib.Path({str(out)!r}).write_text(json.dumps({{'dir': str(d), 't': time.time(), "
+        "'files': sorted(p.name for p in d.iterdir()), 'servers': sorted(p.name for p in (d / 'servers').iterdir()), "
+        "'status': json.loads((d / 'run.json').read_text())['status'], 'verdict_env': os.environ['REPRO_VERDICT']}))"
+    )
+    return f"{sys.executable} -c {json.dumps(script)}"
+
+
+class LiveWatch:
+    """``repro watch`` (the CLI, in its own session) on a stack's router; its JSON lines collected with arrival times.
+
+    ``start`` returns once it found the ranks and answered ``WATCH_HEALTHY_ROUNDS`` healthy probes; ``stop`` ends its
+    process group (SIGTERM, then SIGKILL). Errors from the fixture's callbacks are kept in ``error`` (the run goes on).
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.marker = root / "on_hang_saw.json"
+        self.proc: Optional[subprocess.Popen] = None
+        self.events: list[dict] = []
+        self.q: "queue.Queue[Optional[dict]]" = queue.Queue()
+        self.error: Optional[str] = None
+        self.url: Optional[str] = None
+        self.t_arm: Optional[float] = None
+        self.arm_round = 0
+
+    def start(self, url: str, timeout_s: float = 120.0) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.url = url
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "repro.cli", "watch", "--url", url, "--interval", str(WATCH_INTERVAL_S),
+             "--probe-timeout", str(WATCH_PROBE_TIMEOUT_S), "--failures", str(WATCH_FAILURES),
+             "--evidence-dir", str(self.root / "evidence"), "--on-hang", _record_cmd(self.marker)],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=open(self.root / "watch.stderr", "w"), text=True,
+            start_new_session=True)
+
+        def pump() -> None:
+            for line in self.proc.stdout:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                e["_t"] = time.time()
+                self.events.append(e)
+                self.q.put(e)
+            self.q.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        ok = 0
+        end = time.time() + timeout_s
+        while ok < WATCH_HEALTHY_ROUNDS:
+            e = self.next(end)
+            if e["event"] == "probe":
+                ok = ok + 1 if e["generate"]["outcome"] == "ok" else 0
+
+    def next(self, end: float) -> dict:
+        """The next event before ``end`` (time.time()); raises AssertionError on a timeout or an ended watch."""
+        while True:
+            try:
+                e = self.q.get(timeout=max(0.1, end - time.time()))
+            except queue.Empty:
+                raise AssertionError(f"watch: no event in time; last events: {self.events[-5:]}") from None
+            if e is None:
+                raise AssertionError(f"watch exited {self.proc.poll()}; last events: {self.events[-5:]}")
+            return e
+
+    def armed(self) -> None:
+        """The divergence was armed now (while the watch runs)."""
+        self.t_arm = time.time()
+        probes = [e for e in self.events if e["event"] == "probe"]
+        self.arm_round = probes[-1]["round"] if probes else 0
+
+    def wait_on_hang(self, timeout_s: float) -> None:
+        end = time.time() + timeout_s
+        while self.next(end)["event"] not in ("on_hang", "on_hang_skipped"):
+            pass
+
+    def of(self, name: str) -> list[dict]:
+        return [e for e in self.events if e["event"] == name]
+
+    def stop(self) -> None:
+        p = self.proc
+        if p is None or p.poll() is not None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 30)):
+            try:
+                os.killpg(p.pid, sig)
+                p.wait(timeout=wait_s)
+                return
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                continue
 
 
 @pytest.fixture(scope="module")
 def pd_results(tmp_path_factory):
-    return run_pd_variants(tmp_path_factory, "pd-evidence", ["control", "mass_abort", "divergence"])
+    """control, mass_abort, then (``repro watch`` running on the router) divergence, on ONE real PD stack:
+    (evidence root, variant -> RunResult, the LiveWatch)."""
+    py = _testbed_python()
+    root = tmp_path_factory.mktemp("pd-evidence")
+    watch = LiveWatch(root / "watch")
+    seen: dict = {}
+
+    def observe(event: str, data: dict) -> None:
+        if event == "wait_healthy":
+            seen["url"] = data["url"]
+        elif event == "armed" and DIVERGENCE_ID in (data.get("injections") or []) and watch.proc is not None:
+            watch.armed()
+
+    def on_result(d) -> None:  # called with the stack still up, before the next variant
+        try:
+            if d.variant.name == "mass_abort":
+                watch.start(seen["url"])
+            elif d.variant.name == "divergence" and watch.proc is not None:
+                watch.wait_on_hang(WATCH_BOUND_S + WATCH_INTERVAL_S + 180.0)
+        except Exception as e:  # noqa: BLE001 - the watch test reports it; the other cases still run
+            watch.error = watch.error or f"{d.variant.name}: {type(e).__name__}: {e}"
+
+    try:
+        results = run_many(RunOptions(DISAGG, evidence_root=root, python=py), ["control", "mass_abort", "divergence"],
+                           observe=observe, on_result=on_result)
+    finally:
+        watch.stop()
+    return root, {r.evidence.name.split("-", 1)[1]: r for r in results}, watch
 
 
 def _servers(run: Path) -> dict:
@@ -41,7 +186,7 @@ def _servers(run: Path) -> dict:
 
 
 def test_pd_control_succeeds_through_the_router_with_the_site_entered_on_every_prefill_rank(pd_results):
-    _, by = pd_results
+    _, by, _ = pd_results
     r = by["control"]
     assert r.verdict.verdict == SUCCEEDED, r.verdict.reason
     assert r.requests_ok == r.requests_total == 8
@@ -52,7 +197,7 @@ def test_pd_control_succeeds_through_the_router_with_the_site_entered_on_every_p
 
 
 def test_pd_mass_abort_with_no_fault_gives_a_verdict_and_counts_the_aborts_per_rank_of_both_servers(pd_results):
-    _, by = pd_results
+    _, by, _ = pd_results
     r = by["mass_abort"]
     # not INCONCLUSIVE: the aborts reached the decode server (its FINISH_ABORT site, required, was entered)
     assert r.verdict.verdict in (SUCCEEDED, DEADLOCKED, "DESYNCED"), r.verdict.reason
@@ -79,7 +224,7 @@ def test_pd_mass_abort_with_no_fault_gives_a_verdict_and_counts_the_aborts_per_r
 
 
 def test_pd_divergence_deadlocks_the_prefill_server_in_the_waiting_queue_bootstrap_poll(pd_results):
-    _, by = pd_results
+    _, by, _ = pd_results
     r = by["divergence"]
     assert r.verdict.verdict == DEADLOCKED, r.verdict.reason
     v = json.loads((r.evidence / "verdict.json").read_text())
@@ -96,6 +241,93 @@ def test_pd_divergence_deadlocks_the_prefill_server_in_the_waiting_queue_bootstr
     assert (r.evidence / "servers" / "prefill" / "ledger.json").is_file()
 
 
+def test_watch_on_the_router_armed_live_keeps_both_servers_evidence_within_its_bound_then_runs_on_hang(pd_results):
+    _, by, w = pd_results
+    assert w.error is None, w.error
+    assert w.t_arm is not None, "the divergence was not armed while the watch ran"
+    # it found the ranks of both servers through the router's GET /workers, the same processes the run drove
+    disc = w.of("discovery")[0]
+    run_servers = json.loads((by["divergence"].evidence / "verdict.json").read_text())["servers"]
+    run_pids = {pid for s in run_servers.values() for pid in s["rank_pids"].values()}
+    assert disc["method"] == "router-workers" and set(disc["rank_pids"].values()) == run_pids, disc
+    assert "prefill TP0..3" in disc["note"] and "decode TP0..0" in disc["note"], disc["note"]
+    probes = [e for e in w.of("probe")]
+    before = [e for e in probes if e["round"] <= w.arm_round]
+    assert len(before) >= 2 and all(e["generate"]["outcome"] == "ok" for e in before[-2:]), before
+    # armed live: the hang is declared within the bound after arming (+1 round that may have started before it)
+    hang = w.of("hang")
+    assert len(hang) == 1, [e["event"] for e in w.events]
+    after = [e for e in probes if e["round"] > w.arm_round and e["_t"] <= hang[0]["_t"]]
+    assert after and after[-1].get("transition") == "hang" and len(after) <= WATCH_FAILURES + 1, after
+    assert all(e["generate"]["outcome"] in ("timeout", "skipped") for e in after[-WATCH_FAILURES:]), after
+    arm_to_hang = hang[0]["_t"] - w.t_arm
+    assert arm_to_hang <= WATCH_BOUND_S + WATCH_INTERVAL_S + 2.0, arm_to_hang
+    # both servers' evidence, each judged on its own: the prefill server deadlocked, the decode server idle
+    evid = w.of("evidence")
+    assert len(evid) == 1 and evid[0]["verdict"] == DEADLOCKED and evid[0]["complete"], evid
+    evd = Path(evid[0]["path"])
+    for role, n in (("prefill", 4), ("decode", 1)):
+        stacks = evd / "servers" / role / "stacks"
+        for k in range(n):
+            assert (stacks / f"rank{k}.txt").is_file() and (stacks / f"rank{k}-2.txt").is_file(), (role, k)
+    hj = json.loads((evd / "hang.json").read_text())
+    assert hj["diverged_server"] == "prefill" and hj["servers"]["decode"]["deadlocked"] is False, hj.get("servers")
+    pre = {r["rank"]: r for r in json.loads((evd / "servers" / "prefill" / "analysis.json").read_text())["ranks"]}
+    for k in (0, 1):
+        assert pre[k]["state"] == "collective" and pre[k]["op"] == "all_reduce", pre[k]
+        assert "poll_and_all_reduce_attn_cp_tp_group" in str(pre[k]["caller_chain"]), pre[k]["caller_chain"]
+    assert "**The prefill server diverged**" in (evd / "REPORT.md").read_text()
+    # then --on-hang, with the evidence complete on disk
+    ran = w.of("on_hang")
+    assert ran and ran[0]["rc"] == 0, w.events[-3:]
+    saw = json.loads(w.marker.read_text())
+    assert saw["dir"] == str(evd) and saw["status"] == "complete" and saw["verdict_env"] == DEADLOCKED
+    assert saw["servers"] == ["decode", "prefill"] and {"hang.json", "verdict.json", "REPORT.md"} <= set(saw["files"])
+    assert saw["t"] >= evid[0]["_t"] - 1.0
+    print("WATCH_PD_TIMINGS " + json.dumps({
+        "arm_to_hang_s": round(arm_to_hang, 1), "arm_to_evidence_s": round(evid[0]["_t"] - w.t_arm, 1),
+        "bound_s": WATCH_BOUND_S, "capture_s": evid[0]["capture_s"], "hang_kind": hang[0]["kind"]}))
+
+
 def test_pd_stack_left_nothing_running(pd_results):
-    root, _ = pd_results
+    root, _, w = pd_results
+    assert w.proc is None or w.proc.poll() is not None
     assert processes_mentioning(root) == []
+
+
+def test_compare_with_a_noop_patch_on_the_pd_scenario_runs_both_sides_on_stacks_of_their_own(tmp_path: Path):
+    # `repro compare` applies the patch to both engine servers (an overlay first on their PYTHONPATH): each side is a
+    # stack of its own. sglang's launcher warns from its own file at start-up: the path in each server's log says
+    # which sglang that server ran.
+    py = _testbed_python()
+    root = tmp_path / "compare"
+    cmd = [sys.executable, "-m", "repro.cli", "compare", str(DISAGG), "--variant", "control", "--before", "installed",
+           "--after", f"patch:{NOOP_PATCH}", "--expect-before", "success", "--expect-after", "success", "--tp", "2",
+           "--python", py, "--evidence-dir", str(root), "--json"]
+    p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=1200)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGTERM)  # compare tears its stack down and removes the overlay on SIGTERM
+        out, err = p.communicate(timeout=120)
+        pytest.fail(f"repro compare did not end in 1200 s: {err[-3000:]}")
+    assert p.returncode == 0, f"exit {p.returncode}: {out[-2000:]} {err[-3000:]}"
+    res = json.loads(out)
+    sides = {s["side"]: s for s in res["sides"]}
+    assert set(sides) == {"before", "after"}
+    for name, s in sides.items():
+        assert s["verdict"] == SUCCEEDED and s["matched"], (name, s["reason"])
+        assert s["requests_ok"] == s["requests_total"] == 8, name
+        v = json.loads((Path(s["evidence"]) / "verdict.json").read_text())
+        assert v["servers"]["prefill"]["ranks"] == ["prefill TP0", "prefill TP1"], v["servers"]
+        assert v["servers"]["decode"]["ranks"] == ["decode TP0"]
+    assert "overlay" in sides["after"]["description"] and "overlay" not in sides["before"]["description"]
+    for role in ("prefill", "decode"):
+        after_log = (Path(sides["after"]["evidence"]) / "servers" / role / "server.log").read_text(errors="replace")
+        before_log = (Path(sides["before"]["evidence"]) / "servers" / role / "server.log").read_text(errors="replace")
+        assert "repro-overlay-" in after_log and "repro-overlay-" not in before_log, role
+    assert (Path(res["folder"]) / "COMPARISON.md").is_file()
+    assert processes_mentioning(root) == []
+    print("COMPARE_PD_TIMINGS " + json.dumps({"wall_s": res["wall_s"], **{
+        n: {k: s["timings"].get(k) for k in ("healthy_s", "to_verdict_s", "total_s")} for n, s in sides.items()}}))
