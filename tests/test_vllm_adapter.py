@@ -292,3 +292,54 @@ def test_cleanup_removes_the_files_a_killed_runs_server_left(tmp_path):
     finally:
         store.unlink(missing_ok=True)
         seg.unlink(missing_ok=True)
+
+
+class _EngineOnlyInItsTestbed:
+    """A stand-in adapter whose engine package (``reprofakeengine``) only its own testbed interpreter imports."""
+
+    def __init__(self, tb_python: Path) -> None:
+        from repro.targets.base import RefLocation
+
+        self.ref_location = RefLocation(package="reprofakeengine", checkout_subdir="", version_key="reprofakeengine")
+        self._tb = tb_python
+
+    def testbed_python(self) -> Path:
+        return self._tb
+
+    def testbed_setup_command(self) -> str:
+        return "set up the fake testbed"
+
+
+def _fake_testbed(tmp_path: Path) -> tuple[Path, Path]:
+    import stat
+    import sys
+
+    site = tmp_path / "site"
+    (site / "reprofakeengine").mkdir(parents=True)
+    (site / "reprofakeengine" / "__init__.py").write_text("")
+    py = tmp_path / "python"
+    py.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} \"$@\"\n")
+    py.chmod(py.stat().st_mode | stat.S_IXUSR)
+    return py, site / "reprofakeengine"
+
+
+def test_compare_and_hunt_refs_locate_the_package_in_the_scenarios_adapters_testbed(tmp_path, monkeypatch):
+    # repro compare / hunt --ref of a vLLM scenario: with no --python, `installed` and `patch:` are the package of
+    # the scenario's adapter's testbed interpreter (the vLLM venv), not the default adapter's (SGLang's) testbed.
+    from repro import compare, hunt
+
+    py, pkg = _fake_testbed(tmp_path)
+    ad = _EngineOnlyInItsTestbed(py)
+    m = compare.materialize(compare.parse_ref("installed"), None, ref_location=ad.ref_location, adapter=ad)
+    try:
+        assert m.package_dir == str(pkg) and str(py) in m.description
+    finally:
+        m.close()
+    (tmp_path / "fix.patch").write_text("--- a/reprofakeengine/__init__.py\n+++ b/reprofakeengine/__init__.py\n"
+                                        "@@ -0,0 +1 @@\n+X = 1\n")
+    monkeypatch.setattr(registry, "get_adapter", lambda name=None: ad)
+    m = hunt._materialize(f"patch:{tmp_path / 'fix.patch'}", None, "fake")
+    try:
+        assert m.pythonpath_prepend and (Path(m.pythonpath_prepend[0]) / "reprofakeengine" / "__init__.py").read_text() == "X = 1\n"
+    finally:
+        m.close()
