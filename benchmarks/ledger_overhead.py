@@ -9,7 +9,9 @@ not hidden in network time). Timings, each the median of ``--repeats`` runs of `
 - coordinator: a GroupCoordinator-shaped method that calls ``torch.distributed.all_reduce`` on its group, with the
   ledger recording the outer call once (nested rule) vs the same method unpatched.
 
-Reported per call in microseconds: wall and the calling thread's CPU time (``time.thread_time``). Disabled
+Reported per call in microseconds: wall, the calling thread's CPU time (``time.thread_time``) and the whole
+process's (``time.process_time``: the writer thread's share included, the run's queue written inside the timed
+span). Disabled
 ledger = nothing patched: cost zero by construction (the plan key is read once at activation).
 
 ``--hang-latency N``: instead, N times, start the 2-rank gloo job ``tests/gloo_programs/ledger_sched.py --mode
@@ -53,14 +55,19 @@ def scheduler_tick(fn, t, calls: int) -> None:
         fn(t)
 
 
-def _run(fn, t, calls: int, repeats: int) -> tuple[float, float]:
-    walls, cpus = [], []
+def _run(fn, t, calls: int, repeats: int, drain=None) -> tuple[float, float, float]:
+    """Median per call: wall, the calling thread's CPU, and the whole process's CPU (writer thread included, with
+    what is left queued written by ``drain`` inside the timed span)."""
+    walls, cpus, procs = [], [], []
     for _ in range(repeats):
-        w0, c0 = time.perf_counter(), time.thread_time()
+        w0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
         scheduler_tick(fn, t, calls)
         walls.append((time.perf_counter() - w0) / calls)
         cpus.append((time.thread_time() - c0) / calls)
-    return statistics.median(walls), statistics.median(cpus)
+        if drain is not None:
+            drain()
+        procs.append((time.process_time() - p0) / calls)
+    return statistics.median(walls), statistics.median(cpus), statistics.median(procs)
 
 
 def hang_latency(n: int) -> None:
@@ -139,18 +146,19 @@ def main() -> None:
     rt.ledger._patch_coordinator(sys.modules["__main__"], "GroupCoordinator")
     wrapped_ar, wrapped_coord = dist.all_reduce, GroupCoordinator.all_reduce
     # interleave unpatched and patched runs so machine load hits both alike
-    res: dict = {k: ([], []) for k in ("base", "led", "base_c", "led_c")}
+    res: dict = {k: ([], [], []) for k in ("base", "led", "base_c", "led_c")}
     for _ in range(args.repeats):
         for key, ar, cm, fn in (("base", orig_ar, orig_coord, raw_ar), ("led", wrapped_ar, wrapped_coord, raw_ar),
                                 ("base_c", orig_ar, orig_coord, coord_ar),
                                 ("led_c", wrapped_ar, wrapped_coord, coord_ar)):
             dist.all_reduce, GroupCoordinator.all_reduce = ar, cm
-            w, c = _run(fn, t, args.calls, 1)
+            rt.ledger.drain()  # nothing of the previous run left for this one
+            w, c, pc = _run(fn, t, args.calls, 1, rt.ledger.drain)
             res[key][0].append(w)
             res[key][1].append(c)
-            rt.ledger.drain()  # the writer's work between runs, not inside the next one
+            res[key][2].append(pc)
     dist.all_reduce, GroupCoordinator.all_reduce = wrapped_ar, wrapped_coord
-    med = {k: (statistics.median(v[0]), statistics.median(v[1])) for k, v in res.items()}
+    med = {k: (statistics.median(v[0]), statistics.median(v[1]), statistics.median(v[2])) for k, v in res.items()}
     base, led, base_c, led_c = med["base"], med["led"], med["base_c"], med["led_c"]
     w0 = time.perf_counter()
     rt.ledger.drain()
@@ -158,11 +166,12 @@ def main() -> None:
     n = rt.ledger.total
     rows = [("dist.all_reduce (1 float, world 1)", base, led), ("GroupCoordinator.all_reduce (nested)", base_c, led_c)]
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {args.calls} calls x {args.repeats} repeats")
-    print("| call | baseline wall us | ledger wall us | added wall us | baseline CPU us | ledger CPU us | added CPU us |")
-    print("|---|---|---|---|---|---|---|")
+    print("| call | baseline wall us | ledger wall us | added wall us | baseline CPU us | ledger CPU us | added CPU us "
+          "| added process CPU us (writer included) |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, b, l in rows:
         print(f"| {name} | {b[0]*1e6:.1f} | {l[0]*1e6:.1f} | {(l[0]-b[0])*1e6:.1f} | {b[1]*1e6:.1f} | {l[1]*1e6:.1f} | "
-              f"{(l[1]-b[1])*1e6:.1f} |")
+              f"{(l[1]-b[1])*1e6:.1f} | {(l[2]-b[2])*1e6:.1f} |")
     print(f"records written: {n}; final drain of the remaining queue {drain_s*1e3:.1f} ms; file "
           f"{sum(f.stat().st_size for f in out.glob('ledger-*.jsonl')) / max(n, 1):.0f} bytes per record")
     dist.destroy_process_group()
