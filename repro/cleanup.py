@@ -228,9 +228,14 @@ def cleanup_run(folder: Path, force: bool = False) -> CleanupResult:
         return CleanupResult(folder, EXIT_OK if rc == 0 else EXIT_INTERNAL, msg)
     live = [p for p in recorded if _procs.alive(p)]
     gone = len(recorded) - len(live)
+    shm = _procs.shm_files_of(live)  # read before the tree is signalled (see repro.launcher.Server.stop)
     left = _procs.stop_procs(live) if live else []
     stopped = [p for p in live if p not in left]
     removed = _remove_owned_dirs(folder) if not left else []
+    if live and not left:
+        starts = [_procs.started_at(p.start_ticks) for p in live]
+        removed += [str(f) for f in _procs.remove_shm_files(shm, min((t for t in starts if t is not None),
+                                                                        default=float("inf")))]
     now = time.time()
     if live and run.get("status") == "running":
         write_json_atomic(folder / Layout.RUN.name, {**run, "status": "cleaned-up", "cleaned_up_time": now,

@@ -118,6 +118,8 @@ class Server:
         self._stopped = False
         self._leftover: list[ProcInfo] = []
         self._owned_dirs: list[Path] = list(getattr(adapter, "owned_dirs", lambda _e: [])(env))
+        self.launched_at = time.time()  # shm segments changed before this are not the tree's (remove_shm_files)
+        self._shm: set[Path] = set()
 
     # ---- info ------------------------------------------------------------------------------------------------
     @property
@@ -243,6 +245,9 @@ class Server:
             snap = [p for p in self._known.values()]
             # Root first in the list so stop_procs signals it last (it signals in reverse order).
             snap.sort(key=lambda p: (p.pid != self.pid, p.pid))
+            # the shared-memory files the tree maps, read before it is signalled: SIGKILLed processes never unlink
+            # them (SGLang's sgl_shm_mq_* message queues, its load snapshots, Python's psm_* and sem.* files)
+            self._shm |= _procs.shm_files_of(snap)
             left = _procs.stop_procs(snap, grace_s=grace_s)
             if self.popen.poll() is None:
                 # Still our unreaped child although stop_procs saw no live match (its identity could not be read):
@@ -263,6 +268,7 @@ class Server:
                 for d in self._owned_dirs:
                     shutil.rmtree(d, ignore_errors=True)
                 if not self._leftover:  # files the engine leaves behind (vLLM's shm segments, file store)
+                    _procs.remove_shm_files(self._shm, self.launched_at)
                     for f in getattr(self.adapter, "leftover_files", lambda _p: [])(self.log_path):
                         try:
                             f.unlink()
@@ -321,6 +327,7 @@ def start_server(adapter: Adapter, spec: LaunchSpec, log_path: Path) -> Server:
     log_file = open(log_path, "ab", buffering=0)
     log_file.write(f"# repro launch: {' '.join(command)}\n".encode())
     try:
+        launched_at = time.time()
         popen = subprocess.Popen(
             command, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True,
@@ -328,4 +335,6 @@ def start_server(adapter: Adapter, spec: LaunchSpec, log_path: Path) -> Server:
     except OSError as e:
         log_file.close()
         raise LaunchError(f"could not start {command[0]}: {e.strerror}; check --python") from None
-    return Server(adapter, spec, command, env, log_path, popen, log_file)
+    server = Server(adapter, spec, command, env, log_path, popen, log_file)
+    server.launched_at = launched_at
+    return server

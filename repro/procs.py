@@ -42,6 +42,21 @@ def start_ticks(pid: int) -> Optional[int]:
         return None
 
 
+def started_at(ticks: Optional[int]) -> Optional[float]:
+    """Wall-clock start time (seconds since the epoch) of a process that started ``ticks`` clock ticks after boot:
+    now minus its age from ``/proc/uptime``, good to a clock tick (psutil's ``create_time`` adds the boot time of
+    ``/proc/stat``, whole seconds, so it can read up to 1 s early). None when ``ticks`` is None or /proc is
+    unreadable."""
+    if ticks is None:
+        return None
+    try:
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
 @dataclass(frozen=True)
 class ProcInfo:
     """One process as seen at snapshot time.
@@ -191,6 +206,67 @@ def alive(p: ProcInfo) -> bool:
         return False
     except psutil.AccessDenied:  # exists but not ours to inspect: treat as alive (do not claim it is gone)
         return True
+
+
+SHM_DIR = Path("/dev/shm")
+
+
+def shm_files_of(procs: Iterable[ProcInfo], shm_dir: Path = SHM_DIR) -> set[Path]:
+    """Files under ``shm_dir`` that the live processes among ``procs`` map or hold open.
+
+    Read from ``/proc/PID/maps`` (the mapped file of each mapping: POSIX shared memory such as SGLang's
+    ``sgl_shm_mq_<pid>_<hex>`` message queues and ``sglang_loads_*.shm`` load snapshots, Python's ``psm_*``
+    segments, ``sem.*`` named semaphores) and ``/proc/PID/fd`` (segments opened but not mapped). Only processes that
+    are still the recorded ones (:func:`alive`) are read, so a reused pid never adds another process's files. A
+    process that cannot be read adds nothing.
+
+    Returns:
+        Paths directly under ``shm_dir`` (a `` (deleted)`` mapping, already unlinked, is not returned).
+    """
+    prefix = str(shm_dir).rstrip("/") + "/"
+    out: set[Path] = set()
+    for p in procs:
+        if not alive(p):
+            continue
+        try:
+            with open(f"/proc/{p.pid}/maps", encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    i = line.find(prefix)
+                    if i >= 0 and not line.rstrip().endswith("(deleted)"):
+                        out.add(Path(line[i:].rstrip("\n")))
+        except OSError:
+            pass
+        try:
+            for fd in os.listdir(f"/proc/{p.pid}/fd"):
+                try:
+                    target = os.readlink(f"/proc/{p.pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith(prefix) and not target.endswith("(deleted)"):
+                    out.add(Path(target))
+        except OSError:
+            pass
+    return {f for f in out if f.parent == shm_dir}
+
+
+def remove_shm_files(files: Iterable[Path], created_after: float) -> list[Path]:
+    """Unlink each of ``files`` that still exists and whose status changed at or after ``created_after`` (seconds
+    since the epoch, the launch time of the tree that mapped them): a segment that existed before the tree started
+    is someone else's and is kept. Call only once every process of the tree is gone.
+
+    Returns:
+        The files removed.
+    """
+    removed = []
+    for f in sorted(files):
+        try:
+            if f.stat().st_ctime < created_after:
+                continue
+            f.unlink()
+            removed.append(f)
+        except OSError:
+            pass
+    return removed
 
 
 def _signal(p: ProcInfo, sig: int) -> None:

@@ -139,3 +139,44 @@ def test_cleanup_library_reports_what_it_left_alone_and_why(tmp_path: Path, fore
     assert res.refused and res.exit_code == 2 and not res.stopped
     assert [p.pid for p, _ in res.left_alone] == [server.pid]
     assert "not launched by repro" in res.left_alone[0][1]
+
+
+def test_cleanup_removes_the_shm_files_the_killed_harness_s_tree_mapped(tmp_path: Path):
+    """After the harness is SIGKILLed, `repro cleanup` ends the recorded tree and removes the /dev/shm files it had
+    mapped (read before signalling), never one that existed before the tree started."""
+    import uuid
+
+    from repro.procs import SHM_DIR
+
+    assert SHM_DIR.is_dir(), "this test needs /dev/shm (Linux)"
+    tag = uuid.uuid4().hex[:8]
+    old, new = SHM_DIR / f"repro-test-old-{tag}", SHM_DIR / f"repro-test-new-{tag}"
+    old.write_bytes(b"\0" * 4096)
+    time.sleep(0.05)
+    code = ("import mmap, os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o600); os.ftruncate(fd, 4096)\n"
+            "maps = [mmap.mmap(fd, 4096), mmap.mmap(os.open(sys.argv[2], os.O_RDWR), 4096)]\n"
+            "open(sys.argv[3], 'w').close(); time.sleep(120)\n")
+    ready = tmp_path / "ready"
+    p = subprocess.Popen([sys.executable, "-c", code, str(new), str(old), str(ready)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists():
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.05)
+        info = proc_info(p.pid)
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        save_procs(run_dir / "processes.json", [info], launch=launch_mark(info))
+        (run_dir / "run.json").write_text(json.dumps({"status": "running", "pid": 999999999, "time": time.time()}))
+        rc, out = _run("cleanup", str(run_dir))
+        assert rc == 0 and "stopped 1 of 1" in out, out
+        p.wait(10)
+        assert not new.exists() and str(new) in out, out
+        assert old.exists()
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+        for f in (old, new):
+            f.unlink(missing_ok=True)

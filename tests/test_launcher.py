@@ -264,3 +264,51 @@ def test_stop_never_skips_a_root_that_is_still_our_child(tmp_path: Path, monkeyp
         monkeypatch.undo()
         server.popen.kill()
         server.popen.wait(timeout=10)
+
+
+# root -> child; the child creates a shared-memory file and maps it, maps one that existed before the launch, and
+# ignores SIGTERM (a rank that must be SIGKILLed never unlinks what it made, like SGLang's sgl_shm_mq_* queues).
+SHM_TREE = textwrap.dedent("""
+    import mmap, os, signal, subprocess, sys, time
+    role, new, old, ready = sys.argv[1:5]
+    if role == "root":
+        subprocess.Popen([sys.executable, __file__, "child", new, old, ready])
+        time.sleep(3600)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    fd = os.open(new, os.O_CREAT | os.O_RDWR, 0o600)
+    os.ftruncate(fd, 4096)
+    maps = [mmap.mmap(fd, 4096), mmap.mmap(os.open(old, os.O_RDWR), 4096)]
+    open(ready, "w").close()
+    time.sleep(3600)
+""")
+
+
+def test_stop_removes_the_shm_files_its_sigkilled_tree_made_and_keeps_older_and_foreign_ones(tmp_path: Path):
+    import uuid
+
+    from repro.procs import SHM_DIR
+
+    assert SHM_DIR.is_dir(), "this test needs /dev/shm (Linux)"
+    tag = uuid.uuid4().hex[:8]
+    old, new, foreign = (SHM_DIR / f"repro-test-{k}-{tag}" for k in ("old", "new", "foreign"))
+    old.write_bytes(b"\0" * 4096)  # exists before the launch: someone else's, although the tree maps it
+    script, ready = tmp_path / "shm_tree.py", tmp_path / "ready"
+    script.write_text(SHM_TREE)
+    time.sleep(0.05)  # the launch is strictly later than old's creation
+    server = start_server(_CommandAdapter([sys.executable, str(script), "root", str(new), str(old), str(ready)]),
+                          _spec(), tmp_path / "server.log")
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert time.monotonic() < deadline and server.popen.poll() is None, "the stand-in tree did not start"
+            time.sleep(0.05)
+        _wait_tree(server, 2)
+        foreign.write_bytes(b"x")  # made after the launch by a process outside the tree
+        left = server.stop(grace_s=0.5)
+        assert left == []
+        assert not new.exists(), "the tree's own segment was left in /dev/shm"
+        assert old.exists() and foreign.exists()
+    finally:
+        server.stop(grace_s=0.5)
+        for f in (old, new, foreign):
+            f.unlink(missing_ok=True)
