@@ -543,90 +543,47 @@ def make_session_class():
                 late += [rank_name(r.name, x) for x in k]
             return late
 
-        def drive(self, variant: Any, run_dir: ev.EvidenceDir, n_requests: Optional[int] = None,
-                  native: bool = False) -> Any:
-            """Arm each server's share of ``variant``'s injections, send the burst to the router, detect per
-            server (:class:`PDStallDetector`), judge completion per server (each server's own injections, ranks,
-            loaded/armed markers), disarm. See ``repro.runner.Session.drive``."""
-            from repro.driver import AbortPlan, BurstDriver, make_prompts
+        # ---- the per-server steps of repro.runner.Session.drive (THE burst/detect loop) ---------------------------
+        def disarm(self) -> None:
+            """Empty every engine server's arm file."""
+            from repro.runner import write_arm_file
+
+            for r in self.engine_roles():
+                write_arm_file(r.arm_file, [])
+
+        def armed_ranks(self) -> Any:
+            """role → rank → pid, for the ``armed`` event."""
+            return {n: v for n, v in self.role_pids.items()}
+
+        def make_detectors(self) -> list:
+            """:class:`PDStallDetector` (capture and judge per server) and the session's other detectors."""
+            self._stall = PDStallDetector(self)
+            return [self._stall] + [d for d in (self.detectors or []) if getattr(d, "name", "") != "stall"]
+
+        def detect_context(self, run_dir: ev.EvidenceDir, native: bool) -> Any:
             from repro.detect import DetectContext
-            from repro.runner import POLL_S, Outcome, injection_checks, write_arm_file
+
+            p = self.p
+            return DetectContext(self.rank_pids, list(self.rank_pids), run_dir, None, p.plan, p.scenario.stall_s,
+                                 native=native, observe=self.observe)
+
+        def died_reason(self) -> str:
+            return f"{', '.join(self.server.dead_roles())} server died during the burst; log tail:\n{self.server.log_tail(20)}"
+
+        def judge_burst(self, variant: Any, verdict: Optional[Verdict], state: Any, ctx: Any,
+                        detectors: Sequence[Any]) -> tuple[Verdict, Any]:
+            """Judge every engine server on its own records (its injections, ranks, loaded/armed markers): DEADLOCKED
+            where the stall detector found its ranks deadlocked; a server that did not diverge while another did is
+            INCONCLUSIVE ("its requests waited on the deadlocked server"). Without a decided verdict the run's is the
+            first server's that did not succeed, else SUCCEEDED. Keeps the per-server results for
+            :meth:`finish_outcome`."""
+            from repro.runner import injection_checks
             from repro.verdict import judge_completion
 
-            p, stack = self.p, self.server
-            scenario, burst = p.scenario, p.scenario.burst
-            timings: dict[str, float] = {}
-            ids = [i.id for i in variant.injections]
-            t_arm = time.time()
-            late = self.arm(ids)
-            timings["arm_ack_s"] = time.time() - t_arm
-            if late:
-                self.observe("arm_not_acknowledged", {"ranks": late})
-            self.observe("armed", {"injections": ids, "ranks": {n: v for n, v in self.role_pids.items()}})
-            prompts = make_prompts(n_requests or burst.requests, burst.input_len, burst.seed)
-            driver = BurstDriver(p.adapter, stack.url, prompts, burst.max_new_tokens, burst.concurrency,
-                                 run_dir.requests.path, burst.request_timeout_s,
-                                 abort=AbortPlan.from_spec(getattr(variant, "abort", None) or getattr(burst, "abort", None)))
-            det = PDStallDetector(self)
-            detectors = [det] + [d for d in (self.detectors or []) if getattr(d, "name", "") != "stall"]
-            ctx = DetectContext(self.rank_pids, list(self.rank_pids), run_dir, None, p.plan, scenario.stall_s,
-                                native=native, observe=self.observe)
-            verdict: Optional[Verdict] = None
-            deciding = last_analysis = None
-            last_reason = ""
-            history: list[dict] = []
-            t_burst = time.time()
-            ctx.t_burst = t_burst
-            for d in detectors:
-                d.start(ctx)
-            driver.start()
-            try:
-                while True:
-                    time.sleep(POLL_S)
-                    now = time.time()
-                    st = driver.state()
-                    self.observe("burst", {"state": st})
-                    if st.finished:
-                        break
-                    if not stack.is_running():
-                        verdict = Verdict(INCONCLUSIVE, f"{', '.join(stack.dead_roles())} server died during the burst; "
-                                                        f"log tail:\n{stack.log_tail(20)}")
-                        break
-                    if now - t_burst > scenario.budget_s:
-                        verdict = Verdict(INCONCLUSIVE, f"budget of {scenario.budget_s:.0f} s ended without a verdict: "
-                                                        f"{last_reason or 'requests still outstanding'}")
-                        break
-                    ctx.state, ctx.now = st, now
-                    for d in detectors:
-                        got = d.poll(ctx)
-                        if got is None:
-                            continue
-                        last_analysis = got.analysis or last_analysis
-                        last_reason = got.reason or last_reason
-                        if got.record is not None:
-                            history.append(got.record)
-                            run_dir.stalls.write(history)
-                        if got.decided and got.verdict is not None:
-                            deciding = got.analysis
-                            timings["last_progress_to_verdict_s"] = time.time() - (st.last_progress_t or t_burst)
-                            verdict = got.verdict
-                            break
-                    if verdict is not None:
-                        break
-            except BaseException:
-                driver.abandon()
-                raise
-            finally:
-                for d in detectors:
-                    try:
-                        d.stop(ctx)
-                    except Exception:
-                        pass
-            timings["burst_s"] = time.time() - t_burst
-            timings["captures"] = float(det.captures)
-            per_role: dict[str, dict] = {}
             if verdict is None:
                 time.sleep(0.5)  # the injectors' counters reach disk every ~0.2 s
+            det = getattr(self, "_stall", None)
+            per_role: dict[str, dict] = {}
             for r in self.engine_roles():
                 pids = self.role_pids.get(r.name, {})
                 v_r = role_variant(variant, r)
@@ -634,8 +591,8 @@ def make_session_class():
                     loaded, armed, checks, rep = injection_checks(r.folder.injector_dir, v_r, pids)
                 except Exception:
                     loaded, armed, checks, rep = [], [], [], None
-                chk = det.by_role.get(r.name)
-                rv = judge_completion(driver.state().requests, list(range(r.spec.tp_size)), loaded, armed, checks)
+                chk = det.by_role.get(r.name) if det is not None else None
+                rv = judge_completion(state.requests, list(range(r.spec.tp_size)), loaded, armed, checks)
                 if chk is not None and chk.judgement.deadlocked:
                     rv = Verdict(DEADLOCKED, chk.judgement.reason)
                 elif verdict is not None and verdict.verdict != DEADLOCKED:
@@ -649,18 +606,18 @@ def make_session_class():
                 bad = [(n, x["verdict"]) for n, x in per_role.items() if x["verdict"].verdict != SUCCEEDED]
                 verdict = (Verdict(bad[0][1].verdict, f"{bad[0][0]} server: {bad[0][1].reason}") if bad
                            else Verdict(SUCCEEDED, "; ".join(f"{n} server: {x['verdict'].reason}" for n, x in per_role.items())))
-            for r in self.engine_roles():
-                write_arm_file(r.arm_file, [])
-            final = driver.state()
-            clean = final.finished and verdict.verdict != DEADLOCKED and stack.is_running()
-            driver.abandon()
-            if clean:
-                driver.close(wait_s=0.5)
-            else:
-                self._open_drivers = getattr(self, "_open_drivers", []) + [driver]
-            out = Outcome(verdict, deciding or last_analysis, final, timings, clean)
+            self._per_role = per_role
+            return verdict, None
+
+        def finish_outcome(self, out: Any, detectors: Sequence[Any]) -> Any:
+            """The Outcome with ``pd``: each server's verdict, analysis, injector records, variant and pids, the
+            server that diverged (or None), and this session (:func:`finish_pd_evidence` reads it)."""
+            per_role = getattr(self, "_per_role", {})
+            det = getattr(self, "_stall", None)
+            if det is not None:
+                out.timings["captures"] = float(det.captures)
             out.pd = {"roles": per_role, "diverged": next((n for n, x in per_role.items()
-                                                            if x["verdict"].verdict == DEADLOCKED), None),
+                                                           if x["verdict"].verdict == DEADLOCKED), None),
                       "session": self}
             return out
 

@@ -476,8 +476,54 @@ class Session:
         self.stop()
         return self.start()
 
+    # ---- what drive() does per server (repro.pd.PDSession overrides these for a stack of several servers) ------
+    def arm(self, ids: Sequence[str]) -> list:
+        """Write the arm file with ``ids`` and wait for every rank's acknowledgement; returns the ranks that did not
+        acknowledge within ``ARM_ACK_TIMEOUT_S``."""
+        return arm_and_wait(self.p.arm_file, ids, self.p.evidence.injector_dir, self.rank_pids)
+
+    def disarm(self) -> None:
+        """Empty the arm file (every injection off)."""
+        write_arm_file(self.p.arm_file, [])
+
+    def armed_ranks(self) -> Any:
+        """What the ``armed`` event names as the ranks (rank → pid)."""
+        return self.rank_pids
+
+    def make_detectors(self) -> list:
+        """The detect stage of one drive (``repro.detect``): the session's, else :func:`repro.detect.default_detectors`."""
+        return list(self.detectors) if self.detectors is not None else default_detectors(self.p.plan)
+
+    def detect_context(self, run_dir: ev.EvidenceDir, native: bool) -> DetectContext:
+        """The detectors' view of this server for one drive."""
+        p = self.p
+        return DetectContext(self.rank_pids, list(range(p.spec.tp_size)), run_dir, p.evidence.injector_dir, p.plan,
+                             p.scenario.stall_s, native=native, observe=self.observe,
+                             server_log=getattr(self.server, "log_path", None))
+
+    def died_reason(self) -> str:
+        """The INCONCLUSIVE reason when the server is not running during the burst."""
+        return f"server died during the burst; log tail:\n{self.server.log_tail(20)}"
+
+    def judge_burst(self, variant: Variant, verdict: Optional[Verdict], state: DriverState, ctx: DetectContext,
+                    detectors: Sequence[Any]) -> tuple[Verdict, Any]:
+        """The verdict after the burst loop: ``verdict`` when a detector decided (or the server died / the budget
+        ended), else the completion rule on the injector's records. Returns (verdict, the InjectorReport read or None)."""
+        if verdict is not None:
+            return verdict, None
+        time.sleep(0.5)  # let the injectors' counters reach disk (they flush every ~0.2 s)
+        loaded, armed, checks, injector = injection_checks(self.p.evidence.injector_dir, variant, self.rank_pids)
+        return judge_completion(state.requests, ctx.expected_ranks, loaded, armed, checks), injector
+
+    def finish_outcome(self, out: Outcome, detectors: Sequence[Any]) -> Outcome:
+        """The drive's Outcome, as callers get it (PD: with each server's verdict attached)."""
+        return out
+
     def drive(self, variant: Variant, run_dir: ev.EvidenceDir, n_requests: Optional[int] = None, native: bool = False) -> Outcome:
         """Arm ``variant``'s injections, send the burst, watch for a stall, capture and judge, disarm.
+
+        THE burst/detect loop of a session, single server or a stack of several (:mod:`repro.pd` overrides the
+        per-server steps above: arming, detectors, judging, disarming).
 
         Args:
             variant: one of the variants whose injections are in this session's plan.
@@ -489,18 +535,17 @@ class Session:
         Raises:
             KeyboardInterrupt: passed through (the caller tears down); the driver is abandoned first.
         """
-        p, server, rank_pids = self.p, self.server, self.rank_pids
+        p, server = self.p, self.server
         scenario, burst = p.scenario, p.scenario.burst
-        expected = list(range(p.spec.tp_size))
         timings: dict[str, float] = {}
         ids = [i.id for i in variant.injections]
         t_arm = time.time()
         # every rank armed before the first request: otherwise a rank that polls late meets its call site a tick late
-        late = arm_and_wait(p.arm_file, ids, p.evidence.injector_dir, rank_pids)
+        late = self.arm(ids)
         timings["arm_ack_s"] = time.time() - t_arm
         if late:
             self.observe("arm_not_acknowledged", {"ranks": late, "timeout_s": ARM_ACK_TIMEOUT_S})
-        self.observe("armed", {"injections": ids, "ranks": rank_pids})
+        self.observe("armed", {"injections": ids, "ranks": self.armed_ranks()})
         workload = getattr(variant, "workload", None) or getattr(burst, "workload", None)  # repro.nemeses
         n_req, concurrency, input_len, max_new = nemeses.effective_sizes(burst, workload)
         prompts = (make_prompts(n_requests or n_req, input_len, burst.seed) if workload is None else
@@ -511,13 +556,11 @@ class Session:
                              abort=AbortPlan.from_spec(getattr(variant, "abort", None) or getattr(burst, "abort", None)),  # the mass-abort action
                              workload=workload)
         verdict: Optional[Verdict] = None
-        injector = None
         deciding = last_analysis = None
         last_reason = ""
         stall_history: list[dict] = []
-        detectors = self.detectors if self.detectors is not None else default_detectors(p.plan)
-        ctx = DetectContext(rank_pids, expected, run_dir, p.evidence.injector_dir, p.plan, scenario.stall_s,
-                            native=native, observe=self.observe, server_log=getattr(server, "log_path", None))
+        detectors = self.make_detectors()
+        ctx = self.detect_context(run_dir, native)
         t_burst = time.time()
         ctx.t_burst = t_burst
         for d in detectors:
@@ -532,7 +575,7 @@ class Session:
                 if st.finished:
                     break
                 if not server.is_running():
-                    verdict = Verdict(INCONCLUSIVE, f"server died during the burst; log tail:\n{server.log_tail(20)}")
+                    verdict = Verdict(INCONCLUSIVE, self.died_reason())
                     break
                 if now - t_burst > scenario.budget_s:
                     why = last_reason or "requests still outstanding"
@@ -573,15 +616,12 @@ class Session:
         captures = sum(getattr(d, "captures", 0) for d in detectors)
         timings["burst_s"] = time.time() - t_burst
         timings["captures"] = float(captures)
-        if verdict is None:
-            time.sleep(0.5)  # let the injectors' counters reach disk (they flush every ~0.2 s)
-            loaded, armed, checks, injector = injection_checks(p.evidence.injector_dir, variant, rank_pids)
-            verdict = judge_completion(driver.state().requests, expected, loaded, armed, checks)
+        verdict, injector = self.judge_burst(variant, verdict, driver.state(), ctx, detectors)
         for d in detectors:  # the ledgers' word after the burst (repro.proof: DESYNCED, stated fallbacks) + timings
             if callable(getattr(d, "final_verdict", None)):
                 verdict = d.final_verdict(verdict, ctx)
             timings.update(getattr(d, "timings", None) or {})
-        write_arm_file(p.arm_file, [])
+        self.disarm()
         final = driver.state()
         clean = (final.finished and verdict.verdict != DEADLOCKED and server.is_running()
                  and not any(getattr(d, "deaths", None) for d in detectors))  # a dead rank: restart first
@@ -590,7 +630,7 @@ class Session:
             driver.close(wait_s=0.5)
         else:
             self._open_drivers = getattr(self, "_open_drivers", []) + [driver]
-        return Outcome(verdict, deciding or last_analysis, final, timings, clean, injector)
+        return self.finish_outcome(Outcome(verdict, deciding or last_analysis, final, timings, clean, injector), detectors)
 
     def close_drivers(self) -> None:
         """Close the history files of drivers whose requests were still outstanding (after the server stopped)."""
