@@ -6,7 +6,8 @@ then waits in a zmq poll. This measures it on the vLLM CPU testbed: one ``repro 
 variant (nothing fires), one completion, then each worker's CPU time (user + system, psutil) in windows after the
 answer, and one py-spy dump of each worker at the end (its innermost frames).
 
-Prints one JSON object. Starts a real server: run it under the e2e lock.
+Prints one JSON object. Starts a real server: run it under the e2e lock. (Written in session 5 and not run yet:
+the lock queue ran past that session's last start time; docs/vllm.md has what the source says.)
 
     python benchmarks/vllm_idle_cpu.py [--evidence-dir /tmp/vllm-idle]
 """
