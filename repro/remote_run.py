@@ -12,7 +12,8 @@ harness may not see the hosts' processes at all (another machine, pod, or PID na
 - ranks: read from each host's session (process titles → ``adapter.parse_title``): rank → (host, pid there);
 - arm: the arm file is written here and copied to every host; each rank's fire log on its host must show the arming;
 - burst from here to node 0's HTTP port; on a stall every rank is dumped on its own host (``capture_remote``, all
-  hosts at once, one deadline), twice, and the DEADLOCKED rule applied (``repro.verdict.judge_stall``) — unless a
+  hosts at once, one deadline), twice, and the DEADLOCKED rule applied (``repro.verdict.judge_stall``, each rank's
+  CPU use over the whole check: ``repro.remote_watch.check_stall_on_hosts``) — unless a
   host's data link is down or a host cannot be reached, which makes the run INCONCLUSIVE naming that host;
 - stop: node 0's group gets SIGTERM first (sglang's nodes ≥ 1 ignore SIGTERM and wait for node 0's shutdown), then
   every node's group SIGKILL; each host's session is checked empty; each host's server log and injector records
@@ -36,10 +37,10 @@ from typing import Any, Callable, Optional, Sequence
 
 from repro import evidence as ev
 from repro import resources
-from repro.hosts import HostError, HostSpec, RemoteRank, Runner, capture_remote, hosts_from_json, in_parallel
+from repro.hosts import HostError, HostSpec, RemoteRank, Runner, hosts_from_json, in_parallel
 from repro.runner import Observer, RunOptions, RunResult, _noop, prepare, write_arm_file
 from repro.scenario import PLAN_ENV
-from repro.verdict import DEADLOCKED, INCONCLUSIVE, InjectionCheck, Verdict, exit_code_for, judge_completion, judge_stall
+from repro.verdict import DEADLOCKED, INCONCLUSIVE, InjectionCheck, Verdict, exit_code_for, judge_completion
 
 POLL_S = 0.25
 NODE_WATCH_S = 3.0  # seconds between checks that every node's tree is alive (a runner call each)
@@ -347,8 +348,8 @@ class MultiHostSession:
         Returns:
             ``{"verdict": Verdict, "analysis": Analysis or None, "state": DriverState, "timings": {...}}``.
         """
-        from repro.analysis import analyze, frames_unchanged
         from repro.driver import BurstDriver, make_prompts
+        from repro.remote_watch import check_stall_on_hosts
 
         p = self.p
         scenario, burst = p.scenario, p.scenario.burst
@@ -397,15 +398,14 @@ class MultiHostSession:
                 captures += 1
                 tag = f"-{captures}"
                 self.observe("capture", {"n": captures, "stalled_s": stalled, "hosts": sorted({r.host for r in self.ranks.values()})})
-                ranks = [self.ranks[k] for k in sorted(self.ranks)]
-                first = capture_remote(ranks, p.evidence.stacks_dir, tag=tag, deadline_s=CAPTURE_DEADLINE_S,
-                                       fallback_signal=p.plan.get("faulthandler_signal") or "SIGUSR2")
-                time.sleep(CONFIRM_GAP_S)
-                second = capture_remote(ranks, p.evidence.stacks_dir, tag=tag + "b", deadline_s=CAPTURE_DEADLINE_S,
-                                        fallback_signal=p.plan.get("faulthandler_signal") or "SIGUSR2")
+                # two captures on the ranks' hosts; CPU use over the whole check (as a local run measures it: a
+                # dump's own fraction of a second is too short to tell a blocked rank from a busy one)
+                chk = check_stall_on_hosts(self.ranks, p.evidence.stacks_dir, expected, tag=tag, second_tag=tag + "b",
+                                           confirm_gap_s=CONFIRM_GAP_S, timeout_s=CAPTURE_DEADLINE_S / 2,
+                                           fallback_signal=p.plan.get("faulthandler_signal") or "SIGUSR2")
+                first, second = chk.first, chk.second
                 last_capture_t = time.time()
-                a1, a2 = analyze(first), analyze(second)
-                analysis = a2
+                analysis = chk.second_analysis
                 missing = [f"rank {c.rank} on host {self.host_of_rank.get(c.rank)}: {c.error}" for c in second if not c.ok]
                 faults = self.link_faults()
                 if faults:
@@ -418,8 +418,7 @@ class MultiHostSession:
                     verdict = Verdict(INCONCLUSIVE, "stalled, but some ranks could not be captured: " + "; ".join(unreachable))
                     stalls.append({"capture": captures, "reason": verdict.reason, "deadlocked": False})
                     break
-                cpu = {c.rank: max(c.cpu_percent or 0.0, c2.cpu_percent or 0.0) for c, c2 in zip(first, second)}
-                j = judge_stall(a1, a2, frames_unchanged(first, second), cpu, expected)
+                cpu, j = chk.cpu_percent, chk.judgement
                 stalls.append({"capture": captures, "tag": tag, "stalled_s": round(stalled, 2), "deadlocked": j.deadlocked,
                                "reason": j.reason, "cpu_percent": {str(k): v for k, v in cpu.items()}, "time": last_capture_t})
                 p.evidence.stalls.write(stalls)

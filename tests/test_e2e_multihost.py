@@ -11,17 +11,35 @@ from pathlib import Path
 import pytest
 
 from repro import testbed
-from tests.multihost_fixtures import REPO, rig2, run_in_rig  # noqa: F401 (rig2 is a fixture)
+from tests.multihost_fixtures import REPO, rig2_shared, run_in_rig  # noqa: F401 (rig2_shared is a fixture)
 
 pytestmark = pytest.mark.multihost
 
 SMOKE = REPO / "scenarios" / "sglang" / "smoke_extra_allreduce.toml"
 
 
-@pytest.fixture(autouse=True)
-def _testbed():
+def _need_testbed():
     if not testbed.is_set_up():
-        pytest.skip(f"CPU testbed not set up ({testbed.setup_command()})")
+        pytest.fail(f"CPU testbed not set up: run `{testbed.setup_command()}` (the multihost stage needs it)")
+
+
+@pytest.fixture(scope="module")
+def rig(rig2_shared):
+    """The module's rig, with the testbed checked first (a missing testbed fails the stage, it does not skip)."""
+    _need_testbed()
+    return rig2_shared
+
+
+@pytest.fixture(scope="module")
+def ssh_pair(rig, tmp_path_factory):
+    """control, then extra_collective, on ONE TP=2 server over ssh (one harness run: the server is started once
+    and re-armed between them). Returns (exit code, {variant: result line}, session line, stderr)."""
+    tmp = tmp_path_factory.mktemp("mh_ssh_pair")
+    rc, lines, err = run_in_rig(rig, [SMOKE, "--variant", "control", "--variant", "extra_collective"], tmp,
+                                timeout_s=540, all_lines=True)
+    by_variant = {ln["variant"]: ln for ln in lines if "variant" in ln}
+    session = next((ln for ln in lines if "session" in ln), None)
+    return rc, by_variant, session, err
 
 
 def _evidence(res) -> Path:
@@ -56,34 +74,50 @@ def _deadlock_checks(rig, rc, res, err):
     _assert_hosts_clean(rig)
 
 
-def test_tp2_across_two_hosts_deadlocks_with_both_stacks_taken_over_ssh(rig2, tmp_path):
-    rc, res, err = run_in_rig(rig2, [SMOKE, "--variant", "extra_collective"], tmp_path)
-    _deadlock_checks(rig2, rc, res, err)
+def _rank_pids(res) -> dict:
+    return json.loads((_evidence(res) / "session.json").read_text())["rank_pids"]
 
 
-def test_tp2_across_two_hosts_control_succeeds(rig2, tmp_path):
-    rc, res, err = run_in_rig(rig2, [SMOKE, "--variant", "control"], tmp_path)
-    assert rc == 0 and res["verdict"] == "ALL REQUESTS SUCCEEDED", err[-3000:]
-    _assert_hosts_clean(rig2)
+def test_tp2_across_two_hosts_control_succeeds(ssh_pair, rig):
+    rc, res, session, err = ssh_pair
+    assert "control" in res, err[-3000:]
+    assert res["control"]["exit_code"] == 0 and res["control"]["verdict"] == "ALL REQUESTS SUCCEEDED", err[-3000:]
+    assert session is not None and not any(session["left_running"].values()), session
+    _assert_hosts_clean(rig)
 
 
-def test_cut_data_link_mid_burst_is_inconclusive_naming_the_host(rig2, tmp_path):
+def test_tp2_across_two_hosts_deadlocks_with_both_stacks_taken_over_ssh(ssh_pair, rig):
+    rc, res, session, err = ssh_pair
+    assert "extra_collective" in res, err[-3000:]
+    assert rc == 3, err[-3000:]  # the first non-zero variant exit code: control's is 0
+    _deadlock_checks(rig, 3, res["extra_collective"], err)
+    # the same server as the control's: re-armed, not restarted (same rank pids, one launch in the session)
+    assert _rank_pids(res["extra_collective"]) == _rank_pids(res["control"]) != {}
+    assert err.count("node_launch") == 2, "expected one launch per host for both variants"
+
+
+def test_cut_data_link_mid_burst_is_inconclusive_naming_the_host(rig, tmp_path):
     cut = threading.Event()
 
     def on_line(line: str) -> None:
         if "burst_started" in line and not cut.is_set():
-            rig2.set_data_link("h1", up=False)
+            rig.set_data_link("h1", up=False)
             cut.set()
 
-    rc, res, err = run_in_rig(rig2, [SMOKE, "--variant", "control", "--requests", "64"], tmp_path, on_line=on_line)
+    try:
+        rc, res, err = run_in_rig(rig, [SMOKE, "--variant", "control", "--requests", "64"], tmp_path, on_line=on_line)
+    finally:
+        rig.set_data_link("h1", up=True)  # the module's later tests share the rig
     assert cut.is_set(), err[-3000:]
     assert rc == 4 and res["verdict"] == "INCONCLUSIVE", err[-3000:]
     assert "host h1's data link is lost" in res["reason"] and "data0 is down" in res["reason"]
-    _assert_hosts_clean(rig2)
+    teardown = json.loads((_evidence(res) / "teardown.json").read_text())
+    assert teardown["by_host"] == {"h0": [], "h1": []}  # each host's session checked empty over ssh
+    _assert_hosts_clean(rig)
 
 
-def test_tp2_through_the_kubectl_template_deadlocks(rig2, tmp_path):
-    rc, res, err = run_in_rig(rig2, [SMOKE, "--variant", "extra_collective"], tmp_path, via="kubectl")
-    _deadlock_checks(rig2, rc, res, err)
+def test_tp2_through_the_kubectl_template_deadlocks(rig, tmp_path):
+    rc, res, err = run_in_rig(rig, [SMOKE, "--variant", "extra_collective"], tmp_path, via="kubectl")
+    _deadlock_checks(rig, rc, res, err)
     hosts = json.loads((_evidence(res) / "hosts.json").read_text())
     assert all("kubectl" in n["reach"] and "exec" in n["reach"] for n in hosts["nodes"])
