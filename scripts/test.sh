@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The project's test command (README "Running the tests"; CI runs it from .ci/run).
 #
-#   bash scripts/test.sh [fast|sglang|hang|pd ...] [-- extra pytest args]
+#   bash scripts/test.sh [fast|sglang|hang|pd|vllm|multihost ...] [-- extra pytest args]
 #
 # Runs the stages in order — fast (no SGLang server), sglang (real-SGLang tests sharing one healthy TP=2 server),
-# hang (tests that deliberately hang their own server), pd (one PD-disaggregation stack: prefill + decode + router)
-# — each as its own pytest session, and prints each stage's
+# hang (tests that deliberately hang their own server), pd (one PD-disaggregation stack: prefill + decode + router),
+# vllm (a real vLLM TP=2 server), multihost (root: TP=2 across two namespaced hosts over ssh and a stand-in kubectl,
+# scripts/multihost/rig.py) — each as its own pytest session, and prints each stage's
 # duration. A stage that collects no tests (pytest exit 5) fails: a marker nobody uses any more must not pass
 # silently. Every requested stage runs (so one failure does not hide another); the exit code is the first failing
 # stage's.
@@ -23,7 +24,7 @@ while [ $# -gt 0 ]; do
     *) echo "test.sh: unknown stage '$1' (expected fast, sglang, hang, pd, multihost, vllm; pytest args go after --)" >&2; exit 2 ;;
   esac
 done
-[ ${#stages[@]} -eq 0 ] && stages=(fast sglang hang pd vllm)
+[ ${#stages[@]} -eq 0 ] && stages=(fast sglang hang pd vllm multihost)
 
 marker() {
   case "$1" in
