@@ -82,11 +82,16 @@ def _sigterm_to_interrupt() -> None:
     they would cut short — SIGKILL of survivors, the check that nothing is left — always completes.
     """
 
+    def ignore(signum, frame):  # noqa: ARG001
+        pass
+
     def handler(signum, frame):  # noqa: ARG001
         global _INTERRUPT_SIGNAL
         _INTERRUPT_SIGNAL = signum
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # A Python-level no-op, not SIG_IGN: an ignored disposition is inherited across exec, so every server the
+        # process started afterwards (a hunt's next server, a test's) would ignore SIGTERM and need SIGKILL.
+        signal.signal(signal.SIGTERM, ignore)
+        signal.signal(signal.SIGINT, ignore)
         console.print("[yellow]interrupt: tearing down the server tree (further Ctrl-C is ignored until it is gone)[/]")
         raise KeyboardInterrupt
 

@@ -73,3 +73,38 @@ def test_an_interrupt_during_start_up_exits_130_or_143_and_marks_the_run_interru
     if verb == "serve":
         assert "starting the server" in out and "waiting for" in out, "serve said nothing during start-up"
     _nothing_left(run_dir)
+
+
+def test_after_an_interrupt_further_signals_are_ignored_but_servers_started_later_still_obey_sigterm():
+    """The first SIGTERM interrupts; later ones are ignored in the harness, with a Python-level no-op rather than
+    SIG_IGN: an ignored disposition is inherited across exec, so a server started afterwards (the next server of a
+    hunt, every later test's) ignored SIGTERM and each stop waited its whole grace before SIGKILL."""
+    from repro import cli
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    child = None
+    try:
+        cli._sigterm_to_interrupt()
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1.0)
+            raise AssertionError("the first SIGTERM did not interrupt")
+        except KeyboardInterrupt:
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)  # a second one: ignored in the harness (no KeyboardInterrupt)
+        time.sleep(0.1)
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        time.sleep(0.2)
+        with open(f"/proc/{child.pid}/status") as f:
+            ign = int(next(ln for ln in f if ln.startswith("SigIgn:")).split()[1], 16)
+        assert not ign & (1 << (signal.SIGTERM - 1)), "a server started after the interrupt inherits SIGTERM ignored"
+        assert not ign & (1 << (signal.SIGINT - 1)), "a server started after the interrupt inherits SIGINT ignored"
+        child.terminate()
+        assert child.wait(timeout=5) == -signal.SIGTERM
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait(5)
+        for s, h in saved.items():
+            signal.signal(s, h)
+        cli._INTERRUPT_SIGNAL = None
