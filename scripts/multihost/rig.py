@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -46,6 +47,17 @@ from typing import Optional, Sequence
 
 PREFIX = "rmh"
 STATE_ROOT = Path("/var/tmp")
+
+
+def _paths_kept_visible() -> list[Path]:
+    """Folders the hosts must see at their own path although each host mounts a private /tmp: this checkout (the
+    rig's own scripts, the tests' gloo programs, the CPU testbed's files) and the testbed cache when
+    ``REPRO_TESTBED_DIR`` points under /tmp."""
+    out = [Path(__file__).resolve().parents[2]]
+    tb = os.environ.get("REPRO_TESTBED_DIR")
+    if tb:
+        out.append(Path(tb).expanduser().resolve())
+    return out
 SSHD = "/usr/sbin/sshd"
 PRIVSEP_DIR = Path("/run/sshd")
 PRIVSEP_MARK = PRIVSEP_DIR / ".made-by-multihost-rig"
@@ -217,7 +229,15 @@ class Rig:
                 "UsePAM no", "StrictModes no", "PidFile none", "PrintMotd no", "UseDNS no", "LogLevel ERROR",
                 "MaxStartups 100:30:200", "MaxSessions 100", f"SetEnv REPRO_RIG_HOST={h.name}", "",
             ]))
-            inner = (f"hostname {self.prefix}-{h.name} && mount -t tmpfs -o mode=1777 tmpfs /tmp && "
+            # the hosts get a private /tmp; a checkout (or testbed) under /tmp — a CI clone — stays visible at its
+            # path: bound aside under the rig folder first, then back onto the new tmpfs
+            keep = [str(x) for x in _paths_kept_visible() if str(x).startswith("/tmp/")]
+            aside = [d / h.name / f"keep{k}" for k in range(len(keep))]
+            for a in aside:
+                a.mkdir()
+            pre = "".join(f"mount --bind {shlex.quote(k)} {a} && " for k, a in zip(keep, aside))
+            back = "".join(f"mkdir -p {shlex.quote(k)} && mount --bind {a} {shlex.quote(k)} && " for k, a in zip(keep, aside))
+            inner = (f"hostname {self.prefix}-{h.name} && {pre}mount -t tmpfs -o mode=1777 tmpfs /tmp && {back}"
                      f"mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec {SSHD} -D -e -f {cfg}")
             log = open(d / h.name / "sshd.log", "wb")
             p = subprocess.Popen(["ip", "netns", "exec", h.netns, "unshare", "--pid", "--mount", "--uts", "--fork",
