@@ -93,8 +93,8 @@ class RequestRecord:
 
 @dataclass(frozen=True)
 class AbortPlan:
-    """The mass-abort action: once ``when_in_flight`` requests are in flight at once (sent, and with
-    ``before_first_token`` no output id yet), the clients of ``count`` of them (the lowest indices) disconnect at the
+    """The mass-abort action: once ``when_in_flight`` requests are in flight at once (their request written to the
+    connection, so the server has them, and with ``before_first_token`` no output id yet), the clients of ``count`` of them (the lowest indices) disconnect at the
     same instant. ``timeout_s``: seconds after the burst's start to stop waiting for that many in flight (then
     nothing is aborted and the history says so). ``delay_s``: seconds between seeing them in flight and the
     disconnect (the chosen ones are those still in flight, before their first token if asked, after the delay).
@@ -129,6 +129,14 @@ class DriverState:
     requests: tuple[RequestRecord, ...] = field(default=())
     aborted: int = 0
     admin: tuple[dict, ...] = field(default=())  # the workload's admin calls so far (repro.nemeses.AdminCall)
+    admin_live: int = 0  # admin calls started and not yet answered (they keep the burst from finishing)
+
+    def waiting_for(self) -> str:
+        """What keeps the burst from finishing, as a sentence for a budget time-out: outstanding requests, or once
+        every request ended, the admin calls still waiting for their answers."""
+        if self.outstanding or self.pending or not self.admin_live:
+            return "requests still outstanding"
+        return f"every request ended; {self.admin_live} admin call(s) still waiting for an answer"
 
     def stalled_for(self, now: float) -> float:
         """Seconds since the last progress event while some request is outstanding (0.0 when none is)."""
@@ -186,6 +194,7 @@ class BurstDriver:
         self._to_abort: set[int] = set()
         self._responses: dict[int, Any] = {}
         self._socks: dict[int, socket.socket] = {}  # abortable requests' sockets (a mass abort shuts them down)
+        self._on_wire: set[int] = set()  # requests the server has (written, or answered with headers): _in_flight
         self.abort_t: Optional[float] = None  # when the mass abort happened (None: not, or not yet)
         self._init_workload(workload)
 
@@ -210,6 +219,9 @@ class BurstDriver:
         if self.abort is not None:
             self._one_abortable(rec, body)
             return
+        if not self.stream:  # its headers come with the whole answer: counted from the send, as no better sign comes
+            with self._lock:
+                self._on_wire.add(rec.index)
         try:
             resp = requests.post(
                 self.base_url + self.adapter.generate_path,
@@ -220,6 +232,7 @@ class BurstDriver:
             rec.http_status = resp.status_code
             with self._lock:
                 self._responses[rec.index] = resp
+                self._on_wire.add(rec.index)  # the server answered: it has the request (``requests`` says no sooner)
                 cut = rec.index in self._to_abort
             if cut:  # the mass abort came while this request waited for its headers
                 resp.close()
@@ -279,6 +292,8 @@ class BurstDriver:
             payload = json.dumps(body).encode()
             conn.request("POST", (u.path.rstrip("/") or "") + self.adapter.generate_path, body=payload,
                          headers={"Content-Type": "application/json", "Accept": "text/event-stream, application/json"})
+            with self._lock:  # only now may the mass abort choose it: a request cut before it was written never
+                self._on_wire.add(rec.index)  # reached the server, and aborting it would test nothing there
             resp = conn.getresponse()
             rec.http_status = resp.status
             if rec.index in self._to_abort:
@@ -376,6 +391,7 @@ class BurstDriver:
         self.workload = workload
         self._cut_why: dict[int, str] = {}
         self._admin: list[dict] = []
+        self._admin_live = 0  # admin calls started and not yet answered (or given up): the burst is not finished
         n = len(self.prompts)
         self._n_burst = n
         self._plans = None
@@ -422,7 +438,9 @@ class BurstDriver:
         if any(pl.deadline_s is not None for pl in self._plans or []):
             threading.Thread(target=self._deadlines, name="repro-driver-deadlines", daemon=True).start()
         for k, call in enumerate(w.admin):
-            threading.Thread(target=self._admin_call, args=(k, call), name=f"repro-driver-admin{k}", daemon=True).start()
+            with self._lock:
+                self._admin_live += 1
+            threading.Thread(target=self._admin_thread, args=(k, call), name=f"repro-driver-admin{k}", daemon=True).start()
         if self._n_burst < len(self._records):
             threading.Thread(target=self._after_burst, name="repro-driver-after", daemon=True).start()
 
@@ -456,8 +474,25 @@ class BurstDriver:
             time.sleep(0.01)
 
     def _in_flight(self) -> int:
+        """Requests the server has and has not finished (an admin call's ``when_in_flight``): outstanding, and
+        written to the connection (a mass-abort burst's own connections) or answered with headers (``requests``,
+        which gives no sooner sign). One merely marked outstanding may still be connecting: measured, an admin
+        call then reached the server before any stream was open."""
         with self._lock:
-            return sum(r.status == "outstanding" for r in self._records)
+            return sum(r.status == "outstanding" and r.index in self._on_wire for r in self._records)
+
+    def _burst_ended(self) -> bool:
+        """Every request of the workload (burst and ``after``) has ended: no more load will come."""
+        with self._lock:
+            return not any(r.status in ("pending", "outstanding") for r in self._records)
+
+    def _admin_thread(self, k: int, call: Any) -> None:
+        """Run one admin call; while it runs the burst is not :attr:`DriverState.finished`."""
+        try:
+            self._admin_call(k, call)
+        finally:
+            with self._lock:
+                self._admin_live -= 1
 
     def _admin_call(self, k: int, call: Any) -> None:
         """One admin call of the workload (``repro.nemeses.AdminCall``): wait for the load, call, record each answer
@@ -466,9 +501,11 @@ class BurstDriver:
         while call.when_in_flight and self._in_flight() < call.when_in_flight:
             if self._abandoned.is_set():
                 return
-            if time.time() > deadline:
+            ended = self._burst_ended()
+            if ended or time.time() > deadline:
+                why = "before every request had ended" if ended else f"within {call.wait_s:g} s"
                 self._admin_record({"call": k, "method": call.method, "path": call.path, "ok": False, "done": False,
-                                    "error": f"never {call.when_in_flight} requests in flight within {call.wait_s:g} s: not called"})
+                                    "error": f"never {call.when_in_flight} requests in flight {why}: not called"})
                 return
             time.sleep(0.005)
         if call.delay_s:
@@ -543,7 +580,7 @@ class BurstDriver:
         due: Optional[float] = None  # when enough were seen in flight, plus the delay
         while not self._abandoned.is_set() and time.time() < deadline:
             with self._lock:
-                flying = [r for r in self._records if r.status == "outstanding"
+                flying = [r for r in self._records if r.status == "outstanding" and r.index in self._on_wire
                           and (not plan.before_first_token or r.first_token_t is None)]
                 if due is None and len(flying) >= plan.when_in_flight:
                     due = time.time() + plan.delay_s
@@ -584,11 +621,14 @@ class BurstDriver:
         with self._lock:
             recs = tuple(RequestRecord(**asdict(r)) for r in self._records)
             admin = tuple(dict(a) for a in self._admin)
+            admin_live = self._admin_live
         pending = sum(r.status == "pending" for r in recs)
         outstanding = sum(r.status == "outstanding" for r in recs)
         ok = sum(r.succeeded for r in recs)
         aborted = sum(r.status == "aborted" for r in recs)
-        finished = pending == 0 and outstanding == 0
+        # a workload's admin call still waiting for its answer (bounded by its own timeout_s) is part of the burst:
+        # a burst that ended before /flush_cache answered would report the call as never made
+        finished = pending == 0 and outstanding == 0 and admin_live == 0
         progress = [t for r in recs for t in (r.last_progress_t, r.done_t) if t is not None]
         return DriverState(
             total=len(recs),
@@ -601,6 +641,7 @@ class BurstDriver:
             requests=recs,
             aborted=aborted,
             admin=admin,
+            admin_live=admin_live,
         )
 
     def abandon(self) -> None:

@@ -90,7 +90,8 @@ class Deadlines(_Strict):
 
 
 class AdminCall(_Strict):
-    """An admin endpoint called during the burst, once ``when_in_flight`` requests are in flight (0: at the
+    """An admin endpoint called during the burst, once ``when_in_flight`` requests are in flight (the server has
+    them: answered with headers, which SGLang sends at once and a PD router with the first token; 0: at the
     burst's start), ``delay_s`` later; ``repeat`` times, ``interval_s`` apart; each call bounded by ``timeout_s``.
     ``ok_status``: HTTP statuses that mean the engine answered as designed (a refusal under load included)."""
 

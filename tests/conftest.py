@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,17 @@ pytest_plugins = ["sglang_fixtures"]  # tests/ is on sys.path (pytest's rootdir-
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def _sigterm_as_interrupt(signum, frame):  # pragma: no cover - exercised by killing a test run
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one teardown, however often the group is signalled
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def pytest_configure(config):
+    """A SIGTERM (CI's time limit, `kill -TERM -<pgid>`) tears down like Ctrl-C: the running test's ``finally`` and
+    every fixture's finaliser stop the servers it started (a `repro serve` in its own session outlived a killed run)."""
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
 
 
 @pytest.fixture(scope="session")
