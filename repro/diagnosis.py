@@ -130,6 +130,7 @@ COLLECTIVES: tuple[CollectiveOp, ...] = (
     CollectiveOp("scatter", "collective", "SC"), CollectiveOp("all_to_all", "collective", "A2A"),
     CollectiveOp("all_to_all_single", "collective", "A2A"), CollectiveOp("all_gatherv", "collective", "AGv"),
     CollectiveOp("reduce_scatterv", "collective", "RSv"),
+    CollectiveOp("all_gather_single", "collective", "AGt"), CollectiveOp("reduce_scatter_single", "collective", "RSt"),
     CollectiveOp("barrier", "sync", "BAR"), CollectiveOp("monitored_barrier", "sync", "MBAR"),
     CollectiveOp("broadcast_object_list", "object", "BOL"), CollectiveOp("all_gather_object", "object", "AGO"),
     CollectiveOp("gather_object", "object", "GO"), CollectiveOp("scatter_object_list", "object", "SOL"),

@@ -1,10 +1,11 @@
 """Follow every rank's collective ledger while a burst runs (tail, never re-read) and keep the live alignment.
 
 The injector writes ``ledger-<pid>.jsonl`` per rank process (format: ``injectors/repro_injector/_ledger.py``),
-on disk within 150 ms even while the rank is blocked in gloo. :class:`LedgerFollower` keeps one open file handle per
-rank and reads only the bytes added since the last :meth:`LedgerFollower.poll`; :class:`LiveAlignment` keeps, per
-process group and sequence number, which ranks entered and which left, with op, reduce op, shapes, dtypes, call
-site and thread (``repro.ledger.Record``). ``repro.proof`` decides from it.
+on disk at the next scheduler tick, and within 250 ms of the rank's last write while it is blocked in gloo.
+:class:`LedgerFollower` keeps one open file handle per rank and reads only the bytes added since the last
+:meth:`LedgerFollower.poll`; :class:`LiveAlignment` keeps, per process group and sequence number, which ranks entered
+and which left, with op, reduce op, shapes, dtypes, call site and thread (``repro.ledger.Record``). ``repro.proof``
+decides from it.
 
 What a follower trusts (each rank separately; :attr:`RankFollow.unreliable` says why not):
 

@@ -232,7 +232,7 @@ def test_injector_writes_enter_and_exit_lines_as_the_documented_json_records(tmp
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "injectors"))
-    from repro_injector._ledger import Ledger
+    from repro_injector._ledger import Ledger, _meta
 
     class T:  # what the writer reads of a tensor: shape and dtype
         def __init__(self, shape, dtype="torch.float16"):
@@ -247,15 +247,15 @@ def test_injector_writes_enter_and_exit_lines_as_the_documented_json_records(tmp
     led = Ledger(RT(), {"max_records": 1000})
     site = ("sglang.srt.layers.linear:RowParallelLinear.forward", "sglang.srt.models.llama:LlamaMLP.forward")
     items = [
-        ("n", "3", 7, "all_reduce", "GroupCoordinator.all_reduce", "SUM", (T((8, 512)),), site, 11, 1796143260.0566263,
+        ("n", "3", 7, "all_reduce", "GroupCoordinator.all_reduce", "SUM", _meta((T((8, 512)),)), site, 11, 1796143260.0566263,
          None, "MainThread", False, None),
         ("x", "3", 7, 1796143260.07, None),
-        ("n", "3", 8, "all_reduce", "GroupCoordinator.all_reduce", "MAX", (T((1,), "torch.int32"),), site, 12,
+        ("n", "3", 8, "all_reduce", "GroupCoordinator.all_reduce", "MAX", _meta((T((1,), "torch.int32"),)), site, 12,
          1796143261.5, "extra", "MainThread", False, None),
         ("x", "3", 8, 1796143261.75, 'RuntimeError: gloo "size" mismatch\n'),
-        ("n", "4", 1, "broadcast", "torch.distributed.broadcast", None, ([T((2,)), T((2,))],), site[:1], 12, 1.25,
+        ("n", "4", 1, "broadcast", "torch.distributed.broadcast", None, _meta(([T((2,)), T((2,))],)), site[:1], 12, 1.25,
          None, "prefetch \"thread\"", False, 0),
-        ("n", "3", 9, "all_gather", "GroupCoordinator.all_gather", None, (T((8, 512)),), site, 13, 2.0, None,
+        ("n", "3", 9, "all_gather", "GroupCoordinator.all_gather", None, _meta((T((8, 512)),)), site, 13, 2.0, None,
          "MainThread", True, None),
     ]
     for it in items:

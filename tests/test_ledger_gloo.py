@@ -113,7 +113,7 @@ def test_hung_injected_collective_is_on_disk_while_blocked_and_is_the_first_dive
         last: list = [None, 0.0]
 
         def hung():  # both ranks blocked and the files unchanged for longer than the writer thread's period
-            leds = load_ledgers(tmp_path / "out")  # (150 ms: WRITER_PERIOD_S, so no write is still to come)
+            leds = load_ledgers(tmp_path / "out")  # (0.5 s > SELF_WRITE_S + WRITER_PERIOD_S: no write is still to come)
             key = [(r, len(l.records), len(l.open_records())) for r, l in sorted(leds.items())]
             if key != last[0]:
                 last[0], last[1] = key, time.monotonic()
@@ -205,16 +205,12 @@ print(json.dumps(out))
 '''
 
 
-def test_writer_thread_sleeps_while_nothing_is_queued_and_a_busy_rank_writes_its_own_records(torch_python: str,
-                                                                                                tmp_path: Path):
-    """The writer thread does not wake in an idle process; a collective's record is on disk when the call returns
-    (the calling thread wrote it); on a busy rank the writer wakes at most every WRITER_PERIOD_S (150 ms)."""
-    plan = json.loads(_plan(tmp_path).read_text())
-    plan["ledger"].update(tick_function="", coordinators=[])
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
+def _run_plan_prog(torch_python: str, prog: str, tmp_path: Path) -> dict:
+    """Run ``prog`` (one process, the injector loaded from ``tmp_path/plan.json``) in its own process group, ended
+    by group on a timeout; returns the JSON object of its last stdout line."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "REPRO_PLAN")}
     env.update(PYTHONPATH=str(INJECTORS), REPRO_PLAN=str(tmp_path / "plan.json"), OMP_NUM_THREADS="1")
-    p = subprocess.Popen([torch_python, "-c", IDLE_PROG, str(tmp_path / "init")], env=env, stdout=subprocess.PIPE,
+    p = subprocess.Popen([torch_python, "-c", prog, str(tmp_path / "init")], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         so, se = p.communicate(timeout=WAIT_S)
@@ -223,7 +219,186 @@ def test_writer_thread_sleeps_while_nothing_is_queued_and_a_busy_rank_writes_its
             os.killpg(p.pid, signal.SIGKILL)
             p.communicate()
     assert p.returncode == 0, se[-2000:]
-    out = json.loads(so.strip().splitlines()[-1])
+    return json.loads(so.strip().splitlines()[-1])
+
+
+def test_writer_thread_sleeps_while_nothing_is_queued_and_a_busy_rank_writes_its_own_records(torch_python: str,
+                                                                                                tmp_path: Path):
+    """The writer thread does not wake in an idle process; a collective's record is on disk when the call returns
+    (the calling thread wrote it); on a busy rank the writer wakes at most every WRITER_PERIOD_S (150 ms)."""
+    plan = json.loads(_plan(tmp_path).read_text())
+    plan["ledger"].update(tick_function="", coordinators=[])
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    out = _run_plan_prog(torch_python, IDLE_PROG, tmp_path)
     assert out["idle_wakes"] == 0
     assert out["enter_on_disk_at_return"] and out["exit_on_disk_after"]
     assert out["busy_records"] > 100 and out["busy_wakes_per_s"] <= 1 / 0.15 + 1
+
+
+ALTERNATE_PROG = r'''
+import json, os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+from repro_injector import _runtime
+rt = _runtime.activate()
+led = rt.ledger
+w = led.alternate_s
+t = torch.ones(2)
+calls, even_calls, t0 = 0, 0, time.time()
+while time.time() - t0 < 1.3:  # six windows of 0.2 s: a collective and a tick every ~5 ms
+    led.tick += 1
+    led.log_tick()
+    even_calls += 0 if int(time.time() / w) & 1 else 1
+    dist.all_reduce(t)
+    calls += 1
+    time.sleep(0.005)
+time.sleep(0.4)
+led.log_tick()  # the first tick after a 0.3 s gap writes the ticks held so far
+led.drain()
+recs = [json.loads(l) for f in os.listdir(rt.out_dir) if f.startswith("ledger-")
+        for l in open(os.path.join(rt.out_dir, f))]
+enters = [r for r in recs if r.get("e") == "enter"]
+ticks = open(os.path.join(rt.out_dir, "ticks-%d.txt" % os.getpid())).read().split("\n")
+print(json.dumps({"w": w, "calls": calls, "even_calls": even_calls, "enters": len(enters),
+                  # decided at the call's entry, stamped after the group and site lookups: on a loaded box a record
+                  # of a call that entered just before an odd window can carry a time a few ms into it
+                  "odd_enters": sum(1 for r in enters if int(r["t"] / w) & 1 and int((r["t"] - 0.05) / w) & 1),
+                  "tick_lines": [l.split() for l in ticks if l]}))
+'''
+
+
+def test_benchmark_alternation_records_only_in_even_windows_and_logs_every_tick(torch_python: str, tmp_path: Path):
+    """``bench_alternate_s`` (benchmarks/ledger_proof.py ``alternate`` only): collectives are recorded in even
+    windows of that many wall seconds and passed straight through in odd ones; every tick's start is logged in both
+    (``ticks-<pid>.txt``), written at the latest by the first tick after a gap (the other tests here run without
+    the key and see every collective)."""
+    plan = json.loads(_plan(tmp_path).read_text())
+    plan["ledger"].update(tick_function="", coordinators=[], bench_alternate_s=0.2)
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    out = _run_plan_prog(torch_python, ALTERNATE_PROG, tmp_path)
+    assert out["w"] == 0.2 and out["odd_enters"] == 0
+    assert 0 < out["enters"] < out["calls"] and abs(out["enters"] - out["even_calls"]) <= 2
+    lines = out["tick_lines"]  # tick, start, ticking thread's CPU, hot-path s, writer CPU s, writer wake-ups, gc s, full gcs
+    assert {len(r) for r in lines} == {8}
+    assert [int(r[0]) for r in lines] == list(range(1, out["calls"] + 1))  # all on disk after the gap's tick
+    for i in (1, 2, 3, 4, 5, 6, 7):
+        col = [float(r[i]) for r in lines]
+        assert col == sorted(col)
+    assert float(lines[-1][1]) - float(lines[0][1]) >= 1.2 and float(lines[-1][3]) > 0.0
+
+
+TICK_PROG = r'''
+import json, os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+from repro_injector import _runtime
+rt = _runtime.activate()
+led = rt.ledger
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+import tickmod
+s = tickmod.Scheduler()
+t = torch.ones(2)
+
+def on_disk():
+    return sum(l.count('"e":"enter"') for f in os.listdir(rt.out_dir) if f.startswith("ledger-")
+               for l in open(os.path.join(rt.out_dir, f)))
+
+calls, behind, t0, last_tick, max_gap = 0, 0, time.time(), None, 0.0
+while time.time() - t0 < 1.2:  # a busy rank: a tick every ~10 ms, three collectives each
+    now = time.time()
+    max_gap = max(max_gap, now - last_tick) if last_tick else 0.0
+    last_tick = now
+    s.get_next_batch_to_run()
+    behind = max(behind, calls - on_disk())  # every record of the previous ticks is on disk at a tick's start
+    for _ in range(3):
+        dist.all_reduce(t)
+        calls += 1
+    time.sleep(0.01)
+busy_writer_drains = led.writer_drains
+for _ in range(3):
+    dist.all_reduce(t)  # then no tick: a rank stuck between ticks (or blocked in a collective)
+calls += 3
+time.sleep(0.4)
+print(json.dumps({"calls": calls, "ticks": led.tick, "behind": behind, "busy_writer_drains": busy_writer_drains,
+                  "max_gap": max_gap,
+                  "on_disk_after_pause": on_disk(), "writer_drains": led.writer_drains}))
+'''
+
+
+def test_the_ticking_thread_writes_at_each_tick_and_the_writer_thread_only_for_a_rank_between_ticks(
+        torch_python: str, tmp_path: Path):
+    """With a tick function the ticking thread writes the queue at every tick's start (the same tick on every rank,
+    so the ranks' write delays overlap instead of adding up); the writer thread leaves a ticking rank's queue alone
+    and writes records that waited SELF_WRITE_S + WRITER_PERIOD_S (250 ms) without a tick."""
+    (tmp_path / "tickmod.py").write_text("class Scheduler:\n    def get_next_batch_to_run(self):\n        return None\n")
+    plan = json.loads(_plan(tmp_path).read_text())
+    plan["ledger"].update(tick_function="tickmod:Scheduler.get_next_batch_to_run", coordinators=[])
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    out = _run_plan_prog(torch_python, TICK_PROG, tmp_path)
+    assert out["ticks"] > 30 and out["calls"] == 3 * out["ticks"] + 3
+    # nothing waited for the writer thread, unless this process itself stalled between ticks for SELF_WRITE_S
+    # (100 ms; a loaded CI box), when the writer thread rightly wrote for it
+    if out["max_gap"] < 0.09:
+        assert out["behind"] == 0
+        assert out["busy_writer_drains"] <= 1  # at most its first wake-up, before the first tick wrote
+    assert out["on_disk_after_pause"] == out["calls"] and out["writer_drains"] > out["busy_writer_drains"]
+
+
+SINGLE_PROG = r'''
+import json, os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+from repro_injector import _runtime
+rt = _runtime.activate()
+out = torch.empty(2)
+dist.all_gather_single(out, torch.ones(2))
+rt.ledger.drain()
+recs = [json.loads(l) for f in os.listdir(rt.out_dir) if f.startswith("ledger-")
+        for l in open(os.path.join(rt.out_dir, f))]
+print(json.dumps([[r["op"], r["api"], r["shapes"]] for r in recs if r.get("e") == "enter"]))
+'''
+
+
+def test_torch_2_14_all_gather_single_is_recorded_as_its_wire_op(torch_python: str, tmp_path: Path):
+    """sglang 0.5.23's ``GroupCoordinator.all_gather`` on CPU calls torch 2.14's ``all_gather_single`` (imported in
+    ``sglang/srt/distributed/utils.py``): a torch-level record with the wire op, not a coordinator bypass record."""
+    plan = json.loads(_plan(tmp_path).read_text())
+    plan["ledger"].update(tick_function="", coordinators=[])
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    out = _run_plan_prog(torch_python, SINGLE_PROG, tmp_path)
+    assert out == [["all_gather_into_tensor", "torch.distributed.all_gather_single", [[2], [2]]]]
+
+
+RAISE_PROG = r'''
+import json, os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+from repro_injector import _runtime
+rt = _runtime.activate()
+t = torch.ones(2)
+dist.all_reduce(t)  # written at its entry (nothing was written yet); the next call comes well within 50 ms
+err = None
+try:
+    dist.broadcast(t, src=5)  # no rank 5 in a world of 1: torch raises inside the wrapped call
+except Exception as e:
+    err = type(e).__name__
+# no drain, no waiting: what is on disk the instant the exception reached the caller (SGLang's scheduler would now
+# tell its parent to end the tree)
+recs = [json.loads(l) for f in os.listdir(rt.out_dir) if f.startswith("ledger-")
+        for l in open(os.path.join(rt.out_dir, f))]
+print(json.dumps({"err": err, "recs": [[r["e"], r.get("op"), r.get("seq"), bool(r.get("err"))] for r in recs
+                                       if r.get("e") in ("enter", "exit")]}))
+'''
+
+
+def test_a_collective_that_raises_has_its_enter_and_failed_exit_on_disk_before_the_exception_returns(
+        torch_python: str, tmp_path: Path):
+    """A backend error raised into the caller (gloo's checks, a timeout) usually ends the rank at once: the ledger
+    writes the failed call's records synchronously, not 150 ms later on the writer thread, so a crash on a
+    mismatched collective leaves the record that shows it."""
+    plan = json.loads(_plan(tmp_path).read_text())
+    plan["ledger"].update(tick_function="", coordinators=[])
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    out = _run_plan_prog(torch_python, RAISE_PROG, tmp_path)
+    assert out["err"] is not None
+    assert ["enter", "broadcast", 2, False] in out["recs"] and ["exit", None, 2, True] in out["recs"]

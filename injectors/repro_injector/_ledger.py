@@ -8,13 +8,14 @@ Where collectives are recorded (checked against sglang 0.5.23 and torch 2.14):
 
 - ``torch.distributed``: the package attributes ``all_reduce``, ``broadcast``, ``all_gather``,
   ``all_gather_into_tensor``, ``reduce_scatter``, ``reduce_scatter_tensor``, ``all_to_all_single``, ``barrier``,
-  ``monitored_barrier``, ``gather``, ``broadcast_object_list``, ``all_gather_object``, ``send``, ``recv`` are
-  rebound to recording wrappers. sglang calls them as module attributes (``torch.distributed.all_reduce`` in
+  ``monitored_barrier``, ``gather``, ``broadcast_object_list``, ``all_gather_object``, ``send``, ``recv`` (and torch
+  2.14's ``all_gather_single``, ``reduce_scatter_single``, recorded as their wire ops) are rebound to recording
+  wrappers. sglang calls them as module attributes (``torch.distributed.all_reduce`` in
   ``distributed/parallel_state.py``, ``dist.broadcast`` in ``utils/common.py`` ``broadcast_pyobj``); copies made by
   ``from torch.distributed import all_reduce, barrier`` (``managers/scheduler_components/request_receiver.py``,
-  ``managers/scheduler.py``) are rebound in every ``sglang.*`` module after it is imported (post-import hook).
-  Calls inside torch itself (``broadcast_object_list`` → ``broadcast``) use ``distributed_c10d``'s own globals and
-  are not seen twice.
+  ``managers/scheduler.py``) are rebound in every ``sglang.*`` module after it is imported (post-import hook). Calls
+  inside torch itself (``broadcast_object_list`` → ``broadcast``) use ``distributed_c10d``'s own globals and are not
+  seen twice.
 - sglang's ``GroupCoordinator`` methods (``all_reduce``, ``broadcast``, ``all_gather``, ``all_gather_into_tensor``,
   ``reduce_scatter``, ``reduce_scatter_tensor``, ``broadcast_object``, ``broadcast_object_list``,
   ``all_gather_object``, ``broadcast_tensor_dict``, ``barrier``, ``gather`` — those present): the outer call is the
@@ -45,17 +46,23 @@ File format (one JSON object per line; ``e`` says which):
 - ``{"e": "exit", "g", "seq", "t", "err"}``: the call returned (for ``async_op=True``, when the call returned, not
   when the work completed).
 
-Timing: the hot path appends a tuple to a deque; at a collective's entry, once the last write is
-``FLUSH_INTERVAL_S`` (50 ms) old, the calling thread writes the queue itself (it holds the GIL already: no hand-over
-to another thread); the writer thread (``repro-ledger``) writes what is still queued every ``WRITER_PERIOD_S``
-(150 ms) while records are queued or a coordinator call is open, and sleeps (woken by the next record) while
-nothing is: an idle process's writer does not wake, and a busy rank's main thread loses the GIL to it ~7 times a
-second instead of 20 (each hand-over on a loaded 2-core box cost the rank's main thread a wait for the writer to
-be scheduled: measured in benchmarks/RESULTS.md). A blocked gloo collective releases the GIL, so the record of the
-collective a rank hangs in is on disk within ``WRITER_PERIOD_S`` (tests/test_ledger_gloo.py). Bounded: the file rotates after ``max_records // 2``
-enter records into ``ledger-<pid>.1.jsonl`` (replacing the previous part), so between ``max_records // 2`` and
-``max_records`` of the most recent records are kept (~250 bytes each: 20,000 records ≈ 5 MB per rank); the header's
-``dropped`` says how many were discarded.
+Timing: the hot path appends a tuple to a deque; the ticking thread writes the queue itself at the start of every
+scheduler tick (it holds the GIL already: no hand-over to another thread). The tick is the same on every rank of the
+TP group, so the ranks' writes happen together and their delays overlap: a rank that writes at a collective its
+peer does not write at makes the peer wait for it at the next collective, so unaligned writes cost a step the sum
+of the ranks' write times and aligned ones their maximum. Without a tick function the calling thread writes at a
+collective's entry once the last write is ``FLUSH_INTERVAL_S`` (50 ms) old. The writer thread (``repro-ledger``)
+wakes every ``WRITER_PERIOD_S`` (150 ms) while records are queued or a coordinator call is open and writes the queue
+when no thread has for ``SELF_WRITE_S`` (100 ms: a rank blocked in a collective, or one between ticks that long) or a
+coordinator call is due as a bypass record; so a blocked rank's last record is on disk within
+``SELF_WRITE_S + WRITER_PERIOD_S`` (250 ms) of its last write. It sleeps (woken by the next record) while nothing is
+queued: an idle process's writer does not wake (each hand-over of the GIL to it cost the rank's main thread a wait
+for the writer to be scheduled: measured in benchmarks/RESULTS.md). A blocked gloo collective releases the GIL, so
+the writer thread writes the record of the collective a rank hangs in (tests/test_ledger_gloo.py). Records keep a
+tensor's shape and dtype, never the tensor. Bounded: the file rotates after ``max_records // 2`` enter records into
+``ledger-<pid>.1.jsonl`` (replacing the previous part), so between ``max_records // 2`` and ``max_records`` of the
+most recent records are kept (~250 bytes each: 20,000 records ≈ 5 MB per rank); the header's ``dropped`` says how
+many were discarded.
 
 The wrappers' code objects are named ``repro_ledger[torch.distributed.all_reduce]`` (and
 ``repro_tick[Scheduler.get_next_batch_to_run]``) so stack dumps show what they are; the stack gate and the harness's
@@ -78,6 +85,7 @@ from . import gate as _gate
 FLUSH_INTERVAL_S = 0.05  # the calling thread writes the queue itself at a collective's entry once it is this old
 WRITER_PERIOD_S = 0.15  # the writer thread's period while records are queued or a coordinator call is open
 IDLE_WAIT_S = 2.0  # the writer thread's longest sleep while nothing is queued (it is woken by the next record)
+SELF_WRITE_S = 0.1  # the writer thread leaves the queue to a rank that wrote it itself less than this long ago
 PENDING_AFTER_S = 0.05  # a coordinator call with no torch.distributed call yet is written after this long
 SITE_FRAMES = 4
 MAX_FRAGMENTS = 4096  # encoded line parts kept (enter_line); cleared when full
@@ -88,8 +96,12 @@ MAX_WALK = 40
 TORCH_OPS = (
     "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
     "all_to_all_single", "barrier", "monitored_barrier", "gather", "broadcast_object_list", "all_gather_object",
-    "send", "recv",
+    "send", "recv", "all_gather_single", "reduce_scatter_single",
 )
+# Newer torch names of the same wire ops (torch 2.14 ``all_gather_single``, which sglang 0.5.23's
+# ``distributed/utils.py`` imports for ``GroupCoordinator.all_gather`` on CPU): the record's ``op`` is the wire op,
+# its ``api`` the name called, so the harness's tables (repro/diagnosis.py, repro/data/pairing_*.json) need no row.
+WIRE_OPS = {"all_gather_single": "all_gather_into_tensor", "reduce_scatter_single": "reduce_scatter_tensor"}
 # GroupCoordinator method -> the coordinator attribute holding the group used when no torch call is seen (0.5.23).
 COORDINATOR_METHODS = {
     "all_reduce": "device_group", "broadcast": "device_group", "all_gather": "device_group",
@@ -109,6 +121,7 @@ GENERIC_COMM_MODULE_PREFIXES = ("torch.distributed", "repro_injector", "torch.ut
 COMM_MODULE_PREFIXES = GENERIC_COMM_MODULE_PREFIXES[:1] + ENGINE_COMM_MODULE_PREFIXES + GENERIC_COMM_MODULE_PREFIXES[1:]
 
 _wall = time.time
+_pc = time.perf_counter
 
 
 def _js(x: Any) -> str:
@@ -162,6 +175,20 @@ def _src(op: str, args: tuple, kwargs: dict, si: int) -> Optional[int]:
     return v if isinstance(v, int) else None
 
 
+def _meta(objs: tuple) -> tuple:
+    """``(shape, dtype)`` of each tensor among a call's first arguments (a list of tensors: ``((n, *shape), dtype)``),
+    taken at the call: a queued record must not keep the tensors alive until it is written (on a GPU that would hold
+    every layer's all-reduce input of a long forward in the caching allocator until the next tick)."""
+    out = []
+    for o in objs:
+        shape = getattr(o, "shape", None)
+        if shape is not None and hasattr(o, "dtype"):
+            out.append((shape, o.dtype))
+        elif isinstance(o, (list, tuple)) and o and hasattr(o[0], "shape") and hasattr(o[0], "dtype"):
+            out.append(((len(o),) + tuple(o[0].shape), o[0].dtype))
+    return tuple(out)
+
+
 def _arg_index(fn: Callable, name: str) -> int:
     try:
         params = list(inspect.signature(fn).parameters)
@@ -206,9 +233,25 @@ class Ledger:
         self._wlock = threading.Lock()
         self._frags: Tuple[Dict[tuple, Any], ...] = ({}, {}, {})  # encoded parts of enter lines (enter_line)
         self.last_write = 0.0  # wall time of the last drain (by any thread)
+        self.tick_writes = False  # the tick function is patched: the ticking thread writes at each tick's start
         self.idle = False  # the writer thread sleeps until woken: the hot path sets ``_wake`` when it queues a record
         self._wake = threading.Event()
         self.wakes = 0  # the writer thread's wake-ups (tests, benchmarks)
+        self.writer_drains = 0  # the writer thread's writes of a non-empty queue (tests, benchmarks)
+        # Benchmarks only (benchmarks/ledger_proof.py ``alternate``): > 0 records only in even windows of this many
+        # wall seconds (int(t / w) even) and passes every collective straight through in odd ones, so one server
+        # measures ledger on and off interleaved. The ranks' files then disagree at every window edge: never a proof.
+        self.alternate_s = float(spec.get("bench_alternate_s") or 0.0)
+        self._ticks: List[tuple] = []  # log_tick's rows not yet in ticks-<pid>.txt (alternate_s only)
+        self.hot_s = 0.0  # alternate_s only: time spent in the wrappers' own code (perf_counter), all threads
+        self.writer_cpu_s = 0.0  # alternate_s only: the writer thread's CPU after its wake-ups
+        self.gc_s = 0.0  # alternate_s only: time in the garbage collector (gc.callbacks), all threads
+        self.gc_full = 0  # alternate_s only: full (generation 2) collections
+        self._gc_t0 = 0.0
+        if self.alternate_s:
+            import gc
+
+            gc.callbacks.append(self._gc_event)
 
     # ---- install ----------------------------------------------------------------------------------------------
 
@@ -293,12 +336,20 @@ class Ledger:
 
         def repro_tick(*args: Any, **kwargs: Any) -> Any:
             led.tick += 1
+            if led.alternate_s:
+                led.log_tick()
+            if led.q:  # the same tick on every rank of the group: the writes' delays overlap (module docstring)
+                h0 = _pc()
+                led.write_now()
+                if led.alternate_s:
+                    led.hot_s += _pc() - h0
             return orig(*args, **kwargs)
 
         repro_tick.__repro_ledger__ = True  # type: ignore[attr-defined]
         repro_tick.__wrapped__ = orig  # type: ignore[attr-defined]
         short = self.tick_function.partition(":")[2]
         setattr(target.owner, target.name, _rename(repro_tick, f"repro_tick[{short}]"))
+        self.tick_writes = True
 
     def name_groups(self, coord: Any) -> None:
         """Label a coordinator's process groups ``<group_name>/cpu`` and ``<group_name>/device``."""
@@ -367,6 +418,34 @@ class Ledger:
                 self.groups[id(pg)] = (pg, info)
         return info["g"], info
 
+    def log_tick(self) -> None:
+        """Benchmarks only (``bench_alternate_s``): every tick's start, ``<tick> <epoch s> <ticking thread's CPU s>
+        <ledger hot-path s so far> <writer thread's CPU s so far> <writer wake-ups so far> <garbage collector s so
+        far> <full collections so far>`` lines in
+        ``ticks-<pid>.txt``, written by the ticking thread 50 at a time or at the first tick after a 0.3 s gap (the end
+        of a burst), in recording and pass-through windows alike."""
+        now = _wall()
+        if self._ticks and (len(self._ticks) >= 50 or now - self._ticks[-1][1] > 0.3):  # 50 held, or an idle gap
+            self.flush_ticks()
+        self._ticks.append((self.tick, now, time.thread_time(), self.hot_s, self.writer_cpu_s, self.wakes, self.gc_s,
+                            self.gc_full))
+
+    def _gc_event(self, phase: str, info: Dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_t0 = _pc()
+        else:
+            self.gc_s += _pc() - self._gc_t0
+            if info.get("generation") == 2:
+                self.gc_full += 1
+
+    def flush_ticks(self) -> None:
+        try:
+            with open(os.path.join(self.rt.out_dir, f"ticks-{os.getpid()}.txt"), "a") as fh:
+                fh.write("".join(" ".join(repr(x) for x in row) + "\n" for row in self._ticks))
+        except Exception as e:
+            self.rt.error("ledger tick log", e)
+        self._ticks = []
+
     def _site(self, frame: Any) -> Tuple[Tuple[str, ...], Optional[str]]:
         """Up to SITE_FRAMES caller names outside the communication layers, and the injection id if injected."""
         out: List[str] = []
@@ -421,9 +500,11 @@ class Ledger:
     def _torch_wrapper(self, op: str, orig: Callable) -> Callable:
         led = self
         gi = _arg_index(orig, "group")
-        ri = _arg_index(orig, "op") if op in ("all_reduce", "reduce_scatter", "reduce_scatter_tensor") else -1
+        ri = _arg_index(orig, "op") if op in ("all_reduce", "reduce_scatter", "reduce_scatter_tensor",
+                                              "reduce_scatter_single") else -1
         si = _arg_index(orig, "src") if op in SRC_OPS else -1
         api = f"torch.distributed.{op}"
+        op = WIRE_OPS.get(op, op)
         tls = _tls
         wall = _wall
         q = self.q
@@ -434,6 +515,11 @@ class Ledger:
                 if p is not None and p.key is None:
                     led._emit_pending(p, op, args, kwargs, gi, ri, si)
                 return orig(*args, **kwargs)
+            w = led.alternate_s
+            if w:
+                if int(wall() / w) & 1:
+                    return orig(*args, **kwargs)
+                h0 = _pc()
             tls.d = 1
             try:
                 pg = kwargs.get("group") if "group" in kwargs else (args[gi] if 0 <= gi < len(args) else None)
@@ -445,22 +531,27 @@ class Ledger:
                     red = "SUM"
                 src = _src(op, args, kwargs, si)
                 t = wall()
-                q.append(("n", key, seq, op, api, red, args[:2], site, led.tick, t, inj,
+                q.append(("n", key, seq, op, api, red, _meta(args[:2]), site, led.tick, t, inj,
                           threading.current_thread().name, False, src))
-                if t - led.last_write >= FLUSH_INTERVAL_S:
+                if not led.tick_writes and t - led.last_write >= FLUSH_INTERVAL_S:
                     led.write_now()
-                elif led.idle:
+                if q and led.idle:  # not written (by the tick, or another thread was writing): the writer thread will
                     led._wake.set()
+                if w:
+                    led.hot_s += _pc() - h0
                 try:
                     res = orig(*args, **kwargs)
                 except BaseException as e:
                     q.append(("x", key, seq, wall(), f"{type(e).__name__}: {e}"))
-                    if led.idle:
-                        led._wake.set()
+                    led.drain_on_error()  # a backend's mismatch check often ends the process right after this
                     raise
+                if w:
+                    h0 = _pc()
                 q.append(("x", key, seq, wall(), None))
                 if led.idle:
                     led._wake.set()
+                if w:
+                    led.hot_s += _pc() - h0
                 return res
             finally:
                 tls.d = 0
@@ -486,7 +577,7 @@ class Ledger:
             n = self.seqs.get(key, 0) + 1
             self.seqs[key] = n
             p.key, p.seq = key, n
-            self.q.append(("n", key, n, op, p.api, red, args[:2], p.site, p.tick, p.t, p.inj,
+            self.q.append(("n", key, n, op, p.api, red, _meta(args[:2]), p.site, p.tick, p.t, p.inj,
                            threading.current_thread().name, False, _src(op, args, kwargs, si)))
 
     def _emit_bypass(self, p: _Pending, thread: str) -> None:
@@ -500,6 +591,11 @@ class Ledger:
             p.key, p.seq = key, n
             self.q.append(("n", key, n, p.method, p.api, "SUM" if p.method == "all_reduce" else None, p.objs,
                            p.site, p.tick, p.t, p.inj, thread, True, None))
+
+    def _bypass_due(self) -> bool:
+        """A coordinator call open for ``PENDING_AFTER_S`` with no torch.distributed call: its record is due."""
+        now = _wall()
+        return any(p.key is None and now - p.t >= PENDING_AFTER_S for p in list(self.pending.values()))
 
     def flush_pending(self, now: Optional[float] = None) -> None:
         """Writer thread: write coordinator calls open for ``PENDING_AFTER_S`` without a torch-level call."""
@@ -521,14 +617,21 @@ class Ledger:
         def repro_ledger(coord: Any, *args: Any, **kwargs: Any) -> Any:
             if getattr(tls, "d", 0) or getattr(coord, "world_size", 2) == 1:
                 return orig(coord, *args, **kwargs)
+            w = led.alternate_s
+            if w:
+                if int(wall() / w) & 1:
+                    return orig(coord, *args, **kwargs)
+                h0 = _pc()
             site, inj = led._site(sys._getframe(1))
-            p = _Pending(api, coord, meth, attr, args[:2], led.tick, site, inj, wall())
+            p = _Pending(api, coord, meth, attr, _meta(args[:2]), led.tick, site, inj, wall())
             ident = threading.get_ident()
             tls.d = 1
             tls.p = p
             pending[ident] = p
             if led.idle:
                 led._wake.set()
+            if w:
+                led.hot_s += _pc() - h0
             err: Optional[str] = None
             try:
                 return orig(coord, *args, **kwargs)
@@ -536,6 +639,8 @@ class Ledger:
                 err = f"{type(e).__name__}: {e}"
                 raise
             finally:
+                if w:
+                    h0 = _pc()
                 tls.d = 0
                 tls.p = None
                 pending.pop(ident, None)
@@ -546,8 +651,12 @@ class Ledger:
                         led.rt.error(f"ledger: {api} bypass record failed", e)
                 if p.key is not None:
                     led.q.append(("x", p.key, p.seq, wall(), err))
-                    if led.idle:
+                    if led.idle and err is None:
                         led._wake.set()
+                if err is not None:  # the failed call's records (enter and exit, or its bypass record) on disk now
+                    led.drain_on_error()
+                if w:
+                    led.hot_s += _pc() - h0
 
         repro_ledger.__repro_ledger__ = True  # type: ignore[attr-defined]
         repro_ledger.__wrapped__ = orig  # type: ignore[attr-defined]
@@ -582,10 +691,9 @@ class Ledger:
         the documented order). The parts that repeat from one collective to the next — group, op / API / reduce
         op, shapes and dtypes, call site, injection / thread — are encoded once and kept (``_frags``, bounded):
         a third of ``json.dumps``'s time per record, measured in benchmarks/RESULTS.md."""
-        _, key, seq, op, api, red, objs, site, tick, t, inj, thread, bypass, src = item
+        _, key, seq, op, api, red, meta, site, tick, t, inj, thread, bypass, src = item
         if red is not None and not isinstance(red, str):
             red = str(red).rsplit(".", 1)[-1]
-        shapes, dtypes = self._tensor_meta(objs)
         f1, f2, f3 = self._frags
         if len(f1) + len(f2) + len(f3) > MAX_FRAGMENTS:
             f1.clear(), f2.clear(), f3.clear()
@@ -594,9 +702,10 @@ class Ledger:
         if a is None:
             a = f1[k1] = ('{"e":"enter","g":' + _js(key) + ',"seq":', ',"op":' + _js(op) + ',"api":' + _js(api)
                           + ',"red":' + _js(red) + ',"shapes":')
-        k2 = (repr(shapes), repr(dtypes), site)
+        k2 = (meta, site)
         b = f2.get(k2)
         if b is None:
+            shapes, dtypes = self._tensor_meta(meta)
             b = f2[k2] = _js(shapes) + ',"dtypes":' + _js(dtypes) + ',"site":' + _js(list(site)) + ',"tick":'
         k3 = (inj, thread, bool(bypass), src)
         c = f3.get(k3)
@@ -615,18 +724,9 @@ class Ledger:
         self._open()
 
     @staticmethod
-    def _tensor_meta(objs: tuple) -> Tuple[List[Any], List[str]]:
-        shapes: List[Any] = []
-        dtypes: List[str] = []
-        for o in objs:
-            shape = getattr(o, "shape", None)
-            if shape is not None and hasattr(o, "dtype"):
-                shapes.append(list(shape))
-                dtypes.append(str(o.dtype).replace("torch.", ""))
-            elif isinstance(o, (list, tuple)) and o and hasattr(o[0], "shape") and hasattr(o[0], "dtype"):
-                shapes.append([len(o)] + list(o[0].shape))
-                dtypes.append(str(o[0].dtype).replace("torch.", ""))
-        return shapes, dtypes
+    def _tensor_meta(meta: tuple) -> Tuple[List[Any], List[str]]:
+        """Shapes and dtypes as written, from :func:`_meta`'s ``(shape, dtype)`` pairs."""
+        return [list(m[0]) for m in meta], [str(m[1]).replace("torch.", "") for m in meta]
 
     def write_now(self) -> None:
         """The calling thread writes the queue (hot path, at a collective's entry): never waits for the writer
@@ -643,6 +743,19 @@ class Ledger:
                 pass
         finally:
             self._wlock.release()
+
+    def drain_on_error(self) -> None:
+        """A collective raised (gloo's size check, a timeout, an abort): write the queue now, blocking, so the record
+        of the collective that failed is on disk before the exception ends the process (SGLang's scheduler sends
+        its parent SIGQUIT from its ``except`` path; the writer thread would have had up to ``WRITER_PERIOD_S``).
+        Never raises into the caller."""
+        try:
+            self.drain()
+        except Exception as e:
+            try:
+                self.rt.error("ledger write after a failed collective", e)
+            except Exception:
+                pass
 
     def drain(self) -> None:
         """Write everything queued so far and flush (writer thread, atexit, tests)."""
@@ -689,10 +802,20 @@ class Ledger:
                         continue  # the safety time-out, nothing queued: back to sleep
                 _sleep(WRITER_PERIOD_S)
                 self.wakes += 1
+                # a rank that writes its own records (at its ticks or collectives) is left to it: the writer thread
+                # writes only what waited WRITER_PERIOD_S since the last write (a rank blocked in a collective, an
+                # idle one) or a coordinator call that reached no torch call (a bypass record)
+                while self.q and not self._bypass_due() and _wall() - self.last_write < SELF_WRITE_S:
+                    _sleep(WRITER_PERIOD_S)
+                    self.wakes += 1
+                c0 = time.thread_time() if self.alternate_s else 0.0
                 if self.pending:
                     self.flush_pending()
                 if self.q:
                     self.drain()
+                    self.writer_drains += 1
+                if self.alternate_s:
+                    self.writer_cpu_s += time.thread_time() - c0
             except Exception as e:
                 self.idle = False
                 self.rt.error("ledger writer", e)
@@ -707,6 +830,7 @@ class Ledger:
         self.fh = None
         self.part = self.in_part = self.dropped = self.prev_part_records = 0
         self.q.clear()
+        self.pending.clear()  # the parent's other threads do not exist here (clear: the wrappers hold this dict)
         self._wlock = threading.Lock()
         self.lock = threading.Lock()
         self._wake = threading.Event()

@@ -303,7 +303,16 @@ class Site:
             return copy.deepcopy(a.get("value"))
         if kind == "return_value":
             if a.get("offset") is not None:  # drift: the original's result plus a number (e.g. -1, +3600 s)
-                return call() + a["offset"]
+                res = call()
+                if isinstance(res, (int, float)):  # a bool too: True - 1 == 0
+                    return res + a["offset"]
+                # no number to drift (an enum, a batch object): the call returns unchanged and is no fire
+                with self.lock:
+                    self.counts.fired -= 1
+                self.rt.dirty = True
+                self.rt.event("fire_inapplicable", id=self.id, returned=type(res).__name__)
+                self.rt.write_counts()
+                return res
             if a.get("call_original", True):
                 call()
             return copy.deepcopy(a.get("value"))
