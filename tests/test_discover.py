@@ -72,6 +72,30 @@ FAKE = {
             def available_size(self):
                 return self.free // 2
     """,
+    "budget.py": """
+        class Budget:
+            def __init__(self, pool):
+                self.pool = pool
+
+            @property
+            def remaining(self):
+                return self.pool.available_size() - 1
+
+            def has_room(self):
+                return self.remaining > 0
+
+        def make_budget(pool):
+            return Budget(pool)
+
+        class Adder:
+            def __init__(self, pool):
+                self.budget = make_budget(pool)
+
+            def add(self, req):
+                if not self.budget.has_room():
+                    return 1
+                return 0
+    """,
     "sched.py": """
         import threading
         import torch
@@ -79,6 +103,7 @@ FAKE = {
         from fakeengine.cache import Op, make_cache
         from fakeengine.pool import Pool
         from fakeengine.dist.coord import broadcast_pyobj, get_tp_group
+        from fakeengine.budget import Adder
 
         class Batch:
             is_full: bool = False
@@ -133,6 +158,36 @@ FAKE = {
             def tick(self):
                 if self.ready:
                     dist.barrier()
+
+            def adder_class(self) -> "type[Adder]":
+                return Adder
+
+            def admit_through_a_budget(self):
+                adder = self.adder_class()(self.pool)
+                for req in self.waiting_queue:
+                    if adder.add(req) != 0:
+                        break
+                    self.cache.check_progress(req)
+
+            def plan(self) -> "Batch":
+                return Batch(self.free_slots())
+
+            def maybe_batch(self):
+                n = self.free_slots()
+                if n == 0:
+                    return None
+                return self.waiting_queue[:n]
+
+            def has_slots(self):
+                return self.free_slots() > 0
+
+            def step(self):
+                if self.plan().size:
+                    self.cache.check_progress(None)
+                if self.maybe_batch() is None:
+                    self.cache.check_progress(None)
+                if not self.has_slots():
+                    self.cache.check_progress(None)
 
             def progress(self, key):
                 self.ops: dict[str, Op] = {}
@@ -276,6 +331,11 @@ def test_the_30760_decision_points_are_among_the_candidates_in_the_installed_sgl
     assert {(gnar, prefill, "req"), (gnar, prefill, None)} <= pts
     # the waiting queue's length is the request broadcast's: no candidate's source is len(self.waiting_queue)
     assert not [c for c in d.candidates if "waiting_queue" in c.source]
+    # get_next_batch_to_run returns a NextBatchPlan (0.5.23): no value fits in its place, so it is no point (session
+    # 6's hunt gave it 0 and crashed the scheduler); the free-slot count keeps its drifts
+    nbr = "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run"
+    assert d.scan["return_types"][nbr] == ["object"] and not [p for p in d.points if p.site == nbr]
+    assert {p.perturbations for p in d.points if p.site == gnar} == {("zero_once", "minus_one")}
 
 
 # ------------------------------------------------------------------------------------------ the hunt, stand-in runner
@@ -293,6 +353,10 @@ def test_hunt_discover_without_hand_points_hunts_the_discovered_rows_and_judges_
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the scan's interpreter finds the fake engine with find_spec
     monkeypatch.setattr(H, "_discovery_python", lambda opts: sys.executable)
     monkeypatch.setenv("REPRO_DISCOVER_CACHE", "off")
+    # the fake engine imports torch, which this interpreter may lack: the patchability preflight (tested on the
+    # real testbed below) would leave its sites out; the stand-in runner patches nothing anyway
+    from repro.discover import hunting as Hn
+    monkeypatch.setattr(Hn, "_unpatchable", lambda points, python: {})
     admit, mystery = f"{PKG}.sched:Scheduler.admit", f"{PKG}.sched:Scheduler.mystery"
     fr = FakeRunner({"-zero_once-r0": DEADLOCKED})
 
@@ -353,7 +417,72 @@ def test_a_desynced_trial_gets_its_section_a_scenario_expecting_desync_and_a_nam
     assert d.collective.startswith("prefetch all_reduce") and d.known == "sglang#30760" and d.family == H.FAMILY_SCHED
 
 
+def test_a_value_returned_through_a_factory_a_property_and_two_methods_keeps_its_innermost_query(fake: D.Discovery) -> None:
+    # adder = self.adder_class()(pool); adder.add(req) → budget.has_room() → budget.remaining (a property) →
+    # pool.available_size(): the break in the loop is guarded by the pool query four calls down, and the point to
+    # perturb is that query in the rows of its own direct caller (the property's getter), in whatever loop
+    cs = [c for c in _cands(fake, "admit_through_a_budget") if c.guard == "break"]
+    assert cs and cs[0].source == "adder.add()" and cs[0].loop_var == "req"
+    assert "check_progress" in cs[0].collective
+    pool, getter = f"{PKG}.pool:Pool.available_size", f"{PKG}.budget:Budget.remaining"
+    assert (pool, getter, "pool query") in cs[0].leaves
+    pts = [p for p in fake.points if p.site == pool and p.caller == getter]
+    assert pts and pts[0].any_loop and pts[0].loops == ()
+    assert "zero_once" in pts[0].perturbations
+    toml = D.points_toml(pts)
+    assert 'loops = []' in toml and f'callers = ["{getter}"]' in toml
+
+
 def test_an_element_of_an_annotated_container_has_its_class(fake: D.Discovery) -> None:
     # self.ops: dict[str, Op]; op = self.ops[key]; op.is_terminated() is a poll deciding a collective-reaching call
     cs = _cands(fake, "progress")
     assert [(c.source_kind, c.guard, c.sites) for c in cs] == [("poll", "branch", (f"{PKG}.cache:Op.is_terminated",))]
+
+
+def test_a_discovered_site_the_injector_cannot_patch_is_left_out_with_the_reason() -> None:
+    # a property getter (reading it is a call, but the injector wraps functions and methods) and a module whose
+    # optional dependency is missing in the testbed (lmcache) are named, not hunted; a plain method stays
+    from repro.discover import hunting as Hn
+
+    mk = lambda name, site: D.DiscoveredPoint(name, site, "c", "what", ("zero_once",), ())  # noqa: E731
+    got = Hn._unpatchable([
+        mk("prop", "sglang.srt.managers.schedule_policy:PrefillAdder.rem_total_tokens"),
+        mk("lm", "sglang.srt.mem_cache.storage.lmcache.lmcache_unified_radix_cache:LMCacheUnifiedRadixCache._allocate_external_slots"),
+        mk("ok", "sglang.srt.managers.scheduler:Scheduler.get_num_allocatable_reqs"),
+    ], _testbed_python())
+    assert set(got) == {"prop", "lm"}
+    assert "property" in got["prop"] and "lmcache" in got["lm"]
+
+
+def test_a_returner_sites_perturbation_follows_what_it_returns(fake: D.Discovery) -> None:
+    # plan() -> "Batch" built from the free-slot count: an object, so no value fits in its place (0 crashed sglang's
+    # scheduler in session 6) and no point is made at it; maybe_batch() returns None or a slice: "returns None once"
+    # and "an empty list once";
+    # has_slots() a comparison: "returns False once"; free_slots() -> int keeps the pool query's drifts
+    rt = fake.scan["return_types"]
+    sched = f"{PKG}.sched:Scheduler"
+    assert rt[f"{sched}.plan"] == ["object"] and rt[f"{sched}.maybe_batch"] == ["container", "none"]
+    assert rt[f"{sched}.has_slots"] == ["bool"] and rt[f"{sched}.free_slots"] == ["number"]
+    assert {c.source for c in _cands(fake, "step")} == {"self.plan()", "self.maybe_batch()", "self.has_slots()"}
+    perts = {p.site.rsplit(".", 1)[-1]: p.perturbations for p in fake.points if p.caller == f"{sched}.step"}
+    assert perts == {"maybe_batch": ("none_once", "empty_once"), "has_slots": ("false_once",)}
+    assert [p.perturbations for p in fake.points if p.site == f"{sched}.free_slots"][0] == ("zero_once", "minus_one")
+
+
+def test_return_types_read_annotations_before_return_statements() -> None:
+    import ast
+
+    from repro.discover.scan import return_types
+
+    def rt(src: str) -> list[str]:
+        return return_types(ast.parse(textwrap.dedent(src)).body[0])
+
+    assert rt("def f(self) -> Optional[Batch]:\n    return self.x\n") == ["none", "object"]
+    assert rt("def f(self) -> 'int | None':\n    return self.x\n") == ["none", "number"]
+    assert rt("def f(self) -> bool:\n    return self.x\n") == ["bool"]
+    assert rt("def f(self) -> NextBatchPlan:\n    if a:\n        return\n    return NextBatchPlan(x)\n") == ["none", "object"]
+    assert rt("def f(self):\n    return len(self.q) - 1\n") == ["number"]
+    assert rt("def f(self) -> List[Req]:\n    return self.x\n") == ["container"]
+    assert rt("def f(self) -> Tuple[List[Req], float]:\n    return self.x\n") == ["object"]
+    assert rt("def f(self):\n    return [r for r in self.q]\n") == ["container"]
+    assert rt("def f(self):\n    return self.pool.available_size()\n") == ["unknown"]

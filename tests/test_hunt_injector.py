@@ -86,6 +86,30 @@ def test_return_value_offset_drifts_the_original_result(tmp_path: Path) -> None:
     assert out.split() == ["6", "6"]  # every call (occurrence every), int stays int
 
 
+def test_a_drift_on_a_result_that_is_no_number_returns_it_unchanged_and_is_no_fire(tmp_path: Path) -> None:
+    # a discovered point may be a function returning an enum or a batch object: `minus_one` there would raise a
+    # TypeError inside the engine (a crash, not a desync); it leaves the value alone and is not counted as fired
+    plan = _plan(tmp_path, {"kind": "return_value", "value": None, "call_original": True, "offset": -1})
+    (tmp_path / "hunt_target.py").write_text(textwrap.dedent(TARGET) + textwrap.dedent("""
+        class Verdict:
+            CONTINUE = "continue"
+
+        def judge():
+            return Verdict.CONTINUE
+        """))
+    plan_data = json.loads(plan.read_text())
+    plan_data["injections"][0]["site"]["alternatives"] = ["hunt_target:judge"]
+    plan.write_text(json.dumps(plan_data))
+    out = _run(tmp_path, plan, "import hunt_target as t\nprint(t.judge(), t.judge())\n")
+    assert out.split() == ["continue", "continue"]
+    rep = read_injector_dir(tmp_path / "out")
+    assert not any(rep.counts_by_rank("p")["fired"].values())
+    events = []
+    for f in (tmp_path / "out").glob("fires-*.jsonl"):
+        events += [json.loads(line) for line in f.read_text().splitlines()]
+    assert [e["returned"] for e in events if e["event"] == "fire_inapplicable"] == ["str", "str"]
+
+
 def test_skip_with_return_arg_hands_back_the_argument_without_calling_the_original(tmp_path: Path) -> None:
     plan = _plan(tmp_path, {"kind": "skip", "value": None, "return_arg": 1})
     (tmp_path / "hunt_target.py").write_text(textwrap.dedent(TARGET) + textwrap.dedent("""

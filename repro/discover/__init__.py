@@ -71,7 +71,7 @@ def load_rules(path: Path) -> dict:
 
     Returns:
         The rules as a dict (``package``, ``scope``, ``collectives``, ``sanitizers``, ``sources``,
-        ``perturbations_by_kind``, ``perturbations``).
+        ``perturbations_by_kind``, ``perturbations_by_return``, ``perturbations``).
     Raises:
         DiscoverError: missing file, bad TOML, or a missing/ill-typed field (named, with what was expected).
     """
@@ -97,6 +97,11 @@ def load_rules(path: Path) -> dict:
     by_kind = data.get("perturbations_by_kind") or {}
     if not isinstance(by_kind, dict) or not all(_str_list(v) for v in by_kind.values()):
         raise DiscoverError(f"{p}: perturbations_by_kind: expected a table of source kind = [perturbation names]")
+    by_ret = data.get("perturbations_by_return") or {}
+    if (not isinstance(by_ret, dict) or not all(_str_list(v) for v in by_ret.values())
+            or set(by_ret) - {"none", "bool", "container", "object"}):
+        raise DiscoverError(f"{p}: perturbations_by_return: expected a table of none / bool / container / object = "
+                            f"[perturbation names] (a number takes its source kind's)")
     return data
 
 
@@ -166,11 +171,15 @@ class Candidate:
         loop_var: the ``for`` loop target enclosing the source call in ``caller`` (None: in no loop).
         guard: ``break`` | ``return`` | ``continue`` | ``branch`` | ``loop bound`` | ``loop condition`` |
             ``raise`` | ``except``; ``guard_line`` its line.
-        collective: the first collective-reaching call the guard controls; ``chain`` the functions from it to the
-            collective API (innermost last).
+        collective: the collective-reaching calls the guard controls (up to four, comma-separated, in source
+            order); ``chain`` the functions from the first of them to the collective API (innermost last).
         why: one sentence.
         score: rank (higher first).
         file: source file of ``caller``.
+        leaves: when the source is a call (or property read) of a function returning a rank-local value, the
+            innermost rank-local queries that value comes from, as (site, the function calling it, kind): each is a
+            patch site of its own, hunted in the rows of that direct caller (``PrefillBudget._available_and_evictable``
+            calling ``evictable_size``, under a guard on ``adder.add_one_req(…)`` in the admission loop).
     """
 
     caller: str
@@ -186,10 +195,11 @@ class Candidate:
     why: str
     score: int
     file: str = ""
+    leaves: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def huntable(self) -> bool:
-        return bool(self.sites)
+        return bool(self.sites or self.leaves)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -205,14 +215,20 @@ def candidates_from_scan(scan: dict) -> list[Candidate]:
         chain = tuple(coll.get("chain") or ())
         for s in g.get("sources") or []:
             sites = tuple(s.get("sites") or ())
+            leaves = tuple(tuple(x) for x in (s.get("leaves") or ()) if isinstance(x, (list, tuple)) and len(x) == 3)
             score = (_GUARD_SCORE.get(g["guard"], 0) * 10 + _SOURCE_SCORE.get(s["kind"], 0) * 3
                      + (5 if sites else 0) + (2 if s.get("loop_var") else 0) - min(len(chain), 8) // 3)
             api = chain[-1] if chain else coll.get("call", "")
             why = (f"`{s['text']}` ({s['kind']}, line {s['line']}"
                    + (f", inside `for {s['loop_var']}`" if s.get("loop_var") else "") + f") decides a {g['guard']} at "
                    f"line {g['line']}: {g['why']} (`{coll.get('call', '?')}` → {_short(api)})")
+            if leaves:
+                named = sorted({f"`{_short(site).rsplit('.', 1)[-1]}` in {_short(caller)}" for site, caller, _ in leaves})
+                why += ("; the value comes from " + ", ".join(named[:4])
+                        + (f" and {len(named) - 4} more" if len(named) > 4 else ""))
+            calls = [str(x) for x in (coll.get("calls") or [coll.get("call", "")]) if x]
             c = Candidate(g["caller"], s["kind"], s["text"], int(s["line"]), sites, s.get("loop_var"), g["guard"],
-                          int(g["line"]), str(coll.get("call", "")), chain, why, score, g.get("file", ""))
+                          int(g["line"]), ", ".join(calls), chain, why, score, g.get("file", ""), leaves)
             key = (c.caller, c.source, c.source_line, c.guard, c.guard_line)
             if key not in out or out[key].score < c.score:
                 out[key] = c
@@ -236,10 +252,16 @@ class DiscoveredPoint:
     candidates: tuple[Candidate, ...]
     family: tuple[str, ...] = ()  # other definitions of the site's method in its class hierarchy
     loop_var: Optional[str] = None  # the caller's `for` loop the source call is in (None: in no loop)
+    any_loop: bool = False  # a leaf query: every row of its direct caller, in a loop or not (the guard is further up)
 
     @property
     def loop_vars(self) -> tuple[Optional[str], ...]:
         return (self.loop_var,)
+
+    @property
+    def loops(self) -> tuple[str, ...]:
+        """The catalogue point's ``loops`` (``repro.hunt.DecisionPoint``): empty keeps every row of the caller."""
+        return () if self.any_loop else (self.loop_var or "",)
 
 
 def _point_name(site: str, caller: str, loop_var: Optional[str], taken: set) -> str:
@@ -254,41 +276,89 @@ def _point_name(site: str, caller: str, loop_var: Optional[str], taken: set) -> 
     return name
 
 
+def perturbations_for(kind: str, returns: Optional[Sequence[str]], rules: dict) -> list[str]:
+    """The perturbation names for one patch site, in rules order.
+
+    A site that is a rank-local query itself (``available_size``) takes its source kind's ``perturbations_by_kind``.
+    A *returner* site (a function whose returned value derives from one: ``returns`` is its ``return_types`` from the
+    scan) takes what fits what it returns, from ``perturbations_by_return``: ``none`` and ``bool`` their own lists,
+    ``container`` (a list: an empty one fits) its own, ``number`` and ``unknown`` (another call's result) the kind's,
+    ``object`` its own (none by default: a batch object has no drifted value, and 0 in its place only crashed the
+    engine — measured in session 6, 6 trials)."""
+    by_kind = rules.get("perturbations_by_kind") or {}
+    if returns is None:
+        return list(by_kind.get(kind, []))
+    by_ret = rules.get("perturbations_by_return") or {}
+    out: list[str] = []
+    for t in ("none", "bool", "container", "number", "unknown", "object"):
+        if t not in returns:
+            continue
+        names = by_kind.get(kind, []) if t in ("number", "unknown") else by_ret.get(t, [])
+        out += [n for n in names if n not in out]
+    return out
+
+
 def discovered_points(cands: Sequence[Candidate], rules: dict, known_perturbations: Sequence[str],
-                      families: Optional[dict] = None) -> list[DiscoveredPoint]:
+                      families: Optional[dict] = None,
+                      return_types: Optional[dict] = None) -> list[DiscoveredPoint]:
     """One point per (site, caller, enclosing loop of the source call) of the huntable candidates, in candidate rank
     order (the loop splits "before the admission loop" from "inside `for req`": one row each in the baseline).
 
     Args:
         known_perturbations: names the merged catalogue defines (the hand catalogue's plus the rules' own);
-            a kind's perturbation not among them is dropped.
+            a perturbation not among them is dropped.
+        families: the scan's ``families`` (site -> other definitions of its method).
+        return_types: the scan's ``return_types`` (returner site -> what it returns): each site's perturbations
+            follow it (:func:`perturbations_for`); a point left with none is not made.
     """
-    by_kind = rules.get("perturbations_by_kind") or {}
+    rets = return_types or {}
+    ANY = object()  # the loop key of a leaf point: every row of its direct caller
     groups: dict[tuple, list[Candidate]] = {}
+    kinds_of: dict[tuple, list[str]] = {}
+
+    def add(key: tuple, c: Candidate, kind: str) -> None:
+        groups.setdefault(key, []).append(c)
+        ks = kinds_of.setdefault(key, [])
+        if kind not in ks:
+            ks.append(kind)
+
     for c in cands:
         if not c.huntable:
             continue
         for site in c.sites:
-            groups.setdefault((site, c.caller, c.loop_var), []).append(c)
+            add((site, c.caller, c.loop_var), c, c.source_kind)
+        for site, caller, kind in c.leaves:
+            add((site, caller, ANY), c, kind)
+    for key in [k for k in groups if k[2] is ANY]:
+        # a query its own caller already guards keeps the loop-split points (one row each, named by the loop)
+        if any(k[:2] == key[:2] and k[2] is not ANY for k in groups):
+            groups.pop(key)
+            kinds_of.pop(key)
     taken: set = set()
     out = []
     for (site, caller, loop_var), cs in groups.items():
-        kinds = []
-        for c in cs:
-            if c.source_kind not in kinds:
-                kinds.append(c.source_kind)
+        kinds = kinds_of[(site, caller, loop_var)]
+        any_loop = loop_var is ANY
+        loop_var = None if any_loop else loop_var
         perts: list[str] = []
         for k in kinds:
-            for p in by_kind.get(k, []):
+            # a leaf is a direct query in its caller; a site from the candidate's own source may be a returner
+            for p in perturbations_for(k, None if any_loop else rets.get(site), rules):
                 if p in known_perturbations and p not in perts:
                     perts.append(p)
         if not perts:
             continue
         guards = sorted({f"{c.guard} at line {c.guard_line}" for c in cs})
-        what = (f"discovered: {cs[0].source} ({cs[0].source_kind}) in {_short(caller)} decides "
-                f"{', '.join(guards)} around {cs[0].collective or 'a collective-reaching call'}")
+        if any_loop:
+            outer = sorted({_short(c.caller) for c in cs})
+            what = (f"discovered: `{_short(site).rsplit('.', 1)[-1]}` ({kinds[0]}) read in {_short(caller)} feeds "
+                    f"{cs[0].source} in {', '.join(outer[:3])}, which decides {', '.join(guards[:4])} around "
+                    f"{cs[0].collective or 'a collective-reaching call'}")
+        else:
+            what = (f"discovered: {cs[0].source} ({cs[0].source_kind}) in {_short(caller)} decides "
+                    f"{', '.join(guards)} around {cs[0].collective or 'a collective-reaching call'}")
         out.append(DiscoveredPoint(_point_name(site, caller, loop_var, taken), site, caller, what, tuple(perts), tuple(cs),
-                                   tuple((families or {}).get(site) or ()), loop_var))
+                                   tuple((families or {}).get(site) or ()), loop_var, any_loop))
     return out
 
 
@@ -300,7 +370,7 @@ def points_toml(points: Sequence[DiscoveredPoint], header: str = "") -> str:
         lines += ["", "[[points]]", f"name = {json.dumps(p.name)}", f"site = {json.dumps(p.site)}",
                   f"what = {json.dumps(p.what, ensure_ascii=False)}",
                   f"perturbations = {json.dumps(list(p.perturbations))}",
-                  f"callers = {json.dumps([p.caller])}", f"loops = {json.dumps([p.loop_var or ''])}"]
+                  f"callers = {json.dumps([p.caller])}", f"loops = {json.dumps(list(p.loops))}"]
         for c in p.candidates[:4]:
             lines.append(f"# {c.guard} (line {c.guard_line}) on {c.source} (line {c.source_line}"
                          + (f", in `for {c.loop_var}`" if c.loop_var else "") + f") → {c.collective}")
@@ -327,17 +397,23 @@ def merge_catalogue(hand: Any, points: Sequence[DiscoveredPoint], rules: dict, *
         if name not in perts and isinstance(spec, dict) and isinstance(spec.get("action"), dict):
             perts[name] = Perturbation(name, dict(spec["action"]), str(spec.get("says", name)),
                                        bool(spec.get("by_construction", False)))
+    from repro.hunt import _glob_any
+
     kept = list(hand.points) if keep_hand_points else []
-    hand_sites = {s for p in kept for s in p.sites}
     names = {p.name for p in kept}
+
+    def hand_covers(p: DiscoveredPoint) -> bool:
+        # a hand point naming the site wins, unless its own callers filter leaves this caller out (the hand clock
+        # points watch timeout paths only: a discovered clock read elsewhere is new)
+        return any(p.site in h.sites and (not h.callers or _glob_any((p.caller,), h.callers)) for h in kept)
+
     added = []
     for p in points:
-        if p.site in hand_sites or p.name in names:
+        if p.name in names or hand_covers(p):
             continue
         added.append(p)
         names.add(p.name)
-    new = tuple(DecisionPoint(p.name, (p.site,), p.what, p.perturbations, (p.caller,), (p.loop_var or "",))
-                for p in added)
+    new = tuple(DecisionPoint(p.name, (p.site,), p.what, p.perturbations, (p.caller,), p.loops) for p in added)
     return dataclasses.replace(hand, points=tuple(kept) + new, perturbations=perts), added
 
 
@@ -425,6 +501,7 @@ def discover(python: str, rules_path: Path, *, known_perturbations: Sequence[str
     cands = candidates_from_scan(scan)
     known = set(known_perturbations) | set((rules.get("perturbations") or {}).keys())
     if not known_perturbations:
-        known |= {p for v in (rules.get("perturbations_by_kind") or {}).values() for p in v}
-    pts = discovered_points(cands, rules, sorted(known), scan.get("families"))
+        for table in ("perturbations_by_kind", "perturbations_by_return"):
+            known |= {p for v in (rules.get(table) or {}).values() for p in v}
+    pts = discovered_points(cands, rules, sorted(known), scan.get("families"), scan.get("return_types"))
     return Discovery(Path(rules_path), python, scan, cands, pts)

@@ -30,6 +30,7 @@ class DiscoveryState:
     hand_points: tuple[str, ...]
     keep_hand: bool
     not_reached: dict = field(default_factory=dict)  # point -> sentence ("the model built Y instead")
+    unpatchable: dict = field(default_factory=dict)  # point -> why the injector cannot patch its site here
 
     @property
     def added_names(self) -> set:
@@ -51,11 +52,38 @@ def prepare(cat: Any, python: str, *, rules_path: Optional[Path] = None, keep_ha
         d = discover(python, path, known_perturbations=list(cat.perturbations))
     except DiscoverError as e:
         raise HuntError(f"--discover: {e}") from None
-    merged, added = merge_catalogue(cat, d.points, _rules(path), keep_hand_points=keep_hand_points)
+    unpatchable = _unpatchable(d.points, python)
+    points = [p for p in d.points if p.name not in unpatchable]
+    merged, added = merge_catalogue(cat, points, _rules(path), keep_hand_points=keep_hand_points)
     if not merged.points:
         raise HuntError(f"--discover: {path} proposed no huntable decision point in {python}'s "
                         f"{d.scan.get('package')} and --no-hand-catalogue dropped the hand points: nothing to hunt")
-    return merged, DiscoveryState(d, added, tuple(p.name for p in cat.points) if keep_hand_points else (), keep_hand_points)
+    return merged, DiscoveryState(d, added, tuple(p.name for p in cat.points) if keep_hand_points else (), keep_hand_points,
+                                  unpatchable=unpatchable)
+
+
+def _unpatchable(points: Sequence[DiscoveredPoint], python: str) -> dict:
+    """Discovered points whose site the injector cannot patch in ``python`` (its module does not import there —
+    an optional dependency such as lmcache missing —, or the name is no function or method), from one preflight of
+    the injector's own resolver (``repro.sites``, ~15 s: it imports the sites' modules). Point name -> why. A
+    preflight that cannot run keeps every point (the launched server's own check still stops a bad site)."""
+    from repro import sites as S
+
+    if not points:
+        return {}
+    request = {"injections": [{"id": p.name, "alternatives": [p.site], "patterns": [], "method": None} for p in points]}
+    try:
+        answer = S._run_preflight(str(python), request, S.PREFLIGHT_TIMEOUT_S)
+    except S.SitesPreflightError:
+        return {}
+    out = {}
+    for p, got in zip(points, answer.get("injections") or []):
+        alts = got.get("alternatives") or []
+        if not any(a.get("status") == "resolved" and not a.get("static") for a in alts):
+            a = alts[0] if alts else {}
+            how = "found only in its source (its module does not import here)" if a.get("static") else a.get("status", "?")
+            out[p.name] = f"`{_short(p.site)}` cannot be patched in this interpreter: {how}; {a.get('detail', '')}".rstrip("; ")
+    return out
 
 
 def _rules(path: Path) -> dict:
@@ -97,6 +125,7 @@ def after_baseline(state: DiscoveryState, rows: Sequence[Any]) -> dict:
             out[p.name] = f"not reached; the same method elsewhere in its hierarchy: {', '.join('`' + _short(s) + '`' for s in p.family[:4])}"
         else:
             out[p.name] = "not reached by the baseline burst"
+    out.update(state.unpatchable)
     state.not_reached = out
     return out
 

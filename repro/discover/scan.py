@@ -11,15 +11,20 @@ What it computes (all from the AST, nothing executed):
    attributes, ``self.method`` (the class's MRO, plus overrides in subclasses: a call on a declared class may land
    in any subclass), ``super().method`` and ``x.method`` where the class of ``x`` is known (constructor calls,
    annotations of parameters/attributes/returns, ``self.attr = …`` in any method, keyword arguments of a class's
-   constructor calls). Seeds: ``torch.distributed`` collectives, the coordinator's collective methods, object
+   constructor calls, the classes call sites pass into a function's parameters, what an unannotated function
+   returns, a class a factory hands out: ``self.get_prefill_adder_class()(…)``); reading a ``@property`` is a call
+   to its getter. Seeds: ``torch.distributed`` collectives, the coordinator's collective methods, object
    broadcasts. Calls that resolve to nothing in the package are listed (``unresolved``), never guessed.
 2. **Guards**, per function that calls a collective-reaching function: a may-taint analysis over its statements
    (through local assignments, attribute paths such as ``batch.is_full``, and implicit flows: an assignment made
    under a tainted condition is tainted) from **rank-local sources** (pool/allocator queries matched by name,
    clocks, non-blocking polls, attributes written inside a ``Thread`` target, ``len()`` of those, ``except``
-   paths) to a branch, loop bound, ``break``, ``continue`` or ``return`` that changes whether, or how many times, a
-   collective-reaching call runs in the same invocation — a ``break`` counts every later iteration of its loop.
-   **Sanitizers**: results of collectives and of collective-reaching calls (every rank agrees on them), the
+   paths, and calls of functions — or reads of properties — whose returned value depends on one: ``returners``,
+   each with its innermost queries, the *leaves*, to perturb where they are read) to a branch, loop bound,
+   ``break``, ``continue`` or ``return`` that changes whether, or how many times, a collective-reaching call runs
+   in the same invocation — a ``break`` counts every later iteration of its loop.
+   **Sanitizers**: results of collectives and of collective-reaching calls that return no rank-local value of
+   their own (every rank agrees on them), the
    attributes named as derived from the request broadcast (e.g. the waiting queue), and the tensor an in-place
    collective reduced.
 
@@ -41,6 +46,7 @@ from collections import defaultdict, deque
 
 MARK = "REPRO-DISCOVER "
 COLL = "<collective>"
+MAX_LEAVES = 96  # innermost queries kept per derived source (a getter over a wide class hierarchy names many)
 
 
 # ------------------------------------------------------------------------------------------------- the package
@@ -83,12 +89,13 @@ class Func:
 
 
 class Cls:
-    __slots__ = ("id", "mod", "node", "bases", "methods", "attrs", "ann", "elems")
+    __slots__ = ("id", "mod", "node", "bases", "methods", "attrs", "ann", "elems", "props")
 
     def __init__(self, cid, mod, node):
         self.id, self.mod, self.node = cid, mod, node
         self.bases = []
         self.methods = {}
+        self.props = set()  # methods read as attributes (@property, @cached_property): reading one is a call
         self.attrs = defaultdict(set)
         self.ann = {}
         self.elems = defaultdict(set)  # attr -> classes of its elements (dict values, list items), from annotations
@@ -96,6 +103,15 @@ class Cls:
 
 def _is_static(node):
     return any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in node.decorator_list)
+
+
+def _is_property(node):
+    """``@property`` / ``@cached_property`` / ``@functools.cached_property`` (a getter: reading it calls it)."""
+    for d in node.decorator_list:
+        name = d.attr if isinstance(d, ast.Attribute) else getattr(d, "id", "")
+        if name in ("property", "cached_property"):
+            return True
+    return False
 
 
 class Index:
@@ -108,6 +124,8 @@ class Index:
         self.binds = defaultdict(dict)  # module -> local name -> ("mod", m) | ("obj", "m:Q") | ("ext", dotted)
         self.classes = {}
         self.funcs = {}
+        self.prop_names = set()  # every property name of every class (a cheap filter before type inference)
+        self.prop_fids = set()  # their getters: never a patch site (the injector wraps functions and methods)
         self.errors = []
         for mod, path in iter_modules(package, folder, include, exclude):
             try:
@@ -167,6 +185,10 @@ class Index:
                 self.funcs[fid] = Func(fid, mod, cls, node)
                 if cls is not None:
                     cls.methods.setdefault(node.name, fid)
+                    if _is_property(node):
+                        cls.props.add(node.name)
+                        self.prop_names.add(node.name)
+                        self.prop_fids.add(fid)
                 elif not prefix:
                     self.binds[mod][node.name] = ("obj", fid)
                 self._defs(mod, node.body, f"{prefix}{node.name}.<locals>.", None)
@@ -333,6 +355,7 @@ class Types:
     def __init__(self, ix):
         self.ix = ix
         self.envs = {}
+        self.ret_cache = {}
 
     def env(self, f):
         e = self.envs.get(f.id)
@@ -353,10 +376,13 @@ class Types:
             return got
         if isinstance(e, ast.Attribute):
             if isinstance(e.value, ast.Name) and f.self_name and e.value.id == f.self_name and f.cls is not None:
-                return ix.attr_types(f.cls.id, e.attr)
-            out = set()
-            for t in self.of(f, e.value, depth + 1):
-                out |= ix.attr_types(t, e.attr)
+                out = set(ix.attr_types(f.cls.id, e.attr))
+            else:
+                out = set()
+                for t in self.of(f, e.value, depth + 1):
+                    out |= ix.attr_types(t, e.attr)
+            for g in self.prop_targets(f, e, depth + 1):  # a property: the class its getter's annotation names
+                out |= ix.ann_classes(ix.funcs[g].mod, ix.funcs[g].node.returns)
             return out
         if isinstance(e, ast.Call):
             out = set()
@@ -369,7 +395,8 @@ class Types:
                     out.add(tgt)
                 elif tgt in ix.funcs:
                     g = ix.funcs[tgt]
-                    out |= ix.ann_classes(g.mod, g.node.returns)
+                    got = ix.ann_classes(g.mod, g.node.returns)
+                    out |= got if got or g.node.returns is not None else self.returned_classes(g, depth + 1)
             return out
         if isinstance(e, ast.Subscript):  # self.d[k] → the element classes the annotation of self.d names
             v = e.value
@@ -388,12 +415,74 @@ class Types:
             return self.of(f, e.value, depth + 1)
         return set()
 
+    def returned_classes(self, g, depth):
+        """Classes an unannotated function returns, from its ``return`` expressions (a factory such as
+        ``allocator.create_prefill_budget(...)`` returning ``PrefillBudget(...)``); cached per round."""
+        got = self.ret_cache.get(g.id)
+        if got is not None:
+            return got
+        self.ret_cache[g.id] = set()  # a recursive factory returns what its other returns give
+        out = set()
+        for n in walk_body(g.node):
+            if isinstance(n, ast.Return) and n.value is not None:
+                out |= self.of(g, n.value, depth)
+        self.ret_cache[g.id] = out
+        return out
+
+    def prop_targets(self, f, e, depth=0):
+        """The property getters ``x.attr`` (an Attribute read) may run, ``x``'s class known: the MRO's first
+        definition, plus overrides in subclasses; empty when ``attr`` is no property of a known class."""
+        ix = self.ix
+        if not isinstance(e, ast.Attribute) or e.attr not in ix.prop_names or not isinstance(e.ctx, ast.Load):
+            return set()
+        out = set()
+        for c in self.of(f, e.value, depth):
+            for k in ix.mro(c):
+                kc = ix.classes[k]
+                if e.attr in kc.methods:
+                    if e.attr in kc.props:
+                        out.add(kc.methods[e.attr])
+                    break
+            for sub in ix.all_subclasses(c):
+                sc = ix.classes[sub]
+                if e.attr in sc.props:
+                    out.add(sc.methods[e.attr])
+        return out
+
+    def class_objects(self, f, call):
+        """Classes a call returns as class objects (``self.get_prefill_adder_class()`` annotated
+        ``-> type[PrefillAdder]`` or returning ``PrefillAdder``): calling its result constructs one."""
+        ix = self.ix
+        out = set()
+        for tgt in self.callees(f, call, with_overrides=True):
+            g = ix.funcs.get(tgt)
+            if g is None:
+                continue
+            ann = g.node.returns
+            if isinstance(ann, ast.Constant) and isinstance(ann.value, str):
+                try:
+                    ann = ast.parse(ann.value, mode="eval").body
+                except SyntaxError:
+                    ann = None
+            if isinstance(ann, ast.Subscript):
+                head = ann.value.attr if isinstance(ann.value, ast.Attribute) else getattr(ann.value, "id", "")
+                if head in ("type", "Type"):
+                    out |= ix.ann_classes(g.mod, ann.slice)
+            for n in walk_body(g.node):
+                if isinstance(n, ast.Return) and n.value is not None:
+                    c = ix.resolve_class_expr(g.mod, n.value)
+                    if c:
+                        out.add(c)
+        return out
+
     def callees(self, f, call, with_overrides=True):
         """Package callees of ``call`` (function ids, class ids for constructors); COLL for a torch collective;
         empty when nothing resolved."""
         ix = self.ix
         fn = call.func
         out = set()
+        if isinstance(fn, ast.Call):  # factory()(…): the class the factory hands out
+            return self.class_objects(f, fn)
         if isinstance(fn, ast.Name):
             if fn.id in local_defs(f):
                 return {local_defs(f)[fn.id]}
@@ -430,8 +519,10 @@ class Types:
         return out
 
     def round(self):
-        """One pass over every function: local variable classes, ``self.attr`` classes, constructor keywords."""
+        """One pass over every function: local variable classes, ``self.attr`` classes, constructor keywords,
+        parameter classes from call sites."""
         ix = self.ix
+        self.ret_cache = {}
         for f in ix.funcs.values():
             env = self.env(f)
             for node in walk_body(f.node):
@@ -453,7 +544,7 @@ class Types:
                         elif (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and f.self_name
                               and t.value.id == f.self_name and f.cls is not None):
                             f.cls.attrs[t.attr] |= ts
-                elif isinstance(node, ast.Call) and node.keywords:
+                elif isinstance(node, ast.Call) and (node.args or node.keywords):
                     for c in self.callees(f, node, with_overrides=False):
                         if c in ix.classes:
                             for kw in node.keywords:
@@ -461,6 +552,41 @@ class Types:
                                     ts = self.of(f, kw.value)
                                     if ts:
                                         ix.classes[c].attrs[kw.arg] |= ts
+                        self.bind_args(f, node, c)
+
+
+    def bind_args(self, f, call, target):
+        """Parameter classes from a call site: the classes of ``call``'s arguments flow into the parameters of the
+        function (or constructor) it resolves to, so ``self.cache = cache`` in an unannotated ``__init__`` learns the
+        class its callers pass."""
+        ix = self.ix
+        if target in ix.classes:
+            targets = ix.method_targets(target, "__init__", False)
+        elif target in ix.funcs:
+            targets = {target}
+        else:
+            return
+        for gid in targets:
+            g = ix.funcs[gid]
+            a = g.node.args
+            names = [x.arg for x in a.posonlyargs + a.args]
+            if g.self_name is not None and names:
+                names = names[1:]  # bound: self is not among the call's arguments
+            env = None
+            for i, arg in enumerate(call.args):
+                if isinstance(arg, ast.Starred) or i >= len(names):
+                    break
+                ts = self.of(f, arg)
+                if ts:
+                    env = env if env is not None else self.env(g)
+                    env[names[i]] |= ts
+            kw_ok = set(names) | {x.arg for x in a.kwonlyargs}
+            for kw in call.keywords:
+                if kw.arg and kw.arg in kw_ok:
+                    ts = self.of(f, kw.value)
+                    if ts:
+                        env = env if env is not None else self.env(g)
+                        env[kw.arg] |= ts
 
 
 _LOCAL_DEFS = {}
@@ -515,6 +641,13 @@ class Reach:
         edges_rev = defaultdict(set)
         for f in ix.funcs.values():
             for node in walk_body(f.node):
+                if isinstance(node, ast.Attribute) and node.attr in ix.prop_names:
+                    props = types.prop_targets(f, node)
+                    if props:  # reading a property runs its getter: a call edge like any other
+                        f.calls.append((node, frozenset(props), _text(node)))
+                        for t in props:
+                            edges_rev[t].add(f.id)
+                    continue
                 if not isinstance(node, ast.Call):
                     continue
                 api = self.torch_api(f, node)
@@ -535,6 +668,7 @@ class Reach:
                     self.unresolved[f.id].append((node.lineno, _text(node.func)))
                 for t in resolved:
                     edges_rev[t].add(f.id)
+        self.callers = edges_rev  # fid -> the functions that call it (property reads included)
         todo = deque()
         for fid in ix.funcs:
             if _match(fid, self.seed_globs):
@@ -590,6 +724,13 @@ class Reach:
     def is_sanitizer(self, tg):
         return COLL in tg or any(_match(t, self.sanitizer_globs) for t in tg) or any(t in self.next for t in tg)
 
+    def is_agreed_api(self, tg):
+        """A collective itself, the coordinator's collective methods and object broadcasts, the named sanitizers:
+        their results are what every rank agrees on. (A function that merely *reaches* a collective on the way may
+        still return a rank-local value: ``PrefillAdder.add_one_req`` evicts through an all_reduce and returns a
+        verdict on the free-token budget.)"""
+        return COLL in tg or any(_match(t, self.sanitizer_globs) or _match(t, self.seed_globs) for t in tg)
+
 
 def _match(name, globs):
     return any(fnmatch.fnmatchcase(name, g) for g in globs)
@@ -606,13 +747,17 @@ def _text(node, limit=120):
 
 # ------------------------------------------------------------------------------------------------------- taint
 class Src:
-    """A rank-local source occurrence: kind, text, resolved site (``module:Qual``) or None, line, loop var."""
+    """A rank-local source occurrence: kind, text, resolved sites (``module:Qual``), line, loop var, and, when the
+    value comes through functions that return a rank-local value (``budget.has_capacity()`` ← ``remaining_total`` ←
+    ``allocator.available_size() + cache.evictable_size()``), the ``leaves``: the innermost rank-local queries as
+    (site, the function that calls it, kind) — a patch site whose row is its own direct caller."""
 
-    __slots__ = ("kind", "text", "sites", "line", "loop")
+    __slots__ = ("kind", "text", "sites", "line", "loop", "leaves")
 
-    def __init__(self, kind, text, sites, line, loop):
+    def __init__(self, kind, text, sites, line, loop, leaves=()):
         self.kind, self.text, self.line, self.loop = kind, text, line, loop
         self.sites = tuple(sites or ())
+        self.leaves = tuple(sorted(set(leaves)))[:MAX_LEAVES]
 
     def key(self):
         return (self.kind, self.text, self.sites, self.line, self.loop)
@@ -624,7 +769,8 @@ class Src:
         return isinstance(o, Src) and self.key() == o.key()
 
     def to_json(self):
-        return {"kind": self.kind, "text": self.text, "sites": list(self.sites), "line": self.line, "loop_var": self.loop}
+        return {"kind": self.kind, "text": self.text, "sites": list(self.sites), "line": self.line, "loop_var": self.loop,
+                "leaves": [list(x) for x in self.leaves]}
 
 
 class Guards:
@@ -648,9 +794,13 @@ class Guards:
         tg, text = self.calls.get(id(call), (frozenset(), _text(fn)))
         loop = self.loops[-1][1] if self.loops else None
         name = fn.attr if isinstance(fn, ast.Attribute) else (fn.id if isinstance(fn, ast.Name) else "")
-        if self.reach.is_sanitizer(tg):  # a call that reaches a collective: its result is agreed, whatever its name
+        if self.reach.is_agreed_api(tg):
             return None
-        sites = sorted(t for t in tg if t in self.ix.funcs and "<locals>" not in t)  # nested functions: no patch site
+        ret_reaching = [t for t in tg if t in self.ctx.returners and self.reach.reaches(t)]
+        if self.reach.is_sanitizer(tg) and not ret_reaching:
+            return None  # reaches a collective and returns no rank-local value of its own: its result is agreed
+        sites = sorted(t for t in tg if t in self.ix.funcs and "<locals>" not in t  # nested functions: no patch site
+                       and t not in self.ix.prop_fids)
         ext = next((t[4:] for t in tg if isinstance(t, str) and t.startswith("ext:")), None)
         if ext and any(ext == c for c in r["clocks"]):
             m, _, q = ext.rpartition(".")
@@ -667,8 +817,27 @@ class Guards:
                     return Src(kind, text + "()", sites, call.lineno, loop)
         ret = [t for t in sites if t in self.ctx.returners]
         if ret:
-            return Src(self.ctx.returners[ret[0]], text + "()", ret, call.lineno, loop)
+            return Src(self.ctx.returners[ret[0]], text + "()", ret, call.lineno, loop, self.leaves_of(ret))
         return None
+
+    def leaves_of(self, fids):
+        out = set()
+        for t in fids:
+            out |= self.ctx.leaves.get(t, set())
+        return out
+
+    def source_of_property(self, e):
+        """A property read whose getter returns a rank-local value (``self.budget.remaining_total``): a source like
+        the call it is; None otherwise (a getter that reaches a collective gives an agreed value)."""
+        tg = self.calls.get(id(e), (frozenset(), ""))[0]
+        if not tg or self.reach.is_agreed_api(tg):
+            return None
+        ret = sorted(t for t in tg if t in self.ctx.returners)
+        if not ret:
+            return None
+        loop = self.loops[-1][1] if self.loops else None
+        # a getter is no patch site: the value is perturbed at its leaves (the queries the getter reads)
+        return Src(self.ctx.returners[ret[0]], _text(e), (), e.lineno, loop, self.leaves_of(ret))
 
     def taint(self, e, st):
         """The rank-local sources an expression depends on (a frozenset, empty when none)."""
@@ -698,6 +867,12 @@ class Guards:
             p = _path(e)
             if p is not None and p in st:
                 return st[p]
+            if id(e) in self.calls:
+                s = self.source_of_property(e)
+                if s is not None:
+                    return frozenset([s])
+                if self.reach.is_sanitizer(self.calls[id(e)][0]):
+                    return frozenset()
             if self.is_self_attr(e):
                 if e.attr in self.ctx.sanitized_attrs:
                     return frozenset()
@@ -745,15 +920,25 @@ class Guards:
 
     # ---- reach
     def region_reach(self, stmts):
-        """The first collective-reaching call in ``stmts``: (call text, line, chain) or None."""
+        """The collective-reaching calls in ``stmts``: (the most direct one's text, its line, its chain — the
+        shortest path to a collective API —, the texts of up to four such calls in source order) or None."""
+        best, texts = None, []
         for n in walk_stmts(stmts):
-            if isinstance(n, ast.Call):
+            if isinstance(n, ast.Call) or (isinstance(n, ast.Attribute) and id(n) in self.calls):
                 tg, text = self.calls.get(id(n), (frozenset(), ""))
                 if self.reach.call_reaches(tg):
                     chains = [self.reach.chain(t) for t in sorted(x for x in tg if x != COLL) if self.reach.reaches(t)]
                     chain = min(chains, key=len) if chains else [text]
-                    return (text, n.lineno, chain)
-        return None
+                    if best is None or len(chain) < len(best[2]):
+                        best = (text, n.lineno, chain)
+                    if text not in texts:
+                        texts.append(text)
+                    if len(texts) >= 4:
+                        break
+        if best is None:
+            return None
+        texts = [best[0]] + [t for t in texts if t != best[0]]
+        return best + (texts,)
 
     # ---- statements
     def run(self):
@@ -946,8 +1131,8 @@ class Guards:
 
 
 def _coll_json(r):
-    text, line, chain = r
-    return {"call": text, "line": line, "chain": chain}
+    text, line, chain, texts = r
+    return {"call": text, "line": line, "chain": chain, "calls": texts}
 
 
 def _path(e):
@@ -1007,13 +1192,18 @@ def thread_attrs(ix, types):
 
 def returners(ctx, rounds):
     """fid -> source kind, for functions whose return value depends on a rank-local source (``free_slots()``
-    returning ``pool.available_size()``): calling them is a source too. Functions that reach a collective are not
-    (their results count as agreed), nor are functions whose only taint is an ``except`` path."""
+    returning ``pool.available_size()``): calling them is a source too, and ``ctx.leaves`` keeps the innermost
+    queries each value comes from. A function that reaches a collective on the way counts too when its returned
+    value does not come from that collective (a value reduced in place is agreed); functions whose only taint is
+    an ``except`` path do not. Later rounds look only at the callers of the functions found in the round before."""
     ctx.returners = {}
+    ctx.leaves = {}  # fid -> {(leaf site, its direct caller, kind)}
+    todo = list(ctx.ix.funcs)
     for _ in range(rounds):
-        new = {}
-        for f in ctx.ix.funcs.values():
-            if f.id in ctx.returners or ctx.reach.reaches(f.id):
+        new, new_leaves = {}, {}
+        for fid in todo:
+            f = ctx.ix.funcs[fid]
+            if f.id in ctx.returners:
                 continue
             if not any(isinstance(n, ast.Return) and n.value is not None for n in walk_body(f.node)):
                 continue
@@ -1024,13 +1214,138 @@ def returners(ctx, rounds):
                 g.run()
             except RecursionError:  # pragma: no cover
                 continue
-            kinds = [x.kind for x in sorted(g.returned, key=Src.key) if x.kind != "except path"]
-            if kinds:
-                new[f.id] = kinds[0]
+            srcs = [x for x in sorted(g.returned, key=Src.key) if x.kind != "except path"]
+            if srcs:
+                new[f.id] = srcs[0].kind
+                leaves = set()
+                for x in srcs:
+                    # a query called here is a leaf whose row is this function; a value from another returner
+                    # keeps that returner's leaves
+                    leaves |= set(x.leaves) if x.leaves else {(site, f.id, x.kind) for site in x.sites
+                                                              if site not in ctx.ix.prop_fids}
+                new_leaves[f.id] = leaves
         if not new:
             break
         ctx.returners.update(new)
+        ctx.leaves.update(new_leaves)
+        # the next round: only functions that call (or read) one found in this round can newly return a rank-local
+        # value
+        todo = sorted({c for fid in new for c in ctx.reach.callers.get(fid, ()) if c not in ctx.returners})
+    # a returner found early saw only the returners known then: its leaves grow until nothing changes
+    for _ in range(rounds):
+        changed = False
+        for fid in list(ctx.returners):
+            g = Guards(ctx, ctx.ix.funcs[fid])
+            g.record = lambda *a, **k: None
+            g.try_guard = lambda *a, **k: None
+            try:
+                g.run()
+            except RecursionError:  # pragma: no cover
+                continue
+            leaves = set(ctx.leaves.get(fid, ()))
+            for x in g.returned:
+                if x.kind != "except path":
+                    leaves |= set(x.leaves) if x.leaves else {(site, fid, x.kind) for site in x.sites
+                                                              if site not in ctx.ix.prop_fids}
+            if leaves != ctx.leaves.get(fid):
+                ctx.leaves[fid] = leaves
+                changed = True
+        if not changed:
+            break
     return ctx.returners
+
+
+_NUMBER_NAMES = {"int", "float", "complex"}
+# annotations of a container an empty one can stand in for (a tuple is a fixed shape: it is an object)
+_CONTAINER_NAMES = {"list", "List", "Sequence", "MutableSequence", "set", "Set", "frozenset", "FrozenSet", "deque",
+                    "Deque", "Iterable", "Collection"}
+_NUMBER_CALLS = {"len", "int", "float", "min", "max", "sum", "abs", "round"}
+
+
+def _ann_types(a):
+    """Return types named by an annotation: a subset of {"none", "bool", "number", "container", "object"}
+    (``Optional[X]``, ``X | None``, ``Union[…]``, string annotations included)."""
+    if a is None:
+        return set()
+    if isinstance(a, ast.Constant):
+        if a.value is None:
+            return {"none"}
+        if isinstance(a.value, str):
+            try:
+                return _ann_types(ast.parse(a.value, mode="eval").body)
+            except SyntaxError:
+                return {"object"}
+        return {"object"}
+    if isinstance(a, ast.BinOp) and isinstance(a.op, ast.BitOr):
+        return _ann_types(a.left) | _ann_types(a.right)
+    if isinstance(a, ast.Subscript):
+        head = a.value.attr if isinstance(a.value, ast.Attribute) else getattr(a.value, "id", "")
+        if head in ("Optional", "Union"):
+            sl = a.slice
+            parts = sl.elts if isinstance(sl, ast.Tuple) else [sl]
+            out = {"none"} if head == "Optional" else set()
+            for x in parts:
+                out |= _ann_types(x)
+            return out
+        return {"container"} if head in _CONTAINER_NAMES else {"object"}
+    name = a.attr if isinstance(a, ast.Attribute) else getattr(a, "id", "")
+    if name == "None":
+        return {"none"}
+    if name == "bool":
+        return {"bool"}
+    if name in _NUMBER_NAMES:
+        return {"number"}
+    return {"container"} if name in _CONTAINER_NAMES else {"object"}
+
+
+def _value_type(v):
+    """The type of a returned expression as far as its syntax tells: "none", "bool", "number", "container" (a list
+    or set display, a comprehension, a slice), "object" (a tuple, a dict, a class called: a capitalised name), or
+    "unknown" (another call, a name, an attribute)."""
+    if v is None or (isinstance(v, ast.Constant) and v.value is None):
+        return "none"
+    if isinstance(v, ast.Constant):
+        if isinstance(v.value, bool):
+            return "bool"
+        return "number" if isinstance(v.value, (int, float)) else "object"
+    if isinstance(v, (ast.Compare, ast.BoolOp)) or (isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.Not)):
+        return "bool"
+    if isinstance(v, (ast.BinOp, ast.UnaryOp)):
+        return "number"
+    if isinstance(v, (ast.List, ast.Set, ast.ListComp, ast.SetComp)):
+        return "container"
+    if isinstance(v, (ast.Tuple, ast.Dict, ast.DictComp, ast.JoinedStr)):
+        return "object"
+    if isinstance(v, ast.Call):
+        fn = v.func.attr if isinstance(v.func, ast.Attribute) else getattr(v.func, "id", "")
+        if fn in _NUMBER_CALLS:
+            return "number"
+        if fn == "bool":
+            return "bool"
+        if fn[:1].isupper():
+            return "object"
+    if isinstance(v, ast.Subscript) and isinstance(v.slice, ast.Slice):
+        return "container"  # a slice of a list
+    if isinstance(v, ast.IfExp):
+        a, b = _value_type(v.body), _value_type(v.orelse)
+        return a if a == b else "unknown"
+    return "unknown"
+
+
+def return_types(fnode):
+    """What a function returns, for the perturbation that fits it: the annotation's types, plus "none" for a bare
+    ``return`` or ``return None``; without an annotation, the types of the returned expressions ("unknown" among
+    them when one is another call's result). A sorted list of words."""
+    out = _ann_types(fnode.returns)
+    seen_value = set()
+    for n in walk_body(fnode):
+        if isinstance(n, ast.Return):
+            seen_value.add(_value_type(n.value))
+    if out:
+        if "none" in seen_value:
+            out.add("none")
+        return sorted(out)
+    return sorted(seen_value)
 
 
 def scan(req):
@@ -1093,6 +1408,8 @@ def scan(req):
                                   for fid in sorted(guarded_callers)},
         "thread_attrs": {k: sorted(v) for k, v in ctx.thread_attrs.items()},
         "returners": len(ctx.returners),
+        # what each returner returns (its patch site is perturbed accordingly: repro/discover/__init__.py)
+        "return_types": {fid: return_types(ix.funcs[fid].node) for fid in sorted(ctx.returners)},
         "parse_errors": ix.errors[:20],
         "guards": guards,
         "families": families,
