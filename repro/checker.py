@@ -129,7 +129,8 @@ def death_reason(log_text: str, rank: int, pid: int) -> str:
     Looks for, in order: a line naming the pid with an exit code (sglang 0.5.23 ``utils/watchdog.py``
     ``SubprocessWatchdog``: "Subprocess … (pid=N) crashed with exit code -9"; ``entrypoints/engine.py``: "… N
     terminated with -9"), shown with the signal of a negative code; the rank's own last error line (lines tagged
-    ``TP<rank>``, e.g. "Scheduler hit an exception"); else says it left no error of its own.
+    ``TP<rank>``, e.g. "Scheduler hit an exception"); an untagged C++ abort (``terminate called after throwing …``
+    with its ``what()``: gloo's size check aborts a rank so); else says it left no error of its own.
     """
     import re
 
@@ -140,9 +141,17 @@ def death_reason(log_text: str, rank: int, pid: int) -> str:
         sig = _signal_name(code)
         return f"exit code {code}" + (f" ({sig})" if sig else "") + " per the server log"
     tag = re.compile(rf"\bTP{rank}\b")
-    errs = [ln.strip() for ln in log_text.splitlines() if tag.search(ln) and re.search(r"Error|Exception|Traceback", ln)]
+    lines = log_text.splitlines()
+    errs = [ln.strip() for ln in lines if tag.search(ln) and re.search(r"Error|Exception|Traceback", ln)]
     if errs:
         return f"its last error in the server log: {errs[-1][:300]}"
+    # a C++ exception nobody caught (gloo's size check: gloo::EnforceNotMet) aborts the process and writes untagged
+    # lines: "terminate called after throwing an instance of 'X'" then "  what():  …"
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("terminate called after throwing"):
+            what = next((ln.strip() for ln in lines[i + 1:i + 3] if ln.strip().startswith("what()")), "")
+            return (f"it left no Python error of its own; the server log has an untagged C++ abort (the rank that "
+                    f"wrote it is not named): {lines[i].strip()[:120]} {what[:300]}").rstrip()
     return ("it left no error of its own in the server log: it was ended from outside (e.g. kill -9, or the OOM "
             "killer: `dmesg -T | grep -i oom`)")
 
@@ -160,6 +169,12 @@ class RankWatch:
         from repro import procs as _procs
 
         self.log_path = Path(log_path) if log_path else None
+        # a reason is what this server wrote after the ranks were seen alive: the log of a hunt's or test's session
+        # is appended across restarts, and a rank of the previous server had the same TP tag
+        try:
+            self.log_start = self.log_path.stat().st_size if self.log_path else 0
+        except OSError:
+            self.log_start = 0
         self.procs = {}
         for rank, pid in rank_pids.items():
             info = _procs.proc_info(pid)
@@ -193,7 +208,9 @@ class RankWatch:
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(0, 2)
-                f.seek(max(0, f.tell() - 256 * 1024))
+                end = f.tell()
+                start = self.log_start if end >= self.log_start else 0  # a new, shorter log: all of it is this server's
+                f.seek(max(start, end - 256 * 1024))
                 return f.read().decode("utf-8", errors="replace")
         except OSError:
             return ""

@@ -84,11 +84,15 @@ class Side:
 
 def features(a: Side, b: Side) -> tuple:
     """What a table entry stands for: different ops → just the two ops; the same op → reduce ops equal?, element
-    counts (=, <, >), element sizes (=, <, >), dtypes equal?, and which side is the broadcast source."""
+    counts (=, <, >), element sizes (=, <, >), dtypes equal?, which side is the broadcast source, and whether a side
+    has a single element."""
     if a.op != b.op:
         return (a.op, b.op)
     ia, ib = ITEMSIZE.get(a.dtype or "", 0), ITEMSIZE.get(b.dtype or "", 0)
-    return (a.op, b.op, a.red == b.red, _cmp(a.numel, b.numel), _cmp(ia, ib), a.dtype == b.dtype, a.is_src, b.is_src)
+    # a single element on one side is its own class: gloo hangs on all_reduce 1 vs 4 int32 but aborts in its size
+    # check from 4 vs 8 float32 up to 448 vs 512 float16 (measured, repro/data/pairing_gloo.json)
+    return (a.op, b.op, a.red == b.red, _cmp(a.numel, b.numel), _cmp(ia, ib), a.dtype == b.dtype, a.is_src, b.is_src,
+            min(a.numel, b.numel) <= 1)
 
 
 class PairingTable:
@@ -511,6 +515,21 @@ def judge_slots(al: LiveAlignment, since: float = 0.0, max_slots: int = 50_000) 
     return out
 
 
+def live_ranks(rank_pids: Mapping[int, int]) -> set[int]:
+    """The ranks (of rank -> pid) whose process runs. A zombie is dead: a rank the backend aborted stays one while
+    the engine's parent waits before it reaps (sglang 0.5.23 sleeps 5 s "before crash diagnostics")."""
+    import psutil
+
+    out = set()
+    for k, pid in rank_pids.items():
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.add(k)
+        except psutil.Error:
+            pass
+    return out
+
+
 class LedgerProofDetector:
     """The detect stage's ledger detector (``repro.detect``): follows every rank's ledger while the burst runs and
     ends it DEADLOCKED the moment :func:`find_proof` holds, whatever the ranks' CPU; after the burst
@@ -527,6 +546,7 @@ class LedgerProofDetector:
 
     name = "ledger-proof"
     PROOF_EVERY_S = 0.0  # look for a proof on every poll that read something, else at most this often
+    CRASH_RECORD_WAIT_S = 1.5  # after a rank died in the backend's mismatch check: how long the survivor's record may take
     MAX_SLOTS = 50_000
 
     def __init__(self) -> None:
@@ -539,6 +559,7 @@ class LedgerProofDetector:
         self.fallback_said = False
         self._last_proof_t = 0.0
         self.rank_pids: dict[int, int] = {}
+        self.log_start = 0
 
     def start(self, ctx: Any) -> None:
         import time as _t
@@ -551,6 +572,10 @@ class LedgerProofDetector:
             return
         self.rank_pids = dict(ctx.rank_pids)
         self.since = ctx.t_burst or _t.time()
+        try:  # a crash's message counts only if this burst's server wrote it (a hunt session's log is appended)
+            self.log_start = (Path(ctx.injector_dir).parent / "server.log").stat().st_size
+        except OSError:
+            self.log_start = 0
         c0 = _t.thread_time()
         # the server's ledgers are followed for its whole life: this burst reads on from where the last one stopped
         self.follower = shared_follower(Path(ctx.injector_dir), self.rank_pids)
@@ -559,9 +584,7 @@ class LedgerProofDetector:
         self.cpu_s += _t.thread_time() - c0
 
     def _alive(self) -> set[int]:
-        import psutil
-
-        return {k for k, pid in self.rank_pids.items() if psutil.pid_exists(pid)}
+        return live_ranks(self.rank_pids)
 
     def _judge_slots(self) -> None:
         """Retire slots every member entered and left; keep the desyncs among them (entered after ``since``)."""
@@ -637,7 +660,17 @@ class LedgerProofDetector:
             self.timings["ledger_follow_cpu_s"] = self.cpu_s
             found = self.desyncs + [d for d in pending if (d.group, d.seq) not in {(x.group, x.seq) for x in self.desyncs}]
             if not found and ctx is not None and getattr(ctx, "injector_dir", None) is not None:
-                crash = crash_desync(al, self._alive(), Path(ctx.injector_dir).parent / "server.log")
+                log = Path(ctx.injector_dir).parent / "server.log"
+                crash = crash_desync(al, self._alive(), log, self.log_start)
+                # the survivor's record of the collective the dead rank aborted in is written when its own call
+                # fails (connection reset, tens of ms after the peer's abort; the injector writes it before the
+                # exception returns): a death seen sooner than that waits for it, boundedly
+                deadline = _t.monotonic() + self.CRASH_RECORD_WAIT_S
+                while (crash is None and _t.monotonic() < deadline and self._alive() != set(self.rank_pids)
+                       and _log_has_mismatch(log, self.log_start)):
+                    _t.sleep(0.05)
+                    self.follower.poll()
+                    crash = crash_desync(al, self._alive(), log, self.log_start)
                 found = [crash] if crash is not None else []
             fb = al.fallback_reasons()
         finally:
@@ -657,21 +690,40 @@ class LedgerProofDetector:
 GLOO_MISMATCH_MARKERS = ("doesn't match expected size", "collective mismatch")
 
 
-def crash_desync(al: LiveAlignment, alive: Iterable[int], server_log: Path) -> Optional[Desync]:
+def _log_tail(server_log: Path, start: int = 0, limit: int = 200_000) -> Optional[str]:
+    """What the server log holds from byte ``start`` on (at most its last ``limit`` bytes); None if unreadable."""
+    try:
+        with open(server_log, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(start, size - limit) if size >= start else max(0, size - limit))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def _log_has_mismatch(server_log: Path, start: int = 0) -> bool:
+    """The server log, from byte ``start``, carries a backend's collective-mismatch message
+    (:data:`GLOO_MISMATCH_MARKERS`)."""
+    text = _log_tail(server_log, start)
+    return text is not None and any(m in text for m in GLOO_MISMATCH_MARKERS)
+
+
+def crash_desync(al: LiveAlignment, alive: Iterable[int], server_log: Path, log_start: int = 0) -> Optional[Desync]:
     """A rank that aborted in the backend's own mismatch check before its ledger record reached disk.
 
     gloo aborts the process (``terminate … gloo::EnforceNotMet … Received data size doesn't match expected size. Is
     there a distributed collective mismatch in your code?``) within microseconds of the mismatched call, before the
-    ledger's writer thread (every 150 ms) wrote it. Then the ledger shows a survivor inside (or raised out of) collective
-    (g, n), a dead member of g that never reached n, and the server log carries gloo's message: that is a desync the
-    backend crashed on. None unless all three hold.
+    ledger wrote it (the ticking thread writes at each tick, the writer thread 100-250 ms after the last write).
+    Then the ledger shows a survivor inside (or raised out of) collective (g, n), a dead member of g that never
+    reached n, and the server log carries gloo's message: that is a desync the
+    backend crashed on. None unless all three hold. ``log_start``: read the log from this byte on (what this server
+    wrote during this burst: a hunt session's log is appended across servers).
     """
     dead = [k for k in al.ranks if k not in set(alive)]
     if not dead:
         return None
-    try:
-        text = Path(server_log).read_text(encoding="utf-8", errors="replace")[-200_000:]
-    except OSError:
+    text = _log_tail(server_log, log_start)
+    if text is None:
         return None
     line = next((ln.strip() for ln in text.splitlines() if any(m in ln for m in GLOO_MISMATCH_MARKERS)), None)
     if line is None:
@@ -703,4 +755,4 @@ class _Only:
 
 
 __all__ = ["LedgerProofDetector", "PairingTable", "PairingError", "Side", "features", "table_for", "WaitEdge", "Proof", "Desync",
-           "find_proof", "find_desyncs", "crash_desync", "judge_slots", "numel", "WAIT_OPS"]
+           "find_proof", "find_desyncs", "crash_desync", "live_ranks", "judge_slots", "numel", "WAIT_OPS"]

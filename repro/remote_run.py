@@ -382,7 +382,7 @@ class MultiHostSession:
                     break
                 if now - t_burst > scenario.budget_s:
                     verdict = Verdict(INCONCLUSIVE, f"budget of {scenario.budget_s:.0f} s ended without a verdict: "
-                                                    f"{stalls[-1]['reason'] if stalls else 'requests still outstanding'}")
+                                                    f"{stalls[-1]['reason'] if stalls else st.waiting_for()}")
                     break
                 if now - last_watch > NODE_WATCH_S:
                     last_watch = now

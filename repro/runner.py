@@ -578,7 +578,7 @@ class Session:
                     verdict = Verdict(INCONCLUSIVE, self.died_reason())
                     break
                 if now - t_burst > scenario.budget_s:
-                    why = last_reason or "requests still outstanding"
+                    why = last_reason or st.waiting_for()
                     verdict = Verdict(INCONCLUSIVE, f"budget of {scenario.budget_s:.0f} s ended without a verdict: {why}")
                     break
                 ctx.state, ctx.now = st, now

@@ -707,7 +707,7 @@ class Watcher:
             return False
         try:
             from repro.ledger_follow import shared_follower
-            from repro.proof import find_desyncs, find_proof, judge_slots
+            from repro.proof import find_desyncs, find_proof, judge_slots, live_ranks
 
             if self._follower is None:
                 pids = self.discover().rank_pids
@@ -724,9 +724,7 @@ class Watcher:
                 if key not in self._desyncs_seen:
                     self._desyncs_seen.add(key)
                     self._log("desync", verdict="DESYNCED", reason=d.summary, desync=d.to_dict())
-            import psutil
-
-            proof = find_proof(al, {k for k, pid in self._follower.rank_pids.items() if psutil.pid_exists(pid)})
+            proof = find_proof(al, live_ranks(self._follower.rank_pids))
         except Exception as e:  # noqa: BLE001 - the ledger must not end the watch
             if not self._ledger_error:
                 self._ledger_error = f"{type(e).__name__}: {e}"

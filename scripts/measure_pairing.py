@@ -11,7 +11,7 @@ call in a daemon thread and waits ``--hang-s`` seconds for it: ``returned``, ``r
 A case is ``pairs`` (both returned: a desync that completes, with wrong values), ``crash`` (a rank raised, e.g.
 gloo's size check) or ``hangs`` (nobody raised and a rank is still blocked). A process that dies is a crash
 (the message is its stderr's). Blocked threads stay blocked until the worker exits (``os._exit``); the process
-group's timeout is far longer than the wait. ~28 cases × ~5 s on 2 cores.
+group's timeout is far longer than the wait. 34 cases, ~250 s on 2 cores.
 
 The output is data for ``repro.proof`` (``PairingTable``): per case the two sides (op, reduce op, element count,
 dtype, broadcast source as rank in group), the outcome and what each rank saw. The table is looked up by the
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 # (A on rank 0, B on rank 1); a side is (op, red, numel, dtype, src) or None (the rank issues nothing)
-I32, I64, F32 = "int32", "int64", "float32"
+I32, I64, F32, F16 = "int32", "int64", "float32", "float16"
 CASES = [
     (("all_reduce", "SUM", 1, I32, None), ("all_reduce", "SUM", 1, I32, None)),
     (("all_reduce", "SUM", 1, I32, None), ("all_reduce", "MAX", 1, I32, None)),
@@ -44,6 +44,15 @@ CASES = [
     (("all_reduce", "SUM", 1, I32, None), ("all_reduce", "SUM", 1, I64, None)),
     (("all_reduce", "SUM", 2, I32, None), ("all_reduce", "SUM", 1, I64, None)),
     (("all_reduce", "SUM", 1, F32, None), ("all_reduce", "SUM", 1, I32, None)),
+    # element counts that differ, by size: gloo's all_reduce hangs on tiny tensors but checks the sizes of larger
+    # ones (its ring algorithm exchanges chunks with a preamble) and aborts the process; sglang's model forward
+    # all_reduce (7 vs 8 tokens × 64 hidden, float16) is the last case
+    (("all_reduce", "SUM", 4, F32, None), ("all_reduce", "SUM", 8, F32, None)),
+    (("all_reduce", "SUM", 16, F32, None), ("all_reduce", "SUM", 32, F32, None)),
+    (("all_reduce", "SUM", 64, F32, None), ("all_reduce", "SUM", 128, F32, None)),
+    (("all_reduce", "SUM", 256, F32, None), ("all_reduce", "SUM", 512, F32, None)),
+    (("all_reduce", "SUM", 4096, F32, None), ("all_reduce", "SUM", 8192, F32, None)),
+    (("all_reduce", "SUM", 448, F16, None), ("all_reduce", "SUM", 512, F16, None)),
     (("broadcast", None, 1, I64, 0), ("all_reduce", "MAX", 1, I64, None)),
     (("all_reduce", "MAX", 1, I64, None), ("broadcast", None, 1, I64, 0)),
     (("broadcast", None, 1, I32, 0), ("all_reduce", "MAX", 1, I32, None)),

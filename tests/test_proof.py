@@ -510,3 +510,62 @@ def test_watch_follows_the_servers_shared_follower_and_drops_the_slots_every_ran
     assert len(desyncs) == 1 and desyncs[0]["verdict"] == "DESYNCED" and desyncs[0]["desync"]["fields"] == ["red"]
     smoke_hang(a, b)
     assert w._ledger_check() is True and w.ledger_proof.kind == "missing_partner"
+
+
+def test_a_rank_dead_in_the_backends_size_check_is_a_crashed_desync_once_the_survivors_record_lands(
+        tmp_path: Path, monkeypatch):
+    """Measured in session 8's hunt and runs: gloo's size check aborted rank 0 in C++ (no record of its call); the
+    verdict was taken before rank 1's own call failed and its record was written, and the aborted rank, a zombie,
+    still counted as alive: INCONCLUSIVE. The detector now counts a zombie dead and waits, boundedly, for the survivor's record when the log of this burst has the backend's mismatch message;
+    a mismatch message written before the burst (a hunt session's earlier server) is not this burst's."""
+    import subprocess
+    import threading
+    import time
+
+    from repro.proof import LedgerProofDetector
+
+    dead = subprocess.Popen(["true"])  # rank 0 is gone, a zombie until reaped, as an aborted rank whose parent
+    time.sleep(0.3)                     # sleeps before it reaps (sglang: 5 s); pid_exists still says yes
+    monkeypatch.setitem(PIDS, 0, dead.pid)
+    monkeypatch.setitem(PIDS, 1, os.getpid())  # rank 1 lives on
+    inj = tmp_path / "injector"
+    inj.mkdir()
+    log = tmp_path / "server.log"
+    a, b = healthy(inj)
+    for old_log, want in (("", DESYNCED), ("Received data size doesn't match expected size\n", INCONCLUSIVE)):
+        log.write_text(old_log)
+        ctx = _detector_ctx(inj)
+        det = LedgerProofDetector()
+        det.start(ctx)
+        if not old_log:
+            log.write_text("terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  "
+                           "op.preamble.length <= op.nbytes. 256 vs 224. Received data size doesn't match expected "
+                           "size. Is there a distributed collective mismatch in your code?\n")
+
+        def survivor_fails_later(b=b):
+            time.sleep(0.3)
+            b.enter(DEV, "all_reduce", red="SUM", shapes=((8, 64),), dtypes=("float16",))
+            b.exit(DEV, err="RuntimeError: Connection reset by peer")
+
+        th = threading.Thread(target=survivor_fails_later)
+        th.start()
+        v = det.final_verdict(Verdict(INCONCLUSIVE, "rank 0 died"), ctx)
+        th.join()
+        assert v.verdict == want, v
+        if want == DESYNCED:
+            assert v.desync["outcome"] == "crashed" and v.desync["seq"] == 4 and "aborted in the backend" in v.reason
+        a.call(DEV, "all_reduce", red="SUM", shapes=((8, 64),), dtypes=("float16",))  # line both up for the next
+    dead.wait()
+
+
+def test_the_measured_gloo_table_never_proves_a_size_mismatch_of_one_op_a_hang():
+    """Measured (scripts/measure_pairing.py, session 8): gloo hangs on all_reduce of 1 against 4 int32 but aborts the
+    process on larger mismatches (4 vs 8 float32 … 448 vs 512 float16, sglang's model forward). Same features,
+    different outcomes unless a single element is its own class (it is): the larger mismatches crash, so one is never called DEADLOCKED (the
+    hunt's check_decode_mem trial was, before); different ops keep their measured hang (#30760's shape)."""
+    t = table_for("gloo")
+    assert t is not None
+    assert t.outcome(Side("all_reduce", "SUM", 448, "float16"), Side("all_reduce", "SUM", 512, "float16")) == "crash"
+    # a single element against more: measured to hang (vLLM's injected extra all_reduce [1] meets the peer's)
+    assert t.outcome(Side("all_reduce", "SUM", 1, "int32"), Side("all_reduce", "SUM", 4, "int32")) == "hangs"
+    assert t.outcome(Side("broadcast", None, 1, "int64", True), Side("all_reduce", "MAX", 1, "int64")) == "hangs"

@@ -61,6 +61,13 @@ def test_death_reason_reads_the_exit_code_the_engine_logged_else_says_killed_fro
     assert death_reason(log, 1, 4242) == "exit code -9 (SIGKILL) per the server log"
     assert "Connection closed by peer" in death_reason(log, 0, 4141)
     assert "ended from outside" in death_reason("", 1, 4242)
+    # gloo's size check throws in C++ and aborts the rank: no tagged error, but the abort's own untagged lines
+    abort = (log.splitlines()[0] + "\nterminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+             "  what():  [enforce fail at pair.cc:464] op.preamble.length <= op.nbytes. 256 vs 224. Received data "
+             "size doesn't match expected size.\n")
+    why = death_reason(abort, 1, 4343)
+    assert "untagged C++ abort" in why and "gloo::EnforceNotMet" in why and "256 vs 224" in why
+    assert "ended from outside" not in why
 
 
 def test_a_killed_grandchild_is_seen_dead_by_pid_and_start_ticks(tmp_path: Path):
@@ -85,6 +92,30 @@ def test_a_killed_grandchild_is_seen_dead_by_pid_and_start_ticks(tmp_path: Path)
     finally:
         os.killpg(root.pid, signal.SIGKILL)
         root.wait(10)
+
+
+def test_a_reason_comes_from_what_this_server_logged_not_from_the_previous_server_in_the_same_log(tmp_path: Path):
+    # a hunt's session appends every restarted server to one server.log: the previous server's TP0 crash must not
+    # be quoted as the reason the new server's rank 0 died
+    log = tmp_path / "server.log"
+    log.write_text("[2026-12-01 21:08:29 TP0] Scheduler hit an exception: ValueError: pool memory leak detected!\n")
+    root = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        watch = RankWatch({0: root.pid}, log)
+        with log.open("a") as f:
+            f.write("[2026-12-01 21:09:08 TP0] Scheduler hit an exception: RuntimeError: gloo size mismatch\n")
+        os.killpg(root.pid, signal.SIGKILL)
+        root.wait(10)
+        deadline = time.monotonic() + 10
+        new = []
+        while not new and time.monotonic() < deadline:
+            new = watch.poll()
+            time.sleep(0.05)
+        assert new and "gloo size mismatch" in new[0].reason and "21:08:29" not in watch.verdict_reason()
+    finally:
+        if root.poll() is None:
+            os.killpg(root.pid, signal.SIGKILL)
+            root.wait(10)
 
 
 def test_a_rank_killed_during_the_burst_is_named_not_blamed_on_the_requests(tmp_path: Path):
