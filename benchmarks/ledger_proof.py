@@ -19,11 +19,20 @@ benchmarks/ledger_proof.py …``. Results print as one JSON line per run and a s
   ``--bursts`` clean ``control`` bursts. Any DEADLOCKED or DESYNCED on a control burst is a false one; every
   ``desync_reduce_op`` must end DESYNCED. The clean bursts come after the desyncs on the same server, so a desync
   that leaked into a later burst's verdict would show as a false one.
-- ``throughput [--pairs 5] [--requests 16] [--max-new-tokens 64]``: two servers of the smoke scenario, one with
-  the ledger on, one with it off (``ledger = false``), bursts of the ``control`` variant interleaved on/off (the
-  order alternates per pair, after one uncounted warm-up burst each); output tokens/s per burst (requests × max_new_tokens / burst seconds), the on/off
-  ratio of the medians and the spread of the per-pair ratios; per burst also every thread's CPU and wake-ups,
-  summed by server, role and thread name (as ``profile``).
+- ``throughput [--pairs 5] [--servers on,off] [--requests 16] [--max-new-tokens 64]``: one smoke server per item of
+  ``--servers``, each with the ledger on or off (``ledger = false``), all running at once; ``--pairs`` rounds, each
+  one ``control`` burst per server, the order rotated by one per round (after one uncounted warm-up burst each);
+  output tokens/s per burst (requests × max_new_tokens / burst seconds); per server against the first ``off`` one:
+  the ratio of the medians, the per-round ratios and their geometric mean with a 95 % interval. ``on,off,off``
+  puts an A/A control (two identical off servers) next to on/off in the same run: what the set-up itself gives.
+  Per burst also every thread's CPU and wake-ups, summed by server, role and thread name (as ``profile``), and the
+  box's /proc/stat split (user, system, idle, steal).
+- ``alternate [--bursts 30] [--window-s 1.0]``: ONE smoke server with the ledger on that records only in even
+  windows of ``--window-s`` wall seconds and passes collectives straight through in odd ones (the injector's
+  benchmark-only ``bench_alternate_s``); every scheduler tick's start goes to ``ticks-<pid>.txt`` in both. Each step
+  (tick k → k + 1 inside a burst) counts for the window its start falls in: steps per second on vs off, pooled,
+  per burst (geometric mean, 95 % interval) and as median step times. On and off share the server and alternate
+  every second, so neither the two-server set-up nor the box's slow swings enter the ratio.
 - ``profile [--pairs 2] [--pyspy]``: the throughput set-up (two smoke servers, ledger on and off), and around each
   burst every thread's CPU time (``/proc/<pid>/task/<tid>/stat``, utime + stime) and voluntary context switches
   (wake-ups) of both servers' processes and of this harness process, as deltas per burst, grouped by process and
@@ -31,7 +40,8 @@ benchmarks/ledger_proof.py …``. Results print as one JSON line per run and a s
   folded stacks are printed, top 25). Where the ledger-on server's extra time goes.
 
 Lock time (2-core testbed, measured in benchmarks/RESULTS.md): latency ≈ 70-110 s per run; clean ≈ start-up +
-~5 s per burst; throughput ≈ two start-ups + 2 × pairs bursts.
+~5 s per burst; throughput ≈ one start-up (all servers at once, 35-95 s) + servers × pairs bursts of ~8 s;
+alternate ≈ one start-up + bursts × ~8 s (40 bursts: 5.3-6.9 min).
 """
 
 from __future__ import annotations
@@ -248,28 +258,69 @@ def clean(a: argparse.Namespace, root: Path) -> None:
                        "follower_cpu_s_max": max((r["follower_cpu_s"] or 0) for r in rows) if rows else None}})
 
 
+def _server_specs(spec: str) -> list:
+    """``--servers on,off,off`` -> [("A", True), ("B", False), ("C", False)]: one server per item, ledger on or off."""
+    items = [x.strip() for x in spec.split(",") if x.strip()]
+    if len(items) < 2 or any(x not in ("on", "off") for x in items):
+        raise SystemExit(f"--servers: expected at least two of on/off separated by commas (e.g. on,off,off), got {spec!r}")
+    return [(chr(ord("A") + i), x == "on") for i, x in enumerate(items)]
+
+
+def _proc_stat() -> list:
+    """The box's CPU time so far from /proc/stat's first line, seconds: [user+nice, system+irq+softirq, idle+iowait, steal]."""
+    import os
+
+    f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    return [(f[0] + f[1]) / tick, (f[2] + f[5] + f[6]) / tick, (f[3] + f[4]) / tick, (f[7] if len(f) > 7 else 0) / tick]
+
+
+def _log_ratio_ci(ratios: list) -> dict:
+    """Geometric mean of per-round ratios and its 95 % interval (t on the log ratios); the interval says what the
+    number of rounds can resolve."""
+    import math
+
+    logs = [math.log(x) for x in ratios]
+    n = len(logs)
+    m = statistics.mean(logs)
+    if n < 2:
+        return {"geo_mean": round(math.exp(m), 4), "n": n}
+    se = statistics.stdev(logs) / math.sqrt(n)
+    t = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26, 11: 2.23, 12: 2.20,
+         13: 2.18, 14: 2.16, 15: 2.14, 16: 2.13, 17: 2.12, 18: 2.11, 19: 2.10, 20: 2.09}.get(n, 2.05)
+    return {"geo_mean": round(math.exp(m), 4), "ci95": [round(math.exp(m - t * se), 4), round(math.exp(m + t * se), 4)],
+            "n": n, "sd_log": round(statistics.stdev(logs), 4)}
+
+
 def throughput(a: argparse.Namespace, root: Path) -> None:
+    """``--servers`` (default ``on,off``) smoke servers at once, each with the ledger on or off; in every round each
+    server gets one ``control`` burst, the order rotated by one per round (a Latin square: every server is in
+    every position equally often over ``len(servers)`` rounds). With two servers of the same setting (``off,off``,
+    or ``on,off,off``) the run measures the set-up's own bias (an A/A control) next to on/off. Per burst also the
+    box's /proc/stat CPU split (user, system, idle, steal) and every thread's CPU."""
     from repro import runner
     from repro.evidence import EvidenceDir
 
+    specs = _server_specs(a.servers)
     tmp = Path(tempfile.mkdtemp(prefix="repro-tput-"))
     text = SMOKE.read_text()
     text = re.sub(r"max_new_tokens = \d+", f"max_new_tokens = {a.max_new_tokens}", text)
     text = re.sub(r"requests = \d+", f"requests = {a.requests}", text)
     text = re.sub(r"concurrency = \d+", "concurrency = 8", text)
-    on, off = tmp / "on.toml", tmp / "off.toml"
-    on.write_text(text.replace("budget_s = 90", "budget_s = 600"))
-    off.write_text(text.replace("budget_s = 90", "budget_s = 600\nledger = false"))
     sessions = {}
     try:
         from concurrent.futures import ThreadPoolExecutor
 
-        for name, path in (("on", on), ("off", off)):
+        for name, on in specs:
+            path = tmp / f"{name}.toml"
+            path.write_text(text.replace("budget_s = 90", "budget_s = 600" + ("" if on else "\nledger = false")))
             p = runner.prepare(runner.RunOptions(scenario_path=path, variant="control", evidence_root=root,
-                                                 label=f"tput-{name}"))
+                                                 label=f"tput-{name}-{'on' if on else 'off'}"))
             sessions[name] = (p, runner.Session(p))
+        ledger_of = dict(specs)
+        _emit({"servers": {n: ("on" if o else "off") for n, o in specs}})
         t0 = time.time()
-        with ThreadPoolExecutor(max_workers=2) as ex:  # both start-ups at once: one start-up of lock time, not two
+        with ThreadPoolExecutor(max_workers=len(specs)) as ex:  # all start-ups at once: one start-up of lock time
             failed = dict(zip(sessions, ex.map(lambda ps: ps[1].start(), sessions.values())))
         for name, f in failed.items():
             if f:
@@ -279,34 +330,170 @@ def throughput(a: argparse.Namespace, root: Path) -> None:
             d = EvidenceDir(p.evidence.root, p.scenario.name, f"tput-{name}-warmup")  # ran 1.8x slower, measured)
             out = s.drive(p.scenario.variant("control"), d)
             _emit({"warmup": name, "verdict": out.verdict.verdict, "burst_s": out.timings["burst_s"]})
-        tps = {"on": [], "off": []}
+        tps: dict = {n: [] for n, _ in specs}
         cpu = []
         pids = _server_pids(sessions)
+        names = [n for n, _ in specs]
         for i in range(a.pairs):
-            for name in (("on", "off") if i % 2 == 0 else ("off", "on")):
+            k = i % len(names)
+            for name in names[k:] + names[:k]:
                 p, s = sessions[name]
                 d = EvidenceDir(p.evidence.root, p.scenario.name, f"tput-{name}-{i}")
-                before = _thread_cpu(pids)
+                before, st0 = _thread_cpu(pids), _proc_stat()
                 out = s.drive(p.scenario.variant("control"), d)
-                _emit({"pair": i, "ledger": name, "threads": _by_role(_delta(before, _thread_cpu(pids)))})
+                st = [round(y - x, 2) for x, y in zip(st0, _proc_stat())]
+                led = "on" if ledger_of[name] else "off"
+                _emit({"pair": i, "server": name, "ledger": led, "threads": _by_role(_delta(before, _thread_cpu(pids)))})
                 rate = a.requests * a.max_new_tokens / out.timings["burst_s"]
                 tps[name].append(rate)
-                if name == "on":
+                if ledger_of[name]:
                     cpu.append(out.timings.get("ledger_follow_cpu_s"))
-                _emit({"pair": i, "ledger": name, "verdict": out.verdict.verdict, "burst_s": out.timings["burst_s"],
-                       "tokens_per_s": round(rate, 1), "follower_cpu_s": out.timings.get("ledger_follow_cpu_s")})
-        ratio = statistics.median(tps["on"]) / statistics.median(tps["off"])
-        per_pair = [on_ / off_ for on_, off_ in zip(tps["on"], tps["off"])]
-        _emit({"summary": {"pairs": a.pairs, "per_pair_ratios": [round(x, 4) for x in per_pair],
-                           "per_pair_ratio_min": round(min(per_pair), 4), "per_pair_ratio_max": round(max(per_pair), 4),
-                           "per_pair_ratio_median": round(statistics.median(per_pair), 4),
-                           "median_tokens_per_s_on": statistics.median(tps["on"]),
-                           "median_tokens_per_s_off": statistics.median(tps["off"]), "ratio_on_off": round(ratio, 4),
-                           "follower_cpu_s_per_burst": cpu}})
+                _emit({"pair": i, "server": name, "ledger": led, "verdict": out.verdict.verdict,
+                       "burst_s": out.timings["burst_s"], "tokens_per_s": round(rate, 1),
+                       "box_cpu_s": dict(zip(("user", "system", "idle", "steal"), st)),
+                       "follower_cpu_s": out.timings.get("ledger_follow_cpu_s")})
+        ref = next(n for n, o in specs if not o) if any(not o for _, o in specs) else names[0]
+        comparisons = {}
+        for name, on in specs:
+            if name == ref:
+                continue
+            per = [x / y for x, y in zip(tps[name], tps[ref])]
+            comparisons[f"{name}({'on' if on else 'off'})/{ref}(off)" if not ledger_of[ref] else f"{name}/{ref}"] = {
+                "ratio_of_medians": round(statistics.median(tps[name]) / statistics.median(tps[ref]), 4),
+                "per_round_ratios": [round(x, 4) for x in per], "per_round_median": round(statistics.median(per), 4),
+                "per_round_min": round(min(per), 4), "per_round_max": round(max(per), 4), **_log_ratio_ci(per)}
+        _emit({"summary": {"rounds": a.pairs, "servers": {n: ("on" if o else "off") for n, o in specs},
+                           "median_tokens_per_s": {n: round(statistics.median(v), 1) for n, v in tps.items()},
+                           "comparisons": comparisons, "follower_cpu_s_per_burst": cpu}})
     finally:
         for _p, s in sessions.values():
             s.stop()
             s.close_drivers()
+
+
+def _alternate_rates(injector_dir: Path, window_s: float, bursts: list) -> dict:
+    """Step times with the ledger on and off, per rank and burst, from one server's ``ticks-<pid>.txt`` (every
+    scheduler tick's start, written with ``bench_alternate_s`` = ``window_s``). A step is tick k → k + 1 inside a
+    burst; it belongs to the window its start falls in (even: recording, odd: pass-through), so a window edge inside
+    a long step favours neither arm. ``bursts``: [(label, t_first_sent, t_last_done)]. Returns {rank: [{burst,
+    on: [step s], off: [step s]}]} (rank from the pid's ledger header)."""
+    import glob
+    import json as _json
+
+    out: dict = {}
+    for f in sorted(glob.glob(str(injector_dir / "ticks-*.txt"))):
+        pid = Path(f).stem.split("-", 1)[1]
+        rank = None
+        try:
+            head = _json.loads(open(injector_dir / f"ledger-{pid}.jsonl").readline())
+            rank = head.get("rank")
+        except (OSError, ValueError):
+            pass
+        if rank is None:
+            continue
+        ticks = {}
+        for line in open(f):
+            parts = line.split()
+            if len(parts) >= 2:
+                ticks[int(parts[0])] = [float(x) for x in parts[1:]]
+        rows = []
+        for label, t0, t1 in bursts:
+            row = {"burst": label, "on": [], "off": [], "on_parts": [], "off_parts": []}
+            for k in sorted(ticks):
+                a, b = ticks[k], ticks.get(k + 1)
+                if b is not None and t0 <= a[0] and b[0] <= t1:
+                    arm = "off" if int(a[0] / window_s) & 1 else "on"
+                    row[arm].append(b[0] - a[0])
+                    if len(a) == len(b) and len(a) >= 5:  # thread CPU, hot path, writer CPU, wake-ups[, gc s, full gcs]
+                        row[arm + "_parts"].append([y - x for x, y in zip(a[1:], b[1:])])
+            rows.append(row)
+        out[rank] = rows
+    return out
+
+
+def alternate(a: argparse.Namespace, root: Path) -> None:
+    """ONE smoke server with the ledger on, recording only in even windows of ``--window-s`` wall seconds
+    (``bench_alternate_s``): on and off alternate every window inside every burst, on the same server, so the
+    box's slow swings (the same 1,024 tokens took 4.9-7.8 s between bursts) and any difference between two servers
+    fall on both arms alike. The off arm keeps the wrappers installed, passing straight through (a Python call and
+    a clock read per collective, ~7 collectives a step); both arms log each tick's start (``ticks-<pid>.txt``). No
+    ledger proof runs (the ranks' ledgers disagree at every window edge by design): the detect stage is the
+    rank-death and stall rules only, so the follower's own CPU (``throughput`` measures it) is not in this ratio."""
+    from repro import runner
+    from repro.checker import RankDeathDetector
+    from repro.detect import StallDetector
+    from repro.evidence import EvidenceDir
+
+    tmp = Path(tempfile.mkdtemp(prefix="repro-alt-"))
+    text = SMOKE.read_text()
+    text = re.sub(r"max_new_tokens = \d+", f"max_new_tokens = {a.max_new_tokens}", text)
+    text = re.sub(r"requests = \d+", f"requests = {a.requests}", text)
+    text = re.sub(r"concurrency = \d+", "concurrency = 8", text)
+    path = tmp / "alt.toml"
+    path.write_text(text.replace("budget_s = 90", "budget_s = 600"))
+    p = runner.prepare(runner.RunOptions(scenario_path=path, variant="control", evidence_root=root, label="alternate"))
+    p.plan["ledger"]["bench_alternate_s"] = a.window_s
+    p.evidence.plan.write(p.plan)
+    s = runner.Session(p, detectors=[RankDeathDetector(), StallDetector()])
+    try:
+        t0 = time.time()
+        failed = s.start()
+        if failed:
+            raise SystemExit(f"start: {failed.reason}")
+        _emit({"healthy_s": round(time.time() - t0, 1), "window_s": a.window_s})
+        d = EvidenceDir(p.evidence.root, p.scenario.name, "alt-warmup")
+        out = s.drive(p.scenario.variant("control"), d)
+        _emit({"warmup": True, "verdict": out.verdict.verdict, "burst_s": out.timings["burst_s"]})
+        bursts = []
+        for i in range(a.bursts):
+            d = EvidenceDir(p.evidence.root, p.scenario.name, f"alt-{i}")
+            st0 = _proc_stat()
+            out = s.drive(p.scenario.variant("control"), d)
+            st = [round(y - x, 2) for x, y in zip(st0, _proc_stat())]
+            ev = [json.loads(x) for x in (d.path / "requests.jsonl").read_text().splitlines() if x.strip()]
+            ts = [e["t"] for e in ev if e.get("event") in ("sent", "done")]
+            bursts.append((str(i), min(ts), max(ts)))
+            _emit({"burst": i, "verdict": out.verdict.verdict, "burst_s": round(out.timings["burst_s"], 3),
+                   "tokens_per_s": round(a.requests * a.max_new_tokens / out.timings["burst_s"], 1),
+                   "box_cpu_s": dict(zip(("user", "system", "idle", "steal"), st))})
+        time.sleep(0.5)  # the last records reach disk (the writer's period is 0.15 s)
+        rates = _alternate_rates(p.evidence.injector_dir, a.window_s, bursts)
+        summary: dict = {"bursts": a.bursts, "window_s": a.window_s}
+        for rk, rows in sorted(rates.items()):
+            rows = [r for r in rows if r["on"] and r["off"]]
+            per = [(len(r["on"]) / sum(r["on"])) / (len(r["off"]) / sum(r["off"])) for r in rows]
+            on = [x for r in rows for x in r["on"]]
+            off = [x for r in rows for x in r["off"]]
+            _emit({"rank": rk, "per_burst": [{"burst": r["burst"], "on_steps": len(r["on"]), "on_s": round(sum(r["on"]), 3),
+                                              "off_steps": len(r["off"]), "off_s": round(sum(r["off"]), 3)} for r in rows]})
+            if not on or not off:
+                continue
+            q = lambda xs, f: sorted(xs)[int(f * (len(xs) - 1))]  # noqa: E731
+            parts = {}
+            for arm in ("on", "off"):  # per step, milliseconds: where a step's time went, by arm
+                ps = [x for r in rows for x in r[arm + "_parts"]]
+                if ps:
+                    n = len(ps)
+                    parts[arm] = {"main_thread_cpu_ms": round(1000 * sum(x[0] for x in ps) / n, 3),
+                                  "hot_path_ms": round(1000 * sum(x[1] for x in ps) / n, 4),
+                                  "writer_cpu_ms": round(1000 * sum(x[2] for x in ps) / n, 4),
+                                  "writer_wakes_per_step": round(sum(x[3] for x in ps) / n, 4)}
+                    if len(ps[0]) >= 6:
+                        parts[arm].update(gc_ms=round(1000 * sum(x[4] for x in ps) / n, 4),
+                                          full_gcs_per_100_steps=round(100 * sum(x[5] for x in ps) / n, 3))
+            summary[f"rank{rk}"] = {
+                "steps": [len(on), len(off)], "on_steps_per_s": round(len(on) / sum(on), 3),
+                "off_steps_per_s": round(len(off) / sum(off), 3),
+                "pooled_ratio_on_off": round((len(on) / sum(on)) / (len(off) / sum(off)), 4),
+                "median_step_ms": [round(1000 * statistics.median(on), 2), round(1000 * statistics.median(off), 2)],
+                "median_step_ratio_off_on": round(statistics.median(off) / statistics.median(on), 4),
+                "p90_step_ms": [round(1000 * q(on, 0.9), 1), round(1000 * q(off, 0.9), 1)],
+                "per_burst_ratio_median": round(statistics.median(per), 4), "per_burst_ratio_min": round(min(per), 4),
+                "per_burst_ratio_max": round(max(per), 4), **_log_ratio_ci(per), "per_step": parts}
+        _emit({"summary": summary})
+    finally:
+        s.stop()
+        s.close_drivers()
 
 
 def _thread_cpu(pids: dict) -> dict:
@@ -475,9 +662,16 @@ def main() -> int:
     cl.add_argument("--bursts", type=int, default=20)
     cl.add_argument("--desync-repeats", type=int, default=10)
     tp = sub.add_parser("throughput")
-    tp.add_argument("--pairs", type=int, default=5)
+    tp.add_argument("--pairs", type=int, default=5, help="rounds: one burst per server each")
+    tp.add_argument("--servers", default="on,off",
+                    help="one smoke server per item, ledger on or off (on,off,off: on/off next to an off/off A/A control)")
     tp.add_argument("--requests", type=int, default=16)
     tp.add_argument("--max-new-tokens", type=int, default=64)
+    al = sub.add_parser("alternate")
+    al.add_argument("--bursts", type=int, default=30)
+    al.add_argument("--window-s", type=float, default=1.0)
+    al.add_argument("--requests", type=int, default=16)
+    al.add_argument("--max-new-tokens", type=int, default=64)
     pr = sub.add_parser("profile")
     pr.add_argument("--pairs", type=int, default=2)
     pr.add_argument("--requests", type=int, default=16)
@@ -493,7 +687,8 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, _term)
     root = Path(a.evidence_dir) if a.evidence_dir else Path(tempfile.mkdtemp(prefix="repro-bench-proof-"))
-    {"latency": latency, "clean": clean, "throughput": throughput, "profile": profile}[a.cmd](a, root)
+    {"latency": latency, "clean": clean, "throughput": throughput, "alternate": alternate,
+     "profile": profile}[a.cmd](a, root)
     return 0
 
 
