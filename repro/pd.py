@@ -225,8 +225,11 @@ class Stack:
                     if observe:
                         observe("role_healthy", {"role": name, "after_s": self.healthy_s[name]})
             if pending and time.monotonic() >= deadline:
-                raise LaunchError(f"{', '.join(pending)} not healthy after {timeout_s:.0f} s (logs: "
-                                  f"{', '.join(str(self.servers[n].log_path) for n in pending)})")
+                err = LaunchError(f"{', '.join(pending)} not healthy after {timeout_s:.0f} s: " + "; ".join(
+                    f"{n}'s last log line {_last_line(self.servers[n].log_tail())!r} (log: {self.servers[n].log_path})"
+                    for n in pending) + " (raise startup_timeout_s if it was still loading)")
+                err.log_tail = self.servers[pending[0]].log_tail()  # type: ignore[attr-defined]
+                raise err
             if pending:
                 time.sleep(WORKERS_POLL_S)
         routers = [r.name for r in self.roles if not r.is_engine]

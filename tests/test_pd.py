@@ -202,6 +202,21 @@ def test_a_role_that_dies_during_start_up_is_named_and_nothing_is_left(tmp_path:
     assert procs and not any(_procs.alive(p) for p in procs)
 
 
+def test_a_role_still_loading_at_the_time_out_is_named_with_its_last_log_line_and_nothing_is_left(tmp_path: Path):
+    stack = _stack(tmp_path, decode_extra=["--health-after-s", "600"])
+    try:
+        stack.start()
+        with pytest.raises(LaunchError) as ei:
+            stack.wait_healthy(3)
+        procs = stack.procs()
+    finally:
+        stack.stop()
+    msg = str(ei.value)
+    assert msg.startswith("decode not healthy after 3 s: decode's last log line 'fake: loading'"), msg
+    assert str(stack.servers["decode"].log_path) in msg and "prefill" not in msg and "startup_timeout_s" in msg
+    assert procs and not any(_procs.alive(p) for p in procs)
+
+
 def test_ctrl_c_while_waiting_for_the_stack_still_stops_every_tree(tmp_path: Path):
     stack = _stack(tmp_path, router_extra=["--workers-after-s", "60"])
     seen = []

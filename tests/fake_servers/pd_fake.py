@@ -2,7 +2,8 @@
 
 Not SGLang: it only answers the HTTP endpoints the stack's start-up and teardown look at, and forks one child so
 the tree has more than one process. ``python pd_fake.py --port P [--router] [--prefill URL B] [--decode URL]
-[--workers-after-s S] [--die-after-s S]``: ``/health`` 200 at once; a router's ``GET /workers`` lists its workers
+[--workers-after-s S] [--die-after-s S] [--health-after-s S]``: ``/health`` 200 at once (503 until
+``--health-after-s``); it prints ``fake: loading`` at start; a router's ``GET /workers`` lists its workers
 (healthy only after ``--workers-after-s``), like sglang-router 0.3.2 does.
 """
 
@@ -21,8 +22,10 @@ ap.add_argument("--prefill", nargs=2)
 ap.add_argument("--decode")
 ap.add_argument("--workers-after-s", type=float, default=0.0)
 ap.add_argument("--die-after-s", type=float, default=0.0)
+ap.add_argument("--health-after-s", type=float, default=0.0)  # /health answers 503 until then, like a loading server
 a, _ = ap.parse_known_args()
 t0 = time.monotonic()
+print("fake: loading", flush=True)
 child = os.fork()
 if child == 0:  # a child in the same process group, like a scheduler process
     while True:
@@ -43,6 +46,8 @@ class H(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/health":
+            if time.monotonic() - t0 < a.health_after_s:
+                return self._send(503, {"error": "loading"})
             return self._send(200, {})
         if self.path == "/workers" and a.pd_disaggregation:
             ready = time.monotonic() - t0 >= a.workers_after_s
