@@ -559,6 +559,7 @@ class LedgerProofDetector:
         self.fallback_said = False
         self._last_proof_t = 0.0
         self.rank_pids: dict[int, int] = {}
+        self.server_log: Optional[Path] = None
         self.log_start = 0
 
     def start(self, ctx: Any) -> None:
@@ -572,8 +573,9 @@ class LedgerProofDetector:
             return
         self.rank_pids = dict(ctx.rank_pids)
         self.since = ctx.t_burst or _t.time()
+        self.server_log = Path(ctx.injector_dir).parent / "server.log"
         try:  # a crash's message counts only if this burst's server wrote it (a hunt session's log is appended)
-            self.log_start = (Path(ctx.injector_dir).parent / "server.log").stat().st_size
+            self.log_start = self.server_log.stat().st_size
         except OSError:
             self.log_start = 0
         c0 = _t.thread_time()
@@ -659,18 +661,19 @@ class LedgerProofDetector:
             self.cpu_s += _t.thread_time() - c0
             self.timings["ledger_follow_cpu_s"] = self.cpu_s
             found = self.desyncs + [d for d in pending if (d.group, d.seq) not in {(x.group, x.seq) for x in self.desyncs}]
-            if not found and ctx is not None and getattr(ctx, "injector_dir", None) is not None:
-                log = Path(ctx.injector_dir).parent / "server.log"
-                crash = crash_desync(al, self._alive(), log, self.log_start)
+            if not found and self.server_log is not None:
+                text = _log_tail(self.server_log, self.log_start)
+                crash = _crash_from_log_text(al, self._alive(), text)
                 # the survivor's record of the collective the dead rank aborted in is written when its own call
                 # fails (connection reset, tens of ms after the peer's abort; the injector writes it before the
-                # exception returns): a death seen sooner than that waits for it, boundedly
+                # exception returns): a death seen sooner than that waits for it, boundedly (one log read per poll)
                 deadline = _t.monotonic() + self.CRASH_RECORD_WAIT_S
                 while (crash is None and _t.monotonic() < deadline and self._alive() != set(self.rank_pids)
-                       and _log_has_mismatch(log, self.log_start)):
+                       and _mismatch_line(text) is not None):
                     _t.sleep(0.05)
                     self.follower.poll()
-                    crash = crash_desync(al, self._alive(), log, self.log_start)
+                    text = _log_tail(self.server_log, self.log_start)
+                    crash = _crash_from_log_text(al, self._alive(), text)
                 found = [crash] if crash is not None else []
             fb = al.fallback_reasons()
         finally:
@@ -701,11 +704,12 @@ def _log_tail(server_log: Path, start: int = 0, limit: int = 200_000) -> Optiona
         return None
 
 
-def _log_has_mismatch(server_log: Path, start: int = 0) -> bool:
-    """The server log, from byte ``start``, carries a backend's collective-mismatch message
-    (:data:`GLOO_MISMATCH_MARKERS`)."""
-    text = _log_tail(server_log, start)
-    return text is not None and any(m in text for m in GLOO_MISMATCH_MARKERS)
+def _mismatch_line(text: Optional[str]) -> Optional[str]:
+    """The first line of a server log's text carrying a backend's collective-mismatch message
+    (:data:`GLOO_MISMATCH_MARKERS`), stripped; None if there is none (or no text)."""
+    if not text:
+        return None
+    return next((ln.strip() for ln in text.splitlines() if any(m in ln for m in GLOO_MISMATCH_MARKERS)), None)
 
 
 def crash_desync(al: LiveAlignment, alive: Iterable[int], server_log: Path, log_start: int = 0) -> Optional[Desync]:
@@ -719,13 +723,17 @@ def crash_desync(al: LiveAlignment, alive: Iterable[int], server_log: Path, log_
     backend crashed on. None unless all three hold. ``log_start``: read the log from this byte on (what this server
     wrote during this burst: a hunt session's log is appended across servers).
     """
+    if not [k for k in al.ranks if k not in set(alive)]:
+        return None  # the log is read only when a rank is dead
+    return _crash_from_log_text(al, alive, _log_tail(server_log, log_start))
+
+
+def _crash_from_log_text(al: LiveAlignment, alive: Iterable[int], text: Optional[str]) -> Optional[Desync]:
+    """:func:`crash_desync` on the server log's text already read (``text``: from the burst's start; None: unreadable)."""
     dead = [k for k in al.ranks if k not in set(alive)]
     if not dead:
         return None
-    text = _log_tail(server_log, log_start)
-    if text is None:
-        return None
-    line = next((ln.strip() for ln in text.splitlines() if any(m in ln for m in GLOO_MISMATCH_MARKERS)), None)
+    line = _mismatch_line(text)
     if line is None:
         return None
     for (g, n), slot in sorted(al.slots.items(), key=lambda kv: -max(r.t_enter for r in kv[1].entered.values())):
