@@ -8,7 +8,10 @@ py-spy facts used (py-spy 0.4.3): ``py-spy dump --pid P [--json] [--native]``; `
 py-spy runs on one pid are made one after the other (JSON first, it is what the analysis reads; then text, for
 people); ``--native`` is slow (~0.8 s per process alone, ~2.5 s with three in parallel on 2 cores) and can
 fail: it is retried without, and with it the text file is rendered from the JSON dump (one ptrace session). py-spy needs ptrace
-(root, or CAP_SYS_PTRACE in a container, or ``kernel.yama.ptrace_scope`` 0 for a same-user target).
+(root, or CAP_SYS_PTRACE in a container, or ``kernel.yama.ptrace_scope`` 0 for a same-user target). A process has
+one tracer at a time: while strace, a debugger or another py-spy (an operator's, or a second harness) holds a rank,
+py-spy fails with "Failed to suspend process: EPERM"; the dump then waits for ``TracerPid`` to clear and tries
+again (within its ``timeout_s``), and a rank still held names its tracer instead of a permission fix.
 
 Fallback: when py-spy is missing or ptrace is refused and ``injector_dir`` is given, the injector's in-process
 dump is used. The injector registers ``faulthandler.register(sig, file=<injector_dir>/faulthandler-<pid>.txt,
@@ -109,8 +112,85 @@ def _run_py_spy(cmd: list[str], pid: int, *, json_out: bool, native: bool, timeo
         lines = [ln.strip() for ln in (p.stderr + "\n" + p.stdout).splitlines() if ln.strip()]
         errs = [ln for ln in lines if ln.lower().startswith("error") or "permission denied" in ln.lower()]
         msg = " ".join(errs[:2]) if errs else (lines[0] if lines else f"exit status {p.returncode}")
-        return False, p.stdout, msg
+        causes = _error_causes(lines)
+        return False, p.stdout, msg + (f" (caused by: {causes})" if causes else "")
     return True, p.stdout, ""
+
+
+def _error_causes(lines: list[str]) -> str:
+    """The numbered lines under py-spy's ``Caused by:`` (anyhow's chain: ``0: Failed to suspend process``,
+    ``1: EPERM: Operation not permitted``), joined with ``: ``, repeats dropped; ``""`` when there are none."""
+    try:
+        start = next(i for i, ln in enumerate(lines) if ln.lower().startswith("caused by"))
+    except StopIteration:
+        return ""
+    out: list[str] = []
+    for ln in lines[start + 1:]:
+        m = re.match(r"\d+:\s*(.+)", ln)
+        if not m:
+            break
+        if m.group(1) not in out:
+            out.append(m.group(1))
+    return ": ".join(out)
+
+
+def tracer_of(pid: int) -> int:
+    """The pid that ptrace-holds ``pid`` now (``TracerPid`` in /proc/<pid>/status), 0 when none or unknown.
+
+    A process has at most one tracer: while a debugger, ``strace`` or another ``py-spy dump`` holds a rank, py-spy
+    cannot suspend it and fails with "Failed to suspend process: EPERM" (py-spy 0.4.3, measured here; the same
+    error as benfred/py-spy#764).
+    """
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("TracerPid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return 0
+
+
+def _transient(err: str) -> bool:
+    """A py-spy failure worth one more try: the process could not be suspended (another tracer held it for a
+    moment), or py-spy read the target mid-update ("Failed to get stack traces" with no permission cause)."""
+    low = err.lower()
+    return "failed to suspend" in low or ("failed to get stack trace" in low and "permission denied" not in low)
+
+
+def _run_py_spy_patiently(cmd: list[str], pid: int, *, json_out: bool, native: bool, timeout_s: float,
+                          notes: list[str]) -> tuple[bool, str, str]:
+    """:func:`_run_py_spy`, tried again when the failure is transient, within ``timeout_s`` seconds in all.
+
+    Before a retry it waits (polling every 50 ms, at most what is left of ``timeout_s``) for a foreign tracer
+    (:func:`tracer_of`) to detach; what it waited for goes into ``notes``. Up to 3 tries. A failure that is still
+    due to a tracer names it: ``pid N is held by tracer pid M (<its command line>)``.
+    """
+    end = time.monotonic() + timeout_s
+    ok, out, err = _run_py_spy(cmd, pid, json_out=json_out, native=native, timeout_s=timeout_s)
+    for _ in range(2):
+        if ok or "did not answer" in err:
+            break
+        tracer = tracer_of(pid)
+        if not tracer and not _transient(err):
+            break
+        t_wait = time.monotonic()
+        while tracer and time.monotonic() < end:
+            time.sleep(0.05)
+            tracer = tracer_of(pid)
+        if tracer:
+            return False, out, (f"pid {pid} is held by tracer pid {tracer} ({_process_title(tracer) or '?'}): a "
+                                f"debugger, strace or a second py-spy; it did not detach within {timeout_s:.1f} s "
+                                f"(py-spy: {err})")
+        waited = time.monotonic() - t_wait
+        left = end - time.monotonic()
+        if left < 0.2:
+            break
+        time.sleep(0.1)
+        notes.append(f"py-spy failed once ({err}); " + (f"waited {waited:.2f} s for another tracer to detach, "
+                     if waited >= 0.05 else "") + "then tried again")
+        ok, out, err = _run_py_spy(cmd, pid, json_out=json_out, native=native, timeout_s=max(0.2, left - 0.1))
+    return ok, out, err
 
 
 def _signal_caught(pid: int, signum: int) -> Optional[bool]:
@@ -191,19 +271,22 @@ def _capture_one(rank: Optional[int], label: str, pid: int, out_dir: Path, *, ti
         refused = True
     else:
         used_native = native
-        ok, out, err = _run_py_spy(cmd, pid, json_out=True, native=native, timeout_s=timeout_s)
+        notes: list[str] = []
+        ok, out, err = _run_py_spy_patiently(cmd, pid, json_out=True, native=native, timeout_s=timeout_s, notes=notes)
         if not ok and native and _classify_error(err) not in ("ptrace", "gone"):
             errors.append(f"py-spy --native failed ({err}); retried without --native")
             used_native = False
-            ok, out, err = _run_py_spy(cmd, pid, json_out=True, native=False, timeout_s=timeout_s)
+            ok, out, err = _run_py_spy_patiently(cmd, pid, json_out=True, native=False, timeout_s=timeout_s,
+                                                 notes=notes)
         if ok:
             dumps = parse_pyspy_json(out)
             res.update(method="py-spy", native=used_native, json=out, threads=dumps[0].threads,
-                       warnings=[w for d in dumps for w in d.warnings])
+                       warnings=[*notes, *(w for d in dumps for w in d.warnings)])
             if used_native:  # a second --native run would double a slow capture: render the text from the JSON
                 ok_t, text, err_t = False, "", ""
             else:
-                ok_t, text, err_t = _run_py_spy(cmd, pid, json_out=False, native=False, timeout_s=timeout_s)
+                ok_t, text, err_t = _run_py_spy_patiently(cmd, pid, json_out=False, native=False, timeout_s=timeout_s,
+                                                          notes=res["warnings"])
             if ok_t:
                 res["text"] = text
                 tdumps = parse_pyspy_text(text)
@@ -217,7 +300,10 @@ def _capture_one(rank: Optional[int], label: str, pid: int, out_dir: Path, *, ti
             res["duration_s"] = round(time.monotonic() - t0, 4)
             return res
         kind = _classify_error(err)
-        if kind == "ptrace":
+        if "is held by tracer pid" in err:  # the in-process dump still answers while another tracer holds it
+            refused = True
+            errors.append(err)
+        elif kind == "ptrace":
             refused = True
             errors.append(f"py-spy refused by ptrace on pid {pid} ({err}); {PTRACE_FIX}")
         elif kind == "gone":

@@ -192,3 +192,57 @@ def test_idle_sglang_ranks_are_captured_and_not_diverged(sglang_server, tmp_path
     if others:
         more = capture_pids(others, tmp_path / "others", timeout_s=10)
         assert any(c.ok for c in more), [c.error for c in more]
+
+
+HOLDER = Path(__file__).resolve().parent / "helpers" / "ptrace_holder.py"
+
+
+def _held(hold_s: float):
+    """(holder process, the pid it holds under ptrace); the caller ends the holder's process group."""
+    p = subprocess.Popen([sys.executable, str(HOLDER), str(hold_s)], stdout=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    line = p.stdout.readline().strip()
+    if not line.startswith("held "):
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        pytest.fail(f"ptrace_holder.py could not hold its child: {line!r}")
+    return p, int(line.split()[1])
+
+
+def _end_holder(p: subprocess.Popen, child: int) -> None:
+    for pid in (child,):  # the child outlives an exited holder (reparented), so end it by pid as well
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
+
+
+def test_a_rank_held_for_a_moment_by_another_tracer_is_dumped_once_it_detaches(tmp_path):
+    holder, child = _held(1.5)
+    try:
+        caps = capture_pids({"rank0": child}, tmp_path, timeout_s=8)
+        c = caps[0]
+        assert c.ok and c.method == "py-spy" and c.threads, c.error
+        assert any("another tracer to detach" in w for w in c.warnings), c.warnings
+        assert (tmp_path / "rank0.txt").is_file() and (tmp_path / "rank0.json").is_file()
+        meta = json.loads((tmp_path / "capture.json").read_text())["processes"][0]
+        assert meta["ok"] and any("tried again" in w for w in meta["warnings"])
+    finally:
+        _end_holder(holder, child)
+
+
+def test_a_rank_held_by_another_tracer_past_the_timeout_names_the_tracer_not_a_permission_fix(tmp_path):
+    holder, child = _held(60)
+    try:
+        c = capture_pids({"rank0": child}, tmp_path, timeout_s=1.5)[0]
+        assert not c.ok
+        assert f"is held by tracer pid {holder.pid}" in c.error and "ptrace_holder.py" in c.error, c.error
+        assert "CAP_SYS_PTRACE" not in c.error, c.error
+        assert holder.poll() is None  # the capture left the holder (and its tracee) as they were
+    finally:
+        _end_holder(holder, child)

@@ -181,6 +181,15 @@ def pd_results(tmp_path_factory):
     return root, {r.evidence.name.split("-", 1)[1]: r for r in results}, watch
 
 
+def _capture_meta(stacks: Path, tag: str, rank: int) -> object:
+    """What ``capture<tag>.json`` says of ``rank`` (ok, error, warnings, duration), or why it cannot be read."""
+    try:
+        procs = json.loads((stacks / f"capture{tag}.json").read_text())["processes"]
+    except (OSError, ValueError, KeyError) as e:
+        return f"capture{tag}.json: {e}"
+    return [{k: p.get(k) for k in ("ok", "error", "warnings", "duration_s")} for p in procs if p.get("rank") == rank]
+
+
 def _servers(run: Path) -> dict:
     return json.loads((run / "verdict.json").read_text())["servers"]
 
@@ -271,7 +280,8 @@ def test_watch_on_the_router_armed_live_keeps_both_servers_evidence_within_its_b
     for role, n in (("prefill", 4), ("decode", 1)):
         stacks = evd / "servers" / role / "stacks"
         for k in range(n):
-            assert (stacks / f"rank{k}.txt").is_file() and (stacks / f"rank{k}-2.txt").is_file(), (role, k)
+            for tag in ("", "-2"):  # a missing dump shows what the capture said of it
+                assert (stacks / f"rank{k}{tag}.txt").is_file(), (role, k, tag, _capture_meta(stacks, tag, k))
     hj = json.loads((evd / "hang.json").read_text())
     assert hj["diverged_server"] == "prefill" and hj["servers"]["decode"]["deadlocked"] is False, hj.get("servers")
     pre = {r["rank"]: r for r in json.loads((evd / "servers" / "prefill" / "analysis.json").read_text())["ranks"]}
