@@ -51,8 +51,10 @@ for stage in "${stages[@]}"; do
   dt=$(( $(date +%s) - t0 ))
   summary+=("$(printf '%-7s %5d s  exit %d  load %s' "$stage" "$dt" "$rc" "$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)")")
   # what else uses the box after this stage (a leaked server or spinning rank slows every later stage)
-  echo "=== after stage '$stage': load $(cat /proc/loadavg 2>/dev/null); busiest processes ==="
-  ps -eo pid,pcpu,etimes,args --sort=-pcpu 2>/dev/null | head -6 | cut -c1-200
+  # (zombies left out: dead, unreaped by a container init that does not reap; they use no CPU, only a pid each)
+  echo "=== after stage '$stage': load $(cat /proc/loadavg 2>/dev/null); busiest live processes," \
+       "$(ps -eo stat= 2>/dev/null | grep -c '^Z') zombies ==="
+  ps -eo pid,stat,pcpu,etimes,args --sort=-pcpu 2>/dev/null | awk 'NR == 1 || $2 !~ /^Z/' | head -6 | cut -c1-200
   if [ "$rc" -eq 5 ]; then
     echo "test.sh: stage '$stage' collected no tests (pytest exit 5): that is a failure" >&2
   fi
