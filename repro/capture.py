@@ -153,9 +153,9 @@ def tracer_of(pid: int) -> int:
 
 def _transient(err: str) -> bool:
     """A py-spy failure worth one more try: the process could not be suspended (another tracer held it for a
-    moment), or py-spy read the target mid-update ("Failed to get stack traces" with no permission cause)."""
-    low = err.lower()
-    return "failed to suspend" in low or ("failed to get stack trace" in low and "permission denied" not in low)
+    moment), or any failure that is not a refusal, a gone or non-Python process (py-spy reading a thread that
+    exited mid-dump: "Failed to get stack traces", "Failed to copy PyCodeObject"). A timeout is not retried."""
+    return "failed to suspend" in err.lower() or _classify_error(err) == "other"
 
 
 def _run_py_spy_patiently(cmd: list[str], pid: int, *, json_out: bool, native: bool, timeout_s: float,

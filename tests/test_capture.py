@@ -246,3 +246,28 @@ def test_a_rank_held_by_another_tracer_past_the_timeout_names_the_tracer_not_a_p
         assert holder.poll() is None  # the capture left the holder (and its tracee) as they were
     finally:
         _end_holder(holder, child)
+
+
+def test_a_py_spy_run_that_fails_once_is_tried_again_and_the_retry_is_a_warning(tmp_path):
+    """py-spy failing for a moment (a thread exiting mid-dump) is stood in for by a wrapper that fails its first run
+    with a py-spy-shaped error, then runs the real py-spy."""
+    real = find_py_spy("py-spy")
+    assert real, "py-spy is a project dependency"
+    flag = tmp_path / "failed-once"
+    wrapper = tmp_path / "flaky-py-spy"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = dump ] && [ ! -e {flag} ]; then : > {flag}; '
+        'echo "Error: Failed to get stack traces" >&2; echo "Caused by:" >&2; '
+        'echo "    0: Failed to copy PyCodeObject" >&2; exit 1; fi\n'
+        f'exec {real[0]} "$@"\n')
+    wrapper.chmod(0o755)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        c = capture_pids({"rank0": sleeper.pid}, tmp_path / "s", timeout_s=8, py_spy=str(wrapper))[0]
+        assert c.ok and c.threads, c.error
+        assert any("failed once (Error: Failed to get stack traces (caused by: Failed to copy PyCodeObject))" in w
+                   for w in c.warnings), c.warnings
+    finally:
+        os.killpg(sleeper.pid, signal.SIGKILL)
+        sleeper.wait()
