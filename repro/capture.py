@@ -47,6 +47,7 @@ PTRACE_FIX = (
 PYSPY_MISSING_FIX = "install py-spy into the harness environment (pip install py-spy; it is a project dependency)"
 
 PySpy = Union[str, Sequence[str], None]
+_NO_ANSWER = "py-spy did not answer within"  # a timed-out run's error starts so (never tried again)
 
 
 def find_py_spy(py_spy: PySpy = "py-spy") -> Optional[list[str]]:
@@ -105,7 +106,7 @@ def _run_py_spy(cmd: list[str], pid: int, *, json_out: bool, native: bool, timeo
         env = dict(os.environ, RUST_BACKTRACE="0")
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, errors="replace", env=env)
     except subprocess.TimeoutExpired:
-        return False, "", f"py-spy did not answer within {timeout_s:.1f} s (timeout_s)"
+        return False, "", f"{_NO_ANSWER} {timeout_s:.1f} s (timeout_s)"
     except OSError as e:
         return False, "", f"could not run py-spy ({e}); {PYSPY_MISSING_FIX}"
     if p.returncode != 0 or not p.stdout.strip():
@@ -141,14 +142,11 @@ def tracer_of(pid: int) -> int:
     cannot suspend it and fails with "Failed to suspend process: EPERM" (py-spy 0.4.3, measured here; the same
     error as benfred/py-spy#764).
     """
+    v = _status_field(pid, "TracerPid")
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("TracerPid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
+        return int(v) if v is not None else 0
+    except ValueError:
         return 0
-    return 0
 
 
 def _transient(err: str) -> bool:
@@ -169,7 +167,7 @@ def _run_py_spy_patiently(cmd: list[str], pid: int, *, json_out: bool, native: b
     end = time.monotonic() + timeout_s
     ok, out, err = _run_py_spy(cmd, pid, json_out=json_out, native=native, timeout_s=timeout_s)
     for _ in range(2):
-        if ok or "did not answer" in err:
+        if ok or err.startswith(_NO_ANSWER):
             break
         tracer = tracer_of(pid)
         if not tracer and not _transient(err):
@@ -193,16 +191,25 @@ def _run_py_spy_patiently(cmd: list[str], pid: int, *, json_out: bool, native: b
     return ok, out, err
 
 
-def _signal_caught(pid: int, signum: int) -> Optional[bool]:
-    """Whether ``pid`` has a handler for ``signum`` (``SigCgt`` in /proc), None when unknown."""
+def _status_field(pid: int, name: str) -> Optional[str]:
+    """The first word of field ``name`` in /proc/<pid>/status (``TracerPid``, ``SigCgt``), None when unreadable."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    except (OSError, ValueError, IndexError):
+                if line.startswith(name + ":"):
+                    return line.split()[1]
+    except (OSError, IndexError):
         return None
     return None
+
+
+def _signal_caught(pid: int, signum: int) -> Optional[bool]:
+    """Whether ``pid`` has a handler for ``signum`` (``SigCgt`` in /proc), None when unknown."""
+    v = _status_field(pid, "SigCgt")
+    try:
+        return bool(int(v, 16) >> (signum - 1) & 1) if v is not None else None
+    except ValueError:
+        return None
 
 
 def _process_title(pid: int) -> str:

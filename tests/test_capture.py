@@ -210,11 +210,10 @@ def _held(hold_s: float):
 
 
 def _end_holder(p: subprocess.Popen, child: int) -> None:
-    for pid in (child,):  # the child outlives an exited holder (reparented), so end it by pid as well
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    try:  # the child outlives an exited holder (reparented), so end it by pid as well
+        os.kill(child, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     try:
         os.killpg(p.pid, signal.SIGKILL)
     except ProcessLookupError:
