@@ -74,7 +74,7 @@ def handle(asm, s: str, n: int) -> bool:
             if cur is not None and cur["threads"]:
                 repeat = bool(tid) and tid in asm.thread_ids()
                 main_again = name == "MainThread" and any(t["name"] == "MainThread" for t in cur["threads"])
-                if repeat or main_again or (asm.after_blank and (cur["pid"] is not None or name == "MainThread")):
+                if repeat or main_again or (asm.after_blank and cur["pid"] is None and name == "MainThread"):
                     cur = None
             if cur is None:
                 asm.new_process("py-spy", n)
