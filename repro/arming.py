@@ -118,14 +118,14 @@ def arm(evidence: Union[str, Path], injections: Optional[Sequence[str]] = None) 
 
 def disarm(evidence: Union[str, Path]) -> Path:
     """Disarm a served server (an empty arm file: sites stay patched and counted, nothing fires); returns the arm
-    file. Works on a folder whose server is gone too.
+    file. Same rule as :func:`arm`: a folder whose server is gone is refused, its arm file left as it is.
 
     Raises:
-        ArmError: no readable plan in the folder.
+        ArmError: no readable plan in the folder, or no live server belongs to it.
     """
     from repro.runner import write_arm_file
 
-    s = served_run(evidence, need_live_server=False)
+    s = served_run(evidence)
     for r in _stack_roles(evidence):
         write_arm_file(Path(r["arm_file"]), [])
     write_arm_file(s.arm_file, [])

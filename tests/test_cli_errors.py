@@ -177,3 +177,12 @@ def test_analyze_of_files_with_no_readable_stack_is_exit_2(tmp_path):
     assert code == 2 and "no rank's stack could be read" in out
     code, _ = _run("analyze", str(REPO / "tests" / "fixtures" / "dumps" / "sglang_tp2_cpu_idle"))
     assert code == 0  # a readable dump is still an analysis
+
+
+def test_disarm_without_a_live_server_is_refused(tmp_path):
+    # issue 29 item 4: disarm printed "disarmed" (exit 0) and rewrote a finished run's ARM file
+    (tmp_path / "plan.json").write_text(json.dumps({"arm_file": str(tmp_path / "ARM"), "injections": [{"id": "x"}]}))
+    (tmp_path / "ARM").write_text("x\n")
+    code, out = _run("disarm", str(tmp_path))
+    assert code == 2 and "no live server" in out and "disarmed" not in out
+    assert (tmp_path / "ARM").read_text() == "x\n"
