@@ -951,6 +951,9 @@ def _collect_files(paths: Iterable[Union[str, Path]], tag: Optional[str]) -> lis
         if p.is_file():
             files.append(p)
             continue
+        if not p.is_dir():
+            raise AnalyzeInputError(f"{p}: not a regular file or folder (a FIFO, socket or device); save the dump "
+                                    "to a file first and pass that file")
         folder = p / Layout.STACKS.name if (p / Layout.STACKS.name).is_dir() else p
         cands = sorted(f for f in folder.iterdir() if f.is_file() and f.suffix in _DUMP_EXTS
                        and not f.name.startswith(("capture", "analysis", "verdict")))

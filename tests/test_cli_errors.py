@@ -186,3 +186,11 @@ def test_disarm_without_a_live_server_is_refused(tmp_path):
     code, out = _run("disarm", str(tmp_path))
     assert code == 2 and "no live server" in out and "disarmed" not in out
     assert (tmp_path / "ARM").read_text() == "x\n"
+
+
+def test_analyze_on_a_fifo_is_one_line_exit_2(tmp_path):
+    # issue 29 item 2: a FIFO gave a NotADirectoryError traceback (exit 1)
+    fifo = tmp_path / "dump.fifo"
+    os.mkfifo(fifo)
+    code, out = _run("analyze", str(fifo))
+    assert code == 2 and "Traceback" not in out and "FIFO" in out and "save the dump" in out
