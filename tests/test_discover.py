@@ -307,6 +307,14 @@ def test_bad_rules_name_the_file_and_field(tmp_path: Path) -> None:
         D.load_rules(bad)
 
 
+def test_binary_rules_file_is_a_clear_error(tmp_path: Path) -> None:
+    # issue 29 item 2: `discover --rules <binary file>` was a UnicodeDecodeError traceback
+    binary = tmp_path / "bin.dat"
+    binary.write_bytes(b"\xff\xfe\x00\x81" * 64)
+    with pytest.raises(D.DiscoverError, match=r"bin\.dat: not a UTF-8 text file"):
+        D.load_rules(binary)
+
+
 def _testbed_python() -> str:
     from repro import testbed
 

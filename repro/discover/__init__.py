@@ -82,6 +82,9 @@ def load_rules(path: Path) -> dict:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise DiscoverError(f"{p}: not valid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise DiscoverError(f"{p}: not a UTF-8 text file (binary?); pass a TOML rules file like "
+                            f"scenarios/sglang/{RULES_NAME}") from None
     if not isinstance(data.get("package"), str) or not data["package"]:
         raise DiscoverError(f"{p}: package: expected the engine's top-level package name, e.g. package = \"sglang\"")
     coll = data.get("collectives")
