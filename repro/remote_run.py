@@ -141,6 +141,15 @@ class MultiHostSession:
             self.mirror.start()
         return self.mirror
 
+    def make_detectors(self, mirror: Any) -> list:
+        """The detector set of every topology (``repro.detect.detector_set``) on the hosts' ranks, in polling
+        order: rank death (their hosts' /proc, via ``mirror``), the ledger proof (on ``mirror``'s copies); the stall
+        rule follows in :meth:`drive` (its captures on the hosts, with the data-link checks)."""
+        from repro.host_ledgers import HostsLedgerProofDetector, hosts_rank_death_detector
+
+        return [hosts_rank_death_detector(mirror),
+                HostsLedgerProofDetector(self.ranks, self.p.plan.get("faulthandler_signal") or "SIGUSR2")]
+
     def stop_mirror(self) -> None:
         """Stop following the hosts' ledgers (one last copy first: the report's diagnosis reads the mirror)."""
         if self.mirror is not None:
@@ -394,14 +403,12 @@ class MultiHostSession:
             self.observe("arm_not_acknowledged", {"ranks": late, "timeout_s": ARM_ACK_TIMEOUT_S})
         self.observe("armed", {"injections": ids, "ranks": {k: f"{r.host}:{r.pid}" for k, r in self.ranks.items()}})
         from repro.detect import DetectContext
-        from repro.host_ledgers import HostsLedgerProofDetector, hosts_rank_death_detector
 
         mirror = self.ledger_mirror()
         dctx = None
         dets: list = []  # the detector set of a local run (repro.detect.detector_set), on the hosts' ranks
         if mirror is not None:  # rank death and the ledger proof, on the hosts' ledgers copied as they grow
-            dets = [hosts_rank_death_detector(mirror),
-                    HostsLedgerProofDetector(self.ranks, p.plan.get("faulthandler_signal") or "SIGUSR2")]
+            dets = self.make_detectors(mirror)
             dctx = DetectContext(mirror.rank_keys, expected, p.evidence, mirror.dir, p.plan, scenario.stall_s,
                                  observe=self.observe)
 
