@@ -149,6 +149,80 @@ class StallDetector:
         pass
 
 
+class ScopedDetector:
+    """One server's detector inside a stack of several (``repro.pd``): ``inner`` sees only that server's ranks,
+    injector folder (ledgers), plan, log and ``servers/<server>/`` of the run folder; everything else of the burst's
+    :class:`DetectContext` (state, times, observer) is the stack's.
+
+    Args:
+        inner: a detector of :func:`default_detectors` (rank death, ledger proof).
+        server: the server's name (``prefill``); its Detection's record gets ``server``.
+        rank_pids / injector_dir / plan / server_log: that server's.
+        run_dir_for: run folder → that server's ``servers/<server>/`` view (a ``repro.evidence.EvidenceDir``).
+    """
+
+    def __init__(self, inner: Any, server: str, rank_pids: Mapping[int, int], injector_dir: Optional[Path],
+                 plan: Mapping[str, Any], server_log: Optional[Path], run_dir_for: Any) -> None:
+        self.inner, self.server = inner, server
+        self.name = inner.name
+        self.rank_pids, self.injector_dir, self.plan, self.server_log = dict(rank_pids), injector_dir, plan, server_log
+        self.run_dir_for = run_dir_for
+        self._ctx: Optional[DetectContext] = None
+        self.last_analysis: Any = None  # the latest analysis its detector gave (the deciding capture's)
+
+    def scoped(self, ctx: DetectContext) -> DetectContext:
+        """``ctx`` narrowed to this server (the same object across one burst, its state and times refreshed)."""
+        import dataclasses
+
+        if self._ctx is None or self._ctx.t_burst != ctx.t_burst:
+            self._ctx = dataclasses.replace(ctx, rank_pids=self.rank_pids, expected_ranks=sorted(self.rank_pids),
+                                            run_dir=self.run_dir_for(ctx.run_dir), injector_dir=self.injector_dir,
+                                            plan=self.plan, server_log=self.server_log)
+        self._ctx.state, self._ctx.now = ctx.state, ctx.now
+        return self._ctx
+
+    def start(self, ctx: DetectContext) -> None:
+        self._ctx = None
+        self.last_analysis = None
+        self.inner.start(self.scoped(ctx))
+
+    def poll(self, ctx: DetectContext) -> Optional[Detection]:
+        sc = self.scoped(ctx)
+        det = self.inner.poll(sc)
+        if det is None:
+            return None
+        for name, obj in det.evidence.items():  # the server's own folder gets it too (its REPORT.md reads it)
+            try:
+                sc.run_dir.write_json(name, obj)
+            except Exception:
+                pass
+        if det.analysis is not None:
+            self.last_analysis = det.analysis
+        record = {**det.record, "server": self.server} if det.record is not None else None
+        return Detection(det.detector, det.decided, det.verdict, det.analysis, det.reason, record, det.evidence)
+
+    def stop(self, ctx: DetectContext) -> None:
+        self.inner.stop(self.scoped(ctx))
+
+    def final_verdict(self, verdict: Verdict, ctx: Any = None) -> Verdict:
+        """The inner detector's word after the burst, on this server's records."""
+        fv = getattr(self.inner, "final_verdict", None)
+        return fv(verdict, self.scoped(ctx)) if callable(fv) and ctx is not None else verdict
+
+    def __getattr__(self, name: str) -> Any:  # timings, proof, deaths, captures … of the inner detector
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def detector_set(plan: Optional[Mapping[str, Any]], stall: Any = None) -> list[Detector]:
+    """THE detector set of every topology: rank death, ledger proof (when the plan's ledger is on), then the stall
+    rule (``stall``: the topology's own stall detector — a stack's captures every server; default
+    :class:`StallDetector`). ``repro.pd`` scopes the first two to each server (:class:`ScopedDetector`)."""
+    out = default_detectors(plan)
+    return out[:-1] + [stall if stall is not None else out[-1]]
+
+
 def default_detectors(plan: Optional[Mapping[str, Any]] = None) -> list[Detector]:
     """The detectors a run uses, in polling order: a rank that died (``repro.checker.RankDeathDetector``), the ledger proof (``repro.proof.LedgerProofDetector``, when the
     plan's ledger is on), then the stall rule. ``plan``: the session's plan."""

@@ -306,77 +306,17 @@ def in_parallel(calls: Mapping[Any, Callable[[float], Any]], deadline_s: float) 
 
 # ---- capture on the rank's host ----------------------------------------------------------------------------------
 
-# Runs on the host under its python3 (stdlib only), script on stdin, argv: pid py-spy faulthandler-file signal.
-# Prints one JSON object: title, cpu seconds before and after the dumps (from /proc/PID/stat), monotonic times,
-# py-spy's JSON and text dumps, or the injector's faulthandler dump when py-spy is missing or refused.
-CAPTURE_HELPER = r'''
-import json, os, signal, subprocess, sys, time
-pid = int(sys.argv[1]); pyspy = sys.argv[2]; fh = sys.argv[3]; signame = sys.argv[4]; timeout = float(sys.argv[5])
-def cpu():
-    try:
-        f = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-    except Exception:
-        return None
-def title():
-    try:
-        return open("/proc/%d/cmdline" % pid, "rb").read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-    except Exception:
-        return ""
-out = {"pid": pid, "title": title(), "t0": time.monotonic(), "cpu0": cpu(), "method": "py-spy"}
-def spy(extra):
-    try:
-        p = subprocess.run([pyspy, "dump", "--pid", str(pid)] + extra, capture_output=True, text=True,
-                           timeout=timeout, env=dict(os.environ, RUST_BACKTRACE="0"), errors="replace")
-        return p.returncode, p.stdout, p.stderr
-    except FileNotFoundError as e:
-        return 127, "", "py-spy not found on this host: %s" % e
-    except subprocess.TimeoutExpired:
-        return 124, "", "py-spy did not answer within %.1f s" % timeout
-try:
-    pyv = subprocess.run([pyspy, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
-except Exception:
-    pyv = ""
-out["tool_version"] = pyv
-rc, js, err = spy(["--json"])
-if rc == 0 and js.strip():
-    out["json"] = js
-    rc2, txt, err2 = spy([])
-    out["text"] = txt if rc2 == 0 else ""
-else:
-    out["error"] = (err or js).strip()[-600:] or "py-spy exit status %d" % rc
-    low = out["error"].lower()
-    refused = rc == 127 or "permission" in low or "not permitted" in low or "ptrace" in low
-    if refused and fh != "-":
-        signum = getattr(signal, signame)
-        caught = None
-        try:
-            for line in open("/proc/%d/status" % pid):
-                if line.startswith("SigCgt:"):
-                    caught = bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-        except Exception:
-            pass
-        if caught:
-            size0 = os.path.getsize(fh) if os.path.exists(fh) else 0
-            os.kill(pid, signum)
-            end = time.monotonic() + timeout
-            text = ""
-            while time.monotonic() < end:
-                time.sleep(0.1)
-                if os.path.exists(fh) and os.path.getsize(fh) > size0:
-                    time.sleep(0.3)
-                    with open(fh) as f:
-                        f.seek(size0); text = f.read()
-                    break
-            if text:
-                out["method"] = "faulthandler"; out["faulthandler"] = text
-            else:
-                out["error"] += "; faulthandler fallback: nothing written to %s" % fh
-        else:
-            out["error"] += "; faulthandler fallback: %s not caught by pid %d" % (signame, pid)
-out["cpu1"] = cpu(); out["t1"] = time.monotonic()
-print(json.dumps(out))
-'''
+# The capture that runs on the rank's host: repro/capture_helper.py itself (stdlib only), its source sent on stdin
+# to the host's python3 (argv: pid py-spy faulthandler-file signal timeout); it prints one JSON object (title, CPU
+# seconds before and after, monotonic times, py-spy's JSON and text dumps or the faulthandler dump). The same code
+# as the local capture's (repro.capture imports it): the tracer-held retry and the SigCgt check included.
+def _capture_helper_source() -> str:
+    from repro import capture_helper
+
+    return Path(capture_helper.__file__).read_text(encoding="utf-8")
+
+
+CAPTURE_HELPER = _capture_helper_source()
 
 
 @dataclass(frozen=True)

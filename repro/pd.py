@@ -559,9 +559,24 @@ def make_session_class():
             return {n: v for n, v in self.role_pids.items()}
 
         def make_detectors(self) -> list:
-            """:class:`PDStallDetector` (capture and judge per server) and the session's other detectors."""
+            """The detector set of every topology (``repro.detect.detector_set``): each engine server's rank death
+            and ledger proof, scoped to its ranks, ledgers and log (``repro.detect.ScopedDetector``), then
+            :class:`PDStallDetector` (capture and judge per server). Detectors passed to the session replace the
+            scoped ones (a stall detector among them is replaced by the per-server one)."""
+            from repro.detect import ScopedDetector, detector_set
+
             self._stall = PDStallDetector(self)
-            return [self._stall] + [d for d in (self.detectors or []) if getattr(d, "name", "") != "stall"]
+            if self.detectors is not None:
+                return [d for d in self.detectors if getattr(d, "name", "") != "stall"] + [self._stall]
+            scoped: list = []
+            for r in self.engine_roles():
+                for d in detector_set(r.plan)[:-1]:
+                    scoped.append(ScopedDetector(d, r.name, self.role_pids.get(r.name, {}), r.folder.injector_dir,
+                                                 r.plan or {}, r.folder.server_log.path,
+                                                 lambda run_dir, n=r.name: _role_folder(Path(run_dir.path), n)))
+            # every server's rank death before any server's proof (a crash is not a deadlock), then the stall rule
+            scoped.sort(key=lambda d: 0 if d.name == "rank-death" else 1)
+            return scoped + [self._stall]
 
         def detect_context(self, run_dir: ev.EvidenceDir, native: bool) -> Any:
             from repro.detect import DetectContext
@@ -586,6 +601,10 @@ def make_session_class():
             if verdict is None:
                 time.sleep(0.5)  # the injectors' counters reach disk every ~0.2 s
             det = getattr(self, "_stall", None)
+            # a server whose own detector decided (its ledger proof, a rank of it that died): that server's verdict
+            decided_by = {d.server: d for d in detectors
+                          if getattr(d, "server", None) and verdict is not None and
+                          (getattr(d, "proof", None) is not None or getattr(d, "deaths", None))}
             per_role: dict[str, dict] = {}
             for r in self.engine_roles():
                 pids = self.role_pids.get(r.name, {})
@@ -596,14 +615,19 @@ def make_session_class():
                     loaded, armed, checks, rep = [], [], [], None
                 chk = det.by_role.get(r.name) if det is not None else None
                 rv = judge_completion(state.requests, list(range(r.spec.tp_size)), loaded, armed, checks)
-                if chk is not None and chk.judgement.deadlocked:
+                if r.name in decided_by:
+                    rv = verdict
+                elif chk is not None and chk.judgement.deadlocked:
                     rv = Verdict(DEADLOCKED, chk.judgement.reason)
                 elif verdict is not None and verdict.verdict != DEADLOCKED:
                     rv = verdict
                 elif verdict is not None:
                     rv = Verdict(INCONCLUSIVE, f"did not diverge (its requests waited on the deadlocked server); "
                                                f"its ranks: {chk.judgement.reason if chk else 'not captured'}")
-                per_role[r.name] = {"verdict": rv, "analysis": chk.second_analysis if chk else None,
+                mine = decided_by.get(r.name)
+                analysis = (mine.last_analysis if mine is not None and getattr(mine, "last_analysis", None) is not None
+                            else chk.second_analysis if chk else None)
+                per_role[r.name] = {"verdict": rv, "analysis": analysis,
                                     "injector": rep, "variant": v_r, "pids": pids}
             if verdict is None:
                 bad = [(n, x["verdict"]) for n, x in per_role.items() if x["verdict"].verdict != SUCCEEDED]

@@ -625,11 +625,7 @@ class LedgerProofDetector:
         ctx.emit("proof", {"proof": proof.to_dict()})
         analysis, cap = None, {}
         try:  # stacks for the report; the verdict does not depend on them
-            from repro.checker import check_stall
-
-            chk = check_stall(ctx.rank_pids, ctx.run_dir.stacks_dir, list(ctx.expected_ranks), tag="-proof",
-                              native=ctx.native, injector_dir=ctx.injector_dir,
-                              fallback_signal=(ctx.plan or {}).get("faulthandler_signal"))
+            chk = self.capture(ctx)
             analysis = chk.second_analysis
             cap = {"stall_rule_would_say": chk.judgement.reason, "stall_rule_deadlocked": chk.judgement.deadlocked,
                    "cpu_percent": {str(k): round(v, 1) for k, v in chk.cpu_percent.items()}}
@@ -640,6 +636,15 @@ class LedgerProofDetector:
         record = {"detector": self.name, "deadlocked": True, "reason": proof.summary, "time": t_dec,
                   "proof_latency_s": round(self.timings["proof_latency_s"], 3), **cap}
         return Detection(self.name, True, v, analysis, proof.summary, record, {"proof.json": proof.to_dict()})
+
+    def capture(self, ctx: Any) -> Any:
+        """The stacks of every rank once the proof holds (``stacks/rank<k>-proof.txt``), for the report: a
+        ``repro.checker.StallCheck`` (``repro.remote_run``'s detector captures on the ranks' hosts instead)."""
+        from repro.checker import check_stall
+
+        return check_stall(ctx.rank_pids, ctx.run_dir.stacks_dir, list(ctx.expected_ranks), tag="-proof",
+                           native=ctx.native, injector_dir=ctx.injector_dir,
+                           fallback_signal=(ctx.plan or {}).get("faulthandler_signal"))
 
     def stop(self, ctx: Any) -> None:
         pass

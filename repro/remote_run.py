@@ -118,6 +118,46 @@ class MultiHostSession:
         self.healthy_s: Optional[float] = None
         self.dist_port = 0
         self.host_of_rank: dict[int, str] = {}
+        self.ledger_root = p.evidence.path / "host-ledgers"  # the session's: one mirror folder per server start
+        self.mirror: Any = None  # repro.host_ledgers.HostLedgerMirror of the running server's ranks
+        self._starts = 0
+
+    # ---- the ranks' ledgers, followed live (repro.host_ledgers) -------------------------------------------------
+    def ledger_mirror(self) -> Any:
+        """The running server's :class:`repro.host_ledgers.HostLedgerMirror` (started on first use; a new one
+        after a restart), or None when the plan's ledger is off or no rank is known."""
+        from repro.host_ledgers import HostLedgerMirror
+
+        if not ((self.p.plan or {}).get("ledger") or {}).get("enabled") or not self.ranks:
+            return None
+        key = {k: (r.host, r.pid) for k, r in self.ranks.items()}
+        if self.mirror is None or getattr(self.mirror, "key", None) != key:
+            if self.mirror is not None:
+                self.mirror.stop()
+            self._starts += 1
+            self.mirror = HostLedgerMirror(self.ranks, self.ledger_root / f"server-{self._starts}")
+            self.mirror.key = key
+            self.mirror.fetch()
+            self.mirror.start()
+        return self.mirror
+
+    def make_detectors(self, mirror: Any) -> list:
+        """The detector set of every topology (``repro.detect.detector_set``) on the hosts' ranks, in polling
+        order: rank death (their hosts' /proc, via ``mirror``), the ledger proof (on ``mirror``'s copies); the stall
+        rule follows in :meth:`drive` (its captures on the hosts, with the data-link checks)."""
+        from repro.host_ledgers import HostsLedgerProofDetector, hosts_rank_death_detector
+
+        return [hosts_rank_death_detector(mirror),
+                HostsLedgerProofDetector(self.ranks, self.p.plan.get("faulthandler_signal") or "SIGUSR2")]
+
+    def stop_mirror(self) -> None:
+        """Stop following the hosts' ledgers (one last copy first: the report's diagnosis reads the mirror)."""
+        if self.mirror is not None:
+            self.mirror.stop()
+            try:
+                self.mirror.fetch()
+            except Exception:
+                pass
 
     # ---- paths -------------------------------------------------------------------------------------------------
     @staticmethod
@@ -362,6 +402,31 @@ class MultiHostSession:
         if late:
             self.observe("arm_not_acknowledged", {"ranks": late, "timeout_s": ARM_ACK_TIMEOUT_S})
         self.observe("armed", {"injections": ids, "ranks": {k: f"{r.host}:{r.pid}" for k, r in self.ranks.items()}})
+        from repro.detect import DetectContext
+
+        mirror = self.ledger_mirror()
+        dctx = None
+        dets: list = []  # the detector set of a local run (repro.detect.detector_set), on the hosts' ranks
+        if mirror is not None:  # rank death and the ledger proof, on the hosts' ledgers copied as they grow
+            dets = self.make_detectors(mirror)
+            dctx = DetectContext(mirror.rank_keys, expected, p.evidence, mirror.dir, p.plan, scenario.stall_s,
+                                 observe=self.observe)
+
+        def poll_dets(st: Any, now: float) -> Any:
+            """Poll rank death, then the proof; the deciding Detection or None (records and evidence written)."""
+            dctx.state, dctx.now = st, now
+            for d in dets:
+                det = d.poll(dctx)
+                if det is None:
+                    continue
+                if det.record is not None:
+                    stalls.append({**det.record, "detector": det.detector})
+                    p.evidence.stalls.write(stalls)
+                for name, obj in det.evidence.items():
+                    p.evidence.write_json(name, obj)
+                if det.decided and det.verdict is not None:
+                    return det
+            return None
         prompts = make_prompts(n_requests or burst.requests, burst.input_len, burst.seed)
         driver = BurstDriver(p.adapter, self.url, prompts, burst.max_new_tokens, burst.concurrency,
                              p.evidence.requests.path, burst.request_timeout_s)
@@ -370,6 +435,10 @@ class MultiHostSession:
         captures = 0
         last_capture_t = last_watch = 0.0
         t_burst = time.time()
+        if dctx is not None:
+            dctx.t_burst = t_burst
+            for d in dets:
+                d.start(dctx)
         driver.start()
         self.observe("burst_started", {"url": self.url, "requests": len(prompts)})
         try:
@@ -387,10 +456,24 @@ class MultiHostSession:
                 if now - last_watch > NODE_WATCH_S:
                     last_watch = now
                     dead = self._dead_nodes()
+                    if dead and dets:  # a rank that died first is the cause worth naming (its host's /proc, log)
+                        try:
+                            mirror.fetch()
+                        except Exception:  # noqa: BLE001 - the node's death is still reported
+                            pass
+                        det = poll_dets(st, now)
+                        if det is not None:
+                            verdict, analysis = det.verdict, det.analysis
+                            break
                     if dead:
                         faults = self.link_faults()  # a lost data link is the cause worth naming first
                         verdict = Verdict(INCONCLUSIVE, "; ".join(faults) + ("; then " if faults else "") +
                                           "server died during the burst: " + "; ".join(dead))
+                        break
+                det = poll_dets(st, now) if dets else None
+                if det is not None:
+                        verdict, analysis = det.verdict, det.analysis
+                        timings["last_progress_to_verdict_s"] = time.time() - (st.last_progress_t or t_burst)
                         break
                 stalled = st.stalled_for(now)
                 if stalled < scenario.stall_s or now - last_capture_t < scenario.stall_s:
@@ -438,9 +521,21 @@ class MultiHostSession:
             self.gather(final_only=True)
             loaded, armed, checks = self.injection_checks(variant)
             verdict = judge_completion(final.requests, expected, loaded, armed, checks)
+        if dets:  # the ledgers' and the deaths' word after the burst (DESYNCED, a dead rank), as a local run's
+            try:
+                mirror.fetch()
+            except Exception:  # noqa: BLE001 - the ledger must not cost the verdict
+                pass
+            for d in reversed(dets):  # the proof's first, then rank death's (as repro.runner orders them)
+                try:
+                    verdict = d.final_verdict(verdict, dctx)
+                except Exception:  # noqa: BLE001
+                    pass
+                timings.update(getattr(d, "timings", None) or {})
         self.arm([])
         driver.close(wait_s=0.5 if final.finished else 2.0)
-        return {"verdict": verdict, "analysis": analysis, "state": final, "timings": timings}
+        return {"verdict": verdict, "analysis": analysis, "state": final, "timings": timings,
+                "ledger_dir": mirror.dir if mirror is not None else None}
 
     def _ranks_on(self, faults: Sequence[str]) -> list[int]:
         names = {n.name for n in self.nodes if any(f"host {n.name}" in f for f in faults)}
@@ -501,6 +596,8 @@ class MultiHostSession:
         records; remove each host's run folder. Returns host -> pids still in its session (empty lists: clean)."""
         if not self.started:
             return {}
+        self.stop_mirror()
+        self.mirror = None
         left: dict[str, list] = {}
         n0 = self.nodes[0]
         try:
@@ -557,12 +654,15 @@ def _finish(p: Any, opts: RunOptions, s: MultiHostSession, out: dict, interrupte
     versions = collect_versions(h0_inj if h0_inj.is_dir() else evd.injector_dir, p.python)
     evd.env.write(versions)
     command = opts.command_line or f"python -m repro.remote_run {opts.scenario_path} --variant {p.variant.name}"
+    ledger_diag = _ledger_evidence_from(evd, out.get("ledger_dir"), sorted(rank_pids))
     write_report(evd, ReportInput(
         scenario=p.scenario.name, mirrors=p.scenario.mirrors or "", description=p.scenario.description or "",
         variant=p.variant.name, variant_expects=p.variant.expect, variant_description=p.variant.description or "",
         has_injections=bool(p.variant.injections), verdict=verdict, analysis=out["analysis"],
         requests=out["state"], ranks=sorted(rank_pids) or list(range(p.spec.tp_size)), checks=checks,
-        timings=timings, versions=versions, ledger=None, timeline=None, stacks_dir=evd.stacks_dir, command=command))
+        timings=timings, versions=versions, ledger=ledger_diag,
+        timeline=ev.Layout.TIMELINE.name if ledger_diag is not None and evd.timeline.exists() else None,
+        stacks_dir=evd.stacks_dir, command=command))
     code = exit_code_for(verdict.verdict, opts.expect)
     evd.verdict.write(ev.verdict_record(
         verdict, exit_code=code, evidence=evd.path, scenario=p.scenario.name, variant=p.variant.name,
@@ -572,6 +672,28 @@ def _finish(p: Any, opts: RunOptions, s: MultiHostSession, out: dict, interrupte
     reqs = out["state"].requests if out["state"] else []
     return RunResult(verdict, code, evd.path, opts.expect, out["analysis"], timings,
                      sum(1 for r in reqs if r.succeeded), len(reqs))
+
+
+def _ledger_evidence_from(evd: ev.EvidenceDir, mirror_dir: Optional[Path], ranks: Sequence[int]) -> Any:
+    """``ledger.json`` + ``timeline.svg`` of a ``--hosts`` run from its ledger mirror (``repro.host_ledgers``:
+    ``ledger-<rank>.jsonl``), as ``repro.runner`` writes a local run's; the ``LedgerDiagnosis`` or None (no mirror,
+    no ledger, or unreadable: the error goes into ``ledger.json``, the report keeps the stack analysis)."""
+    if mirror_dir is None or not Path(mirror_dir).is_dir():
+        return None
+    from repro.ledger import diagnose
+    from repro.timeline import render_timeline
+
+    try:
+        diag = diagnose(mirror_dir, list(ranks) or None)
+    except Exception as e:  # noqa: BLE001 - a broken ledger must not cost the verdict
+        evd.ledger.write({"error": f"{type(e).__name__}: {e}"})
+        return None
+    if diag is None:
+        return None
+    evd.ledger.write({**diag.to_dict(), "mirror": str(mirror_dir)})
+    proof = ev.read_json(evd.path / "proof.json")
+    evd.timeline.write(render_timeline(diag.ledgers, diag.divergence, proof=proof if isinstance(proof, dict) else None))
+    return diag
 
 
 def _empty_out() -> dict:

@@ -64,6 +64,7 @@ from repro.verdict import DEADLOCKED, EXIT_CODES, INCONCLUSIVE
 PROBE_INPUT_IDS = (1, 2, 3, 4)  # token ids of the generate probe (valid in any vocabulary of >= 5 tokens)
 EVIDENCE_ENV = "REPRO_EVIDENCE_DIR"
 FALLBACK_EVIDENCE_ROOT = Path(tempfile.gettempdir()) / "repro-watch-evidence"
+LEDGER_POLL_S = 0.2  # how often the ledgers are followed while a probe is in flight (watch --ledger-dir)
 HISTORY_ROUNDS = 200  # probe rounds kept in memory and written to probes.jsonl on a hang
 ON_HANG_OUTPUT_TAIL_CHARS = 2000
 
@@ -761,16 +762,21 @@ class Watcher:
         if not self._health.busy():
             self._health.start(lambda: probe_health(self.adapter, o.url, o.health_timeout_s), n)
         t_wait = time.monotonic()
+        proven = False
         if gen is None:
-            if self._gen.wait(o.probe_timeout_s + 0.5, self._stop):
+            if self._wait_probe_or_proof(o.probe_timeout_s + 0.5):
                 gen = self._gen.take()
+            elif self.ledger_proof is not None and self.state == "hung":  # the ledgers proved it meanwhile
+                proven = True
+                gen = ProbeResult("generate", INTERRUPTED, None, time.monotonic() - t_wait, t_start,
+                                  "still in flight when the ledgers proved a deadlock (abandoned)", round=n)
             elif self._stop.is_set():
                 gen = ProbeResult("generate", INTERRUPTED, None, time.monotonic() - t_wait, t_start,
                                   "stop requested while the probe was in flight", round=n)
             else:
                 gen = ProbeResult("generate", TIMEOUT, None, time.monotonic() - t_wait, t_start,
                                   f"no answer within {o.probe_timeout_s:.1f} s (abandoned)", round=n)
-        left = o.probe_timeout_s - (time.monotonic() - t_wait)
+        left = 0.0 if proven else o.probe_timeout_s - (time.monotonic() - t_wait)
         if left > 0 and self._health.round == n:
             self._health.wait(left, self._stop)
         h = self._health.take()
@@ -786,11 +792,27 @@ class Watcher:
         else:
             health_json = {"outcome": "none"}
         self._last_gen = gen
-        event = self._account(gen)
+        event = "hang" if proven else self._account(gen)
         rec = self._log("probe", round=n, state=self.state, consecutive_failures=self.failures,
                         generate=gen.to_json(), health=health_json, **({"transition": event} if event else {}))
         self.history.append(rec)
         return rec
+
+    def _wait_probe_or_proof(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the generate probe in flight, following the ledgers every
+        ``LEDGER_POLL_S`` meanwhile (``ledger_dir`` given): True when the probe answered; False on a timeout, a stop
+        request, or a ledger proof of a deadlock (then ``ledger_proof`` is set and the state is hung)."""
+        if self.opts.ledger_dir is None:
+            return self._gen.wait(timeout_s, self._stop)
+        end = time.monotonic() + timeout_s
+        while True:
+            left = end - time.monotonic()
+            if left <= 0 or self._stop.is_set():
+                return False
+            if self._gen.wait(min(LEDGER_POLL_S, left), self._stop):
+                return True
+            if self._ledger_check():
+                return False
 
     def _account(self, gen: ProbeResult) -> Optional[str]:
         """Update counters and state from a generate result; returns ``hang``/``unreachable``/``misconfigured``/
@@ -993,6 +1015,8 @@ class Watcher:
                 reason = f"hung; the stacks could not be captured: {e}"
             except Exception as e:  # noqa: BLE001 - a capture problem must not end the watch
                 reason = f"hung; capture failed: {type(e).__name__}: {e}"
+        if self.ledger_proof is not None and verdict != DEADLOCKED:  # proven: a failed capture does not cost it
+            verdict, reason = DEADLOCKED, self.ledger_proof.summary
         capture_s = time.time() - t_cap
         health_after = self._health_view()
         exit_code = EXIT_HUNG_DEADLOCK if verdict == DEADLOCKED else EXIT_HUNG_NO_EVIDENCE
@@ -1005,7 +1029,10 @@ class Watcher:
             "last_generate": last_gen, "health_at_declaration": health.to_json(), "health_after_capture": health_after.to_json(),
             "discovery": {"method": disc.method, "rank_pids": {str(k): v for k, v in rank_pids.items()}, "note": disc.note},
             "timings_s": {"declared_after_first_failure": round(declared_after, 3) if declared_after is not None else None,
-                          "capture": round(capture_s, 3)},
+                          "capture": round(capture_s, 3),
+                          **({"proof_record_t": self.ledger_proof.closing.t_enter, "declared_t": t_decl,
+                              "declared_after_proof_record": round(t_decl - self.ledger_proof.closing.t_enter, 3)}
+                             if self.ledger_proof is not None else {})},
             "metrics": metrics,
             "judgement": ({"deadlocked": judgement.deadlocked, "reason": judgement.reason,
                            "cpu_percent": {str(k): round(v, 1) for k, v in judgement.cpu_percent.items()}}

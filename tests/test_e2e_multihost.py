@@ -59,7 +59,17 @@ def _deadlock_checks(rig, rc, res, err):
     evd = _evidence(res)
     hosts = json.loads((evd / "hosts.json").read_text())
     assert {r["host"] for r in hosts["ranks"].values()} == {"h0", "h1"}
-    cap = json.loads((evd / "stacks" / "capture-1.json").read_text())
+    # proven by the ranks' ledgers, followed live from their hosts (repro.host_ledgers), as a local run's: the proof
+    # in verdict.json and REPORT.md, the ledger diagnosis beside it; the stacks taken on each rank's host for it
+    v = json.loads((evd / "verdict.json").read_text())
+    proof = v.get("proof")
+    assert proof and proof["kind"] == "missing_partner" and proof["ranks"] == [0, 1], v["reason"]
+    assert v["reason"].startswith("Ledger proof of a deadlock") and "proof_latency_s" in v["timings"], v["reason"]
+    assert json.loads((evd / "proof.json").read_text()) == proof
+    report = (evd / "REPORT.md").read_text()
+    assert "wait edge: rank 0 in all_reduce #" in report and "**Collective ledger:**" in report, report[:3000]
+    assert (evd / "ledger.json").is_file() and (evd / "timeline.svg").is_file()
+    cap = json.loads((evd / "stacks" / "capture-proof.json").read_text())
     by_rank = {p["rank"]: p for p in cap["processes"]}
     assert by_rank[0]["host"] == "h0" and by_rank[1]["host"] == "h1"
     assert all(p["ok"] and p["method"] == "py-spy" for p in cap["processes"])

@@ -238,11 +238,19 @@ def test_pd_divergence_deadlocks_the_prefill_server_in_the_waiting_queue_bootstr
     assert r.verdict.verdict == DEADLOCKED, r.verdict.reason
     v = json.loads((r.evidence / "verdict.json").read_text())
     assert v["diverged_server"] == "prefill"
-    # every rank of both servers captured, named apart
-    for role, n in (("prefill", 4), ("decode", 1)):
-        stacks = r.evidence / "servers" / role / "stacks"
-        assert sorted(f.name for f in stacks.glob("rank*-1.txt")) == [f"rank{k}-1.txt" for k in range(n)], role
+    # proven by the prefill server's own ledgers (repro.proof, scoped to that server), before any stall capture: the
+    # proof in the run's verdict.json and the prefill server's, its wait edges in REPORT.md, its ranks captured
+    proof = v.get("proof")
+    assert proof and v["reason"].startswith("Ledger proof of a deadlock"), v["reason"]
+    assert "proof_latency_s" in v["timings"] and set(map(int, proof["ranks"])) <= {0, 1, 2, 3}, v["timings"]
+    pre_v = json.loads((r.evidence / "servers" / "prefill" / "verdict.json").read_text())
+    assert pre_v["verdict"] == DEADLOCKED and pre_v["proof"] == proof
+    assert json.loads((r.evidence / "servers" / "prefill" / "proof.json").read_text()) == proof
+    assert v["servers"]["decode"]["verdict"] != DEADLOCKED, v["servers"]["decode"]
+    stacks = r.evidence / "servers" / "prefill" / "stacks"
+    assert sorted(f.name for f in stacks.glob("rank*-proof.txt")) == [f"rank{k}-proof.txt" for k in range(4)]
     report = (r.evidence / "REPORT.md").read_text()
+    assert "wait edge: rank" in report, report[:3000]
     assert "resolve_waiting_queue_bootstrap" in report and "poll_and_all_reduce_attn_cp_tp_group" in report
     assert "The prefill server diverged" in report
     pre = json.loads((r.evidence / "servers" / "prefill" / "analysis.json").read_text())

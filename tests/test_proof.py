@@ -569,3 +569,75 @@ def test_the_measured_gloo_table_never_proves_a_size_mismatch_of_one_op_a_hang()
     # a single element against more: measured to hang (vLLM's injected extra all_reduce [1] meets the peer's)
     assert t.outcome(Side("all_reduce", "SUM", 1, "int32"), Side("all_reduce", "SUM", 4, "int32")) == "hangs"
     assert t.outcome(Side("broadcast", None, 1, "int64", True), Side("all_reduce", "MAX", 1, "int64")) == "hangs"
+
+
+def test_watch_once_declares_a_proven_hang_within_a_second_of_the_closing_ledger_record(tmp_path: Path, monkeypatch):
+    """``repro watch --once --ledger-dir`` on a server whose /generate never answers (probe timeout 5 s): the
+    ledgers are followed while the probe is in flight, so the hang is declared ≤ 1 s after the record that closes
+    the proof, not at the probe timeout; both times are in hang.json."""
+    import subprocess
+    import sys
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from repro.watch import WatchOptions, Watcher
+
+    release = threading.Event()
+
+    class Hung(BaseHTTPRequestHandler):
+        def log_message(self, *a):  # noqa: D401 - silence
+            pass
+
+        def do_POST(self):  # noqa: N802 - /generate: never answers (a silent hang)
+            release.wait(30)
+
+        def do_GET(self):  # noqa: N802 - /health answers: only the ledgers (or the probe timeout) can tell
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Hung)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    inj = tmp_path / "injector"
+    inj.mkdir()
+    try:
+        for k, p in enumerate(ranks):  # live processes stand in for the two ranks
+            monkeypatch.setitem(PIDS, k, p.pid)
+        a, b = healthy(inj)
+        closing: dict = {}
+
+        def hang_later() -> None:
+            a.t = b.t = time.time()
+            smoke_hang(a, b)
+            closing["t"] = time.time()
+
+        timer = threading.Timer(1.5, hang_later)
+        timer.start()
+        events: list = []
+        opts = WatchOptions(url=f"http://127.0.0.1:{srv.server_address[1]}", once=True, interval_s=5.0,
+                            probe_timeout_s=5.0, health_timeout_s=1.0, ledger_dir=inj, confirm_gap_s=0.0,
+                            capture_timeout_s=5.0, evidence_root=tmp_path / "ev").validate()
+        w = Watcher(opts, events.append, discover=lambda: dict(PIDS))
+        code = w.run()
+        timer.join()
+    finally:
+        release.set()
+        srv.shutdown()
+        srv.server_close()
+        for p in ranks:
+            p.kill()
+            p.wait(timeout=10)
+    assert code == 3, [e["event"] for e in events]
+    hang = next(e for e in events if e["event"] == "hang")
+    evd = Path(next(e for e in events if e["event"] == "evidence")["path"])
+    hj = json.loads((evd / "hang.json").read_text())
+    assert hj["verdict"] == DEADLOCKED and hj["proof"]["kind"] == "missing_partner", hj["reason"]
+    t = hj["timings_s"]
+    assert abs(t["proof_record_t"] - closing["t"]) < 0.5 and t["declared_t"] >= t["proof_record_t"]
+    assert t["declared_after_proof_record"] <= 1.0, t  # not the 5 s probe timeout
+    assert json.loads((evd / "verdict.json").read_text())["verdict"] == DEADLOCKED
+    probe = next(e for e in events if e["event"] == "probe")
+    assert probe["transition"] == "hang" and probe["generate"]["outcome"] != "timeout", probe
