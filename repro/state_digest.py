@@ -83,7 +83,7 @@ def _read_lines(files: Sequence[str]) -> tuple[list[tuple[int, bool, dict]], dic
         except OSError:
             continue
         for raw in text.splitlines():
-            if '"e":"state' not in raw:
+            if '"state' not in raw:  # cheap pre-filter (collective records never hold it)
                 continue
             try:
                 d = json.loads(raw)
