@@ -247,8 +247,16 @@ class State(_Strict):
     kind: Literal["state"]
     pool: str = Field(..., pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
                       description="attribute path from self to the pool, e.g. req_to_token_pool")
-    take: int = Field(1, ge=1, le=1_000_000, description="slots taken per fire")
+    take: Optional[int] = Field(None, ge=1, le=1_000_000, description="slots taken per fire (default 1)")
+    leave: Optional[int] = Field(None, ge=0, description="instead of take: take all but this many free slots (the "
+                                 "pool's size need not be known, e.g. leave = 1 so one request fits)")
     release_after_ticks: Optional[int] = Field(None, ge=1, description="give the slots back this many ticks later")
+
+    @model_validator(mode="after")
+    def _take_or_leave(self) -> "State":
+        if self.take is not None and self.leave is not None:
+            raise ValueError("set one of 'take' (slots to take) or 'leave' (free slots to leave), not both")
+        return self
 
 
 Action = Union[ExtraCollective, Skip, ReturnValue, Delay, Observe, State]

@@ -21,14 +21,15 @@ Ledger lines (``ledger-<pid>.jsonl``, beside the collective records):
   written once, the probe is not evaluated again in this process (the harness skips it on every rank).
 
 ``digest-<pid>.jsonl`` (a bounded ring: ``ring`` lines per part, the previous part kept as ``digest-<pid>.1.jsonl``):
-``{"tick", "probe", "members": [...]}`` each time a set probe changed, for the diagnosis' "members only one rank
-holds".
+``{"tick", "probe", "members": [...]}`` each time a set probe of at most ``MAX_RING_MEMBERS`` (256) members changed,
+for the diagnosis' "members only one rank holds".
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
@@ -37,6 +38,7 @@ _SEG = r"[A-Za-z_][A-Za-z0-9_]*(?:\(\))?"
 PATH_RE = re.compile(rf"^(?P<len>len\()?(?P<head>{_SEG}(?:\.{_SEG})*)(?:\[\*\](?P<each>(?:\.[A-Za-z_][A-Za-z0-9_]*)+))?(?(len)\))$")
 KINDS = ("lockstep", "local", "info")
 SEP = "\x1f"
+MAX_RING_MEMBERS = 256  # a larger set's members are not kept in the ring (its size and hash are still recorded)
 
 
 def probes_for_release(spec: Dict[str, Any]) -> Tuple[Optional[List[Dict[str, Any]]], str]:
@@ -95,11 +97,12 @@ def set_hash(ids: List[str]) -> str:
 class Probe:
     """One compiled probe; :meth:`read` gives its value on a receiver (raises Absent or the probe's own error)."""
 
-    __slots__ = ("name", "path", "kind", "is_len", "steps", "each", "last_ids", "last_val")
+    __slots__ = ("name", "path", "kind", "is_len", "steps", "each", "getter", "last_ids", "last_val")
 
     def __init__(self, name: str, path: str, kind: str = "lockstep") -> None:
         self.name, self.path, self.kind = name, path, kind
         self.is_len, self.steps, self.each = parse_path(path)
+        self.getter = operator.attrgetter(".".join(self.each)) if self.each else None
         self.last_ids: Any = None  # a set probe's previous member list (hash only when it changed)
         self.last_val: Any = None
 
@@ -120,16 +123,13 @@ class Probe:
             return len(obj), None
         if self.each is None:
             return obj, None
-        ids = []
-        for member in obj:
-            for attr in self.each:
-                member = getattr(member, attr)
-            ids.append(member if isinstance(member, str) else str(member))
-        if ids == self.last_ids:
+        raw = list(map(self.getter, obj))
+        if raw == self.last_ids:
             return self.last_val, None
-        val = [len(ids), set_hash(ids)]
-        self.last_ids, self.last_val = ids, val
-        return val, sorted(ids)
+        ids = sorted(raw) if not raw or isinstance(raw[0], str) else sorted(str(i) for i in raw)
+        val = [len(ids), hashlib.blake2b(SEP.join(ids).encode("utf-8", "replace"), digest_size=8).hexdigest()]
+        self.last_ids, self.last_val = raw, val
+        return val, (ids if len(ids) <= MAX_RING_MEMBERS else None)
 
 
 class Digest:

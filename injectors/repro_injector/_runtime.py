@@ -332,15 +332,18 @@ class Site:
         return int(led.tick) if led is not None else 0
 
     def take(self, self_obj: Any) -> None:
-        """Take ``take`` slots of the pool at ``pool`` (attribute path from self, e.g. ``req_to_token_pool``) and
-        keep them: a per-rank leak. sglang 0.5.23 ``ReqToTokenPool.alloc_rows(n)`` (rows with no Req bound), else the
+        """Take ``take`` slots (or all but ``leave`` free ones) of the pool at ``pool`` (attribute path from self,
+        e.g. ``req_to_token_pool``) and keep them: a per-rank leak. sglang 0.5.23 ``ReqToTokenPool.alloc_rows(n)`` (rows with no Req bound), else the
         pool's ``alloc(n)`` (``token_to_kv_pool_allocator``). A pool without room: the call is no fire."""
         a = self.action
         pool = _attr_path(self_obj, str(a["pool"]))
-        k = int(a.get("take", 1))
         alloc = getattr(pool, "alloc_rows", None) or getattr(pool, "alloc")
         before = pool.available_size() if hasattr(pool, "available_size") else None
-        slots = alloc(k)
+        if a.get("leave") is not None and before is not None:
+            k = int(before) - int(a["leave"])
+        else:
+            k = int(a.get("take") or 1)
+        slots = alloc(k) if k > 0 else None
         if slots is None:
             with self.lock:
                 self.counts.fired -= 1
