@@ -198,3 +198,20 @@ def test_the_conftest_check_flags_a_clean_run_whose_state_diverged_and_ignores_r
                                       "changes": {"0": 0, "1": 2}}}
     assert len(state_problems(bad)) == 3
     assert state_problems({**bad, "verdict": "DEADLOCKED"}) == []  # only clean runs are held to it
+
+
+def test_repro_analyze_of_a_ledger_folder_leads_with_the_first_divergent_state(tmp_path: Path):
+    import os
+    import subprocess
+
+    full = {"e": "state", "tick": 1, "full": True, "v": {"req_to_token_pool.available": 8}}
+    _ledger(tmp_path, 10, 0, [full, {"e": "state", "tick": 3, "v": {"req_to_token_pool.available": 7}}], enters=4)
+    _ledger(tmp_path, 11, 1, [full], enters=4)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    r = subprocess.run([sys.executable, "-m", "repro", "analyze", str(tmp_path)], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "First divergent state: at scheduler tick 3: `req_to_token_pool.available` rank 0 = 7, rank 1 = 8" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "repro", "analyze", str(tmp_path), "--json"], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert json.loads(r.stdout)["ledger"]["state_divergence"]["tick"] == 3
