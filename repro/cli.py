@@ -683,6 +683,8 @@ def analyze(
         if as_json:
             out.print_json(data={"ledger": ledger_diag.to_dict()})
             return
+        if ledger_diag.state is not None:
+            out.print("First divergent state: " + rich_escape(ledger_diag.state.summary), style="bold", highlight=False)
         out.print(rich_escape(ledger_diag.divergence.summary), style="bold", highlight=False)
         return
     result = analyze_captures(caps)
@@ -711,6 +713,9 @@ def analyze(
         raise typer.Exit(EXIT_USAGE)
     if ledger_diag is not None:
         d = ledger_diag.divergence
+        if ledger_diag.state is not None:
+            out.print("First divergent state: " + rich_escape(ledger_diag.state.summary),
+                      style="bold red" if ledger_diag.state.diverged else "bold", highlight=False)
         out.print("Collective ledger: " + rich_escape(d.summary), style="bold red" if d.kind != "none" else "bold green",
                   highlight=False)
         for p in ledger_diag.problems:

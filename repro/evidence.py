@@ -143,6 +143,8 @@ class VerdictRecord(_Record):
         scenario / variant / variant_expects / expect: what ran (a watch: ``scenario`` = its folder name, no variant).
         partial: the run was interrupted; timings: seconds by phase; rank_pids: rank (as a string) -> pid.
         evidence: this folder; kind: ``run`` or ``watch`` (a watch also says ``hang``: the /health label).
+        state_divergence: the first divergent lockstep state (``repro.state_digest``; never changes the verdict);
+            None in folders written before the state digest, or without a ledger.
     """
 
     verdict: str
@@ -158,6 +160,7 @@ class VerdictRecord(_Record):
     rank_pids: dict[str, int] = Field(default_factory=dict)
     evidence: Optional[str] = None
     kind: str = "run"
+    state_divergence: Optional[dict[str, Any]] = None  # repro.state_digest.StateDivergence.to_dict(); None: older
 
     def pids(self) -> list[int]:
         """The rank pids, in rank order (empty when none were recorded)."""

@@ -31,6 +31,7 @@ from typing import Iterable, Mapping, Optional, Sequence, Union
 
 from repro.diagnosis import DivergenceKind, md_cell
 from repro.evidence import Layout
+from repro.state_digest import StateDivergence, diagnose_state
 
 LEDGER_RE = Layout.LEDGER_FILE_RE  # ledger-<pid>[.N].jsonl (the store names the files)
 
@@ -513,6 +514,7 @@ class LedgerDiagnosis:
     per_tick: dict[int, dict[int, int]]
     problems: list[str]
     dead: dict[int, str] = field(default_factory=dict)  # rank → why it died during the run (never "waits in")
+    state: Optional[StateDivergence] = None  # the first divergent lockstep state (repro.state_digest)
 
     def mark_dead(self, dead: Mapping[int, str]) -> "LedgerDiagnosis":
         """Say which ranks died (rank → why): their open records are where they died, not waits. Returns self."""
@@ -538,6 +540,7 @@ class LedgerDiagnosis:
                 per_group.setdefault(g.short() if g else r.group, {}).setdefault(str(rank), 0)
                 per_group[g.short() if g else r.group][str(rank)] += 1
         return {"divergence": self.divergence.to_dict(),
+                "state_divergence": self.state.to_dict() if self.state is not None else None,
                 "records_per_group": per_group,
                 "per_tick_counts": {str(r): {str(t): n for t, n in c.items()} for r, c in self.per_tick.items()},
                 "dropped": {str(r): n for r, n in self.dropped.items()},
@@ -547,7 +550,8 @@ class LedgerDiagnosis:
     def markdown_lines(self, timeline: Optional[str] = Layout.TIMELINE.name) -> list[str]:
         """The Diagnosis section's ledger part: the sentence, the aligned table, the timeline picture."""
         d = self.divergence
-        out = [f"**Collective ledger:** {d.summary}", ""]
+        out = self.state.markdown_lines() if self.state is not None else []
+        out += [f"**Collective ledger:** {d.summary}", ""]
         if d.kind != DivergenceKind.NONE and d.group is not None:
             out += [f"Aligned at the first divergence — {d.group.display()}, sequence #{d.seq}:", "",
                     "| rank | seq | op | reduce op | shapes | dtypes | call site | tick | state |",
@@ -590,7 +594,17 @@ def diagnose(folder: Union[str, Path], pids: Optional[Iterable[int]] = None) -> 
     leds = load_ledgers(folder, pids)
     if not leds:
         return None
-    return LedgerDiagnosis(leds, align(leds), per_tick_counts(leds), check_consistent(leds))
+    div = align(leds)
+    return LedgerDiagnosis(leds, div, per_tick_counts(leds), check_consistent(leds),
+                           state=diagnose_state(leds, collective_tick=divergence_tick(div)))
+
+
+def divergence_tick(d: Divergence) -> Optional[int]:
+    """The scheduler tick of a divergence: the earliest tick among the records entered at it (None: none)."""
+    if d.kind == DivergenceKind.NONE:
+        return None
+    ticks = [r.tick for r in d.entered.values() if r is not None] + [r.tick for r in d.waits.values() if r is not None]
+    return min(ticks) if ticks else None
 
 
 def rank_pids_of(folder: Union[str, Path]) -> Optional[list[int]]:

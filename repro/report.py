@@ -119,7 +119,9 @@ def render_report(r: ReportInput) -> str:
     """REPORT.md's text (GitHub-flavoured markdown): verdict line, diagnosis, reason, injections, requests,
     timings, versions, the command to reproduce, raw stacks."""
     verdict = r.verdict
-    lines = [f"# {verdict.verdict} — {r.scenario} / {r.variant}", ""]
+    state = getattr(r.ledger, "state", None)
+    diverged = " (the ranks' lockstep state diverged)" if getattr(state, "diverged", False) else ""
+    lines = [f"# {verdict.verdict} — {r.scenario} / {r.variant}{diverged}", ""]
     lines += diagnosis_lines(r.analysis, r.ledger, r.timeline)
     lines += [f"**Reason:** {verdict.reason}", ""]
     if r.mirrors or r.description:

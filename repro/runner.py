@@ -188,7 +188,8 @@ def session_plan(adapter: Any, scenario: Scenario, variants: Sequence[Variant], 
     """
     plan = compile_plan(scenario, variants[0], injector_dir, arm_file,
                         tick_function=adapter.tick_function_for(scenario.server.args),
-                        injector_profile=adapter.injector_profile.to_plan())
+                        injector_profile=adapter.injector_profile.to_plan(),
+                        state_probes=getattr(adapter, "state_probe_plan", lambda: None)())
     for extra in variants[1:]:
         plan["injections"] += compile_plan(scenario, extra, injector_dir, arm_file)["injections"]
     plan["variant"] = ",".join(v.name for v in variants)
@@ -1019,7 +1020,8 @@ def finish_evidence(p: Prepared, opts: RunOptions, variant: Variant, evd: ev.Evi
     evd.verdict.write(ev.verdict_record(
         verdict, exit_code=exit_code_for(verdict.verdict, opts.expect), evidence=evd.path, scenario=p.scenario.name,
         variant=variant.name, variant_expects=variant.expect, expect=opts.expect, partial=interrupted,
-        timings=outcome.timings, rank_pids=rank_pids))
+        timings=outcome.timings, rank_pids=rank_pids,
+        state_divergence=ledger_diag.state.to_dict() if ledger_diag is not None and ledger_diag.state is not None else None))
 
 
 def run(opts: RunOptions, observe: Observer = _noop) -> RunResult:

@@ -236,7 +236,38 @@ class Observe(_Strict):
     record_callers: bool = Field(False, description="write one 'seen' fire-log event per distinct call place (repro hunt's baseline)")
 
 
-Action = Union[ExtraCollective, Skip, ReturnValue, Delay, Observe]
+class State(_Strict):
+    """Move real engine state on the chosen ranks: take ``take`` slots of the pool at ``pool`` (attribute path from
+    ``self``, e.g. ``req_to_token_pool`` on sglang's Scheduler) and keep them (a per-rank leak), or give them back
+    at the first call of the site ``release_after_ticks`` scheduler ticks later (the ledger's tick count). The
+    original is then called unchanged. sglang 0.5.23's idle leak check (``SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE``,
+    on by default) raises at the first fully idle tick on a leaked slot: size the burst so the hang comes first,
+    or release before idle."""
+
+    kind: Literal["state"]
+    pool: str = Field(..., pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
+                      description="attribute path from self to the pool, e.g. req_to_token_pool")
+    take: Optional[int] = Field(None, ge=1, le=1_000_000, description="slots taken per fire (default 1)")
+    leave: Optional[int] = Field(None, ge=0, description="instead of take: take all but this many free slots (the "
+                                 "pool's size need not be known, e.g. leave = 1 so one request fits)")
+    release_after_ticks: Optional[int] = Field(None, ge=1, description="give the slots back this many ticks later")
+
+    @model_validator(mode="after")
+    def _take_or_leave(self) -> "State":
+        if self.take is not None and self.leave is not None:
+            raise ValueError("set one of 'take' (slots to take) or 'leave' (free slots to leave), not both")
+        return self
+
+
+Action = Union[ExtraCollective, Skip, ReturnValue, Delay, Observe, State]
+
+
+class LedgerTable(_Strict):
+    """The ``[ledger]`` table: ``enabled`` records every collective; ``digest`` adds the per-tick lockstep state
+    digest (the engine release's probe file, ``repro/targets/state_probes/``). ``ledger = true|false`` still parses."""
+
+    enabled: bool = True
+    digest: bool = True
 
 
 class Injection(_Strict):
@@ -296,8 +327,18 @@ class Scenario(_Strict):
     burst: Burst = Field(default_factory=Burst)
     stall_s: float = Field(10.0, gt=0)
     budget_s: float = Field(180.0, gt=0)
-    ledger: bool = True
+    ledger: Union[bool, LedgerTable] = True
     variants: list[Variant] = Field(..., min_length=1)
+
+    @property
+    def ledger_enabled(self) -> bool:
+        """Record collectives (``ledger = true`` or ``[ledger] enabled = true``)."""
+        return self.ledger.enabled if isinstance(self.ledger, LedgerTable) else bool(self.ledger)
+
+    @property
+    def digest_enabled(self) -> bool:
+        """Record the lockstep state digest too (on with the ledger unless ``[ledger] digest = false``)."""
+        return self.ledger_enabled and (self.ledger.digest if isinstance(self.ledger, LedgerTable) else True)
 
     @model_validator(mode="after")
     def _checks(self) -> "Scenario":
@@ -421,6 +462,7 @@ def compile_plan(
     tick_function: str = "",
     injector_profile: Optional[dict[str, Any]] = None,
     faulthandler_signal: str = "SIGUSR2",
+    state_probes: Optional[dict[str, Any]] = None,
 ) -> dict[str, Any]:
     """Compile one variant into the plain-JSON plan read by ``injectors/repro_injector``.
 
@@ -433,6 +475,9 @@ def compile_plan(
         injector_profile: the adapter's ``InjectorProfile.to_plan()`` (``coordinators``, ``alias_prefixes``,
             ``comm_module_prefixes``), merged into the plan's ``ledger``; None: the injector's own fallbacks.
         faulthandler_signal: signal name on which every process dumps all threads' stacks (py-spy fallback).
+        state_probes: the engine's lockstep state probes per release (``repro.state_probes.plan_probes``:
+            ``{"package", "releases": {version: [probe, ...]}}``), merged into the plan's ``ledger.digest``; the
+            injector uses the installed release's list. None or no release: no digest.
     Returns:
         A dict with keys ``version``, ``scenario``, ``variant``, ``out_dir``, ``arm_file``, ``arm_poll_s``,
         ``injections`` (list of ``{id, site: {alternatives, aliases}, gate, action}``), ``ledger``,
@@ -457,10 +502,12 @@ def compile_plan(
         "arm_poll_s": 0.1,
         "injections": injections,
         "ledger": {
-            "enabled": scenario.ledger if ledger is None else ledger,
+            "enabled": scenario.ledger_enabled if ledger is None else ledger,
             "max_records": ledger_max_records,
             "tick_function": tick_function,
             **(injector_profile or {}),
+            "digest": {"enabled": scenario.digest_enabled and bool((state_probes or {}).get("releases")),
+                       "ring": 2000, **(state_probes or {})},
         },
         "faulthandler_signal": faulthandler_signal,
     }

@@ -111,7 +111,7 @@ def test_shipped_scenarios_compile_to_plans_the_injector_accepts(tmp_path: Path,
         assert [i["id"] for i in got["injections"]] == [i.id for i in v.injections]
         for inj in got["injections"]:
             assert inj["site"]["alternatives"] and inj["action"]["kind"] in (
-                "extra_collective", "skip", "return_value", "delay", "none")
+                "extra_collective", "skip", "return_value", "delay", "none", "state")
         if v.name == "control":
             assert all(i["action"]["kind"] == "none" for i in got["injections"])
 

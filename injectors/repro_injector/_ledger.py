@@ -45,6 +45,9 @@ File format (one JSON object per line; ``e`` says which):
   own action issued it; ``t`` epoch seconds.
 - ``{"e": "exit", "g", "seq", "t", "err"}``: the call returned (for ``async_op=True``, when the call returned, not
   when the work completed).
+- ``{"e": "state", "tick", "full", "v"}`` and ``{"e": "state_error", "tick", "probe", "err"}``: the lockstep state
+  digest at a tick's start, when the plan's ``ledger.digest`` names probes (format in ``_digest.py``); written by
+  the ticking thread with the tick's other records; each part after the first starts with a ``full`` one.
 
 Timing: the hot path appends a tuple to a deque; the ticking thread writes the queue itself at the start of every
 scheduler tick (it holds the GIL already: no hand-over to another thread). The tick is the same on every rank of the
@@ -209,6 +212,16 @@ class Ledger:
         self.rt = rt
         self.max_records = max(2, int(spec.get("max_records") or 20_000))
         self.tick_function: str = spec.get("tick_function") or ""
+        dspec = spec.get("digest") or {}
+        self.digest: Any = None  # _digest.Digest: the per-tick lockstep state (plan ``ledger.digest``)
+        if dspec.get("enabled", True) and (dspec.get("probes") or dspec.get("releases")):
+            from ._digest import Digest, probes_for_release
+
+            probes, why = probes_for_release(dspec)
+            if probes is not None:
+                self.digest = Digest({**dspec, "probes": probes}, rt.out_dir, rt.pid)
+            elif why:
+                rt.event("state_digest_off", reason=why)
         self.coordinators: List[str] = list(spec.get("coordinators") or DEFAULT_COORDINATORS)
         self.alias_prefixes: Tuple[str, ...] = tuple(spec.get("alias_prefixes") or ALIAS_PREFIXES)
         engine_comm = tuple(spec.get("comm_module_prefixes") or ENGINE_COMM_MODULE_PREFIXES)
@@ -338,6 +351,14 @@ class Ledger:
             led.tick += 1
             if led.alternate_s:
                 led.log_tick()
+            dg = led.digest
+            if dg is not None and args:  # the lockstep state at this tick's start (the receiver: the Scheduler)
+                try:
+                    for line in dg.tick(led.tick, args[0]):
+                        led.q.append(("s", line))
+                except Exception as e:
+                    led.digest = None
+                    led.rt.error("ledger: state digest disabled", e)
             if led.q:  # the same tick on every rank of the group: the writes' delays overlap (module docstring)
                 h0 = _pc()
                 led.write_now()
@@ -675,6 +696,13 @@ class Ledger:
         return os.path.join(self.rt.out_dir, f"{base}.jsonl" if part == 0 else f"{base}.{part}.jsonl")
 
     def _open(self) -> None:
+        if self.rank is None:  # a state digest line can come before this process's first collective
+            dist = sys.modules.get("torch.distributed")
+            try:
+                if dist is not None and dist.is_initialized():
+                    self.rank = int(dist.get_rank())
+            except Exception:
+                pass
         self.fh = open(self.path(), "a", encoding="utf-8")
         self.in_part = 0
         self._line({"e": "header", "pid": self.rt.pid, "rank": self.rank, "part": self.part, "dropped": self.dropped,
@@ -682,6 +710,9 @@ class Ledger:
         for _pg, info in list(self.groups.values()):
             if info.get("g") is not None:
                 self._line({"e": "group", **info})
+        if self.digest is not None and self.part:  # each part starts with a full digest (part 0: the first tick's)
+            for line in self.digest.full_lines(self.tick):
+                self.fh.write(line + "\n")
 
     def _line(self, rec: Dict[str, Any]) -> None:
         self.fh.write(_js(rec) + "\n")
@@ -785,6 +816,8 @@ class Ledger:
                 self.total += 1
             elif kind == "g":
                 self._line({"e": "group", **item[1]})
+            elif kind == "s":
+                self.fh.write(item[1] + "\n")
         self.fh.flush()
 
     def _loop(self) -> None:
@@ -836,4 +869,6 @@ class Ledger:
         self._wake = threading.Event()
         self.idle = False
         self.last_write = 0.0
+        if self.digest is not None:
+            self.digest.after_fork(self.rt.pid)
         self.start_thread()

@@ -44,7 +44,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from . import gate as _gate
 from .resolve import Target, resolve_in_module, split_site
@@ -172,6 +172,7 @@ class Site:
         self.original: Optional[Callable] = None
         self.error: Optional[str] = None
         self.tried: Dict[str, Dict[str, Any]] = {s: {"site": s, "status": "pending", "error": None} for s in self.alternatives}
+        self.held: List[Tuple[Any, Any, int]] = []  # state action: (pool, slots taken, ledger tick when taken)
 
     def record(self) -> Dict[str, Any]:
         """The loaded marker's entry for this injection. An alternative whose module this process never imported
@@ -319,7 +320,55 @@ class Site:
         if kind == "delay":
             _sleep(float(a.get("delay_s", 0)))
             return call()
+        if kind == "state":
+            self.take(self_obj)
+            return call()
         return call()
+
+    # ---- state action: move real pool state on this rank ------------------------------------------------------
+
+    def _tick(self) -> int:
+        led = self.rt.ledger
+        return int(led.tick) if led is not None else 0
+
+    def take(self, self_obj: Any) -> None:
+        """Take ``take`` slots (or all but ``leave`` free ones) of the pool at ``pool`` (attribute path from self,
+        e.g. ``req_to_token_pool``) and keep them: a per-rank leak. sglang 0.5.23 ``ReqToTokenPool.alloc_rows(n)`` (rows with no Req bound), else the
+        pool's ``alloc(n)`` (``token_to_kv_pool_allocator``). A pool without room: the call is no fire."""
+        a = self.action
+        pool = _attr_path(self_obj, str(a["pool"]))
+        alloc = getattr(pool, "alloc_rows", None) or getattr(pool, "alloc")
+        before = pool.available_size() if hasattr(pool, "available_size") else None
+        if a.get("leave") is not None and before is not None:
+            k = int(before) - int(a["leave"])
+        else:
+            k = int(a.get("take") or 1)
+        slots = alloc(k) if k > 0 else None
+        if slots is None:
+            with self.lock:
+                self.counts.fired -= 1
+            self.rt.event("fire_inapplicable", id=self.id, returned="None (pool full)")
+            self.rt.write_counts()
+            return
+        self.held.append((pool, slots, self._tick()))
+        after = pool.available_size() if hasattr(pool, "available_size") else None
+        self.rt.event("state_taken", id=self.id, pool=a["pool"], take=k, tick=self._tick(), available_before=before,
+                      available_after=after)
+
+    def release_due(self) -> bool:
+        n = self.action.get("release_after_ticks")
+        return n is not None and self._tick() - self.held[0][2] >= int(n)
+
+    def release(self) -> None:
+        """Give every held slot back (``free_rows`` / ``free``), ``release_after_ticks`` ticks after the take."""
+        while self.held:
+            pool, slots, _t = self.held.pop()
+            try:
+                free = getattr(pool, "free_rows", None) or getattr(pool, "free")
+                free(slots)
+                self.rt.event("state_released", id=self.id, pool=self.action.get("pool"), tick=self._tick())
+            except Exception as e:
+                self.rt.error(f"{self.id}: state release failed", e, self.id)
 
 
 class _HookFinder:
@@ -601,6 +650,8 @@ class Runtime:
             except Exception as e:
                 rt.error(f"{inj_id}: gate failed", e, inj_id)
                 fire = False
+            if site.held and site.release_due():
+                site.release()
             if not fire:
                 return orig(*args, **kwargs)
             caller = sys._getframe(1)

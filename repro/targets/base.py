@@ -470,6 +470,11 @@ class AdapterBase:
             titles[rank] = p.title
         return dict(sorted(out.items()))
 
+    def state_probe_plan(self) -> Optional[dict[str, Any]]:
+        """The plan's lockstep state probes per release (``repro.state_probes.plan_probes``); None: this engine
+        declares none (no digest)."""
+        return None
+
     def tick_function_for(self, args: Sequence[str]) -> str:
         """The per-tick function (the same for every ``args`` unless the engine overrides this)."""
         return self.tick_function

@@ -26,6 +26,7 @@ from typing import Any, Optional, Sequence
 
 from repro import testbed
 from repro.procs import ProcInfo
+from repro.state_probes import plan_probes
 from repro.targets.base import (
     AdapterBase,
     CommRule,
@@ -248,6 +249,11 @@ class SGLangAdapter(AdapterBase):
         from repro.targets.sglang_pd import router_workers
 
         return router_workers(url, timeout_s)
+
+    def state_probe_plan(self) -> Optional[dict[str, Any]]:
+        """Every release's probe file in ``repro/targets/state_probes/sglang-*.toml`` (the injector uses the
+        installed release's; sglang 0.5.23 has one)."""
+        return plan_probes("sglang")
 
     def tick_function_for(self, args: Sequence[str]) -> str:
         """The per-tick function for a server started with ``args`` (``--disaggregation-mode`` picks the loop)."""

@@ -72,6 +72,31 @@ def broadcast_pyobj(data: list, rank: int, group) -> list:
     return buf.tolist()
 
 
+class ReqToTokenPool:
+    """Stands in for sglang 0.5.23 ``mem_cache/memory_pool.py`` ReqToTokenPool's free-slot list (state digest)."""
+
+    def __init__(self, size: int) -> None:
+        self.free_slots = list(range(1, size + 1))
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def alloc_rows(self, n: int):
+        if n > len(self.free_slots):
+            return None
+        out = self.free_slots[-n:]
+        del self.free_slots[-n:]
+        return out
+
+    def free_rows(self, rows) -> None:
+        self.free_slots.extend(rows)
+
+
+class Req:
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+
+
 class Scheduler:
     def __init__(self, rank: int, args: argparse.Namespace) -> None:
         self.rank = rank
@@ -79,6 +104,11 @@ class Scheduler:
         self.tp_group = GroupCoordinator("tp")
         self.tp_cpu_group = self.tp_group.cpu_group
         self.ticks = 0
+        self.req_to_token_pool = ReqToTokenPool(8)  # lockstep state for the digest (the same on every rank)
+        self.waiting_queue: list = []
+
+    def explode(self) -> int:
+        raise RuntimeError("a probe that fails")
 
     def recv_requests(self) -> list:
         return broadcast_pyobj([1, 2, 3], self.rank, self.tp_cpu_group)
@@ -98,6 +128,9 @@ class Scheduler:
 
     def get_next_batch_to_run(self) -> list:
         self.ticks += 1
+        self.waiting_queue.append(Req(f"r{self.ticks}"))  # one arrival per tick, at most two waiting
+        if len(self.waiting_queue) > 2:
+            self.waiting_queue.pop(0)
         return self.recv_requests()
 
     def event_loop_normal(self, n: int) -> None:

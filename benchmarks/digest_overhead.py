@@ -1,0 +1,115 @@
+"""Per-tick cost of the lockstep state digest (``injectors/repro_injector/_digest.py``), in the ticking thread.
+
+The probes are sglang 0.5.23's file (``repro/targets/state_probes/sglang-0.5.23.toml``), evaluated on a
+Scheduler-shaped object (no SGLang: pools with ``available_size()``, a tree cache with ``evictable_size()`` /
+``protected_size()``, a HiCache controller with a host pool and the in-flight dicts, ``waiting_queue`` of Req
+objects with a 32-hex ``rid``, ``running_batch.reqs``). Two cases per waiting-queue size:
+
+- ``steady``: nothing changes between ticks (an idle or steadily decoding server): every probe is read and compared,
+  nothing is written;
+- ``moving``: every tick one waiting request leaves and one arrives and the pool count moves (worst case: the set's
+  member list differs, so it is sorted and hashed, a ledger line and a ring line are encoded).
+
+Reported: the ticking thread's CPU time per tick (``time.thread_time``), median and p99 over ``--ticks`` ticks, in
+microseconds. Ledger lines are encoded but not written (the ledger's writer does that with the tick's other records);
+the ring file is written (to a temp folder).
+
+Usage: ``python benchmarks/digest_overhead.py [--ticks 5000] [--sizes 8,1000]`` (stdlib + the injector + tomllib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import tomllib
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "injectors"))
+
+from repro_injector._digest import Digest  # noqa: E402
+
+PROBE_FILE = REPO / "repro" / "targets" / "state_probes" / "sglang-0.5.23.toml"
+
+
+class _Pool:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def available_size(self) -> int:
+        return self.n
+
+
+class _Req:
+    __slots__ = ("rid",)
+
+    def __init__(self) -> None:
+        self.rid = uuid.uuid4().hex
+
+
+class _NS:
+    def __init__(self, **kw) -> None:
+        self.__dict__.update(kw)
+
+
+class _Tree:
+    def __init__(self) -> None:
+        self.cache_controller = _NS(mem_pool_host=_Pool(4096))
+        self.ongoing_prefetch = {}
+        self.ongoing_write_through = {}
+        self.ongoing_load_back = {}
+        self.ongoing_backup = {}
+
+    def evictable_size(self) -> int:
+        return 100
+
+    def protected_size(self) -> int:
+        return 20
+
+
+def scheduler(waiting: int) -> _NS:
+    return _NS(req_to_token_pool=_Pool(64), token_to_kv_pool_allocator=_Pool(8192), tree_cache=_Tree(),
+               waiting_queue=[_Req() for _ in range(waiting)], running_batch=_NS(reqs=[_Req() for _ in range(8)]),
+               disagg_prefill_bootstrap_queue=None, disagg_prefill_inflight_queue=None,
+               disagg_decode_prealloc_queue=None, disagg_decode_transfer_queue=None)
+
+
+def measure(waiting: int, ticks: int, moving: bool, out_dir: str) -> dict:
+    probes = tomllib.loads(PROBE_FILE.read_text())["probe"]
+    d = Digest({"probes": probes, "ring": 2000}, out_dir, 1)
+    s = scheduler(waiting)
+    d.tick(0, s)  # the full first digest
+    costs = []
+    tt = time.thread_time
+    for t in range(1, ticks + 1):
+        if moving:
+            s.waiting_queue.pop(0)
+            s.waiting_queue.append(_Req())
+            s.req_to_token_pool.n = 64 - (t & 7)
+        t0 = tt()
+        d.tick(t, s)
+        costs.append(tt() - t0)
+    costs.sort()
+    return {"waiting": waiting, "case": "moving" if moving else "steady", "ticks": ticks,
+            "median_us": round(statistics.median(costs) * 1e6, 1),
+            "p99_us": round(costs[int(0.99 * (len(costs) - 1))] * 1e6, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ticks", type=int, default=5000)
+    ap.add_argument("--sizes", default="8,1000")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (int(x) for x in args.sizes.split(",")):
+            for moving in (False, True):
+                print(json.dumps(measure(n, args.ticks, moving, tmp)))
+
+
+if __name__ == "__main__":
+    main()
