@@ -218,6 +218,9 @@ class TeardownRecord(_Record):
 
     left_running: list[int] = Field(default_factory=list)
     time: float
+    grace_s: Optional[float] = None  # seconds between SIGTERM and SIGKILL (repro.runner.WEDGED_STOP_GRACE_S when wedged)
+    wedged: Optional[bool] = None  # the burst left the tree deadlocked / desynced / with a dead rank
+    stop_s: Optional[float] = None  # seconds the stop took
 
 
 R = TypeVar("R")
@@ -355,7 +358,7 @@ class Layout:
     REQUESTS = _member("requests.jsonl", "jsonl", "the driver's request history")
     PROCESSES = _member("processes.json", "json", "the server tree's processes (repro.procs.save_procs)")
     OWNED_DIRS = _member("owned_dirs.json", "json", "a JSON list of temp folders the server owned")
-    TEARDOWN = _member("teardown.json", "json", "{left_running: [pid…], time}", TeardownRecord)
+    TEARDOWN = _member("teardown.json", "json", "{left_running: [pid…], time, grace_s, wedged, stop_s}", TeardownRecord)
     STALLS = _member("stalls.json", "json", "a JSON list of each capture's judgement")
     ANALYSIS = _member("analysis.json", "json", "the stack analysis (repro.analysis.Analysis)")
     ANALYSIS_FIRST = _member("analysis-first.json", "json", "the first capture's stack analysis")

@@ -338,6 +338,12 @@ class Outcome:
     ledger: Any = None  # the LedgerDiagnosis finish_evidence aligned (repro.ledger), for callers after it
 
 
+
+# Seconds stop() waits after SIGTERM before SIGKILL once a burst left the tree wedged (Session.wedged): a rank blocked
+# in a gloo/NCCL collective never returns to the interpreter to run its handler, so waiting longer only delays the
+# next run (docs: benchmarks/RESULTS.md, "Teardown of a wedged tree").
+WEDGED_STOP_GRACE_S = 0.5
+
 class Session:
     """One launched server with the injector loaded for a plan (one or more variants' injections), unarmed.
 
@@ -363,6 +369,10 @@ class Session:
         # seconds stop() lets the tree exit after SIGTERM before SIGKILL (repro hunt: 1 s — sglang's parent sleeps 5 s
         # after a child died before it exits, and a hunt's servers have nothing to drain)
         self.stop_grace_s = 10.0
+        # set by drive() when a burst ended with the tree wedged (a deadlock, a desync, a dead rank): stop() then
+        # SIGKILLs after WEDGED_STOP_GRACE_S — a rank blocked in a collective never runs its SIGTERM handler, and the
+        # evidence is already written (issue 36: the tree is gone within 2 s of verdict.json)
+        self.wedged = False
 
     def start(self) -> Optional[Verdict]:
         """Launch and wait healthy (a port taken during start-up is retried on new ports), record the tree, map the
@@ -460,16 +470,20 @@ class Session:
         self._launched_t = None
         if self.server is None:
             return []
-        self.observe("teardown", {})
+        grace = min(self.stop_grace_s, WEDGED_STOP_GRACE_S) if self.wedged else self.stop_grace_s
+        self.observe("teardown", {"grace_s": grace})
+        t0 = time.time()
         try:
-            left = self.server.stop(grace_s=self.stop_grace_s)
+            left = self.server.stop(grace_s=grace)
         except KeyboardInterrupt:
             # Ctrl-C/SIGTERM arrived during the teardown itself: finish it (the CLI ignores further signals now),
             # then let the caller report the interruption.
-            left = self.server.stop(grace_s=self.stop_grace_s)
+            left = self.server.stop(grace_s=grace)
             self.interrupted_in_teardown = True
-        self.p.evidence.teardown.write({"left_running": [getattr(x, "pid", x) for x in left], "time": time.time()})
+        self.p.evidence.teardown.write({"left_running": [getattr(x, "pid", x) for x in left], "time": time.time(),
+                                        "grace_s": grace, "wedged": self.wedged, "stop_s": round(time.time() - t0, 3)})
         self.server = None
+        self.wedged = False
         return left
 
     def restart(self) -> Optional[Verdict]:
@@ -626,6 +640,7 @@ class Session:
         final = driver.state()
         clean = (final.finished and verdict.verdict != DEADLOCKED and server.is_running()
                  and not any(getattr(d, "deaths", None) for d in detectors))  # a dead rank: restart first
+        self.wedged = not clean
         driver.abandon()
         if clean:
             driver.close(wait_s=0.5)

@@ -48,6 +48,11 @@ def test_smoke_extra_allreduce_deadlocks_with_both_ranks_captured(tmp_path):
     _assert_tree_gone(run_dir)
     verdict = read_json(run_dir / "verdict.json")
     assert verdict["verdict"] == "DEADLOCKED" and verdict["exit_code"] == 0 and not verdict["partial"]
+    # the wedged tree is gone within 2 s of verdict.json (issue 36): SIGKILL after repro.runner.WEDGED_STOP_GRACE_S,
+    # not the 10 s grace a rank blocked in a collective never uses
+    teardown = read_json(run_dir / "teardown.json")
+    assert teardown["wedged"] is True and teardown["left_running"] == [], teardown
+    assert teardown["time"] - (run_dir / "verdict.json").stat().st_mtime <= 2.0, teardown
     ranks = {r["rank"]: r for r in out["analysis"]["ranks"]}
     assert ranks[0]["state"] == "collective" and ranks[0]["op"] == "all_reduce" and ranks[0]["injected"]
     assert ranks[1]["state"] == "collective" and not ranks[1]["injected"]
