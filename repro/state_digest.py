@@ -260,7 +260,8 @@ def diagnose_state(ledgers: Mapping[int, Any], kinds: Optional[Mapping[str, str]
             res.ticks_before_collective = collective_tick - (res.tick or 0)
         parts = [f"`{p}` " + ", ".join(f"rank {r} = {_show(v)}" for r, v in vs.items()) for p, vs in res.fields.items()]
         when = (f"; {res.ticks_before_collective} tick(s) before the first divergent collective (tick {collective_tick})"
-                if res.ticks_before_collective is not None else "; no collective diverged")
+                if res.ticks_before_collective is not None
+                else "; no divergent collective in the ledgers (a rank that aborted or died may not have recorded its last one)")
         res.summary = f"at scheduler tick {res.tick}: " + "; ".join(parts) + when + f" (ticks {start}–{end} compared)."
     else:
         res.summary = (f"none: the ranks' lockstep state agreed at every tick from {start} to {end} "
