@@ -262,6 +262,9 @@ def cleanup(folder: Path, force: bool = False) -> list[CleanupResult]:
         CleanupError: ``folder`` stands for no run folder (message names what is accepted).
     """
     targets = cleanup_targets(Path(folder))
+    if not targets and Path(folder).exists() and not Path(folder).is_dir():
+        raise CleanupError(f"{folder} is a file, not a folder: pass a run's evidence folder (it holds processes.json), a "
+                           "hunt folder, a hunt trial's folder, or an evidence root")
     if not targets:
         raise CleanupError(f"{Path(folder) / 'processes.json'} not found: pass a run's evidence folder (it holds "
                            "processes.json), a hunt folder, a hunt trial's folder, or an evidence root")

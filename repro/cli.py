@@ -675,7 +675,9 @@ def analyze(
         console.print("[red]error:[/] no rank dump found in " + ", ".join(str(p) for p in paths))
         raise typer.Exit(EXIT_USAGE)
     if markdown is not None and not Path(markdown).parent.is_dir():
-        console.print(f"[red]error:[/] --markdown {markdown}: folder {Path(markdown).parent} does not exist; create it or pick another path")
+        parent = Path(markdown).parent
+        why = "is a file, not a folder" if parent.exists() else "does not exist"
+        console.print(f"[red]error:[/] --markdown {markdown}: {parent} {why}; pass a path inside an existing folder")
         raise typer.Exit(EXIT_USAGE)
     if not caps:
         if markdown is not None:
@@ -881,10 +883,10 @@ def reproduce(
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
 ) -> None:
     """Write a scenario whose variants make the dumps' divergence on purpose (``repro.reproduce``): an extra
-    collective on the odd rank(s), its mirror, and discovery's root-cause candidates on the odd rank's path. Nothing
-    is launched: run a candidate with ``repro run OUT/reproduce.toml --variant NAME``.
+    collective on the odd rank(s), its mirror, and discovery's root-cause candidates on the odd rank's path. With
+    --no-run that is all (nothing is launched; run a candidate with ``repro run OUT/reproduce.toml --variant NAME``).
 
-    Then runs them on one server (re-armed per candidate, restarted after a hang), compares each hang's signature
+    Without --no-run it then runs them on one server (re-armed per candidate, restarted after a hang), compares each hang's signature
     with the dumps' and writes OUT/REPRODUCTION.md. Exit 10 REPRODUCED, 11 DIFFERENT HANG, 12 NOT REPRODUCED; 0 with
     --no-run once written; 2 on bad input (ranks that agree, one rank, a busy rank, no Python frames, an engine
     without adapter), one line, nothing launched.
@@ -945,6 +947,10 @@ def discover(
     from repro.interpreter import InterpreterError, choose_python
     from repro.scenario import ScenarioError, load_scenario
 
+    if out_file is not None and not out_file.parent.is_dir():
+        why = "is a file, not a folder" if out_file.parent.exists() else "does not exist"
+        console.print(f"[red]error:[/] --out {out_file}: {out_file.parent} {why}; pass a path inside an existing folder")
+        raise typer.Exit(EXIT_USAGE)
     try:
         sc = load_scenario(scenario)
         py = choose_python(python)
@@ -956,7 +962,7 @@ def discover(
     try:
         d = run_discover(py, path, known_perturbations=list(cat.perturbations))
     except DiscoverError as e:
-        bad_input = "rules not found" in str(e) or "not valid TOML" in str(e) or ": expected" in str(e)
+        bad_input = any(k in str(e) for k in ("rules not found", "not valid TOML", ": expected", "not a UTF-8 text file"))
         console.print(f"[red]error:[/] {e}", soft_wrap=True)
         raise typer.Exit(EXIT_USAGE if bad_input else EXIT_INTERNAL)
     if out_file is not None:

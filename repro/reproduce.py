@@ -178,7 +178,8 @@ def check_input(analysis: Analysis, captures: Sequence[RankCapture], adapter: Op
 
     src = ", ".join(sorted({c.source.split(", block ")[0] for c in captures if c.source})) or "the dumps"
     if len(captures) < 2:
-        raise ReproduceInputError(f"{src}: one rank read ({len(captures)}); a reproduction needs every rank of the TP "
+        read = "no rank dump was read" if not captures else "only one rank's dump was read"
+        raise ReproduceInputError(f"{src}: {read}; a reproduction needs every rank of the TP "
                                   "group (one dump per rank, or a file holding them all)")
     for c in captures:
         if not any(not f.native for t in c.threads for f in t.frames):

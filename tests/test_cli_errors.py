@@ -194,3 +194,49 @@ def test_analyze_on_a_fifo_is_one_line_exit_2(tmp_path):
     os.mkfifo(fifo)
     code, out = _run("analyze", str(fifo))
     assert code == 2 and "Traceback" not in out and "FIFO" in out and "save the dump" in out
+
+
+# ---- issue 29 items 2 and 5: the rest of the bad-input cases, each one line naming the fix -----------------------
+
+def test_reproduce_no_run_on_a_fifo_is_one_line_exit_2(tmp_path):
+    fifo = tmp_path / "dump.fifo"
+    os.mkfifo(fifo)
+    code, out = _run("reproduce", str(fifo), "--no-run", "--out", str(tmp_path / "out"))
+    assert code == 2 and "Traceback" not in out and "FIFO" in out, out
+
+
+def test_discover_out_under_a_file_is_one_line_exit_2_before_any_scan(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    code, out = _run("discover", str(SMOKE), "--out", str(f / "x.toml"))
+    assert code == 2 and "Traceback" not in out and "is a file, not a folder" in out, out
+    assert f.read_text() == "x"
+
+
+def test_discover_binary_rules_is_exit_2_not_internal(tmp_path):
+    rules = tmp_path / "rules.toml"
+    rules.write_bytes(b"\x00\xff\xfe\x89PNG\r\n")
+    code, out = _run("discover", str(SMOKE), "--rules", str(rules))
+    assert code == 2 and "not a UTF-8 text file" in out, out
+
+
+def test_cleanup_on_a_file_says_it_is_a_file(tmp_path):
+    f = tmp_path / "processes.txt"
+    f.write_text("x")
+    code, out = _run("cleanup", str(f))
+    assert code == 2 and "is a file, not a folder" in out, out
+
+
+def test_reproduce_on_a_binary_file_does_not_claim_a_rank_was_read(tmp_path):
+    b = tmp_path / "bin.dat"
+    b.write_bytes(bytes(range(256)) * 8)
+    code, out = _run("reproduce", str(b), "--no-run", "--out", str(tmp_path / "out"))
+    assert code == 2 and "one rank read" not in out and "(1)" not in out, out
+
+
+def test_analyze_markdown_under_a_file_says_it_is_a_file(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    dumps = sorted(str(p) for p in (REPO / "tests" / "fixtures" / "stacks").glob("gloo3_faulthandler_rank*.txt"))
+    code, out = _run("analyze", *dumps, "--markdown", str(f / "x.md"))
+    assert code == 2 and "is a file, not a folder" in out and "does not exist" not in out, out

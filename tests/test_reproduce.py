@@ -219,7 +219,7 @@ def _cli(args: list[str]):
 
 @pytest.mark.parametrize("what,path,words", [
     ("ranks agree", FIXTURES / "dumps" / "sglang_tp2_cpu_idle", "nothing to reproduce"),
-    ("a single rank", FIXTURES / "dumps" / "sglang_tp2_cpu_hang" / "rank0.txt", "one rank read"),
+    ("a single rank", FIXTURES / "dumps" / "sglang_tp2_cpu_hang" / "rank0.txt", "only one rank's dump was read"),
     ("a busy rank", FIXTURES / "pasted" / "busy_main_background_collective", "busy (on CPU, not blocked)"),
     ("a non-Python dump", FIXTURES / "pasted" / "gdb_bt_gloo3", "has no Python frames"),
 ])
@@ -247,7 +247,7 @@ def test_an_engine_with_no_adapter_is_one_line_exit_2_nothing_launched(tmp_path)
 def test_check_input_accepts_a_diverged_two_rank_hang(tmp_path):
     a, caps = read_dumps([str(_hang(tmp_path))])
     assert check_input(a, caps) == "sglang"
-    with pytest.raises(ReproduceInputError, match="one rank read"):
+    with pytest.raises(ReproduceInputError, match="only one rank.s dump was read"):
         check_input(a, caps[:1])
 
 
