@@ -8,6 +8,9 @@ harness's pid + start ticks). Rules, in order:
   older harness's) is refused: its processes are never signalled, ``force`` does not change that, and the result
   names each recorded process left alone and why;
 - a run whose harness is still alive (pid + start ticks of ``run.json`` / the mark) is refused unless ``force``;
+- a live recorded process whose ``/proc/<pid>/environ`` lacks the run's launch token (``REPRO_LAUNCH_TOKEN``, set by
+  :func:`repro.launcher.start_server`, its value in the mark's ``tokens``) makes cleanup refuse the whole folder:
+  a hand-written or stale ``processes.json`` cannot make it signal an unrelated process;
 - only recorded processes whose pid AND start ticks still match are signalled (:func:`repro.procs.stop_procs`): a
   reused pid is never touched;
 - once the tree is gone, the server's temp folders (``owned_dirs.json``, only ``$TMPDIR/repro-*``) are removed, and a
@@ -227,6 +230,15 @@ def cleanup_run(folder: Path, force: bool = False) -> CleanupResult:
         rc, msg = cleanup_hosts(hosts)
         return CleanupResult(folder, EXIT_OK if rc == 0 else EXIT_INTERNAL, msg)
     live = [p for p in recorded if _procs.alive(p)]
+    tokens = [t for t in (mark.get("tokens") or []) if isinstance(t, str) and t]
+    foreign = [p for p in live if not any(_procs.has_launch_token(p, t) for t in tokens)]
+    if foreign:  # a forged or stale record: a live pid that is not of the launched tree is never signalled
+        why = ("its environment lacks the launch token recorded in processes.json" if tokens else
+               "processes.json carries no launch token (written by hand or by an older harness)")
+        return CleanupResult(folder, EXIT_USAGE, f"refused: {folder}/processes.json names live processes that repro did "
+                             f"not launch for this run ({why}); nothing was stopped. End them yourself if they are yours: "
+                             + ", ".join(f"pid {p.pid} ({p.title[:60]})" for p in foreign), refused=True,
+                             left_alone=[(p, why) for p in foreign])
     gone = len(recorded) - len(live)
     shm = _procs.shm_files_of(live)  # read before the tree is signalled (see repro.launcher.Server.stop)
     left = _procs.stop_procs(live) if live else []

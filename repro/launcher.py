@@ -12,6 +12,7 @@ reused, so it is always treated as ours — a check of its identity can never ma
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -160,7 +161,7 @@ class Server:
     def launch_mark(self) -> dict:
         """The mark that says the harness itself started this tree, for ``processes.json`` (``repro cleanup`` ends
         only trees carrying it); see :func:`repro.procs.launch_mark`."""
-        return _procs.launch_mark(self.root, self.pid)
+        return _procs.launch_mark(self.root, self.pid, tokens=[t for t in [self.env.get(_procs.LAUNCH_TOKEN_ENV)] if t])
 
     def rank_pids(self) -> dict[int, int]:
         """rank → pid of the scheduler processes, from their titles (``adapter.rank_pids``)."""
@@ -322,6 +323,9 @@ def start_server(adapter: Adapter, spec: LaunchSpec, log_path: Path) -> Server:
 
     command = adapter.launch_command(spec)
     env = adapter.launch_env(spec, dict(os.environ))
+    # a per-launch secret every process of the tree inherits: `repro cleanup` signals a recorded pid only when its
+    # /proc/<pid>/environ carries it (a hand-written processes.json cannot name it for an unrelated process)
+    env[_procs.LAUNCH_TOKEN_ENV] = secrets.token_hex(16)
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_file = open(log_path, "ab", buffering=0)

@@ -277,8 +277,11 @@ class Stack:
         return out
 
     def launch_mark(self) -> dict:
-        """The first role's launch mark (``repro cleanup`` ends the whole union recorded with it)."""
-        return next(iter(self.servers.values())).launch_mark()
+        """The first role's launch mark with every role's launch token (``repro cleanup`` ends the whole union
+        recorded with it, each process only when it carries one of the tokens)."""
+        marks = [s.launch_mark() for s in self.servers.values()]
+        tokens = [t for m in marks for t in m.get("tokens", [])]
+        return {**marks[0], **({"tokens": tokens} if tokens else {})}
 
     def rank_pids_by_role(self) -> dict[str, dict[int, int]]:
         """role → rank → pid, for the engine roles."""

@@ -19,7 +19,7 @@ import signal
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Iterable, Optional, Sequence, Union
 
 import psutil
 
@@ -355,10 +355,26 @@ def save_procs(path: Union[str, Path], procs: Iterable[ProcInfo], launch: Option
     os.replace(tmp, path)
 
 
-def launch_mark(root: Optional[ProcInfo], root_pid: Optional[int] = None) -> dict:
+# Environment variable holding the per-launch token (repro.launcher.start_server sets it; repro.cleanup checks it)
+LAUNCH_TOKEN_ENV = "REPRO_LAUNCH_TOKEN"
+
+
+def has_launch_token(p: ProcInfo, token: str) -> bool:
+    """True when the live process ``p`` has ``REPRO_LAUNCH_TOKEN=<token>`` in ``/proc/<pid>/environ`` (its environment
+    at exec, inherited by every process of a tree the launcher started). False when unreadable or absent."""
+    try:
+        raw = Path(f"/proc/{p.pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"{LAUNCH_TOKEN_ENV}={token}".encode() in raw.split(b"\0")
+
+
+def launch_mark(root: Optional[ProcInfo], root_pid: Optional[int] = None, tokens: Sequence[str] = ()) -> dict:
     """The mark that says this harness process itself started the tree under ``root`` (see :func:`save_procs`):
     ``{"launched_by_repro": true, "root": {pid, start_ticks, create_time}, "harness": {pid, start_ticks,
-    create_time}}``; start ticks are clock ticks since boot. ``root_pid`` is used when ``root`` could not be read."""
+    create_time}, "tokens": [...]}``; start ticks are clock ticks since boot. ``root_pid`` is used when ``root`` could
+    not be read. ``tokens``: the launch tokens (:data:`LAUNCH_TOKEN_ENV`) the tree's processes carry in their
+    environment; ``repro cleanup`` signals a recorded process only when ``/proc/<pid>/environ`` has one of them."""
     me = proc_info(os.getpid())
     return {
         "launched_by_repro": True,
@@ -366,6 +382,7 @@ def launch_mark(root: Optional[ProcInfo], root_pid: Optional[int] = None) -> dic
                  "create_time": root.create_time if root else None},
         "harness": {"pid": os.getpid(), "start_ticks": me.start_ticks if me else None,
                     "create_time": me.create_time if me else None},
+        **({"tokens": list(tokens)} if tokens else {}),
     }
 
 

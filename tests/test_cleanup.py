@@ -22,6 +22,12 @@ from typer.testing import CliRunner
 from repro.cli import app
 from repro.procs import alive, launch_mark, proc_info, save_procs, snapshot_tree
 
+from repro.procs import LAUNCH_TOKEN_ENV  # noqa: E402
+
+# the launch token a tree repro.launcher started carries (repro.cleanup signals only processes that have it)
+TOKEN = "test-launch-token"
+TOKEN_ENV = {**os.environ, LAUNCH_TOKEN_ENV: TOKEN}
+
 runner = CliRunner()
 
 
@@ -64,7 +70,7 @@ def foreign_server(tmp_path: Path):
 
 @pytest.fixture
 def sleeper():
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True, env=TOKEN_ENV)
     try:
         yield p
     finally:
@@ -103,7 +109,7 @@ def test_an_evidence_root_cleans_the_launched_run_and_leaves_the_watched_server_
     run_dir = root / "smoke" / "20261201T000001Z-extra"  # evidence root / scenario / run
     run_dir.mkdir(parents=True)
     info = proc_info(sleeper.pid)
-    save_procs(run_dir / "processes.json", [info], launch=launch_mark(info))
+    save_procs(run_dir / "processes.json", [info], launch=launch_mark(info, tokens=[TOKEN]))
     (run_dir / "run.json").write_text(json.dumps({"status": "running", "pid": 999999999, "time": time.time()}))
     code, out = _run("cleanup", str(root))
     assert code == 0, out
@@ -120,7 +126,7 @@ def test_an_evidence_root_cleans_the_launched_run_and_leaves_the_watched_server_
 
 def test_cleanup_refuses_a_marked_list_whose_harness_lives_and_force_ends_it(tmp_path: Path, sleeper):
     info = proc_info(sleeper.pid)
-    save_procs(tmp_path / "processes.json", [info], launch=launch_mark(info))
+    save_procs(tmp_path / "processes.json", [info], launch=launch_mark(info, tokens=[TOKEN]))
     me = proc_info(os.getpid())
     (tmp_path / "run.json").write_text(json.dumps({"status": "running", "pid": me.pid, "harness_start_ticks": me.start_ticks}))
     code, out = _run("cleanup", str(tmp_path))
@@ -158,7 +164,7 @@ def test_cleanup_removes_the_shm_files_the_killed_harness_s_tree_mapped(tmp_path
             "maps = [mmap.mmap(fd, 4096), mmap.mmap(os.open(sys.argv[2], os.O_RDWR), 4096)]\n"
             "open(sys.argv[3], 'w').close(); time.sleep(120)\n")
     ready = tmp_path / "ready"
-    p = subprocess.Popen([sys.executable, "-c", code, str(new), str(old), str(ready)], start_new_session=True)
+    p = subprocess.Popen([sys.executable, "-c", code, str(new), str(old), str(ready)], start_new_session=True, env=TOKEN_ENV)
     try:
         deadline = time.monotonic() + 20
         while not ready.exists():
@@ -167,7 +173,7 @@ def test_cleanup_removes_the_shm_files_the_killed_harness_s_tree_mapped(tmp_path
         info = proc_info(p.pid)
         run_dir = tmp_path / "run"
         run_dir.mkdir()
-        save_procs(run_dir / "processes.json", [info], launch=launch_mark(info))
+        save_procs(run_dir / "processes.json", [info], launch=launch_mark(info, tokens=[TOKEN]))
         (run_dir / "run.json").write_text(json.dumps({"status": "running", "pid": 999999999, "time": time.time()}))
         rc, out = _run("cleanup", str(run_dir))
         assert rc == 0 and "stopped 1 of 1" in out, out
@@ -180,3 +186,19 @@ def test_cleanup_removes_the_shm_files_the_killed_harness_s_tree_mapped(tmp_path
         p.wait(10)
         for f in (old, new):
             f.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("tokens", [[], ["a-token-the-process-does-not-carry"]])
+def test_a_forged_launch_marked_list_never_signals_an_unrelated_process(tmp_path: Path, tokens):
+    # issue 29 item 6: a hand-written processes.json with launched_by_repro made cleanup kill an unrelated sleep
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        info = proc_info(other.pid)
+        save_procs(tmp_path / "processes.json", [info], launch=launch_mark(info, tokens=tokens))
+        code, out = _run("cleanup", str(tmp_path))
+        assert code == 2 and "refused" in out and "launch token" in out and f"pid {other.pid}" in out, out
+        time.sleep(0.3)
+        assert other.poll() is None and alive(info), "cleanup signalled a process the forged list named"
+    finally:
+        os.killpg(other.pid, signal.SIGKILL)
+        other.wait(10)

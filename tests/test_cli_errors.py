@@ -21,6 +21,12 @@ from typer.testing import CliRunner
 from repro.cli import app
 from repro.procs import alive, launch_mark, proc_info, save_procs
 
+from repro.procs import LAUNCH_TOKEN_ENV  # noqa: E402
+
+# the launch token a tree repro.launcher started carries (repro.cleanup signals only processes that have it)
+TOKEN = "test-launch-token"
+TOKEN_ENV = {**os.environ, LAUNCH_TOKEN_ENV: TOKEN}
+
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "scenarios" / "sglang" / "smoke_extra_allreduce.toml"
 runner = CliRunner()
@@ -94,10 +100,10 @@ def test_cleanup_of_a_corrupt_process_list_is_exit_2(tmp_path):
 
 
 def test_cleanup_refuses_a_run_whose_harness_is_alive_unless_forced(tmp_path):
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True, env=TOKEN_ENV)
     try:
         info = proc_info(sleeper.pid)
-        save_procs(tmp_path / "processes.json", [info], launch=launch_mark(info))
+        save_procs(tmp_path / "processes.json", [info], launch=launch_mark(info, tokens=[TOKEN]))
         me = proc_info(os.getpid())
         (tmp_path / "run.json").write_text(json.dumps({"status": "running", "pid": me.pid, "harness_create_time": me.create_time}))
         code, out = _run("cleanup", str(tmp_path))
@@ -121,10 +127,10 @@ def test_cleanup_of_a_hunt_folder_stops_its_session_server_and_removes_its_temp_
     for d in (session, hunt, trial):
         d.mkdir()
     owned = Path(tempfile.mkdtemp(prefix="repro-hicache-"))
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True, env=TOKEN_ENV)
     try:
         info = proc_info(sleeper.pid)
-        save_procs(session / "processes.json", [info], launch=launch_mark(info))
+        save_procs(session / "processes.json", [info], launch=launch_mark(info, tokens=[TOKEN]))
         (session / "owned_dirs.json").write_text(json.dumps([str(owned)]))
         (hunt / "hunt.jsonl").write_text(json.dumps({"event": "session", "evidence": str(session)}) + "\n")
         (trial / "session.json").write_text(json.dumps({"session": str(session)}))
@@ -148,13 +154,13 @@ def test_cleanup_treats_a_killed_harness_not_yet_reaped_as_gone(tmp_path):
     # measured: right after `kill -9` of a hunt, its pid is a zombie of the shell that started it for a moment;
     # cleanup refused ("still in progress") although nothing could ever tear the server down
     harness = subprocess.Popen([sys.executable, "-c", "pass"])
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True, env=TOKEN_ENV)
     try:
         h = proc_info(harness.pid)
         deadline = time.monotonic() + 10
         while psutil.Process(harness.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
             time.sleep(0.05)  # not waited for: it stays a zombie
-        save_procs(tmp_path / "processes.json", [proc_info(sleeper.pid)], launch=launch_mark(proc_info(sleeper.pid)))
+        save_procs(tmp_path / "processes.json", [proc_info(sleeper.pid)], launch=launch_mark(proc_info(sleeper.pid), tokens=[TOKEN]))
         (tmp_path / "run.json").write_text(json.dumps({"status": "running", "pid": h.pid, "harness_create_time": h.create_time}))
         code, out = _run("cleanup", str(tmp_path))
         assert code == 0 and "stopped 1 of 1" in out, out

@@ -25,6 +25,12 @@ from repro import cli, resources
 from repro.cli import app
 from repro.procs import launch_mark, proc_info, save_procs
 
+from repro.procs import LAUNCH_TOKEN_ENV  # noqa: E402
+
+# the launch token a tree repro.launcher started carries (repro.cleanup signals only processes that have it)
+TOKEN = "test-launch-token"
+TOKEN_ENV = {**os.environ, LAUNCH_TOKEN_ENV: TOKEN}
+
 runner = CliRunner()
 LONG = "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.check_prefetch_progress"
 
@@ -67,7 +73,7 @@ def test_a_rule_without_a_terminal_is_one_short_line(monkeypatch):
 
 @pytest.fixture
 def sleeper():
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True, env=TOKEN_ENV)
     try:
         yield p
     finally:
@@ -80,7 +86,7 @@ def test_cleanup_json_reports_each_run_folder(tmp_path: Path, sleeper):
     run_dir = tmp_path / "evidence" / "smoke" / "20261201T000001Z-extra"
     run_dir.mkdir(parents=True)
     info = proc_info(sleeper.pid)
-    save_procs(run_dir / "processes.json", [info], launch=launch_mark(info))
+    save_procs(run_dir / "processes.json", [info], launch=launch_mark(info, tokens=[TOKEN]))
     (run_dir / "run.json").write_text(json.dumps({"status": "running", "pid": 999999999}))
     r = runner.invoke(app, ["cleanup", str(tmp_path / "evidence"), "--json"])
     assert r.exit_code == 0, r.output
