@@ -50,6 +50,22 @@ def main():
         f.write('Process 1: python deep.py\nPython v3.11.7 (/usr/bin/python3)\n\nThread 1 (active): "MainThread"\n')
         line = "    recurse (deep.py:3)\n"
         f.write(line * (size // len(line)))
+    # issue 29 item 1: one "Process" header over 50 MB of thread blocks, the same block again (one thread id) and
+    # distinct MainThread blocks (each a rank that lost its header: capped at repro.readers.assemble.MAX_PROCESSES)
+    blk = ('Thread {tid} (idle): "MainThread"\n    all_reduce (torch/distributed/distributed_c10d.py:2501)\n'
+           '    event_loop_normal (sglang/srt/managers/scheduler.py:900)\n\n')
+    hdr = "Process 4242: python3 -m sglang.launch_server\nPython v3.11.7 (/usr/bin/python3)\n\n"
+    one_same, one_distinct = tmp / "one_header_same.txt", tmp / "one_header_distinct.txt"
+    with open(one_same, "w") as f:
+        b = blk.format(tid="0x7F00DEADBEEF")
+        f.write(hdr + b * (size // len(b)))
+    with open(one_distinct, "w") as f:
+        f.write(hdr)
+        n, k = 0, 0
+        while n < size:
+            b = blk.format(tid=hex(0x7F0000000000 + k))
+            f.write(b)
+            n, k = n + len(b), k + 1
     junk = tmp / "junk.txt"
     rnd = random.Random(0)
     with open(junk, "w") as f:
@@ -64,7 +80,8 @@ def main():
     empty.mkdir()
     rows = []
     for name, path in [("stack-like (successive py-spy dumps)", stack), ("deep recursion (one thread)", deep),
-                       ("junk text", junk), ("binary", binary), ("empty folder", empty)]:
+                       ("one header, one block repeated", one_same),
+                       ("one header, distinct MainThread blocks", one_distinct), ("junk text", junk), ("binary", binary), ("empty folder", empty)]:
         t0 = time.time()
         p = subprocess.run([sys.executable, "-c", _WRAP, sys.executable, "-m", "repro", "analyze", str(path)],
                            cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -195,6 +195,9 @@ def _label(f: Frame) -> str:
     return f"[injected] {f.function}" if is_injector_frame(f) else f.function
 
 
+# lines of inputs / missing ranks `input_lines` lists before one summary line (the rest stay in analysis.json)
+MAX_LISTED_LINES = 40
+
 class ThreadReading(BaseModel):
     """What one thread's stack says (internal to the analysis, exposed for tests)."""
 
@@ -467,11 +470,14 @@ class Analysis(BaseModel):
         kept or skipped with its reason, what is missing, the confidence and why."""
         from repro.readers.types import FORMAT_NAMES
 
-        out = []
+        out: list[str] = []
         if self.formats:
             out.append("read as: " + ", ".join(f"{FORMAT_NAMES.get(k, k)} ({n} process{'es' if n != 1 else ''})"
                                                for k, n in self.formats.items()))
-        for i in self.inputs:
+        for k, i in enumerate(self.inputs):
+            if k == MAX_LISTED_LINES:
+                out.append(f"… and {len(self.inputs) - k} more inputs (each one is in analysis.json / --json)")
+                break
             where = i.get("file", "") + (f", block {i['block']}" if i.get("block") else "")
             who = f"pid {i['pid']} " if i.get("pid") is not None else ""
             title = f"{i['title'][:60]!r} " if i.get("title") else ""
@@ -479,7 +485,9 @@ class Analysis(BaseModel):
                 out.append(f"kept {where}: {who}{title}as rank {i.get('rank')} ({i.get('reason', '')})")
             else:
                 out.append(f"skipped {where}: {who}{title}({i.get('reason', '')})")
-        out += [f"missing: {m}" for m in self.missing]
+        out += [f"missing: {m}" for m in self.missing[:MAX_LISTED_LINES]]
+        if len(self.missing) > MAX_LISTED_LINES:
+            out.append(f"missing: … and {len(self.missing) - MAX_LISTED_LINES} more (each one is in analysis.json / --json)")
         if self.confidence:
             out.append(f"confidence: {self.confidence}" + (f" ({'; '.join(self.confidence_reasons)})"
                                                            if self.confidence_reasons else ""))
@@ -761,8 +769,8 @@ def _honesty(caps: Sequence[RankCapture], states: Sequence[RankState]):
     why: list[str] = []
     if ranks and ranks[-1] + 1 > len(ranks):
         gone = sorted(set(range(ranks[-1] + 1)) - set(ranks))
-        missing.append(f"{len(ranks)} of at least {ranks[-1] + 1} ranks present (missing: "
-                       + ",".join(str(r) for r in gone) + ")")
+        shown = ",".join(str(r) for r in gone[:32]) + (f",… ({len(gone)} in all)" if len(gone) > 32 else "")
+        missing.append(f"{len(ranks)} of at least {ranks[-1] + 1} ranks present (missing: {shown})")
         why.append("some ranks are missing")
     for s in states:
         if s.state == "unknown":

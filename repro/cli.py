@@ -67,6 +67,7 @@ EXPECT_HELP = "Expected verdict: deadlock | success | inconclusive. Exit 0 iff i
 
 EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + 2
 EXIT_TERMINATED = 143  # SIGTERM: 128 + 15
+MAX_TABLE_RANKS = 64  # rows of `repro analyze`'s rank table (issue 29 item 1: a 50 MB dump printed 61 MB); the rest in --json
 _INTERRUPT_SIGNAL: Optional[int] = None  # the signal that interrupted this command, once one did
 
 
@@ -726,18 +727,32 @@ def analyze(
     for col in ("rank", "state", "blocked in", "via", "call site", "caller chain"):
         table.add_column(col, overflow="fold")
     odd = set(result.odd_ranks)
-    for r in result.ranks:
+    # at most MAX_TABLE_RANKS rows: the odd ranks first, then the others in rank order; one row says what was left out
+    shown = sorted(result.ranks, key=lambda r: (r.rank not in odd, r.rank))[:MAX_TABLE_RANKS]
+    keep = {r.rank for r in shown}
+    for r in [r for r in result.ranks if r.rank in keep]:
         style = "bold red" if r.rank in odd else ("yellow" if r.state in ("busy", "unknown") else "")
         state = r.state if r.main_thread or not r.thread else f"{r.state} (thread {r.thread})"
         cells = [str(r.rank), state, r.op or r.wait or r.error, r.via or "", r.blocked_frame or "",
                  " \u2190 ".join(r.caller_chain[:4])]
         table.add_row(*(rich_escape(c) for c in cells), style=style)
+    if len(result.ranks) > len(shown):
+        table.add_row("…", f"{len(result.ranks) - len(shown)} more ranks", "(every rank is in --json / analysis.json)",
+                      "", "", "", style="dim")
     out.print(table)
     out.print(rich_escape(result.summary), style="bold red" if result.diverged else "bold green", highlight=False)
     for line in result.input_lines():
         out.print(rich_escape(line), highlight=False, style="dim")
-    for w in result.warnings:
+    from repro.analysis import MAX_LISTED_LINES
+
+    # the bound on printed warnings keeps the first ones and every "not read" one (what was cut is always said)
+    cut = [w for w in result.warnings if "not read" in w]
+    rest = [w for w in result.warnings if "not read" not in w]
+    for w in cut + rest[:MAX_LISTED_LINES]:
         console.print(f"[yellow]warning:[/] {rich_escape(w)}", highlight=False)
+    if len(rest) > MAX_LISTED_LINES:
+        console.print(f"[yellow]warning:[/] … and {len(rest) - MAX_LISTED_LINES} more warnings (every one is in --json)",
+                      highlight=False)
     if markdown is not None:
         console.print(f"markdown written to {markdown}")
 

@@ -19,6 +19,9 @@ from repro.readers.types import FORMAT_NAMES, Frame, ProcessDump, ThreadStack
 
 MAX_FRAMES = 256  # frames kept per thread (innermost ones); the rest are counted
 MAX_THREADS = 512  # threads kept per process
+# processes kept per source: more ranks than a dump of one job plausibly holds (a 64-way TP × 16-way PP group is
+# 1024); the rest are counted, never kept (issue 29 item 1: 50 MB read as 100,438 ranks)
+MAX_PROCESSES = 1024
 
 
 class Assembler:
@@ -37,6 +40,7 @@ class Assembler:
         self.first_ignored: Optional[tuple[int, str]] = None
         self.errors: list[str] = []
         self.blocks = 0
+        self.dropped_processes = 0
         self._index: dict = {}
 
     # ---- processes -------------------------------------------------------------------------------------------
@@ -88,6 +92,9 @@ class Assembler:
             self.blocks -= 1
             self._index[self._key(cur)] = idx
             return
+        if len(self.done) >= MAX_PROCESSES:
+            self.dropped_processes += 1
+            return
         self.done.append(cur)
         key = self._key(cur)
         if key is not None:
@@ -135,6 +142,15 @@ class Assembler:
         self.after_blank = False
         return self.thr
 
+    def discard_thread(self, n: int, counter: str) -> dict:
+        """Consume a thread block without keeping it, counting it under ``counter`` in the open process (a note says
+        how many were not kept)."""
+        self.close_thread()
+        cur = self.process("py-spy", n)
+        cur[counter] = cur.get(counter, 0) + 1
+        self.thr = {"discard": True, "frames": [], "order": "inner", "dropped": 0}
+        return self.thr
+
     def thread_ids(self) -> set:
         return {t["thread_id"] for t in self.cur["threads"]} if self.cur else set()
 
@@ -175,6 +191,10 @@ class Assembler:
         out = []
         for d in self.done:
             out.append(_to_dump(d, self.label))
+        if self.dropped_processes and out:
+            w = (f"{self.dropped_processes} more process block(s) beyond the first {MAX_PROCESSES} not read (more "
+                 "ranks than a dump of one job plausibly holds); split the file per rank, or analyze the ranks you need")
+            out[-1] = out[-1].model_copy(update={"warnings": out[-1].warnings + [w]})
         return out
 
 
@@ -195,6 +215,8 @@ def _to_dump(d: dict, label: str) -> ProcessDump:
         if t.dropped_frames:
             notes.append(f"thread {t.thread_id or t.name or '(no id)'}: {t.dropped_frames} outer frame(s) beyond the "
                          f"first {MAX_FRAMES} not kept")
+    if d.get("duplicate_threads"):
+        notes.append(f"{d['duplicate_threads']} repeated thread block(s) (a thread id this process already showed) not kept")
     if d.get("dropped_threads"):
         notes.append(f"{d['dropped_threads']} thread(s) beyond the first {MAX_THREADS} not kept")
     if d["successive"] > 1:

@@ -74,7 +74,16 @@ def handle(asm, s: str, n: int) -> bool:
             if cur is not None and cur["threads"]:
                 repeat = bool(tid) and tid in asm.thread_ids()
                 main_again = name == "MainThread" and any(t["name"] == "MainThread" for t in cur["threads"])
-                if repeat or main_again or (asm.after_blank and cur["pid"] is None and name == "MainThread"):
+                if cur["pid"] is not None and repeat:
+                    # a headed process ("Process <pid>: …") showing a thread id it already has: the same block again
+                    # (a paste or a generator repeating it), not another rank (issue 29 item 1: 50 MB of one header
+                    # read as 100,438 ranks); its frames are consumed and counted, never kept
+                    asm.discard_thread(n, "duplicate_threads")["pyspy"] = True
+                    return True
+                # a blank line inside a headed process never starts a rank (issue 29 item 0); a second MainThread with
+                # another id does (a paste that lost the next header); a headerless paste is split where a new dump
+                # evidently starts
+                if main_again or (cur["pid"] is None and (repeat or (asm.after_blank and name == "MainThread"))):
                     cur = None
             if cur is None:
                 asm.new_process("py-spy", n)
