@@ -154,6 +154,15 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
         src = "--model" if opts.model else f"{opts.scenario_path}: server.model"
         raise RunError(f"{src} {model}: no such folder; pass the path of a model folder (or a hub id like org/name)")
 
+    # every injection must have a site that can exist in this interpreter, before any folder or server exists
+    # (issue 29 item 3; the launch-time check in Session.start still decides what this cheap source check cannot)
+    from repro.site_precheck import missing_sites
+
+    gone = missing_sites(python, [(v.name, inj.id, list(inj.site)) for v in loaded for inj in v.injections])
+    if gone:
+        raise UnresolvedSitesError(f"{opts.scenario_path}: " + " | ".join(gone) + f" — in {python}; nothing was launched "
+                                   f"(`repro sites {opts.scenario_path}` lists every alternative; fix the site or pass "
+                                   "--python of the release that has it)")
     ev_root = Path(opts.evidence_root)
     try:
         evd = ev.EvidenceDir(ev_root, scenario.name, opts.label or label_default or variant.name)
@@ -336,6 +345,7 @@ class Outcome:
     clean: bool = True  # the server is still usable for another variant (no hang, no crash, nothing outstanding)
     injector: Any = None  # the InjectorReport read when judging (repro.injection_records), passed on, not re-read
     ledger: Any = None  # the LedgerDiagnosis finish_evidence aligned (repro.ledger), for callers after it
+    exit_code: Optional[int] = None  # the process's exit code when it is not the verdict's (a refusal: 2)
 
 
 
@@ -687,7 +697,8 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop) -> Ru
             outcome.timings["healthy_s"] = session.healthy_s or 0.0
     except UnresolvedSitesError as e:
         unresolved = e
-        outcome = Outcome(Verdict(INCONCLUSIVE, f"not run: {e}"), clean=False)
+        # the CLI exits 2 (bad input) for it: verdict.json says the same exit code (issue 29 item 3)
+        outcome = Outcome(Verdict(INCONCLUSIVE, f"not run: {e}"), clean=False, exit_code=2)
     except KeyboardInterrupt:
         interrupted = True
         outcome = Outcome(Verdict(INCONCLUSIVE, "interrupted by the user (Ctrl-C/SIGTERM) before a verdict; evidence is partial"),
@@ -1033,7 +1044,8 @@ def finish_evidence(p: Prepared, opts: RunOptions, variant: Variant, evd: ev.Evi
         stacks_dir=evd.stacks_dir,
         command=opts.command_line or f"repro run {shlex.quote(str(opts.scenario_path))} --variant {variant.name}"))
     evd.verdict.write(ev.verdict_record(
-        verdict, exit_code=exit_code_for(verdict.verdict, opts.expect), evidence=evd.path, scenario=p.scenario.name,
+        verdict, exit_code=outcome.exit_code if outcome.exit_code is not None else exit_code_for(verdict.verdict, opts.expect),
+        evidence=evd.path, scenario=p.scenario.name,
         variant=variant.name, variant_expects=variant.expect, expect=opts.expect, partial=interrupted,
         timings=outcome.timings, rank_pids=rank_pids,
         state_divergence=ledger_diag.state.to_dict() if ledger_diag is not None and ledger_diag.state is not None else None))

@@ -120,3 +120,14 @@ def test_an_interrupted_burst_reports_the_requests_it_sent_not_none(tmp_path: Pa
     assert "no requests were sent" not in report
     assert "4 requests:" in report and "outstanding" in report
     assert json.loads(p.evidence.file("run.json").read_text())["status"] == "interrupted"
+
+
+def test_a_run_refused_after_launch_writes_the_exit_code_the_process_exits_with(tmp_path: Path):
+    # issue 29 item 3: verdict.json said INCONCLUSIVE / "exit_code": 4 while `repro run` exited 2
+    from repro.runner import RunOptions, run_prepared
+
+    p = _prepared(tmp_path, "json.decoder:JSONDecodr.decode")
+    with pytest.raises(UnresolvedSitesError):
+        run_prepared(p, RunOptions(scenario_path=p.evidence.scenario.path, evidence_root=tmp_path / "evidence"))
+    v = ev.read_json(p.evidence.verdict.path)
+    assert v["verdict"] == "INCONCLUSIVE" and v["exit_code"] == 2, v
