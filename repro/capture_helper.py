@@ -56,6 +56,8 @@ def _run_py_spy(cmd: list[str], pid: int, *, json_out: bool, native: bool, timeo
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, errors="replace", env=env)
     except subprocess.TimeoutExpired:
         return False, "", f"{_NO_ANSWER} {timeout_s:.1f} s (timeout_s)"
+    except FileNotFoundError as e:
+        return False, "", f"could not run py-spy: not found at {argv[0]} ({e}); {PYSPY_MISSING_FIX}"
     except OSError as e:
         return False, "", f"could not run py-spy ({e}); {PYSPY_MISSING_FIX}"
     if p.returncode != 0 or not p.stdout.strip():

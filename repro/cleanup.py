@@ -24,6 +24,7 @@ calls :func:`cleanup` and renders the :class:`CleanupResult` list.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -195,6 +196,28 @@ def _write_killed_report(folder: Path, run: dict, stopped: list[ProcInfo], when:
             f"- Stopped: {', '.join(f'pid {p.pid} ({p.title[:50]})' for p in stopped) or '(nothing was running)'}", ""]))
 
 
+def _ours(p: ProcInfo, tokens: list, mark: dict) -> bool:
+    """A live recorded process belongs to the launched tree: its environment carries the launch token, or (a process
+    that rewrote its environ block with its title, as sglang's ``setproctitle`` does) it is in the session of the
+    recorded root, and that root, while alive, carries the token. A pid used as a live session id is never reused,
+    so a forged list cannot point that rule at an unrelated process."""
+    if any(_procs.has_launch_token(p, t) for t in tokens):
+        return True
+    root = mark.get("root") or {}
+    rpid = root.get("pid")
+    if not tokens or not isinstance(rpid, int) or rpid <= 0:
+        return False
+    try:
+        if os.getsid(p.pid) != rpid:
+            return False
+    except OSError:
+        return False
+    rinfo = _procs.proc_info(rpid)
+    if rinfo is not None and (root.get("start_ticks") is None or rinfo.start_ticks == root.get("start_ticks")):
+        return any(_procs.has_launch_token(rinfo, t) for t in tokens)
+    return True  # the root is gone: its session's members are what is left of the tree
+
+
 def cleanup_run(folder: Path, force: bool = False) -> CleanupResult:
     """Stop one run folder's recorded server tree (only if the harness launched it) and tidy up after it.
 
@@ -231,7 +254,7 @@ def cleanup_run(folder: Path, force: bool = False) -> CleanupResult:
         return CleanupResult(folder, EXIT_OK if rc == 0 else EXIT_INTERNAL, msg)
     live = [p for p in recorded if _procs.alive(p)]
     tokens = [t for t in (mark.get("tokens") or []) if isinstance(t, str) and t]
-    foreign = [p for p in live if not any(_procs.has_launch_token(p, t) for t in tokens)]
+    foreign = [p for p in live if not _ours(p, tokens, mark)]
     if foreign:  # a forged or stale record: a live pid that is not of the launched tree is never signalled
         why = ("its environment lacks the launch token recorded in processes.json" if tokens else
                "processes.json carries no launch token (written by hand or by an older harness)")

@@ -25,7 +25,7 @@ SMOKE = REPO / "scenarios" / "sglang" / "smoke_extra_allreduce.toml"
 def test_control_ledgers_agree_and_the_smoke_deadlock_report_names_the_injected_collective(tmp_path):
     from repro.runner import RunOptions, run_many
 
-    names = ["control", "extra_collective", "desync_control", "desync_reduce_op"]
+    names = ["control", "extra_collective", "desync_control", "desync_reduce_op", "state_leak"]
     results = dict(zip(names, run_many(RunOptions(scenario_path=SMOKE, evidence_root=tmp_path), names)))
     session = Path(read_json(results["control"].evidence / "session.json")["session"])
     procs = load_procs(session / "processes.json")
@@ -90,6 +90,20 @@ def test_control_ledgers_agree_and_the_smoke_deadlock_report_names_the_injected_
     assert d["fields"] == ["red"] and d["outcome"] == "completed" and d["label"] == "tp:0/cpu"
     assert {k: r["red"] for k, r in d["records"].items()} == {"0": "MAX", "1": "MIN"}
     assert ds.requests_ok == ds.requests_total > 0
+
+    # last on the same server (issue 32): rank 0 leaks req_to_token_pool slots, no collective touched: the per-tick
+    # lockstep digest names the first divergent state (tick, probe, each rank's value) before any collective parts
+    leak = results["state_leak"]
+    assert leak.verdict.verdict in ("DESYNCED", "DEADLOCKED"), leak.verdict.reason
+    st = read_json(leak.evidence / "verdict.json")["state_divergence"]
+    assert st["status"] == "diverged" and st["tick"] is not None and st["tick"] >= 0, st
+    avail = st["fields"]["req_to_token_pool.available"]
+    assert avail["0"] == 1 and avail["1"] > 1, st
+    assert "**First divergent state:** at scheduler tick" in (leak.evidence / "REPORT.md").read_text()
+    # and the clean runs before it agreed at every tick they compared
+    for name in ("control", "desync_control"):
+        cst = read_json(results[name].evidence / "verdict.json")["state_divergence"]
+        assert cst["status"] == "equal" and cst["compared_ticks"], (name, cst)
 
 
 @pytest.mark.sglang
