@@ -312,7 +312,9 @@ def _call_site(frames: list[Frame], start: int, max_chain: int, skip_injector: b
     while k < len(frames):
         f = frames[k]
         if f.native or _is_noise(f) or (skip_injector and is_injector_frame(f)):
-            injected = injected or is_injector_frame(f)
+            # a patched site's wrapper (``repro_injected[...]``) that passed the call through to the engine's own
+            # function is not an injection: only an action frame of the injector (``Site.run`` …) issued the op
+            injected = injected or (is_injector_frame(f) and not _INJECTED_SITE_RE.search(f.function))
             k += 1
             continue
         site = k

@@ -336,6 +336,35 @@ def _pair_outcome(al: LiveAlignment, slot: Slot) -> str:
     return "undefined" if "undefined" in outs else "unknown"
 
 
+def _peer_thread(al: LiveAlignment, k: int, th: str, s: int, group: str) -> Optional[str]:
+    """The thread of rank ``s`` that will enter ``group``'s next collective, or None when that is unknown.
+
+    The thread of ``s``'s latest record on ``group`` when only one thread of ``s`` issues it. When ``s`` has issued
+    none on ``group`` yet (vLLM's TP device group, first used by a model all_reduce that one rank reached and its
+    peer did not), the thread is taken by analogy with rank ``k``: if ``k``'s thread ``th`` alone issues other groups
+    too, and ``s`` issues each of those from one and the same thread, that thread issues ``group`` on ``s`` as well
+    (the ranks run one program). A group that only a background thread of ``k`` issues (HiCache's prefetch group)
+    has no such analogue: unknown, no edge.
+    """
+    sf = al.ranks[s]
+    if len(sf.threads_on.get(group, ())) > 1:
+        return None  # s issues the group's collectives from several threads
+    if group in sf.last_thread:
+        return sf.last_thread[group]
+    rk = al.ranks[k]
+    found: set = set()
+    for h, ths in rk.threads_on.items():
+        if h == group or set(ths) != {th} or h in al.p2p_groups:
+            continue
+        on_s = sf.threads_on.get(h)
+        if not on_s:
+            continue
+        if len(on_s) > 1:
+            return None
+        found |= set(on_s)
+    return next(iter(found)) if len(found) == 1 else None
+
+
 def find_proof(al: LiveAlignment, alive: Optional[Iterable[int]] = None) -> Optional[Proof]:
     """A deadlock proof from the alignment as read so far, or None (see the module docstring for the rules).
 
@@ -373,11 +402,9 @@ def find_proof(al: LiveAlignment, alive: Optional[Iterable[int]] = None) -> Opti
             sf = al.ranks[s]
             if not sf.knows_group(r.group) or sf.seq_on(r.group) >= r.seq:
                 continue
-            if len(sf.threads_on.get(r.group, ())) > 1 or r.group not in sf.last_thread:
-                # s issues g's collectives from several threads, or has issued none yet (a group a background thread
-                # of r uses, e.g. HiCache's prefetch group): which thread of s would enter (g, n) is unknown
+            th_s = _peer_thread(al, k, th, s, r.group)
+            if th_s is None:
                 continue
-            th_s = sf.last_thread[r.group]
             w = nodes.get((s, th_s))
             if w is None or (w.group, w.seq) == (r.group, r.seq):
                 continue

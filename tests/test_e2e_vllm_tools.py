@@ -6,7 +6,8 @@ scripts/vllm_testbed/setup.sh), each run to its verdict once, through the CLI as
   server imported vllm from the overlay and the injector still patched its site), the overlay removed;
 - watch: no false alarm on a healthy served server, then ``repro arm`` makes rank 0's extra all_reduce fire on the
   next step; watch declares the hang (vLLM's ``/health`` keeps answering 200: a silent hang) and writes DEADLOCKED
-  evidence with both workers' stacks, TP1 hot in the shared-memory all_reduce (a spin-wait);
+  evidence with both workers' stacks, TP1 hot in the shared-memory all_reduce (a spin-wait; idle in gloo where vLLM's
+  log says it turned its CPU SHM communicator off);
 - hunt: one ``--sites`` trial (the embedding's TP all_reduce, one extra all_reduce on rank 0's gloo group):
   DEADLOCKED in the model's forward, so exit 0 (no scheduling/cache finding).
 
@@ -29,7 +30,7 @@ import pytest
 import requests
 
 from test_e2e_compare import _overlays
-from test_e2e_vllm import _vllm_stage_requested
+from test_e2e_vllm import _vllm_stage_requested, shm_communicator_on
 from test_e2e_watch import Lines, _record_cmd, _repro, _stop
 
 from repro.procs import alive, load_procs, processes_mentioning
@@ -103,7 +104,8 @@ def test_compare_with_a_noop_patch_deadlocks_on_both_sides(tmp_path: Path) -> No
         assert by_rank[0]["fired"] == 1 and by_rank[1]["fired"] == 0, by_rank
         ranks = _ranks(Path(side["evidence"]))
         assert ranks[0]["state"] == "collective" and ranks[0]["injected"]
-        assert ranks[1]["state"] == "collective" and ranks[1]["spin_wait"]
+        assert ranks[1]["state"] == "collective"
+        assert ranks[1]["spin_wait"] == shm_communicator_on(Path(side["evidence"]) / "server.log"), ranks[1]
     assert "overlay" in sides["after"]["description"] and "overlay" not in sides["before"]["description"]
     # the after side's workers ran vllm from the overlay (and the injector patched its site there); the before side not
     argv0 = {name: {json.loads(f.read_text())["argv"][0] for f in (Path(sides[name]["evidence"]) / "injector").glob("loaded-*.json")
@@ -204,7 +206,8 @@ def test_watch_catches_a_live_armed_deadlock_on_a_served_vllm_server(tmp_path: P
         assert {"rank0.txt", "rank1.txt"} <= set(saw["stacks"]), saw["stacks"]
         by_rank = _ranks(evd)
         assert by_rank[0]["state"] == "collective" and by_rank[0]["injected"] is True, by_rank[0]
-        assert by_rank[1]["state"] == "collective" and by_rank[1]["spin_wait"], by_rank[1]
+        assert by_rank[1]["state"] == "collective", by_rank[1]
+        assert by_rank[1]["spin_wait"] == shm_communicator_on(serve_evidence / "server.log"), by_rank[1]
         assert (evd / "REPORT.md").read_text().startswith("# DEADLOCKED — watch ")
         print("VLLM_WATCH_TIMINGS " + json.dumps({"arm_to_hang_s": round(t_hang - t_arm, 1),
                                                   "capture_s": evid.get("capture_s")}))

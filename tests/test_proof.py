@@ -641,3 +641,30 @@ def test_watch_once_declares_a_proven_hang_within_a_second_of_the_closing_ledger
     assert json.loads((evd / "verdict.json").read_text())["verdict"] == DEADLOCKED
     probe = next(e for e in events if e["event"] == "probe")
     assert probe["transition"] == "hang" and probe["generate"]["outcome"] != "timeout", probe
+
+
+def test_a_first_wait_on_a_group_the_peers_same_thread_will_issue_is_an_edge_vllm_gloo_fallback(tmp_path: Path):
+    """vLLM on a CPU whose kernel build has no shm ops (its TP all_reduce falls back to gloo on the device group): the
+    ticks so far used only tp:0/cpu; rank 0's main thread is inside an extra all_reduce on tp:0/cpu, rank 1's main
+    thread inside the first all_reduce ever on tp:0/device. Rank 0 has issued nothing on tp:0/device, but its main
+    thread issues every group rank 1's main thread issues, so that thread is the one that would enter it: proven."""
+    a, b = Led(tmp_path, 0), Led(tmp_path, 1)
+    for _ in range(2):
+        for led in (a, b):
+            led.call(CPU, src=0)
+    a.enter(CPU, "all_reduce", red="SUM", shapes=((1,),), dtypes=("int32",), site=("m:GroupCoordinator.all_reduce",),
+            inj="x")
+    b.enter(DEV, "all_reduce", red="SUM", shapes=((16, 128),), dtypes=("float32",),
+            site=("m:VocabParallelEmbedding.forward",))
+    p = find_proof(follow(tmp_path).alignment)
+    assert p is not None and p.ranks == (0, 1), p
+    assert {(e.rank, e.group, e.on, e.on_group) for e in p.edges} == {(0, CPU, 1, DEV), (1, DEV, 0, CPU)}
+    # the same first wait from a thread of rank 1 that issues no other group stays unknown: no proof
+    c = tmp_path / "bg"
+    c.mkdir()
+    a2, b2 = Led(c, 0), Led(c, 1)
+    for led in (a2, b2):
+        led.call(CPU, src=0)
+    a2.enter(CPU, "all_reduce", red="SUM", shapes=((1,),), dtypes=("int32",), inj="x")
+    b2.enter(DEV, "all_reduce", red="SUM", shapes=((16, 128),), dtypes=("float32",), thread="Thread-1 (bg)")
+    assert find_proof(follow(c).alignment) is None

