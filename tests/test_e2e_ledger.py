@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from repro.evidence import read_json
+from repro.injection_records import read_injector_dir
 from repro.ledger import check_consistent, load_ledgers
 from repro.procs import alive, load_procs
 
@@ -50,8 +51,26 @@ def test_control_ledgers_agree_and_the_smoke_deadlock_report_names_the_injected_
     for group, per_rank in ledger_json["records_per_group"].items():
         assert set(per_rank) == {"0", "1"} and all(n > 0 for n in per_rank.values()), group
 
-    # the deadlock: the injected all_reduce on the TP CPU group, rank 0 only; rank 1 waits in the model's all_reduce
+    # the injector inside the real ranks (folded in from tests/test_injector_testbed.py, which owned a server of its
+    # own): every scheduler process loaded it and patched the site; never a fire before arming (control: entered on
+    # both ranks, fired on none); armed, exactly one fire, on rank 0, from Scheduler.event_loop_normal, that never
+    # completed (rank 0 is still inside the extra all_reduce when the tree is stopped)
+    site = "extra_allreduce_before_run_batch"
+    counts = control.injector.counts_by_rank(site)
+    assert counts["entered"].get(0, 0) > 0 and counts["entered"].get(1, 0) > 0 and not any(counts["fired"].values())
     dead = results["extra_collective"]
+    rep = read_injector_dir(dead.evidence / "injector")
+    marks = {m.rank: m for m in rep.markers if m.rank is not None}
+    assert sorted(marks) == [0, 1] and rep.ranks_loaded([0, 1]) == [0, 1], rep.markers
+    for m in marks.values():
+        assert m.sites[site].patched and m.sites[site].resolved == "sglang.srt.managers.scheduler:Scheduler.run_batch", m
+    assert rep.ranks_armed([0, 1]) == [0, 1] and rep.fired_ranks(site) == [0]
+    assert rep.counts_by_rank(site)["entered"].get(1, 0) >= 1
+    (fire,) = rep.fires(site)
+    assert fire.rank == 0 and fire.caller == "sglang.srt.managers.scheduler:Scheduler.event_loop_normal"
+    assert fire.completed is None
+
+    # the deadlock: the injected all_reduce on the TP CPU group, rank 0 only; rank 1 waits in the model's all_reduce
     assert dead.verdict.verdict == "DEADLOCKED", dead.verdict.reason
     div = read_json(dead.evidence / "ledger.json")["divergence"]
     assert div["kind"] == "missing" and div["group_label"] == "tp:0/cpu" and div["missing"] == [1]

@@ -1,0 +1,137 @@
+"""Where a testbed server's start-up time goes, phase by phase (issue 36 item 1).
+
+Launches the SGLang CPU testbed server (the smoke scenario's ``control`` variant: the injector and its ledger
+loaded in every rank, as every CI run has them) ``--repeats`` times, one at a time, and stamps each phase when its
+first sign appears: the arrival time of the first log line that matches the phase's pattern (the log is tailed every
+50 ms, so a stamp is late by at most that), the moment the rank processes exist (their titles, via
+``repro.launcher.Server.rank_pids``), and the first ``/health`` 200. Each server is ended by its process group
+(``Server.stop``) before the next starts, also on Ctrl-C.
+
+Phases (cumulative seconds from ``Popen``; the patterns are the log lines sglang 0.5.23 prints, checked against
+``sglang/srt/managers/scheduler.py``, ``model_executor/model_runner.py`` and ``entrypoints/http_server.py`` of the
+installed wheel; a pattern that never matched is reported as missing, never guessed):
+
+- ``launcher_args``: the launcher process has imported sglang and printed its server args;
+- ``ranks_spawned``: the scheduler processes (``sglang::scheduler_TPk``) exist;
+- ``rank_first_line``: a rank printed its first line (its imports are done);
+- ``dist_init_end``, ``load_weight_end``, ``kv_pool``: distributed init, weights, the memory pools;
+- ``uvicorn``: the HTTP server listens;
+- ``healthy``: ``GET /health`` answers 200;
+- ``warmup_done``: the launcher's warm-up request came back ("The server is fired up").
+
+Usage::
+
+    python benchmarks/startup_phases.py --repeats 3 [--json out.json] [--extra-args "--skip-server-warmup"]
+
+Prints one row per launch and the median / min / max per phase; the numbers go to benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+SMOKE = REPO / "scenarios" / "sglang" / "smoke_extra_allreduce.toml"
+PHASES = [  # (name, pattern on a log line); order = the order they are printed in
+    ("launcher_args", re.compile(r"server_args=ServerArgs\(")),
+    ("rank_first_line", re.compile(r"\bTP\d\]")),
+    ("dist_init_end", re.compile(r"Init torch distributed ends|init_distributed_environment.*done", re.I)),
+    ("load_weight_end", re.compile(r"Load weight end")),
+    ("kv_pool", re.compile(r"KV Cache is allocated|Memory pool end|max_total_num_tokens=")),
+    ("uvicorn", re.compile(r"Uvicorn running on")),
+    ("warmup_done", re.compile(r"The server is fired up and ready to roll")),
+]
+
+
+def one_launch(tmp: Path, extra_args: list[str], timeout_s: float) -> dict:
+    """Launch, stamp the phases, stop. Returns ``{phase: seconds from Popen}`` plus ``stop_s``."""
+    from repro.launcher import start_server
+    from repro.runner import RunOptions, prepare
+
+    p = prepare(RunOptions(scenario_path=SMOKE, variant="control", evidence_root=tmp, label="startup-bench"))
+    spec = p.spec
+    if extra_args:
+        from dataclasses import replace
+
+        spec = replace(spec, args=list(spec.args) + list(extra_args))
+    log = p.evidence.file("server.log")
+    t0 = time.monotonic()
+    server = start_server(p.adapter, spec, log)
+    stamps: dict[str, float] = {}
+    pos = 0
+    buf = b""
+    try:
+        deadline = t0 + timeout_s
+        while time.monotonic() < deadline:
+            now = time.monotonic() - t0
+            with open(log, "rb") as f:
+                f.seek(pos)
+                chunk = f.read()
+            pos += len(chunk)
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for raw in lines:
+                line = raw.decode(errors="replace")
+                for name, pat in PHASES:
+                    if name not in stamps and pat.search(line):
+                        stamps[name] = round(now, 2)
+            if "ranks_spawned" not in stamps and server.rank_pids():
+                stamps["ranks_spawned"] = round(now, 2)
+            if "healthy" not in stamps and server.health_ok(timeout_s=0.5):
+                stamps["healthy"] = round(time.monotonic() - t0, 2)
+            if not server.is_running():
+                raise RuntimeError(f"server exited during start-up; see {log}")
+            if "healthy" in stamps and "warmup_done" in stamps:
+                break
+            if "healthy" in stamps and time.monotonic() - t0 > stamps["healthy"] + 30:
+                break  # no warm-up line (e.g. --skip-server-warmup)
+            time.sleep(0.05)
+    finally:
+        ts = time.monotonic()
+        left = server.stop()
+        stamps["stop_s"] = round(time.monotonic() - ts, 2)
+        if left:
+            print(f"WARNING: left running: {left}", file=sys.stderr)
+    return stamps
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--timeout-s", type=float, default=600.0)
+    ap.add_argument("--extra-args", default="", help="server arguments appended to the scenario's (one string)")
+    ap.add_argument("--json", type=Path, default=None, help="write every launch's stamps here")
+    a = ap.parse_args()
+    extra = shlex.split(a.extra_args)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="startup-bench-") as d:
+        for i in range(a.repeats):
+            s = one_launch(Path(d) / f"r{i}", extra, a.timeout_s)
+            runs.append(s)
+            print(json.dumps({"launch": i + 1, **s}), flush=True)
+    names = ["launcher_args", "ranks_spawned", "rank_first_line", "dist_init_end", "load_weight_end", "kv_pool",
+             "uvicorn", "healthy", "warmup_done", "stop_s"]
+    print(f"\n| phase (s from Popen) | median | min | max | n |\n|---|---|---|---|---|")
+    for n in names:
+        vals = [r[n] for r in runs if n in r]
+        if not vals:
+            print(f"| {n} | missing | | | 0 |")
+            continue
+        print(f"| {n} | {statistics.median(vals):.1f} | {min(vals):.1f} | {max(vals):.1f} | {len(vals)} |")
+    if a.json:
+        a.json.write_text(json.dumps({"extra_args": extra, "runs": runs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
