@@ -272,7 +272,7 @@ def run(
 @app.command()
 def compare(
     scenario: Path = typer.Argument(..., callback=_scenario_arg, help="scenario TOML file or bundled name, e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
-    before: str = typer.Option(..., "--before", help="REF of the code before the fix: installed | patch:FILE | git:PATH@REV | python:PATH"),
+    before: str = typer.Option(..., "--before", help="REF of the code before the fix: installed | patch:FILE | git:PATH@REV | python:PATH | release:V[+patch:FILE]"),
     after: str = typer.Option(..., "--after", help="REF of the code after the fix (same forms as --before)"),
     variant: Optional[str] = typer.Option(None, "--variant", help="variant name (default: the first in the file)"),
     python: Optional[str] = typer.Option(None, "--python", help="interpreter for installed/patch/git REFs (default: as `repro run`)"),

@@ -1,0 +1,112 @@
+"""Releases as data (issue 34): the release index beside the adapter, ``release:V`` REFs composing with ``patch:``,
+and a release that is not set up refused in one line naming the command that sets it up. No server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from repro import releases as rel
+from repro.compare import CompareError, Ref, materialize, parse_ref
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIO = REPO / "scenarios" / "sglang" / "hicache_prefetch_30760.toml"
+
+
+@pytest.fixture()
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty per-user cache: no release is set up except the ones a test makes (REPRO_TESTBED_DIR unset)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("REPRO_TESTBED_DIR", raising=False)
+    return tmp_path / "cache"
+
+
+def _set_up(cache: Path, version: str) -> Path:
+    """A release 'set up' by hand: its venv's python (this interpreter) and the stamp."""
+    d = cache / "tp-deadlock-repro" / "testbed" / f"sglang-{version}"
+    (d / "venv" / "bin").mkdir(parents=True)
+    (d / "venv" / "bin" / "python").symlink_to(sys.executable)
+    (d / ".setup-stamp").write_text("by hand\n")
+    return d / "venv" / "bin" / "python"
+
+
+def test_index_has_the_eleven_releases_in_order_and_hiradix_builders() -> None:
+    idx = rel.load_index("sglang")
+    assert idx.versions() == ["0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20",
+                              "0.5.21", "0.5.22", "0.5.23"]
+    builders = [r.version for r in idx.releases if r.builds("HiRadixCache")]
+    assert builders == idx.versions()[:6]  # up to 0.5.18; 0.5.19/0.5.20 ship hiradix_cache.py but never build it
+    assert not any("StreamingSession" in b for r in idx.releases for b in r.factory_builds)  # a wrapper, not a cache
+    assert idx.get("0.5.18").requires == ("sglang-kernel==0.4.6.post1", "torch==2.13.0")
+    assert idx.get("0.5.20").builds("RadixCache")  # a base of a built class (LMCRadixCache) counts
+
+
+def test_parse_ref_release_alone_and_composed_with_a_patch() -> None:
+    assert parse_ref("release:0.5.18") == Ref("release", "release:0.5.18", release="0.5.18")
+    r = parse_ref("release:0.5.18+patch:fix.patch")
+    assert (r.kind, r.path, r.release) == ("patch", Path("fix.patch"), "0.5.18")
+    for bad, needle in [("release:", "expected release:V"), ("release:0.5.18+git:/x@y", "only patch:FILE composes"),
+                        ("release:0.5.18+patch:", "expected patch:FILE")]:
+        with pytest.raises(CompareError, match=needle):
+            parse_ref(bad)
+
+
+def test_a_release_that_is_not_set_up_is_one_line_naming_how_to_set_it_up(cache: Path) -> None:
+    with pytest.raises(rel.ReleaseError) as e:
+        rel.release_python("0.5.18")
+    msg = str(e.value)
+    assert "\n" not in msg and "sglang 0.5.18 is not set up" in msg
+    assert "only 0.5.23 has a testbed recipe today" in msg and "pip install 'sglang==0.5.18'" in msg
+    assert "'torch==2.13.0'" in msg  # the release's own pins
+    with pytest.raises(rel.ReleaseError) as e:
+        rel.release_python("0.5.23")
+    assert "set it up with: bash scripts/cpu_testbed/setup.sh" in str(e.value)
+    with pytest.raises(rel.ReleaseError, match="'0.5.99' is not in the release index; known: 0.5.14"):
+        rel.release_python("0.5.99")
+    with pytest.raises(CompareError, match=r"^REF 'release:0.5.18\+patch:x.patch': sglang 0.5.18 is not set up"):
+        materialize(parse_ref("release:0.5.18+patch:x.patch"), None)
+
+
+def _fake_sglang(root: Path) -> Path:
+    f = root / "sglang" / "srt" / "x.py"
+    f.parent.mkdir(parents=True)
+    (root / "sglang" / "__init__.py").write_text("")
+    (root / "sglang" / "srt" / "__init__.py").write_text("")
+    f.write_text("def tick():\n    return 1\n")
+    return f
+
+
+def test_release_ref_runs_the_releases_interpreter_and_patch_composes_on_it(cache: Path, tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    py = _set_up(cache, "0.5.18")
+    site = tmp_path / "site"
+    _fake_sglang(site)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    m = materialize(parse_ref("release:0.5.18"), "/ignored/python")
+    assert m.python == str(py) and m.package_dir == str(site / "sglang") and "sglang 0.5.18 release" in m.description
+    diff = tmp_path / "fix.patch"
+    diff.write_text("--- a/sglang/srt/x.py\n+++ b/sglang/srt/x.py\n@@ -1,2 +1,2 @@\n def tick():\n-    return 1\n+    return 2\n")
+    m = materialize(parse_ref(f"release:0.5.18+patch:{diff}"), None, tmp_parent=tmp_path)
+    try:
+        assert m.python == str(py) and "sglang 0.5.18 release" in m.description and "fix.patch (overlay)" in m.description
+        assert "return 2" in (Path(m.pythonpath_prepend[0]) / "sglang" / "srt" / "x.py").read_text()
+    finally:
+        m.close()
+    assert "return 1" in (site / "sglang" / "srt" / "x.py").read_text()
+
+
+def test_compare_cli_on_a_release_not_set_up_exits_2_with_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    env.pop("REPRO_TESTBED_DIR", None)
+    r = subprocess.run([sys.executable, "-m", "repro", "compare", str(SCENARIO), "--variant", "allocatable_drift",
+                        "--before", "release:0.5.18", "--after", "release:0.5.18+patch:x.patch",
+                        "--evidence-dir", str(tmp_path / "ev")], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "sglang 0.5.18 is not set up" in lines[0] and "only 0.5.23 has a testbed recipe" in lines[0]
+    assert not (tmp_path / "ev").exists() or not any((tmp_path / "ev").rglob("*"))
