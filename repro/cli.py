@@ -896,6 +896,8 @@ def reproduce(
     only: Optional[List[str]] = typer.Option(None, "--only", help="run only these candidates (repeatable)"),
     evidence_dir: Optional[Path] = typer.Option(None, "--evidence-dir", help="evidence root for the candidate runs (default: OUT/evidence)"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
+    release: Optional[str] = typer.Option(None, "--release", help="engine release to map and run on, e.g. 0.5.18 (default: what --report or the dumps say, else inferred from the frames)"),
+    report: Optional[List[Path]] = typer.Option(None, "--report", help="a pasted `python3 -m sglang.check_env` block or a server log naming the release (repeatable)"),
 ) -> None:
     """Write a scenario whose variants make the dumps' divergence on purpose (``repro.reproduce``): an extra
     collective on the odd rank(s), its mirror, and discovery's root-cause candidates on the odd rank's path. With
@@ -909,10 +911,13 @@ def reproduce(
     from repro.reproduce import ReproduceInputError, write_candidates
 
     try:
-        w = write_candidates([str(d) for d in dumps], out_dir, base_path=base, python=python, tp=tp, model=model)
+        w = write_candidates([str(d) for d in dumps], out_dir, base_path=base, python=python, tp=tp, model=model,
+                             release=release, reports=[str(r) for r in report or []])
     except ReproduceInputError as e:
         console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_USAGE)
+    if w.release is not None and not as_json:
+        out.print(f"release: {escape(w.release.reason)}", highlight=False)
     if not no_run:
         _reproduce_run(w, dumps, out_dir, evidence_dir, python, model, tp, only or [], as_json)
     if as_json:
