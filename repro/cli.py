@@ -1008,6 +1008,57 @@ def discover(
 
 
 @app.command()
+def bisect(
+    scenario: Path = typer.Argument(..., callback=_scenario_arg, help="scenario TOML file or bundled name"),
+    good: str = typer.Option(..., "--good", help="REF of the good end: release:V or release:V+patch:FILE"),
+    bad: str = typer.Option(..., "--bad", help="REF of the bad end (same form and patch as --good)"),
+    variant: Optional[str] = typer.Option(None, "--variant", help="variant name (default: the first in the file)"),
+    model: Optional[str] = typer.Option(None, "--model", help="model path (default: the scenario's)"),
+    tp: Optional[int] = typer.Option(None, "--tp", help="TP size (default: the scenario's)"),
+    requests_: Optional[int] = typer.Option(None, "--requests", help="requests in the burst (default: the scenario's)"),
+    label: Optional[str] = typer.Option(None, "--label", help="label of the folders (default: the variant name)"),
+    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
+) -> None:
+    """The first release between --good and --bad at which the variant's verdict changes (``repro.release_bisect``):
+    each step a `repro run` evidence folder, BISECT.md beside them. Exit 0 when found; 2 bad input (a REF that is
+    not a release, a release not set up: one line naming the setup command); the shared verdict's code when both
+    ends agree."""
+    from repro.release_bisect import BisectError, BisectOptions, bisect as run_bisect
+
+    _sigterm_to_interrupt()
+    opts = BisectOptions(scenario_path=scenario, good=good, bad=bad, variant=variant, model=model, tp=tp,
+                         requests=requests_, label=label, evidence_root=evidence_dir)
+
+    def observe(event: str, data: dict) -> None:
+        if as_json:
+            return
+        if event == "step":
+            _rule(console, f"{data['release']}: {data['ref']}")
+        elif event == "verdict":
+            out.print(f"{data['release']}: [{_verdict_style(data['verdict'])}]{data['verdict']}[/]  "
+                      f"{escape(data['evidence'])}/REPORT.md", highlight=False)
+
+    try:
+        res = run_bisect(opts, observe=observe)
+    except BisectError as e:
+        console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: server tree torn down; the steps so far are in BISECT.md")
+        raise typer.Exit(_interrupted_exit())
+    if as_json:
+        out.print_json(json.dumps(res.to_json(), default=str))
+        raise typer.Exit(res.exit_code)
+    if res.first_changed:
+        out.print(f"first change at [bold]{res.first_changed}[/] (last like --good: {res.last_same})")
+    else:
+        out.print(f"no change: both ends {res.steps[0].verdict if res.steps else '?'}")
+    out.print(f"BISECT.md written to {escape(str(res.folder / 'BISECT.md'))}", highlight=False)
+    raise typer.Exit(res.exit_code)
+
+
+@app.command()
 def hunt(
     scenario: Path = typer.Argument(..., callback=_scenario_arg, help="base scenario: its server and burst (variants ignored), e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
     budget_min: float = typer.Option(30.0, "--budget-min", help="wall-clock budget in minutes; trials not started in time are reported NOT RUN"),
