@@ -211,11 +211,29 @@ def _render_result(res, as_json: bool) -> None:
         out.print(f"expected {res.expected}: {'match' if res.exit_code == 0 else 'MISMATCH (exit 5)'}")
 
 
+def _release_python(release: Optional[str], python: Optional[str]) -> Optional[str]:
+    """``--release V``'s interpreter (``repro.releases.release_python``), else ``--python`` as given; both, an unknown
+    release or one not set up: one error line (exit 2) naming the fix."""
+    if not release:
+        return python
+    from repro.releases import ReleaseError, release_python
+
+    if python:
+        console.print(f"[red]error:[/] give --release {escape(release)} or --python {escape(python)}, not both", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
+    try:
+        return release_python(release)
+    except ReleaseError as e:
+        console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
+
+
 @app.command()
 def run(
     scenario: Path = typer.Argument(..., callback=_scenario_arg, help="scenario TOML file or bundled name, e.g. scenarios/sglang/smoke_extra_allreduce.toml"),
     variant: Optional[str] = typer.Option(None, "--variant", help="variant name (default: the first in the file)"),
     python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: this one if it imports sglang, else the CPU testbed's)"),
+    release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
     model: Optional[str] = typer.Option(None, "--model", help="model path (default: the scenario's, else the testbed's tiny model)"),
     tp: Optional[int] = typer.Option(None, "--tp", help="TP size (default: the scenario's)"),
     label: Optional[str] = typer.Option(None, "--label", help="evidence folder label (default: the variant name)"),
@@ -231,6 +249,7 @@ def run(
     Exit codes: 0 ALL REQUESTS SUCCEEDED, 3 DEADLOCKED, 4 INCONCLUSIVE, 2 bad input, 1 internal error;
     with --expect: 0 iff the verdict matches, else 5.
     """
+    python = _release_python(release, python)
     from repro.runner import RunError, RunOptions, run as run_scenario
 
     _check_expect(expect)
@@ -334,6 +353,7 @@ DEMO_VARIANTS = ("extra_collective", "control")  # variants of smoke_extra_allre
 @app.command()
 def demo(
     python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: as `repro run` picks it: this one if it imports sglang, else the CPU testbed's)"),
+    release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
     evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder (default: evidence/ in the current folder)"),
     as_json: bool = typer.Option(False, "--json", help="print both results as one JSON object on stdout (no progress)"),
 ) -> None:
@@ -343,6 +363,7 @@ def demo(
     wheel's copy), so this works from any folder. Exit 0 iff both verdicts are the expected ones, else 5; 2 when
     the testbed is missing.
     """
+    python = _release_python(release, python)
     from repro import resources
     from repro.runner import RunError, RunOptions, run as run_scenario
     from repro.scenario import ScenarioError, load_scenario
@@ -397,6 +418,7 @@ def serve(
     scenario: Path = typer.Argument(..., callback=_scenario_arg, help="scenario TOML file or bundled name"),
     variant: Optional[str] = typer.Option(None, "--variant", help="variant whose injections are loaded (unarmed)"),
     python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server"),
+    release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
     model: Optional[str] = typer.Option(None, "--model", help="model path"),
     tp: Optional[int] = typer.Option(None, "--tp", help="TP size"),
     evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
@@ -408,6 +430,7 @@ def serve(
     Arm it with `repro arm EVIDENCE_DIR [INJECTION…]`, disarm with `repro disarm EVIDENCE_DIR`. With --json, stdout
     carries only JSON lines (flushed as written, for a script waiting on the URL).
     """
+    python = _release_python(release, python)
     from repro.runner import RunError, RunOptions, Session, UnresolvedSitesError, prepare
 
     _sigterm_to_interrupt()
@@ -580,6 +603,7 @@ def sites(
     scenario: Path = typer.Argument(..., callback=_scenario_arg, help="scenario TOML file or bundled name"),
     variant: Optional[str] = typer.Option(None, "--variant", help="check only this variant (default: all variants)"),
     python: Optional[str] = typer.Option(None, "--python", help="target interpreter (default: as `repro run` picks it)"),
+    release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
 ) -> None:
     """Preflight: resolve every site of the scenario inside the target interpreter, without launching a server.
@@ -587,6 +611,7 @@ def sites(
     Exit 0 when every injection has an alternative that resolves, 2 otherwise (missing names come with the nearest
     existing ones). Gate patterns naming functions absent in this version are warnings.
     """
+    python = _release_python(release, python)
     from repro.interpreter import InterpreterError, choose_python
     from repro.scenario import ScenarioError, load_scenario
     from repro.sites import SitesPreflightError, check_sites
@@ -953,6 +978,7 @@ def reproduce(
 def discover(
     scenario: Path = typer.Argument(..., callback=_scenario_arg, help="base scenario (its server.adapter picks the rules), e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
     python: Optional[str] = typer.Option(None, "--python", help="target interpreter whose engine source is scanned (default: as `repro run` picks it)"),
+    release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
     rules: Optional[Path] = typer.Option(None, "--rules", help="discovery rules TOML (default: the adapter's, scenarios/sglang/discover_rules.toml)"),
     out_file: Optional[Path] = typer.Option(None, "--out", help="write the huntable candidates as hunt catalogue [[points]] TOML to this file"),
     limit: int = typer.Option(30, "--limit", help="candidates shown in the table (all are in --json)"),
@@ -962,6 +988,7 @@ def discover(
     interpreter; nothing is launched): ranked candidates with their caller, rank-local source, guard and guarded
     collective. `repro hunt --discover` hunts them. Exit 0, 2 on bad input, 1 when the scan failed.
     """
+    python = _release_python(release, python)
     from repro.discover import DiscoverError, default_rules_path, discover as run_discover, points_toml
     from repro.hunt import DEFAULT_CATALOGUE, HuntError, load_catalogue
     from repro.interpreter import InterpreterError, choose_python
@@ -1070,6 +1097,7 @@ def hunt(
     catalogue: Optional[Path] = typer.Option(None, "--catalogue", help="hunt catalogue TOML (default: scenarios/sglang/hunt_catalogue.toml)"),
     ref: str = typer.Option("installed", "--ref", help="code to hunt in: installed | patch:FILE | git:PATH@REV | python:PATH (as in compare)"),
     python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: as `repro run`)"),
+    release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
     evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
     requests_: Optional[int] = typer.Option(None, "--requests", help="requests per burst (default: the scenario's)"),
     confirm: bool = typer.Option(False, "--confirm", help="re-run each new scheduling/cache finding from its scenario file on a fresh server"),
@@ -1090,6 +1118,7 @@ def hunt(
     forward deadlocked), 4 when the baseline burst reached none of the chosen decision points (nothing was perturbed),
     2 bad input or a failed baseline, 130 interrupted (results so far kept), 1 internal error.
     """
+    python = _release_python(release, python)
     from rich.markup import escape as rich_escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 

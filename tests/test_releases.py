@@ -110,3 +110,18 @@ def test_compare_cli_on_a_release_not_set_up_exits_2_with_one_line(tmp_path: Pat
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "sglang 0.5.18 is not set up" in lines[0] and "only 0.5.23 has a testbed recipe" in lines[0]
     assert not (tmp_path / "ev").exists() or not any((tmp_path / "ev").rglob("*"))
+
+
+@pytest.mark.parametrize("verb", ["run", "demo", "serve", "sites", "discover", "hunt"])
+def test_every_engine_verb_takes_release_and_refuses_one_not_set_up_in_one_line(verb: str, cache: Path) -> None:
+    from typer.testing import CliRunner
+
+    from repro.cli import app
+
+    args = [verb] + ([] if verb == "demo" else [str(SCENARIO)])
+    r = CliRunner().invoke(app, args + ["--release", "0.5.18"])
+    text = r.output + (getattr(r, "stderr", "") if getattr(r, "stderr_bytes", None) is not None else "")
+    assert r.exit_code == 2, text
+    assert "sglang 0.5.18 is not set up" in text and "only 0.5.23 has a testbed recipe today" in text
+    r = CliRunner().invoke(app, args + ["--release", "0.5.23", "--python", sys.executable])
+    assert r.exit_code == 2 and "not both" in r.output
