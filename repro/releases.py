@@ -285,6 +285,28 @@ class ReleaseChoice:
                 "excluded": self.excluded}
 
 
+def never_built(site: str, version: Optional[str], adapter: Any = None) -> Optional[str]:
+    """A warning when ``site`` (``module:Class.method``) is on a class that release ``version``'s tree-cache
+    factory never builds (nor a subclass of it), though other releases' factories do: patching it there is dead code
+    (sglang 0.5.19 and 0.5.20 ship ``hiradix_cache.HiRadixCache`` but build ``UnifiedRadixCache``). None when it is
+    built, the class is no factory class, the version is unknown, or the engine has no release index."""
+    if not version or ":" not in site:
+        return None
+    try:
+        index = load_index(adapter)
+        rel = index.get(version)
+    except ReleaseError:
+        return None
+    cls = site.split(":", 1)[1].split(".")[0]
+    builders = [r.version for r in index.releases if r.builds(cls)]
+    if not builders or rel.builds(cls):
+        return None
+    built = sorted({b.rsplit(":", 1)[-1] for b in rel.factory_builds})
+    return (f"{site} resolves, but {index.engine} {version}'s tree-cache factory never builds {cls} (it builds "
+            f"{', '.join(built) or 'nothing indexed'}; {cls} is built by {builders[0]}–{builders[-1]}): a patch there "
+            "is dead code; add an alternative on a class this release builds")
+
+
 def infer_releases(frames: Iterable[FrameRef], index: ReleaseIndex) -> tuple[list[str], dict[str, str], int]:
     """The releases that can have produced ``frames``: every indexed frame's function in its file with its line
     inside the function (the intersection; when no release has them all, the releases matching the most frames),

@@ -125,3 +125,34 @@ def test_every_engine_verb_takes_release_and_refuses_one_not_set_up_in_one_line(
     assert "sglang 0.5.18 is not set up" in text and "only 0.5.23 has a testbed recipe today" in text
     r = CliRunner().invoke(app, args + ["--release", "0.5.23", "--python", sys.executable])
     assert r.exit_code == 2 and "not both" in r.output
+
+
+def test_a_site_on_a_class_the_releases_factory_never_builds_is_named_dead_code() -> None:
+    hi = "sglang.srt.mem_cache.hiradix_cache:HiRadixCache.check_prefetch_progress"
+    w = rel.never_built(hi, "0.5.20")
+    assert w and "sglang 0.5.20's tree-cache factory never builds HiRadixCache" in w and "0.5.14–0.5.18" in w
+    assert rel.never_built(hi, "0.5.18") is None
+    assert rel.never_built("sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.check_prefetch_progress", "0.5.20") is None
+    assert rel.never_built("sglang.srt.managers.scheduler:Scheduler.get_num_allocatable_reqs", "0.5.20") is None  # no cache
+    assert rel.never_built(hi, "9.9") is None and rel.never_built(hi, None) is None
+
+
+def test_sites_preflight_warns_when_the_resolving_alternative_is_never_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The preflight's answer (the injector's resolver in the target interpreter) stands in for a 0.5.20 venv: both
+    alternatives resolve there, and the report says which one that release never builds."""
+    from repro import sites
+    from repro.scenario import load_scenario
+
+    scen = load_scenario(SCENARIO)
+    var = scen.variant("extra_collective")
+
+    def preflight(python, request, timeout_s, env=None):
+        return {"python": "3.11.7", "versions": {"sglang": "0.5.20"}, "injections": [
+            {"alternatives": [{"site": s, "status": "resolved", "static": True} for s in inj["alternatives"]],
+             "patterns": [], "method": None} for inj in request["injections"]]}
+
+    monkeypatch.setattr(sites, "_run_preflight", preflight)
+    rep = sites.check_sites(scen, sys.executable, var.name)
+    warned = [w for i in rep.injections for w in i.warnings if "never builds HiRadixCache" in w]
+    assert warned and all("0.5.20" in w for w in warned)
+    assert any("hiradix_cache:HiRadixCache" in a for i in rep.injections for a in (x.site for x in i.alternatives))
