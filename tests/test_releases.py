@@ -156,3 +156,39 @@ def test_sites_preflight_warns_when_the_resolving_alternative_is_never_built(mon
     warned = [w for i in rep.injections for w in i.warnings if "never builds HiRadixCache" in w]
     assert warned and all("0.5.20" in w for w in warned)
     assert any("hiradix_cache:HiRadixCache" in a for i in rep.injections for a in (x.site for x in i.alternatives))
+
+
+WHEEL_0_5_18 = Path.home() / ".cache" / "tp-deadlock-repro" / "wheels" / "sglang-0.5.18-cp311-cp311-manylinux_2_34_x86_64.whl"
+PATCH_0_5_18 = REPO / "scenarios" / "sglang" / "patches" / "sglang-0.5.18-30760-bulk-prefetch.patch"
+
+
+@pytest.mark.skipif(not WHEEL_0_5_18.is_file(), reason=f"the sglang 0.5.18 wheel is not cached at {WHEEL_0_5_18} (pip download --no-deps sglang==0.5.18)")
+def test_the_seeds_fix_for_0_5_18_applies_as_release_plus_patch_on_the_wheels_files(cache: Path, tmp_path: Path,
+                                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """release:0.5.18+patch:the seed's fix, on a 'set up' 0.5.18 holding the wheel's own scheduler.py and
+    hiradix_cache.py: the overlay is patched, compiles, and the loop reads the per-tick map instead of checking."""
+    import py_compile
+    import zipfile
+
+    _set_up(cache, "0.5.18")
+    site = tmp_path / "site"
+    z = zipfile.ZipFile(WHEEL_0_5_18)
+    for rel_path in ("sglang/srt/managers/scheduler.py", "sglang/srt/mem_cache/hiradix_cache.py"):
+        f = site / rel_path
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(z.read(rel_path))
+    for d in [site / "sglang", *(p for p in (site / "sglang").rglob("*") if p.is_dir())]:
+        (d / "__init__.py").touch()
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    m = materialize(parse_ref(f"release:0.5.18+patch:{PATCH_0_5_18}"), None, tmp_parent=tmp_path)
+    try:
+        root = Path(m.pythonpath_prepend[0]) / "sglang" / "srt"
+        sched, hi = root / "managers" / "scheduler.py", root / "mem_cache" / "hiradix_cache.py"
+        for f in (sched, hi):
+            py_compile.compile(str(f), cfile=str(tmp_path / (f.name + "c")), doraise=True)
+        text = sched.read_text()
+        assert text.count("bulk_check_prefetch_progress(") == 1 and "prefetch_progress_map.get(req.rid, True)" in text
+        assert text.index("bulk_check_prefetch_progress(") < text.index("for req in self.waiting_queue:\n            if self.enable_lora")
+        assert "def bulk_check_prefetch_progress(self, req_ids: list) -> dict:" in hi.read_text()
+    finally:
+        m.close()
