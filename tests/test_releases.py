@@ -192,3 +192,25 @@ def test_the_seeds_fix_for_0_5_18_applies_as_release_plus_patch_on_the_wheels_fi
         assert "def bulk_check_prefetch_progress(self, req_ids: list) -> dict:" in hi.read_text()
     finally:
         m.close()
+
+
+def test_the_0_5_18_state_probes_name_methods_that_0_5_18_has() -> None:
+    """The lockstep-state probes of "The cause, not the symptom" for 0.5.18: every called method of every probe path
+    is a function of the 0.5.18 source (release index), and the tick function is 0.5.18's."""
+    import re
+
+    from repro.state_probes import probe_sets
+
+    ps = probe_sets("sglang")["0.5.18"]
+    idx = rel.load_index("sglang")
+    bit = 1 << idx.versions().index("0.5.18")
+
+    def in_0_5_18(name: str) -> bool:
+        return any(sp[2] & bit for m in idx.modules.values() for q, spans in m.items()
+                   if q == name or q.endswith("." + name) for sp in spans)
+
+    called = {n for p in ps.probe for n in re.findall(r"(\w+)\(\)", p.path)}
+    assert called >= {"available_size", "evictable_size", "protected_size"}
+    assert all(in_0_5_18(n) for n in called), [n for n in called if not in_0_5_18(n)]
+    assert in_0_5_18(ps.tick_function.split(":", 1)[1])
+    assert "len(tree_cache.ongoing_prefetch)" in {p.path for p in ps.probe}  # HiRadixCache keys it by the rid (a str)
