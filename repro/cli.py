@@ -931,7 +931,8 @@ def reproduce(
     Without --no-run it then runs them on one server (re-armed per candidate, restarted after a hang), compares each hang's signature
     with the dumps' and writes OUT/REPRODUCTION.md. Exit 10 REPRODUCED, 11 DIFFERENT HANG, 12 NOT REPRODUCED; 0 with
     --no-run once written; 2 on bad input (ranks that agree, one rank, a busy rank, no Python frames, an engine
-    without adapter), one line, nothing launched.
+    without adapter, a release unknown or not set up), one line, nothing launched. The release: --release, else
+    what --report / the dumps name, else inferred from the frames (``repro.reproduce_release``); printed with why.
     """
     from repro.reproduce import ReproduceInputError, write_candidates
 

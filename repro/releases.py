@@ -362,7 +362,9 @@ def choose_release(index: ReleaseIndex, *, forced: Optional[str] = None, texts: 
         hit = version_in_text(text, index)
         if hit:
             v, line = hit
-            index.get(v)
+            if v not in index.versions():
+                raise ReleaseError(f"{src} names {index.engine} {v} ({line!r}), which is not in the release index "
+                                   f"({index.versions()[0]}–{index.versions()[-1]}); force one with --release V")
             return ReleaseChoice(v, "report", f"{index.engine} {v}: named by {src} ({line!r})")
     cands, excluded, counted = infer_releases(frames, index)
     if not cands:

@@ -112,3 +112,12 @@ def test_the_0_5_18_dumps_are_what_the_wheel_says(tmp_path: Path) -> None:
         assert (tmp_path / f"rank{k}.txt").read_text() == (DUMPS / f"rank{k}.txt").read_text()
     src = zipfile.ZipFile(WHEEL).read("sglang/srt/managers/scheduler.py").decode().splitlines()
     assert "check_prefetch_progress(req.rid)" in src[3318 - 1]  # the seed's line, inside `for req in self.waiting_queue`
+
+
+def test_a_report_naming_a_release_outside_the_index_is_one_line_with_the_fix(tmp_path: Path) -> None:
+    report = tmp_path / "env.txt"
+    report.write_text(CHECK_ENV.replace("sglang: 0.5.17", "sglang: 0.4.9"))
+    _, caps = read_dumps([str(DUMPS)])
+    with pytest.raises(rel.ReleaseError, match=r"names sglang 0.4.9 \('sglang: 0.4.9'\), which is not in the release "
+                                               r"index \(0.5.14–0.5.23\); force one with --release V"):
+        pick_release("sglang", caps, [str(DUMPS)], reports=[str(report)], python=sys.executable)
