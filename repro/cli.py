@@ -211,11 +211,29 @@ def _render_result(res, as_json: bool) -> None:
         out.print(f"expected {res.expected}: {'match' if res.exit_code == 0 else 'MISMATCH (exit 5)'}")
 
 
+def _release_python(release: Optional[str], python: Optional[str]) -> Optional[str]:
+    """``--release V``'s interpreter (``repro.releases.release_python``), else ``--python`` as given; both, an unknown
+    release or one not set up: one error line (exit 2) naming the fix."""
+    if not release:
+        return python
+    from repro.releases import ReleaseError, release_python
+
+    if python:
+        console.print(f"[red]error:[/] give --release {escape(release)} or --python {escape(python)}, not both", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
+    try:
+        return release_python(release)
+    except ReleaseError as e:
+        console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
+
+
 @app.command()
 def run(
     scenario: Path = typer.Argument(..., callback=_scenario_arg, help="scenario TOML file or bundled name, e.g. scenarios/sglang/smoke_extra_allreduce.toml"),
     variant: Optional[str] = typer.Option(None, "--variant", help="variant name (default: the first in the file)"),
     python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: this one if it imports sglang, else the CPU testbed's)"),
+    release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
     model: Optional[str] = typer.Option(None, "--model", help="model path (default: the scenario's, else the testbed's tiny model)"),
     tp: Optional[int] = typer.Option(None, "--tp", help="TP size (default: the scenario's)"),
     label: Optional[str] = typer.Option(None, "--label", help="evidence folder label (default: the variant name)"),
@@ -231,6 +249,7 @@ def run(
     Exit codes: 0 ALL REQUESTS SUCCEEDED, 3 DEADLOCKED, 4 INCONCLUSIVE, 2 bad input, 1 internal error;
     with --expect: 0 iff the verdict matches, else 5.
     """
+    python = _release_python(release, python)
     from repro.runner import RunError, RunOptions, run as run_scenario
 
     _check_expect(expect)
@@ -272,7 +291,7 @@ def run(
 @app.command()
 def compare(
     scenario: Path = typer.Argument(..., callback=_scenario_arg, help="scenario TOML file or bundled name, e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
-    before: str = typer.Option(..., "--before", help="REF of the code before the fix: installed | patch:FILE | git:PATH@REV | python:PATH"),
+    before: str = typer.Option(..., "--before", help="REF of the code before the fix: installed | patch:FILE | git:PATH@REV | python:PATH | release:V[+patch:FILE]"),
     after: str = typer.Option(..., "--after", help="REF of the code after the fix (same forms as --before)"),
     variant: Optional[str] = typer.Option(None, "--variant", help="variant name (default: the first in the file)"),
     python: Optional[str] = typer.Option(None, "--python", help="interpreter for installed/patch/git REFs (default: as `repro run`)"),
@@ -334,6 +353,7 @@ DEMO_VARIANTS = ("extra_collective", "control")  # variants of smoke_extra_allre
 @app.command()
 def demo(
     python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: as `repro run` picks it: this one if it imports sglang, else the CPU testbed's)"),
+    release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
     evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder (default: evidence/ in the current folder)"),
     as_json: bool = typer.Option(False, "--json", help="print both results as one JSON object on stdout (no progress)"),
 ) -> None:
@@ -343,6 +363,7 @@ def demo(
     wheel's copy), so this works from any folder. Exit 0 iff both verdicts are the expected ones, else 5; 2 when
     the testbed is missing.
     """
+    python = _release_python(release, python)
     from repro import resources
     from repro.runner import RunError, RunOptions, run as run_scenario
     from repro.scenario import ScenarioError, load_scenario
@@ -397,6 +418,7 @@ def serve(
     scenario: Path = typer.Argument(..., callback=_scenario_arg, help="scenario TOML file or bundled name"),
     variant: Optional[str] = typer.Option(None, "--variant", help="variant whose injections are loaded (unarmed)"),
     python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server"),
+    release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
     model: Optional[str] = typer.Option(None, "--model", help="model path"),
     tp: Optional[int] = typer.Option(None, "--tp", help="TP size"),
     evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
@@ -408,6 +430,7 @@ def serve(
     Arm it with `repro arm EVIDENCE_DIR [INJECTION…]`, disarm with `repro disarm EVIDENCE_DIR`. With --json, stdout
     carries only JSON lines (flushed as written, for a script waiting on the URL).
     """
+    python = _release_python(release, python)
     from repro.runner import RunError, RunOptions, Session, UnresolvedSitesError, prepare
 
     _sigterm_to_interrupt()
@@ -580,6 +603,7 @@ def sites(
     scenario: Path = typer.Argument(..., callback=_scenario_arg, help="scenario TOML file or bundled name"),
     variant: Optional[str] = typer.Option(None, "--variant", help="check only this variant (default: all variants)"),
     python: Optional[str] = typer.Option(None, "--python", help="target interpreter (default: as `repro run` picks it)"),
+    release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
 ) -> None:
     """Preflight: resolve every site of the scenario inside the target interpreter, without launching a server.
@@ -587,6 +611,7 @@ def sites(
     Exit 0 when every injection has an alternative that resolves, 2 otherwise (missing names come with the nearest
     existing ones). Gate patterns naming functions absent in this version are warnings.
     """
+    python = _release_python(release, python)
     from repro.interpreter import InterpreterError, choose_python
     from repro.scenario import ScenarioError, load_scenario
     from repro.sites import SitesPreflightError, check_sites
@@ -896,6 +921,8 @@ def reproduce(
     only: Optional[List[str]] = typer.Option(None, "--only", help="run only these candidates (repeatable)"),
     evidence_dir: Optional[Path] = typer.Option(None, "--evidence-dir", help="evidence root for the candidate runs (default: OUT/evidence)"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
+    release: Optional[str] = typer.Option(None, "--release", help="engine release to map and run on, e.g. 0.5.18 (default: what --report or the dumps say, else inferred from the frames)"),
+    report: Optional[List[Path]] = typer.Option(None, "--report", help="a pasted `python3 -m sglang.check_env` block or a server log naming the release (repeatable)"),
 ) -> None:
     """Write a scenario whose variants make the dumps' divergence on purpose (``repro.reproduce``): an extra
     collective on the odd rank(s), its mirror, and discovery's root-cause candidates on the odd rank's path. With
@@ -904,15 +931,19 @@ def reproduce(
     Without --no-run it then runs them on one server (re-armed per candidate, restarted after a hang), compares each hang's signature
     with the dumps' and writes OUT/REPRODUCTION.md. Exit 10 REPRODUCED, 11 DIFFERENT HANG, 12 NOT REPRODUCED; 0 with
     --no-run once written; 2 on bad input (ranks that agree, one rank, a busy rank, no Python frames, an engine
-    without adapter), one line, nothing launched.
+    without adapter, a release unknown or not set up), one line, nothing launched. The release: --release, else
+    what --report / the dumps name, else inferred from the frames (``repro.reproduce_release``); printed with why.
     """
     from repro.reproduce import ReproduceInputError, write_candidates
 
     try:
-        w = write_candidates([str(d) for d in dumps], out_dir, base_path=base, python=python, tp=tp, model=model)
+        w = write_candidates([str(d) for d in dumps], out_dir, base_path=base, python=python, tp=tp, model=model,
+                             release=release, reports=[str(r) for r in report or []])
     except ReproduceInputError as e:
         console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_USAGE)
+    if w.release is not None and not as_json:
+        out.print(f"release: {escape(w.release.reason)}", highlight=False)
     if not no_run:
         _reproduce_run(w, dumps, out_dir, evidence_dir, python, model, tp, only or [], as_json)
     if as_json:
@@ -948,6 +979,7 @@ def reproduce(
 def discover(
     scenario: Path = typer.Argument(..., callback=_scenario_arg, help="base scenario (its server.adapter picks the rules), e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
     python: Optional[str] = typer.Option(None, "--python", help="target interpreter whose engine source is scanned (default: as `repro run` picks it)"),
+    release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
     rules: Optional[Path] = typer.Option(None, "--rules", help="discovery rules TOML (default: the adapter's, scenarios/sglang/discover_rules.toml)"),
     out_file: Optional[Path] = typer.Option(None, "--out", help="write the huntable candidates as hunt catalogue [[points]] TOML to this file"),
     limit: int = typer.Option(30, "--limit", help="candidates shown in the table (all are in --json)"),
@@ -957,6 +989,7 @@ def discover(
     interpreter; nothing is launched): ranked candidates with their caller, rank-local source, guard and guarded
     collective. `repro hunt --discover` hunts them. Exit 0, 2 on bad input, 1 when the scan failed.
     """
+    python = _release_python(release, python)
     from repro.discover import DiscoverError, default_rules_path, discover as run_discover, points_toml
     from repro.hunt import DEFAULT_CATALOGUE, HuntError, load_catalogue
     from repro.interpreter import InterpreterError, choose_python
@@ -1003,6 +1036,57 @@ def discover(
 
 
 @app.command()
+def bisect(
+    scenario: Path = typer.Argument(..., callback=_scenario_arg, help="scenario TOML file or bundled name"),
+    good: str = typer.Option(..., "--good", help="REF of the good end: release:V or release:V+patch:FILE"),
+    bad: str = typer.Option(..., "--bad", help="REF of the bad end (same form and patch as --good)"),
+    variant: Optional[str] = typer.Option(None, "--variant", help="variant name (default: the first in the file)"),
+    model: Optional[str] = typer.Option(None, "--model", help="model path (default: the scenario's)"),
+    tp: Optional[int] = typer.Option(None, "--tp", help="TP size (default: the scenario's)"),
+    requests_: Optional[int] = typer.Option(None, "--requests", help="requests in the burst (default: the scenario's)"),
+    label: Optional[str] = typer.Option(None, "--label", help="label of the folders (default: the variant name)"),
+    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
+) -> None:
+    """The first release between --good and --bad at which the variant's verdict changes (``repro.release_bisect``):
+    each step a `repro run` evidence folder, BISECT.md beside them. Exit 0 when found; 2 bad input (a REF that is
+    not a release, a release not set up: one line naming the setup command); the shared verdict's code when both
+    ends agree."""
+    from repro.release_bisect import BisectError, BisectOptions, bisect as run_bisect
+
+    _sigterm_to_interrupt()
+    opts = BisectOptions(scenario_path=scenario, good=good, bad=bad, variant=variant, model=model, tp=tp,
+                         requests=requests_, label=label, evidence_root=evidence_dir)
+
+    def observe(event: str, data: dict) -> None:
+        if as_json:
+            return
+        if event == "step":
+            _rule(console, f"{data['release']}: {data['ref']}")
+        elif event == "verdict":
+            out.print(f"{data['release']}: [{_verdict_style(data['verdict'])}]{data['verdict']}[/]  "
+                      f"{escape(data['evidence'])}/REPORT.md", highlight=False)
+
+    try:
+        res = run_bisect(opts, observe=observe)
+    except BisectError as e:
+        console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: server tree torn down; the steps so far are in BISECT.md")
+        raise typer.Exit(_interrupted_exit())
+    if as_json:
+        out.print_json(json.dumps(res.to_json(), default=str))
+        raise typer.Exit(res.exit_code)
+    if res.first_changed:
+        out.print(f"first change at [bold]{res.first_changed}[/] (last like --good: {res.last_same})")
+    else:
+        out.print(f"no change: both ends {res.steps[0].verdict if res.steps else '?'}")
+    out.print(f"BISECT.md written to {escape(str(res.folder / 'BISECT.md'))}", highlight=False)
+    raise typer.Exit(res.exit_code)
+
+
+@app.command()
 def hunt(
     scenario: Path = typer.Argument(..., callback=_scenario_arg, help="base scenario: its server and burst (variants ignored), e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
     budget_min: float = typer.Option(30.0, "--budget-min", help="wall-clock budget in minutes; trials not started in time are reported NOT RUN"),
@@ -1014,6 +1098,7 @@ def hunt(
     catalogue: Optional[Path] = typer.Option(None, "--catalogue", help="hunt catalogue TOML (default: scenarios/sglang/hunt_catalogue.toml)"),
     ref: str = typer.Option("installed", "--ref", help="code to hunt in: installed | patch:FILE | git:PATH@REV | python:PATH (as in compare)"),
     python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: as `repro run`)"),
+    release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
     evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
     requests_: Optional[int] = typer.Option(None, "--requests", help="requests per burst (default: the scenario's)"),
     confirm: bool = typer.Option(False, "--confirm", help="re-run each new scheduling/cache finding from its scenario file on a fresh server"),
@@ -1034,6 +1119,7 @@ def hunt(
     forward deadlocked), 4 when the baseline burst reached none of the chosen decision points (nothing was perturbed),
     2 bad input or a failed baseline, 130 interrupted (results so far kept), 1 internal error.
     """
+    python = _release_python(release, python)
     from rich.markup import escape as rich_escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 

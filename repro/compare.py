@@ -9,7 +9,9 @@ A *REF* names the code a side runs:
   may be rooted at the package (``a/sglang/...``) or at a source checkout (``a/python/sglang/...``);
 - ``git:PATH@REV``: a ``git worktree`` of the sglang source checkout PATH at REV (detached), its ``python/`` first
   on PYTHONPATH; the user's working tree is not touched and the worktree is removed afterwards;
-- ``python:PATH``: another interpreter (venv) with its own sglang.
+- ``python:PATH``: another interpreter (venv) with its own sglang;
+- ``release:V``: release V's interpreter (``repro.releases``: its testbed venv; not set up → one line naming the
+  command that sets it up). It composes with ``patch:``: ``release:0.5.18+patch:FILE`` is that patch on 0.5.18.
 
 Every REF is checked and materialised before any server starts (a patch that does not apply, a missing rev, an
 unknown kind → :class:`CompareError`, one line naming the fix). Materialised folders are removed on every outcome,
@@ -42,7 +44,7 @@ from repro.targets.base import RefLocation
 from repro import resources
 from repro.verdict import EXIT_MISMATCH, EXPECT_WORDS
 
-REF_KINDS = ("installed", "patch", "git", "python")
+REF_KINDS = ("installed", "patch", "git", "python", "release")
 OVERLAY_PREFIX = "repro-overlay-"
 WORKTREE_PREFIX = "repro-worktree-"
 LOCATE_TIMEOUT_S = 120.0  # seconds to let the target interpreter locate its sglang package
@@ -75,26 +77,43 @@ class Ref:
         text: the REF as the user wrote it.
         path: the patch file, the git checkout or the interpreter (None for ``installed``).
         rev: the git revision (``git`` only).
+        release: the engine release the side runs (``release:V``, alone or ``release:V+patch:FILE``), else None.
     """
 
     kind: str
     text: str
     path: Optional[Path] = None
     rev: Optional[str] = None
+    release: Optional[str] = None
 
 
 def parse_ref(text: str) -> Ref:
-    """Parse ``installed`` | ``patch:FILE`` | ``git:PATH@REV`` | ``python:PATH`` (syntax only, no file access).
+    """Parse ``installed`` | ``patch:FILE`` | ``git:PATH@REV`` | ``python:PATH`` | ``release:V`` |
+    ``release:V+patch:FILE`` (syntax only, no file access).
 
     Raises:
-        CompareError: unknown kind, or an empty FILE / PATH / REV (the message lists the accepted forms).
+        CompareError: unknown kind, or an empty FILE / PATH / REV / V (the message lists the accepted forms).
     """
-    forms = "installed, patch:FILE, git:PATH@REV or python:PATH"
+    from repro.releases import ReleaseError, parse_release_ref
+
+    forms = "installed, patch:FILE, git:PATH@REV, python:PATH, release:V or release:V+patch:FILE"
     t = (text or "").strip()
+    try:
+        release, rest = parse_release_ref(t)
+    except ReleaseError as e:
+        raise CompareError(str(e)) from None
+    if release is not None:
+        if not rest:
+            return Ref("release", t, release=release)
+        inner = parse_ref(rest)
+        if inner.kind != "patch":
+            raise CompareError(f"REF {t!r}: only patch:FILE composes with release:V (got {inner.kind}:); "
+                               "expected release:V or release:V+patch:FILE")
+        return Ref("patch", t, inner.path, release=release)
     if t == "installed":
         return Ref("installed", t)
     kind, sep, rest = t.partition(":")
-    if not sep or kind not in REF_KINDS or kind == "installed":
+    if not sep or kind not in REF_KINDS or kind in ("installed", "release"):
         return _bad_ref(t, f"unknown REF kind {kind!r}" if sep else "unknown REF", forms)
     if kind == "git":
         path, at, rev = rest.rpartition("@")
@@ -440,6 +459,18 @@ def materialize(ref: Ref, python: Optional[str], choose: Optional[Callable[[Opti
 
     lc = _loc(ref_location)
     pkg = lc.package
+    if ref.release is not None:  # the release's own interpreter; --python does not apply to this side
+        from repro.releases import ReleaseError, release_python
+
+        try:
+            rel_py = release_python(ref.release, adapter)
+        except ReleaseError as e:
+            raise CompareError(f"REF {ref.text!r}: {e}") from None
+        python = rel_py
+        choose = lambda p: rel_py  # noqa: E731
+        if ref.kind == "release":
+            return Materialized(ref, rel_py, (), f"{pkg} {ref.release} release ({rel_py})",
+                                str(package_location(rel_py, loc=lc)))
     if ref.kind == "installed":
         py = choose(python)
         return Materialized(ref, python, (), f"installed {pkg} of {py}", str(package_location(py, loc=lc)))
@@ -465,7 +496,8 @@ def materialize(ref: Ref, python: Optional[str], choose: Optional[Callable[[Opti
         loc = package_location(py, loc=lc)
         check_patch_applies(pf, loc.parent, strip, lc)
         root = make_overlay(loc, pf, text, strip, tmp_parent, lc)
-        m = Materialized(ref, python, (str(root),), f"installed {pkg} of {py} + {pf.name} (overlay)", str(root / pkg), [root])
+        what = f"{pkg} {ref.release} release ({py})" if ref.release else f"installed {pkg} of {py}"
+        m = Materialized(ref, python, (str(root),), f"{what} + {pf.name} (overlay)", str(root / pkg), [root])
         m._closers.append(lambda: shutil.rmtree(root, ignore_errors=True))
         return m
     if ref.kind == "git":

@@ -482,9 +482,9 @@ def plan(analysis: Analysis, captures: Sequence[RankCapture], python: str, adapt
 
 
 # ------------------------------------------------------------------------------------------------ scenario file
-def scenario_text(p: Plan, base: Any, source: str, model: str = "") -> str:
+def scenario_text(p: Plan, base: Any, source: str, model: str = "", release: str = "") -> str:
     """A scenario file (``repro.hunt.scenario_toml``) with one variant per candidate and the base's server, or the
-    adapter's defaults plus the guessed flags when ``base`` is None."""
+    adapter's defaults plus the guessed flags when ``base`` is None; ``release``: which release and why (a comment)."""
     from repro.hunt import scenario_toml
     from repro.scenario import Scenario
 
@@ -494,7 +494,7 @@ def scenario_text(p: Plan, base: Any, source: str, model: str = "") -> str:
             "server": {"adapter": p.adapter, "tp_size": p.tp_size, "args": p.server_args, "model": model},
             "burst": {"requests": 8, "concurrency": 8, "max_new_tokens": 4, "input_len": 64},
             "variants": [{"name": "placeholder", "expect": "deadlock", "injections": []}]})
-    comment = (f"Written by `repro reproduce` from {source}.\n"
+    comment = (f"Written by `repro reproduce` from {source}.\n" + (f"release: {release}\n" if release else "")
                + "".join(f"server guess: {s}\n" for s in p.server_says)
                + "".join(f"version drift: {d}\n" for d in p.drift)
                + "Run: repro run <this file> --variant <name>   (each candidate expects DEADLOCKED)")
@@ -520,23 +520,29 @@ class Written:
     plan: Plan
     python: str
     notes: list[str]
+    release: Optional[Any] = None  # the repro.releases.ReleaseChoice: which release and why
 
     def to_json(self) -> dict:
         return {"scenario": str(self.scenario_file), "signature": self.signature.to_json(), "python": self.python,
-                "notes": self.notes, **self.plan.to_json()}
+                "notes": self.notes, "release": self.release.to_json() if self.release else None, **self.plan.to_json()}
 
 
 def write_candidates(paths: Sequence[str], out_dir: Path, *, base_path: Optional[Path] = None,
                      python: Optional[str] = None, tp: Optional[int] = None, model: Optional[str] = None,
-                     use_discovery: bool = True) -> Written:
-    """Read the dumps, refuse bad input, map the frames, propose candidates and write ``out_dir/reproduce.toml``.
+                     use_discovery: bool = True, release: Optional[str] = None, reports: Sequence[str] = ()) -> Written:
+    """Read the dumps, refuse bad input, pick the release (``repro.reproduce_release.pick_release``: ``release``
+    forced, else what ``reports`` / the dumps say, else the frames' range), map the frames onto that release's
+    engine (or ``python``'s), propose candidates and write ``out_dir/reproduce.toml``.
 
     Nothing is launched. Bad input is refused before any interpreter is chosen.
 
     Raises:
-        ReproduceInputError: bad dumps (see :func:`check_input`), a bad ``--base``, no target interpreter, or the
-            written scenario does not validate (the message names the file and field).
+        ReproduceInputError: bad dumps (see :func:`check_input`), a bad ``--base``, no target interpreter, an
+            unknown release or one that is not set up (one line naming the setup command), or the written scenario
+            does not validate (the message names the file and field).
     """
+    from repro.releases import ReleaseError
+    from repro.reproduce_release import pick_release
     from repro.analysis import AnalyzeInputError
     from repro.interpreter import InterpreterError, choose_python
     from repro.scenario import ScenarioError, load_scenario
@@ -553,7 +559,11 @@ def write_candidates(paths: Sequence[str], out_dir: Path, *, base_path: Optional
             raise ReproduceInputError(f"--base: {e}") from None
     adapter = check_input(analysis, caps, base.server.adapter if base is not None else None)
     try:
-        py = choose_python(python)
+        release_py, choice = pick_release(adapter, caps, paths, reports=reports, forced=release, python=python)
+    except ReleaseError as e:
+        raise ReproduceInputError(str(e)) from None
+    try:
+        py = release_py or choose_python(python)
     except InterpreterError as e:
         raise ReproduceInputError(str(e)) from None
     rules = load_rules(rules_path(adapter))
@@ -587,13 +597,13 @@ def write_candidates(paths: Sequence[str], out_dir: Path, *, base_path: Optional
         base = base.model_copy(update={"server": base.server.model_copy(update={"model": model})})
     out_dir.mkdir(parents=True, exist_ok=True)
     f = out_dir / "reproduce.toml"
-    text = scenario_text(p, base, ", ".join(str(x) for x in paths), model or "")
+    text = scenario_text(p, base, ", ".join(str(x) for x in paths), model or "", choice.reason)
     f.write_text(text, encoding="utf-8")
     try:
         load_scenario(f)
     except ScenarioError as e:  # a bug here, not the user's: say so with the file
         raise ReproduceInputError(f"{f}: the written scenario does not validate ({e})") from None
-    return Written(f, signature(analysis, caps), p, py, notes)
+    return Written(f, signature(analysis, caps), p, py, notes, choice)
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -701,6 +711,8 @@ def reproduction_markdown(w: Written, tried: Sequence[Tried], source: str, secon
     head = {EXIT_REPRODUCED: REPRODUCED, EXIT_DIFFERENT_HANG: DIFFERENT_HANG}.get(code, NOT_REPRODUCED)
     lines = [f"# {head}", "", f"From {source}; {len(tried)} candidate(s) run in {seconds:.0f} s "
              f"(`{w.scenario_file}`, python `{w.python}`).", ""]
+    if w.release is not None:
+        lines += [f"Release: {w.release.reason}.", ""]
     lines += ["## Signatures", "", "| original | reproduction" + (f" ({best.candidate})" if best else "") + " |",
               "|---|---|"]
     left = w.signature.lines()

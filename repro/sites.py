@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from repro import resources
+from repro.releases import never_built
 from repro.scenario import Scenario
 
 PREFLIGHT_TIMEOUT_S = 600.0
@@ -141,6 +142,7 @@ def check_sites(scenario: Scenario, python: Union[str, Path], variant: Optional[
             })
             keys.append((v.name, inj))
     answer = _run_preflight(str(python), request, timeout_s, env)
+    release = _release_of(scenario, answer.get("versions", {}))
     results = []
     for (vname, inj), got in zip(keys, answer["injections"]):
         alts = tuple(AlternativeCheck(a["site"], a["status"], a.get("detail", ""), tuple(a.get("suggestions") or ()),
@@ -158,8 +160,23 @@ def check_sites(scenario: Scenario, python: Union[str, Path], variant: Optional[
         for a in alts:
             if a.status == "unverified":
                 warnings.append(f"{a.site}: {a.detail}")
+            elif a.status == "resolved" and release is not None:
+                dead = never_built(a.site, release, scenario.server.adapter)
+                if dead:
+                    warnings.append(dead)
         results.append(InjectionSites(vname, inj.id, alts, tuple(warnings)))
     return SitesReport(scenario.name, str(python), answer.get("python", ""), answer.get("versions", {}), tuple(results))
+
+
+def _release_of(scenario: Scenario, versions: dict) -> Optional[str]:
+    """The engine version the preflight reported (the adapter's ``ref_location.version_key``), else None."""
+    try:
+        from repro.targets.registry import get_adapter
+
+        loc = get_adapter(scenario.server.adapter).ref_location
+    except Exception:  # an unknown adapter is reported elsewhere; no release check then
+        return None
+    return versions.get(loc.version_key or loc.package)
 
 
 class SitesUnresolved(ValueError):

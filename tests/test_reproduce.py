@@ -386,6 +386,8 @@ def test_30760_candidates_on_the_testbed_are_the_loop_call_and_the_free_slot_dri
     a, caps = read_dumps([str(d)])
     odd = [s.rank for s in a.ranks if "_all_reduce_attn_groups" in (s.blocked_frame or "")]
     w = write_candidates([str(d)], tmp_path, python=str(testbed.testbed_python()))
+    assert w.release.version == "0.5.23" and w.release.candidates == ["0.5.23"]  # the testbed's frames fit 0.5.23 only
+    assert "release: sglang 0.5.23: the dump's" in w.scenario_file.read_text()
     by = {c.name: c for c in w.plan.candidates}
     loop = "sglang.srt.managers.scheduler:Scheduler._get_new_batch_prefill_raw"
     extra = [c for c in by.values() if c.kind == "extra_collective"]

@@ -537,6 +537,15 @@ class AdapterBase:
 
         return testbed.setup_command()
 
+    # ---- releases (``repro.releases``): ``release:V`` REFs, ``--release``, reproduce's inference, bisect -------
+    releases_file: Optional[Path] = None  # the per-release data beside the adapter (None: no release index)
+
+    def release_testbed_dir(self, version: str) -> Path:
+        """The folder where release ``version`` of this engine is set up (``venv/bin/python`` + ``.setup-stamp``):
+        ``${XDG_CACHE_HOME:-~/.cache}/tp-deadlock-repro/testbed/<engine>-<version>``."""
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        return cache / "tp-deadlock-repro" / "testbed" / f"{self.name}-{version}"
+
     # ---- several servers (a Topology with more than one role): used by repro.pd ------------------------------
     def role_adapter(self, role: ServerRole) -> "AdapterBase":
         """The adapter that launches and talks to ``role``'s server (default: this one; a router has its own)."""

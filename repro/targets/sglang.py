@@ -250,6 +250,15 @@ class SGLangAdapter(AdapterBase):
 
         return router_workers(url, timeout_s)
 
+    releases_file = Path(__file__).resolve().parent / "releases" / "sglang.toml"
+
+    def release_testbed_dir(self, version: str) -> Path:
+        """The CPU testbed's folder for the release it is written for (``repro.testbed.testbed_dir``, honouring
+        ``$REPRO_TESTBED_DIR``), else ``<cache>/tp-deadlock-repro/testbed/sglang-<version>``."""
+        if version == testbed.SGLANG_VERSION:
+            return testbed.testbed_dir()
+        return super().release_testbed_dir(version)
+
     def state_probe_plan(self) -> Optional[dict[str, Any]]:
         """Every release's probe file in ``repro/targets/state_probes/sglang-*.toml`` (the injector uses the
         installed release's; sglang 0.5.23 has one)."""

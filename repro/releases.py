@@ -1,0 +1,382 @@
+"""Engine releases: the release index, ``release:V`` REFs, and which release a dump or a report came from (issue 34).
+
+The data is the adapter's (``Adapter.releases_file``: for SGLang ``repro/targets/releases/sglang.toml`` beside the
+adapter, naming its index ``sglang.json`` built from the wheels of 0.5.14-0.5.23 by
+``scripts/build_release_index.py``). This module is engine-neutral: it reads that data, never the engine.
+
+- :class:`ReleaseIndex`: the releases in order, each one's tree-cache factory classes, and for every indexed module
+  the functions (qualified names) with their ``[first_line, last_line]`` per release.
+- :func:`release_python`: the interpreter of release V, or :class:`ReleaseError` (one line naming the command that
+  sets it up; exit 2 in the CLI). A release is set up when its testbed folder holds ``venv/bin/python`` and the
+  ``.setup-stamp`` (``Adapter.release_testbed_dir``).
+- :func:`version_in_text`: the version a pasted ``check_env`` block or a log line names.
+- :func:`infer_releases` / :func:`choose_release`: the releases that can have produced a dump's frames (module,
+  function, line inside the function's span), less those whose factory never builds the frames' classes; which one
+  to run and why.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+RELEASE_PREFIX = "release:"
+
+
+class ReleaseError(ValueError):
+    """A release that is unknown to the index or not set up; ``str()`` is one line naming the fix."""
+
+
+@dataclass(frozen=True)
+class Release:
+    """One release of the index.
+
+    Attributes:
+        version: e.g. ``0.5.18``.
+        wheel: the wheel file the entry was read from.
+        requires: its pins of torch / the kernel package (``torch==2.13.0``).
+        factory_builds: ``module:Class`` of every tree cache its factory can return.
+        factory_bases: bare names of those classes' base classes (an inherited method's frame counts as built).
+    """
+
+    version: str
+    wheel: str = ""
+    requires: tuple[str, ...] = ()
+    factory_builds: tuple[str, ...] = ()
+    factory_bases: tuple[str, ...] = ()
+
+    def builds(self, class_name: str) -> bool:
+        """Whether this release's factory builds ``class_name`` (bare name) or a subclass of it."""
+        return class_name in {b.rsplit(":", 1)[-1] for b in self.factory_builds} or class_name in self.factory_bases
+
+
+@dataclass(frozen=True)
+class FrameRef:
+    """What inference reads of one frame: the source path as the dump shows it, the function (qualified name or
+    bare ``co_name``) and the line (None when unknown)."""
+
+    path: str
+    function: str
+    line: Optional[int] = None
+
+
+@dataclass
+class ReleaseIndex:
+    """The releases of one engine in release order, with their functions' line spans.
+
+    Attributes:
+        engine: the adapter name.
+        releases: in release order (bit i of a mask is ``releases[i]``).
+        modules: source path in the package (``sglang/srt/mem_cache/hiradix_cache.py``) → qualified name →
+            ``[[first_line, last_line, release_mask], ...]``.
+        patterns: regular expressions whose first group is a version named in a report.
+        testbeds: version → its recipe table (``recipe = "cpu_testbed"``).
+    """
+
+    engine: str
+    releases: tuple[Release, ...]
+    modules: dict[str, dict[str, list[list[int]]]]
+    patterns: tuple[str, ...] = ()
+    testbeds: dict[str, dict] = field(default_factory=dict)
+
+    def versions(self) -> list[str]:
+        """The versions in release order."""
+        return [r.version for r in self.releases]
+
+    def get(self, version: str) -> Release:
+        """The release ``version``.
+
+        Raises:
+            ReleaseError: not in the index (the message lists the known versions).
+        """
+        for r in self.releases:
+            if r.version == version:
+                return r
+        raise ReleaseError(f"{self.engine} release {version!r} is not in the release index; known: "
+                           f"{', '.join(self.versions())} (add one with scripts/build_release_index.py)")
+
+    def between(self, first: str, last: str) -> list[Release]:
+        """The releases from ``first`` to ``last`` inclusive, in release order (either order of the arguments).
+
+        Raises:
+            ReleaseError: a version not in the index.
+        """
+        vs = self.versions()
+        i, j = vs.index(self.get(first).version), vs.index(self.get(last).version)
+        lo, hi = min(i, j), max(i, j)
+        return list(self.releases[lo:hi + 1])
+
+    def _modules_for(self, path: str) -> list[str]:
+        p = path.replace("\\", "/").lstrip("./")
+        if p in self.modules:
+            return [p]
+        return [m for m in self.modules if p.endswith("/" + m) or m.endswith("/" + p) or m == p]
+
+    def frame_mask(self, f: FrameRef) -> Optional[int]:
+        """Bit mask of the releases whose source has ``f``'s function in ``f``'s file with ``f.line`` inside it
+        (any line when unknown). None when the file is not indexed, or the function is in none of its releases
+        (a locally modified file says nothing about the release)."""
+        mods = self._modules_for(f.path)
+        if not mods:
+            return None
+        mask, named = 0, False
+        for m in mods:
+            for q, spans in self.modules[m].items():
+                if q != f.function and not q.endswith("." + f.function) and not f.function.endswith("." + q):
+                    continue
+                named = True
+                for first, last, rmask in spans:
+                    if f.line is None or first <= f.line <= last:
+                        mask |= rmask
+        return mask if named else None
+
+    def frame_classes(self, f: FrameRef) -> set[str]:
+        """Bare names of the classes that own ``f``'s function in the index (``HiRadixCache`` for
+        ``check_prefetch_progress`` in ``hiradix_cache.py``)."""
+        out: set[str] = set()
+        for m in self._modules_for(f.path):
+            for q in self.modules[m]:
+                if "." in q and (q == f.function or q.endswith("." + f.function)) and "<locals>" not in q:
+                    out.add(q.rsplit(".", 1)[0].split(".")[-1])
+        return out
+
+    def mask_versions(self, mask: int) -> list[str]:
+        """The versions whose bit is set in ``mask``, in release order."""
+        return [r.version for i, r in enumerate(self.releases) if mask >> i & 1]
+
+
+def _adapter(adapter: Any) -> Any:
+    if adapter is None or isinstance(adapter, str):
+        from repro.targets.registry import get_adapter
+
+        return get_adapter(adapter)
+    return adapter
+
+
+@lru_cache(maxsize=8)
+def _load(path: str, engine: str) -> ReleaseIndex:
+    data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    raw = json.loads((Path(path).parent / data["index"]).read_text(encoding="utf-8"))
+    rels = tuple(Release(r["version"], r.get("wheel", ""), tuple(r.get("requires", ())), tuple(r.get("factory_builds", ())),
+                         tuple(r.get("factory_bases", ()))) for r in raw["releases"])
+    return ReleaseIndex(engine, rels, raw["modules"], tuple(data.get("version_patterns", ())), dict(data.get("testbeds", {})))
+
+
+def load_index(adapter: Any = None) -> ReleaseIndex:
+    """The adapter's release index (default: the default adapter's), read once per process.
+
+    Raises:
+        ReleaseError: the adapter has no release data (the message names the adapter).
+    """
+    a = _adapter(adapter)
+    f = getattr(a, "releases_file", None)
+    if f is None or not Path(f).is_file():
+        raise ReleaseError(f"the {a.name} adapter has no release index; releases (release:V, --release) are known for sglang only")
+    return _load(str(f), a.name)
+
+
+def parse_release_ref(text: str) -> tuple[Optional[str], str]:
+    """Split ``release:V`` / ``release:V+REST`` into ``(V, REST)``; ``(None, text)`` when it is no release REF.
+
+    Raises:
+        ReleaseError: ``release:`` without a version.
+    """
+    t = (text or "").strip()
+    if not t.startswith(RELEASE_PREFIX):
+        return None, t
+    v, _, rest = t[len(RELEASE_PREFIX):].partition("+")
+    if not v.strip():
+        raise ReleaseError(f"REF {t!r}: expected release:V (e.g. release:0.5.18 or release:0.5.18+patch:FILE)")
+    return v.strip(), rest.strip()
+
+
+@dataclass(frozen=True)
+class ReleaseSetup:
+    """Where release V runs: its testbed folder, its interpreter when set up, and the command that sets it up."""
+
+    version: str
+    folder: Path
+    python: Optional[Path]
+    setup_command: str
+    has_recipe: bool
+
+
+def release_setup(version: str, adapter: Any = None) -> ReleaseSetup:
+    """Where ``version`` runs (nothing is created).
+
+    Raises:
+        ReleaseError: the version is not in the index.
+    """
+    a = _adapter(adapter)
+    idx = load_index(a)
+    rel = idx.get(version)
+    folder = Path(a.release_testbed_dir(version))
+    py = folder / "venv" / "bin" / "python"
+    ok = py.exists() and (folder / ".setup-stamp").is_file()
+    recipe = idx.testbeds.get(version, {}).get("recipe")
+    with_recipe = sorted(idx.testbeds)
+    if recipe:
+        cmd = a.testbed_setup_command()
+    else:
+        pins = " ".join(f"'{p}'" for p in (f"{idx.engine}=={version}", *rel.requires))
+        cmd = (f"only {', '.join(with_recipe) or 'no release'} {'has' if len(with_recipe) == 1 else 'have'} a testbed "
+               f"recipe today ({a.testbed_setup_command()}); by hand (untested: the CPU stand-in and compat layer are "
+               f"written for {', '.join(with_recipe) or 'another release'}): python3 -m venv {folder}/venv && "
+               f"{folder}/venv/bin/pip install {pins} py-spy && touch {folder}/.setup-stamp")
+    return ReleaseSetup(version, folder, py if ok else None, cmd, bool(recipe))
+
+
+def release_python(version: str, adapter: Any = None) -> str:
+    """The interpreter of release ``version``.
+
+    Raises:
+        ReleaseError: unknown version, or not set up: one line naming the command that sets it up.
+    """
+    s = release_setup(version, adapter)
+    if s.python is None:
+        a = _adapter(adapter)
+        how = f"set it up with: {s.setup_command}" if s.has_recipe else s.setup_command
+        raise ReleaseError(f"{a.name} {version} is not set up (no {s.folder}/venv/bin/python with .setup-stamp); {how}")
+    return str(s.python)
+
+
+def version_in_text(text: str, index: ReleaseIndex) -> Optional[tuple[str, str]]:
+    """The version a report names (``sglang: 0.5.18`` of ``python3 -m sglang.check_env``, ``sglang==0.5.18``, a
+    log's ``sglang version 0.5.18``) as ``(version, the line that said it)``; None when no pattern matches."""
+    for pat in index.patterns:
+        m = re.search(pat, text)
+        if m:
+            start = text.rfind("\n", 0, m.start()) + 1
+            end = text.find("\n", m.end())
+            return m.group(1), text[start:end if end >= 0 else None].strip()
+    return None
+
+
+@dataclass
+class ReleaseChoice:
+    """Which release to use and why.
+
+    Attributes:
+        version: the chosen release (None: nothing to go by; the caller keeps its default interpreter).
+        source: ``forced`` | ``report`` | ``frames`` | ``none``.
+        reason: one line for people (REPORT / stdout).
+        candidates: the releases that can have produced the dump (release order; frames only).
+        excluded: version → why it was left out (a factory that does not build a frame's class).
+    """
+
+    version: Optional[str]
+    source: str
+    reason: str
+    candidates: list[str] = field(default_factory=list)
+    excluded: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"version": self.version, "source": self.source, "reason": self.reason, "candidates": self.candidates,
+                "excluded": self.excluded}
+
+
+def never_built(site: str, version: Optional[str], adapter: Any = None) -> Optional[str]:
+    """A warning when ``site`` (``module:Class.method``) is on a class that release ``version``'s tree-cache
+    factory never builds (nor a subclass of it), though other releases' factories do: patching it there is dead code
+    (sglang 0.5.19 and 0.5.20 ship ``hiradix_cache.HiRadixCache`` but build ``UnifiedRadixCache``). None when it is
+    built, the class is no factory class, the version is unknown, or the engine has no release index."""
+    if not version or ":" not in site:
+        return None
+    try:
+        index = load_index(adapter)
+        rel = index.get(version)
+    except ReleaseError:
+        return None
+    cls = site.split(":", 1)[1].split(".")[0]
+    builders = [r.version for r in index.releases if r.builds(cls)]
+    if not builders or rel.builds(cls):
+        return None
+    built = sorted({b.rsplit(":", 1)[-1] for b in rel.factory_builds})
+    return (f"{site} resolves, but {index.engine} {version}'s tree-cache factory never builds {cls} (it builds "
+            f"{', '.join(built) or 'nothing indexed'}; {cls} is built by {builders[0]}–{builders[-1]}): a patch there "
+            "is dead code; add an alternative on a class this release builds")
+
+
+def infer_releases(frames: Iterable[FrameRef], index: ReleaseIndex) -> tuple[list[str], dict[str, str], int]:
+    """The releases that can have produced ``frames``: every indexed frame's function in its file with its line
+    inside the function (the intersection; when no release has them all, the releases matching the most frames),
+    less the releases whose tree-cache factory builds none of the frames' factory classes (or a subclass).
+
+    Returns:
+        (candidate versions in release order, excluded version → why, number of frames that counted).
+    """
+    n = len(index.releases)
+    everything = (1 << n) - 1
+    masks = []
+    classes: set[str] = set()
+    universe = {b.rsplit(":", 1)[-1] for r in index.releases for b in r.factory_builds}
+    for f in frames:
+        m = index.frame_mask(f)
+        if m is None:
+            continue
+        masks.append(m)
+        classes |= index.frame_classes(f) & universe
+    if not masks:
+        return [], {}, 0
+    mask = everything
+    for m in masks:
+        mask &= m
+    if mask == 0:  # no release has every frame (a local edit, a backport): the releases matching the most frames
+        score = [sum(m >> i & 1 for m in masks) for i in range(n)]
+        best = max(score)
+        mask = sum(1 << i for i in range(n) if score[i] == best)
+    excluded: dict[str, str] = {}
+    for i, r in enumerate(index.releases):
+        if not mask >> i & 1:
+            continue
+        missing = sorted(c for c in classes if not r.builds(c))
+        if missing:
+            excluded[r.version] = f"its factory does not build {', '.join(missing)}"
+    kept = [v for v in index.mask_versions(mask) if v not in excluded]
+    return (kept or index.mask_versions(mask)), (excluded if kept else {}), len(masks)
+
+
+def choose_release(index: ReleaseIndex, *, forced: Optional[str] = None, texts: Sequence[tuple[str, str]] = (),
+                   frames: Sequence[FrameRef] = (), is_set_up: Any = None) -> ReleaseChoice:
+    """Pick the release: ``forced`` (``--release``), else the first report text naming one (``(source, text)``
+    pairs: a pasted check_env block, a log), else :func:`infer_releases` over ``frames``: the newest candidate that
+    ``is_set_up(version)`` (default: all count as set up), else the newest candidate.
+
+    Raises:
+        ReleaseError: ``forced`` or the named version is not in the index.
+    """
+    if forced:
+        index.get(forced)
+        return ReleaseChoice(forced, "forced", f"{index.engine} {forced}: forced with --release")
+    for src, text in texts:
+        hit = version_in_text(text, index)
+        if hit:
+            v, line = hit
+            if v not in index.versions():
+                raise ReleaseError(f"{src} names {index.engine} {v} ({line!r}), which is not in the release index "
+                                   f"({index.versions()[0]}–{index.versions()[-1]}); force one with --release V")
+            return ReleaseChoice(v, "report", f"{index.engine} {v}: named by {src} ({line!r})")
+    cands, excluded, counted = infer_releases(frames, index)
+    if not cands:
+        return ReleaseChoice(None, "none", f"no frame is in the {index.engine} release index "
+                             f"({index.versions()[0]}–{index.versions()[-1]}); no release inferred")
+    ok = is_set_up or (lambda v: True)
+    chosen = next((v for v in reversed(cands) if ok(v)), cands[-1])
+    rng = cands[0] if len(cands) == 1 else f"{cands[0]}–{cands[-1]} ({len(cands)} releases: {', '.join(cands)})"
+    why = f"{index.engine} {chosen}: the dump's {counted} indexed frame(s) fit {rng}"
+    if excluded:
+        why += "; left out " + "; ".join(f"{v} ({w})" for v, w in excluded.items())
+    if len(cands) > 1:
+        why += f"; chose {chosen}, the newest " + (
+            "of them" if is_set_up is None else "that is set up" if ok(chosen) else "of them (none is set up)")
+    return ReleaseChoice(chosen, "frames", why, cands, excluded)
