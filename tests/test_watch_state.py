@@ -71,3 +71,23 @@ def test_watch_logs_the_state_divergence_as_a_warning_line_before_any_hang(tmp_p
     assert w.state == "starting" and w.state_divergence["tick"] == 4
     json.dumps(warn[0])
     forget_followers()
+
+
+def test_a_watch_hangs_report_and_verdict_lead_with_the_state_seen_live(tmp_path):
+    from repro import evidence as ev
+    from repro.watch import Discovery, watch_report
+
+    st = {"status": "diverged", "tick": 4, "ranks": ["0", "1"], "fields": {"w": {"0": 1, "1": 2}},
+          "compared_ticks": [1, 4], "summary": "at scheduler tick 4: `w` rank 0 = 1, rank 1 = 2 (ticks 1–4 compared)"}
+    health = {"kind": "silent", "detail": "200"}
+    hang = {"verdict": "DEADLOCKED", "reason": "proof", "health_at_declaration": health, "health_after_capture": health,
+            "declared_at": "t", "consecutive_failures": 0, "first_failure_at": None, "last_generate": {},
+            "state_divergence": st}
+    (tmp_path / "stacks").mkdir()
+    md = watch_report(WatchOptions(url="http://127.0.0.1:9"), hang, None, [], Discovery({}, "given"), tmp_path / "stacks")
+    lines = md.splitlines()
+    i = lines.index("## Diagnosis")
+    assert lines[i + 2] == "**First divergent state:** at scheduler tick 4: `w` rank 0 = 1, rank 1 = 2 (ticks 1–4 compared)"
+    rec = ev.verdict_record({"verdict": "DEADLOCKED", "reason": "proof"}, exit_code=3, evidence=tmp_path, kind="watch",
+                            state_divergence=st)
+    assert rec.state_divergence["tick"] == 4
