@@ -16,6 +16,8 @@ import json
 from collections import deque
 from typing import Any, Iterable, Optional
 
+MAX_SNAPSHOTS = 4096  # value changes kept per rank awaiting comparison (memory stays bounded on a long serve)
+
 
 def _show(v: Any) -> str:
     if isinstance(v, list) and len(v) == 2:
@@ -36,6 +38,7 @@ class LiveState:
         self.skipped: dict[str, str] = {}
         self.through: Optional[int] = None  # the last tick compared
         self.divergence: Optional[dict[str, Any]] = None
+        self.dropped = 0  # snapshots dropped uncompared (a rank more than MAX_SNAPSHOTS changes ahead of another)
 
     @property
     def recorded(self) -> bool:
@@ -68,25 +71,23 @@ class LiveState:
                 snaps[-1] = (tick, vals)
             else:
                 snaps.append((tick, vals))
+            if len(snaps) > MAX_SNAPSHOTS:  # nobody called check() (a run's detector), or a rank is far behind
+                self.check()
+                while len(snaps) > MAX_SNAPSHOTS:
+                    snaps.popleft()
+                    self.dropped += 1
         elif e == "state_error":
             self.skipped.setdefault(str(d.get("probe")), f"rank {rank}: {d.get('err')}")
         if tick > self.last_tick[rank]:
             self.last_tick[rank] = tick
 
-    def _values_at(self, rank: int, tick: int) -> dict[str, Any]:
-        got: dict[str, Any] = {}
-        for t, vals in self.snaps[rank]:
-            if t > tick:
-                break
-            got = vals
-        return got
-
     def check(self) -> Optional[dict[str, Any]]:
         """Compare the ticks every rank has reached since the last check.
 
         Returns:
-            Once, at the first divergence: ``{"status": "diverged", "tick", "fields": {probe: {rank: value}}, "ranks", "compared_ticks",
-            "summary"}`` (ranks as strings, values as written in the ledger); None otherwise (also every later call).
+            Once, at the first divergence: ``{"status": "diverged", "tick", "fields": {probe: {rank: value}},
+            "ranks", "compared_ticks", "summary"}`` (ranks as strings, values as written in the ledger); None
+            otherwise (also every later call).
         """
         if self.divergence is not None or not self.recorded or len(self.ranks) < 2:
             return None
@@ -96,8 +97,14 @@ class LiveState:
         if upto < lo:
             return None
         ticks = sorted({t for r in self.ranks for t, _ in self.snaps[r] if lo <= t <= upto} | {lo})
+        seqs = {r: list(self.snaps[r]) for r in self.ranks}
+        pos = {r: -1 for r in self.ranks}  # index of the snapshot in force (a merge walk: one pass over each rank's)
         for t in ticks:
-            vals = {r: self._values_at(r, t) for r in self.ranks}
+            for r in self.ranks:
+                q = seqs[r]
+                while pos[r] + 1 < len(q) and q[pos[r] + 1][0] <= t:
+                    pos[r] += 1
+            vals = {r: (seqs[r][pos[r]][1] if pos[r] >= 0 else {}) for r in self.ranks}
             names = sorted({n for v in vals.values() for n in v})
             diff = {p: {r: vals[r].get(p) for r in self.ranks} for p in names
                     if self.kinds.get(p, "lockstep") == "lockstep" and p not in self.skipped
@@ -120,4 +127,4 @@ class LiveState:
         return None
 
 
-__all__ = ["LiveState"]
+__all__ = ["LiveState", "MAX_SNAPSHOTS"]

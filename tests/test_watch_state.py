@@ -91,3 +91,19 @@ def test_a_watch_hangs_report_and_verdict_lead_with_the_state_seen_live(tmp_path
     rec = ev.verdict_record({"verdict": "DEADLOCKED", "reason": "proof"}, exit_code=3, evidence=tmp_path, kind="watch",
                             state_divergence=st)
     assert rec.state_divergence["tick"] == 4
+
+
+def test_live_state_stays_bounded_when_nobody_checks(tmp_path):
+    from repro.state_follow import MAX_SNAPSHOTS, LiveState
+
+    st = LiveState([0, 1])
+    for r in (0, 1):
+        st.add(r, {"e": "state", "tick": 1, "full": True, "v": {"a": 0}})
+    for t in range(2, 3 * MAX_SNAPSHOTS):
+        for r in (0, 1):
+            st.add(r, {"e": "state", "tick": t, "v": {"a": t}})
+    assert all(len(q) <= MAX_SNAPSHOTS for q in st.snaps.values()) and st.dropped == 0
+    st.add(1, {"e": "state", "tick": 3 * MAX_SNAPSHOTS, "v": {"a": -1}})
+    st.add(0, {"e": "state", "tick": 3 * MAX_SNAPSHOTS, "v": {"a": 3 * MAX_SNAPSHOTS}})
+    d = st.check()
+    assert d is not None and d["tick"] == 3 * MAX_SNAPSHOTS and d["fields"]["a"] == {"0": 3 * MAX_SNAPSHOTS, "1": -1}
