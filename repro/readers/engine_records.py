@@ -6,7 +6,7 @@ What the lines look like is the adapter's data (:class:`repro.targets.base.Engin
 - a **block**: a header line whose log prefix names the rank (``[<time> TP1] Scheduler debug info:``; the prefix is
   read by :func:`repro.readers.prefixes.clean_line`, as for stack dumps), then figure lines without a prefix until a
   line that is none of the block's figure lines. Blocks of several ranks may alternate in one log (each is one
-  record of its rank's logger); a figure line that carries its own rank prefix joins that rank's open block.
+  record of its rank's logger, so a block ends at the first line that is none of its figure lines).
 - an **event**: one line, its rank in its prefix (a checker's "found rank divergence", a leak error).
 
 Figures are strings as printed (``"4080"``), named ``[group] key`` for ``key=value`` lines (``[full] available``)
@@ -120,47 +120,39 @@ def read_engine_records(lines: Iterable[str], rules: Sequence[object], source: s
     subs = tuple(dict.fromkeys(s for c in comp for s in c.gate))
     gate_re = re.compile("|".join(re.escape(x) for x in subs)) if subs else re.compile(r"(?!)")
     out = EngineReadResult()
-    open_blocks: dict[str, dict] = {}  # rank label → the block being read
-    last_label: Optional[str] = None
+    blk: Optional[dict] = None  # the block being read (records are one write each: at most one is open)
 
-    def close(label: Optional[str] = None) -> None:
-        """Keep the open block of ``label`` (None: every open block) as a record."""
-        nonlocal last_label
-        for lab in ([label] if label is not None else list(open_blocks)):
-            b = open_blocks.pop(lab, None)
-            if b is None:
-                continue
-            if len(out.records) >= MAX_RECORDS:
-                out.dropped += 1
-                continue
-            out.records.append(EngineRecord(kind="block", name=b["name"], rank=b["rank"], rank_label=lab,
-                                            figures=b["figures"], members=b["members"], engine=b["engine"],
-                                            source=source, line=b["line"], time=b["time"]))
-        if label is None or label == last_label:
-            last_label = None
+    def keep(rec: EngineRecord) -> None:
+        if len(out.records) >= MAX_RECORDS:
+            out.dropped += 1
+        else:
+            out.records.append(rec)
+
+    def close() -> None:
+        nonlocal blk
+        if blk is not None:
+            keep(EngineRecord(kind="block", name=blk["name"], rank=blk["rank"], rank_label=blk["label"],
+                              figures=blk["figures"], members=blk["members"], engine=blk["engine"], source=source,
+                              line=blk["line"], time=blk["time"]))
+        blk = None
 
     for n, raw in enumerate(lines, 1):
-        if not open_blocks and not gate_re.search(raw):
+        if blk is None and not gate_re.search(raw):
             continue
         c = clean_line(raw)
         text = c.text.strip()
-        if open_blocks and text:
-            lab = c.label if c.rank_hint is not None and c.label in open_blocks else last_label
-            b = open_blocks.get(lab) if lab is not None else None
-            took = False
-            if b is not None:
-                for group, pat in b["comp"].figures:
-                    m = pat.match(text)
-                    if m:
-                        figs, mems = _figures(group, m, b["comp"].member)
-                        b["figures"].update(figs)
-                        b["members"].update(mems)
-                        took = True
-                        break
-            if took:
+        if blk is not None:
+            m = None
+            for group, pat in (blk["comp"].figures if text else ()):
+                m = pat.match(text)
+                if m:
+                    figs, mems = _figures(group, m, blk["comp"].member)
+                    blk["figures"].update(figs)
+                    blk["members"].update(mems)
+                    break
+            if m:
                 continue
-        if open_blocks:  # a line that is no figure line ends the record (each is one write of its rank's logger)
-            close()
+            close()  # a line that is no figure line ends the block (it is one write of its rank's logger)
             if not gate_re.search(raw):
                 continue
         tm = _TIME_RE.search(raw)
@@ -169,30 +161,17 @@ def read_engine_records(lines: Iterable[str], rules: Sequence[object], source: s
         for cp in comp:
             m = cp.header.match(text)
             if m:
-                if label in open_blocks:
-                    close(label)
-                open_blocks[label] = {"name": f"{m.groupdict().get('name') or ''} debug info".strip(),
-                                      "rank": c.rank_hint, "figures": {}, "members": {}, "line": n, "time": when,
-                                      "engine": cp.rules.engine, "comp": cp}
-                last_label = label
+                blk = {"name": m.groupdict().get("name") or "state block", "rank": c.rank_hint, "label": label,
+                       "figures": {}, "members": {}, "line": n, "time": when, "engine": cp.rules.engine, "comp": cp}
                 break
             if cp.timeout is not None and cp.timeout.match(text):
                 out.timeouts[label] = out.timeouts.get(label, 0) + 1
                 break
-            hit = None
-            for kind, lab_text, pat in cp.events:
-                em = pat.search(text)
-                if em:
-                    hit = (kind, lab_text, em)
-                    break
+            hit = next(((kind, lab, em) for kind, lab, pat in cp.events for em in [pat.search(text)] if em), None)
             if hit is not None:
                 figs, _ = _figures(hit[0], hit[2], None)
-                if len(out.records) >= MAX_RECORDS:
-                    out.dropped += 1
-                else:
-                    out.records.append(EngineRecord(kind=hit[0], name=hit[1], rank=c.rank_hint, rank_label=label,
-                                                    figures=figs, engine=cp.rules.engine, source=source, line=n,
-                                                    time=when))
+                keep(EngineRecord(kind=hit[0], name=hit[1], rank=c.rank_hint, rank_label=label, figures=figs,
+                                  engine=cp.rules.engine, source=source, line=n, time=when))
                 break
     close()
     out.records.sort(key=lambda r: r.line)

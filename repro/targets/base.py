@@ -206,7 +206,8 @@ class EngineDumpRules:
 
     Attributes:
         engine: the engine's name, for messages (``sglang 0.5.23``).
-        block_header: regex of a block's header text (after the log prefix); its ``name`` group names the block.
+        block_header: regex of a block's header text (after the log prefix); its ``name`` group names the block
+            (``Scheduler debug info``).
         block_figures: ``(group, regex)``: a figure line inside a block; ``group`` prefixes the figures it holds
             (``full`` → ``full.available``). A regex with a ``value`` group holds one figure named ``group``; one
             with a ``pairs`` group holds ``key=value, key=value`` figures; one with a ``members`` group holds a list

@@ -27,7 +27,7 @@ _PAIRS = r"(?P<pairs>\w+=.*)"
 
 SGLANG_DUMP_RULES = EngineDumpRules(
     engine="sglang 0.5.23",
-    block_header=r"^(?P<name>Scheduler) debug info:\s*$",
+    block_header=r"^(?P<name>Scheduler debug info):\s*$",
     block_figures=(
         ("batch_size()", r"^\S*\bbatch_size\(\)=(?P<value>\S+)\s*$"),
         ("reqs", r"^\S*\breqs=(?P<members>.*)$"),
