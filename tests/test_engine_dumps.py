@@ -9,16 +9,13 @@ cases are written here line for line as sglang 0.5.23 prints them (``invariant_c
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from repro.engine_dumps import compare_records, read_engine_dumps
 from repro.readers.engine_records import read_engine_records
 from repro.targets.registry import engine_dump_rules_all
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURE = REPO / "tests" / "fixtures" / "engine_dumps" / "sglang-0.5.23-soft-watchdog"
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "engine_dumps" / "sglang-0.5.23-soft-watchdog"
 
 
 def _block(tp: int, available: int, rids=("a1", "b2"), t="03:21:00") -> list[str]:
@@ -92,12 +89,15 @@ def test_a_log_without_engine_dumps_reads_as_none(tmp_path):
     assert read_engine_dumps([p]) is None
 
 
-def test_analyze_names_the_differing_pool_figure_of_the_real_soft_watchdog_blocks(tmp_path):
+def test_analyze_names_the_differing_pool_figure_of_the_real_soft_watchdog_blocks():
     """The committed real fixture: two ranks' soft-watchdog blocks, rank 0 with 16 KV token slots taken."""
+    from typer.testing import CliRunner
+
+    from repro.cli import app
+
     log = FIXTURE / "server.log"
-    r = subprocess.run([sys.executable, "-m", "repro", "analyze", str(log), "--json"], cwd=REPO,
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    r = CliRunner().invoke(app, ["analyze", str(log), "--json"])
+    assert r.exit_code == 0, r.output[-3000:]
     d = json.loads(r.stdout)["engine_dumps"]
     assert set(d["last_blocks"]) == {"TP0", "TP1"}, d["summary"]
     assert all(n >= 1 for n in d["blocks_per_rank"].values())
@@ -105,8 +105,8 @@ def test_analyze_names_the_differing_pool_figure_of_the_real_soft_watchdog_block
     avail = diffs["[full] available"]
     assert int(avail["TP1"]) - int(avail["TP0"]) == 16, d["summary"]
     assert f"`[full] available` TP0 = {avail['TP0']}, TP1 = {avail['TP1']}" in d["summary"]
-    # the text output says it too, and the rest of each block is equal (same batch, same requests)
-    r2 = subprocess.run([sys.executable, "-m", "repro", "analyze", str(log)], cwd=REPO, capture_output=True,
-                        text=True, timeout=60)
-    assert r2.returncode == 0 and "[full] available" in r2.stdout and avail["TP0"] in r2.stdout
+    # the rest of each block is equal (same batch, same request), and the text output names the figure too
+    assert list(diffs) == ["[full] available"], d["summary"]
     assert d["last_blocks"]["TP0"]["members"]["reqs"] == d["last_blocks"]["TP1"]["members"]["reqs"]
+    r2 = CliRunner().invoke(app, ["analyze", str(log)], env={"COLUMNS": "200"})
+    assert r2.exit_code == 0 and "[full] available" in r2.stdout and avail["TP0"] in r2.stdout, r2.output[-2000:]
