@@ -667,6 +667,33 @@ def sites(
     raise typer.Exit(EXIT_SUCCESS if rep.ok else EXIT_USAGE)
 
 
+def _print_engine_dumps(engine: Any, markdown: Optional[Path], as_json: bool) -> None:
+    """``repro analyze`` of files with the engine's own per-rank dumps and no stack: the sentence, one table row per
+    figure (the differing ones marked) and the events (``repro.engine_dumps``)."""
+    from rich.markup import escape as rich_escape
+
+    if markdown is not None:
+        markdown.write_text("\n".join(engine.markdown_lines()) + "\n")
+    if as_json:
+        out.print_json(data={"engine_dumps": engine.to_dict()})
+        return
+    out.print(rich_escape(engine.summary), style="bold red" if engine.diverged else "bold", highlight=False)
+    if len(engine.last_blocks) >= 2:
+        labs = list(engine.last_blocks)
+        table = Table(title="The engine's own dump, per rank (the last block of each)")
+        for col in ["figure", *labs]:
+            table.add_column(col, overflow="fold")
+        diff = {d.figure for d in engine.diffs}
+        for f in dict.fromkeys(f for b in engine.last_blocks.values() for f in b.figures):
+            table.add_row(*(rich_escape(c) for c in [f, *(engine.last_blocks[lab].figures.get(f, "absent") for lab in labs)]),
+                          style="bold red" if f in diff else "")
+        out.print(table)
+    for w in engine.warnings:
+        console.print(f"[yellow]warning:[/] {rich_escape(w)}", highlight=False)
+    if markdown is not None:
+        console.print(f"markdown written to {markdown}")
+
+
 @app.command()
 def analyze(
     paths: List[Path] = typer.Argument(..., help="evidence folder (its stacks/), stacks folder, or dump files "
@@ -687,19 +714,25 @@ def analyze(
     from repro.analysis import AnalyzeInputError, analyze as analyze_captures, load_captures
 
     from repro.ledger import diagnose_paths
+    from repro.engine_dumps import read_engine_dumps
 
     ledger_diag = diagnose_paths(paths)
+    engine = read_engine_dumps(paths)  # the engine's own per-rank dumps (SGLang's watchdog blocks…), no stack needed
     try:
         caps = load_captures(paths, tag=tag)
     except AnalyzeInputError as e:
-        if ledger_diag is None:
+        if ledger_diag is None and engine is None:
             console.print(f"[red]error:[/] {e}")
             raise typer.Exit(EXIT_USAGE)
         caps = []
-        console.print(f"[yellow]warning:[/] {rich_escape(str(e))}; showing the collective ledger only", highlight=False)
-    if not caps and ledger_diag is None:
+        if ledger_diag is not None:
+            console.print(f"[yellow]warning:[/] {rich_escape(str(e))}; showing the collective ledger only", highlight=False)
+    if not caps and ledger_diag is None and engine is None:
         console.print("[red]error:[/] no rank dump found in " + ", ".join(str(p) for p in paths))
         raise typer.Exit(EXIT_USAGE)
+    if engine is not None and not caps and ledger_diag is None:
+        _print_engine_dumps(engine, markdown, as_json)
+        return
     if markdown is not None and not Path(markdown).parent.is_dir():
         parent = Path(markdown).parent
         why = "is a file, not a folder" if parent.exists() else "does not exist"
@@ -718,14 +751,21 @@ def analyze(
     result = analyze_captures(caps)
     # nothing readable from any rank (garbage, empty, binary files): shown, but it is bad input, not an analysis
     unreadable = ledger_diag is None and bool(result.ranks) and len(result.unknown_ranks) == len(result.ranks)
+    if unreadable and engine is not None:  # a log with the engine's own dumps and no stack: those are the analysis
+        _print_engine_dumps(engine, markdown, as_json)
+        return
     if markdown is not None:
         head = "\n".join(ledger_diag.markdown_lines(None)) + "\n" if ledger_diag is not None else ""
+        head += "\n".join(engine.markdown_lines()) + "\n" if engine is not None else ""
         markdown.write_text(head + result.to_markdown(caps))
     if as_json:
-        if ledger_diag is None:
+        extra = {"engine_dumps": engine.to_dict()} if engine is not None else {}
+        if ledger_diag is None and engine is None:
             out.print_json(result.to_json())
+        elif ledger_diag is None:
+            out.print_json(data={**result.to_dict(), **extra})
         else:
-            out.print_json(data={**result.to_dict(), "ledger": ledger_diag.to_dict()})
+            out.print_json(data={**result.to_dict(), "ledger": ledger_diag.to_dict(), **extra})
         if unreadable:
             raise typer.Exit(EXIT_USAGE)
         return
@@ -748,6 +788,8 @@ def analyze(
                   highlight=False)
         for p in ledger_diag.problems:
             console.print(f"[yellow]ledger:[/] {rich_escape(p)}", highlight=False)
+    if engine is not None:
+        out.print(rich_escape(engine.summary), style="bold red" if engine.diverged else "bold", highlight=False)
     table = Table(title="Where each rank is blocked")
     for col in ("rank", "state", "blocked in", "via", "call site", "caller chain"):
         table.add_column(col, overflow="fold")

@@ -576,6 +576,7 @@ class SideResult:
     command: str
     fires: tuple[tuple[Optional[int], str, str, Optional[bool]], ...] = ()  # (rank, injection id, caller, completed)
     ledger: dict = field(default_factory=dict)  # rank -> ledger_summary() of that rank (empty: no ledger)
+    state: Optional[dict] = None  # verdict.json's state_divergence (repro.state_digest); None: not recorded
 
 
 @dataclass(frozen=True)
@@ -754,13 +755,58 @@ def side_result(side: str, m: Materialized, expect: str, res: Any, variant: Any,
     except ev.EvidenceFileError:
         versions = {}
     ledger = ledger_summary(evdir)
+    state = state_of(evdir)
     return SideResult(
         side=side, ref=m.ref.text, description=m.description, expect=expect, verdict=verdict, reason=res.verdict.reason,
         notes=tuple(res.verdict.notes), matched=EXPECT_WORDS[expect] == verdict, evidence=evdir,
         timings=dict(res.timings or {}), requests_ok=res.requests_ok, requests_total=res.requests_total, ranks=facts,
         injections=injections, versions=versions if isinstance(versions, dict) else {}, command=command, fires=fires,
-        ledger=ledger,
+        ledger=ledger, state=state,
     )
+
+
+def state_of(evidence: Path) -> Optional[dict]:
+    """A side's first divergent lockstep state: its ``verdict.json``'s ``state_divergence``
+    (``repro.state_digest.StateDivergence.to_dict``), or None when the folder has no verdict or was written without
+    a digest (no ledger, or before the state digest)."""
+    try:
+        v = ev.EvidenceDir.open(evidence).verdict.read(missing_ok=True)
+    except ev.EvidenceFileError:
+        return None
+    st = getattr(v, "state_divergence", None) if v is not None else None
+    return dict(st) if isinstance(st, dict) else None
+
+
+def state_line(state: Optional[dict]) -> str:
+    """One phrase for a side's lockstep state: ``first divergent state at scheduler tick N: …``, ``equal through
+    tick N (k probes compared)``, or why nothing was compared. Old folders read as not recorded, never as equal."""
+    if not state:
+        return "no state digest recorded (no ledger, or evidence written before the state digest)"
+    status = state.get("status")
+    if status == "diverged":
+        return "first divergent state " + str(state.get("summary") or f"at scheduler tick {state.get('tick')}")
+    if status == "equal":
+        ticks = state.get("compared_ticks") or [None, None]
+        n = len(state.get("probes_compared") or [])
+        return f"equal through tick {ticks[-1]} (ticks {ticks[0]}–{ticks[-1]}, {n} probes compared)"
+    return "not compared: " + str(state.get("summary") or "no digest recorded")
+
+
+def state_verdict_note(sides: Sequence["SideResult"]) -> Optional[str]:
+    """A sentence when the sides' state and verdicts tell apart a fix of the cause from one of the symptom."""
+    by = {s.side: s for s in sides}
+    b, a = by.get("before"), by.get("after")
+    if b is None or a is None:
+        return None
+    bd = (b.state or {}).get("status") == "diverged"
+    ad = (a.state or {}).get("status") == "diverged"
+    ok = a.verdict == EXPECT_WORDS["success"]
+    if ad and ok:
+        return ("after: every request succeeded while the ranks' lockstep state still diverged "
+                f"(tick {(a.state or {}).get('tick')}): the fix removes the symptom, not the drift.")
+    if bd and (a.state or {}).get("status") == "equal":
+        return "after: the lockstep state stayed equal on every rank: the drift itself is gone."
+    return None
 
 
 LEDGER_SITE_FRAMES = 4  # caller frames shown per collective call site
@@ -830,12 +876,17 @@ def comparison_markdown(result: CompareResult, opts: CompareOptions, scenario: s
     for s in sides:
         mark = "as expected" if s.matched else f"expected {EXPECT_WORDS[s.expect]}"
         lines.append(f"- **{s.side}** (`{s.ref}`): **{s.verdict}** ({mark}) — {_md(s.reason)}")
+        lines.append(f"  - state: {_md(state_line(s.state))}")
+    note = state_verdict_note(sides)
+    if note:
+        lines += ["", f"**{note}**"]
     lines += ["", f"Exit code {result.exit_code}; whole compare wall time {result.wall_s:.1f} s.", ""]
     lines += ["| | " + " | ".join(s.side for s in sides) + " |", "|---|" + "---|" * len(sides)]
     rows = [
         ("ref", lambda s: f"`{s.ref}`"),
         ("code", lambda s: _md(s.description)),
         ("verdict", lambda s: s.verdict),
+        ("first divergent state", lambda s: _md(state_line(s.state))),
         ("expected", lambda s: EXPECT_WORDS[s.expect]),
         ("time to verdict (from launch)", lambda s: _s(s.timings.get("to_verdict_s"))),
         ("healthy after", lambda s: _s(s.timings.get("healthy_s"))),
@@ -978,6 +1029,7 @@ def compare_json(result: CompareResult) -> dict:
                 "versions": s.versions, "command": s.command,
                 "fires": [{"rank": f[0], "injection": f[1], "caller": f[2], "completed": f[3]} for f in s.fires],
                 "ledger": {str(k): v for k, v in s.ledger.items()},
+                "state_divergence": s.state,
             }
             for s in result.sides
         ],

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
 from repro.ledger import GroupInfo, Record, _tuple
+from repro.state_follow import LiveState
 
 CHUNK_MAX_BYTES = 4 << 20  # read at most this much per rank per poll (a follower that fell behind catches up)
 _decode = json.JSONDecoder().decode  # json.loads minus its per-call encoding sniffing (the ledger is UTF-8)
@@ -280,6 +281,7 @@ class LedgerFollower:
         self.alignment = LiveAlignment(sorted(rank_pids))
         self.tails = {r: _Tail(self.dir, pid, self.alignment.rank(r, pid)) for r, pid in self.rank_pids.items()}
         self.lines = 0
+        self.state = LiveState(sorted(rank_pids))  # the lockstep state digest, followed live (repro.state_follow)
 
     def _line(self, tail: _Tail, ln: bytes) -> None:
         rf, al = tail.rf, self.alignment
@@ -292,6 +294,11 @@ class LedgerFollower:
         e = d.get("e")
         if e == "enter":
             al.add_enter(rf, d)
+            t = d.get("tick")
+            if isinstance(t, int) and t > self.state.last_tick.get(rf.rank, t):
+                self.state.last_tick[rf.rank] = t
+        elif e == "state" or e == "state_error":
+            self.state.add(rf.rank, d)
         elif e == "exit":
             al.add_exit(rf, d)
         elif e == "group":

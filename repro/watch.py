@@ -651,6 +651,7 @@ class Watcher:
         self._desyncs_seen: set = set()
         self._ledger_error = ""
         self.ledger_proof: Any = None
+        self.state_divergence: Optional[dict] = None  # the first divergent lockstep state seen live (warning logged)
         self._gen = _Slot("generate")
         self._health = _Slot("health")
         self.health_answers: deque[ProbeResult] = deque(maxlen=HISTORY_ROUNDS)
@@ -718,6 +719,11 @@ class Watcher:
                 self._follow_since = time.time()
             if not self._follower.poll() and self._follower.lines:
                 return False
+            st = self._follower.state.check()  # the lockstep state digest, live (repro.state_follow)
+            if st is not None:
+                self.state_divergence = st
+                self._log("state_divergence", level="warning", reason="First divergent state: " + st["summary"],
+                          tick=st["tick"], ranks=st["ranks"], fields=st["fields"])
             al = self._follower.alignment
             # slots every rank left are judged once and dropped (memory and work stay bounded on a long watch)
             for d in judge_slots(al) + find_desyncs(al):
@@ -1034,6 +1040,7 @@ class Watcher:
                               "declared_after_proof_record": round(t_decl - self.ledger_proof.closing.t_enter, 3)}
                              if self.ledger_proof is not None else {})},
             "metrics": metrics,
+            **({"state_divergence": self.state_divergence} if self.state_divergence is not None else {}),
             "judgement": ({"deadlocked": judgement.deadlocked, "reason": judgement.reason,
                            "cpu_percent": {str(k): round(v, 1) for k, v in judgement.cpu_percent.items()}}
                           if judgement is not None else None),
@@ -1063,7 +1070,7 @@ class Watcher:
                 {"verdict": verdict, "reason": reason, "notes": [health.detail]}, exit_code=exit_code,
                 evidence=evd.path, scenario=evd.scenario_dir.name, partial=False,
                 timings={k: v for k, v in timings.items() if v is not None}, rank_pids=rank_pids, kind="watch",
-                hang=health.kind))))
+                hang=health.kind, **({"state_divergence": self.state_divergence} if self.state_divergence else {})))))
             writes.append((ev.Layout.RUN.name, lambda: evd.set_status("complete")))
             ok = self._write_all(evd, writes, errors)
         else:
@@ -1220,8 +1227,11 @@ def watch_report(opts: WatchOptions, hang: dict, analysis: Any, history: Sequenc
               f"- last generate probe: `{json.dumps(hang['last_generate'])}`",
               f"- /health at declaration: **{h['kind']}** — {h['detail']}",
               f"- /health after capture: **{ha['kind']}** — {ha['detail']}", ""]
+    st = hang.get("state_divergence")
+    if st:  # seen live before the hang (repro.state_follow): the cause leads, the symptom follows
+        lines += ["## Diagnosis", "", f"**First divergent state:** {md_cell(str(st.get('summary', '')))}", ""]
     if analysis is not None:
-        lines += ["## Diagnosis", "", str(analysis.summary), ""] + rank_table(analysis) + [""]
+        lines += ([] if st else ["## Diagnosis", ""]) + [str(analysis.summary), ""] + rank_table(analysis) + [""]
         j = hang.get("judgement") or {}
         if j:
             cpu = ", ".join(f"TP{k} {v}%" for k, v in j.get("cpu_percent", {}).items())

@@ -55,6 +55,11 @@ def _compare(variant: str, ev_root: Path) -> dict:
     assert not _overlays(proc.pid), "the patch overlay was left behind"
     out = json.loads(stdout)
     assert Path(out["comparison"]).is_file()
+    # issue 33: each side's first divergent lockstep state (or "equal through tick N") stands next to its verdict
+    md = Path(out["comparison"]).read_text().splitlines()
+    for side in ("before", "after"):
+        i = next(k for k, l in enumerate(md) if l.startswith(f"- **{side}**"))
+        assert md[i + 1].startswith(("  - state: first divergent state at scheduler tick", "  - state: equal through tick")), md[i + 1]
     return out
 
 

@@ -198,6 +198,37 @@ class FrameRules:
 
 
 @dataclass(frozen=True)
+class EngineDumpRules:
+    """How the engine's own state dumps look in its log, for ``repro analyze`` (``repro.readers.engine_records``
+    reads them; it names no engine). A *block* is a per-rank record of several lines: a header line (its rank from
+    the log prefix, ``repro.readers.prefixes``) and figure lines under it until a line that is none; an *event* is
+    one line (a checker's verdict, a leak error) carrying its rank in its log prefix.
+
+    Attributes:
+        engine: the engine's name, for messages (``sglang 0.5.23``).
+        block_header: regex of a block's header text (after the log prefix); its ``name`` group names the block
+            (``Scheduler debug info``).
+        block_figures: ``(group, regex)``: a figure line inside a block; ``group`` prefixes the figures it holds
+            (``full`` → ``full.available``). A regex with a ``value`` group holds one figure named ``group``; one
+            with a ``pairs`` group holds ``key=value, key=value`` figures; one with a ``members`` group holds a list
+            whose ids are ``member_id`` matches (compared as a set, its size the figure).
+        member_id: regex with one group: an id inside a ``members`` list (``rid=(...)``).
+        events: ``(kind, label, regex)``: a one-line event; ``label`` is its name for people, the regex's named
+            groups are its figures.
+        timeout_line: regex of the line the engine prints after a block (not a record; counted per rank).
+        gate_substrings: at least one is in every header, event and timeout line (a cheap test per log line).
+    """
+
+    engine: str = ""
+    block_header: str = ""
+    block_figures: tuple[tuple[str, str], ...] = ()
+    member_id: str = ""
+    events: tuple[tuple[str, str, str], ...] = ()
+    timeout_line: str = ""
+    gate_substrings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class InjectorProfile:
     """What the injector needs to know about the engine, carried to it in the plan (the injector never imports
     ``repro``): the plan's ``ledger`` gets ``coordinators``, ``alias_prefixes`` and ``comm_module_prefixes``.
@@ -391,6 +422,7 @@ class AdapterBase:
     generate_path = "/generate"
     tick_function = ""
     frame_rules = FrameRules()
+    engine_dump_rules: Optional[EngineDumpRules] = None  # the engine's own state dumps in its log (repro analyze)
     injector_profile = InjectorProfile()
     ref_location = RefLocation(package="")
     watch_defaults = WatchDefaults(title_match="")

@@ -198,6 +198,18 @@ def combined_frame_rules() -> FrameRules:
     return rules
 
 
+def engine_dump_rules_all() -> list:
+    """Every registered adapter's :class:`~repro.targets.base.EngineDumpRules` (default adapter first, each once):
+    the patterns of the engines' own state dumps that ``repro analyze`` reads."""
+    adapters = all_adapters()
+    out: list = []
+    for n in sorted(adapters, key=lambda n: (n != DEFAULT_ADAPTER, n)):
+        rules = getattr(adapters[n], "engine_dump_rules", None)
+        if rules is not None and rules not in out:
+            out.append(rules)
+    return out
+
+
 _factories[DEFAULT_ADAPTER] = _builtin_sglang
 _factories["vllm"] = _builtin_vllm  # also the `repro.adapters` entry point of pyproject.toml (an editable install
 # made before that entry was added does not list it)

@@ -27,6 +27,7 @@ from typing import Any, Optional, Sequence
 from repro import testbed
 from repro.procs import ProcInfo
 from repro.state_probes import plan_probes
+from repro.targets.sglang_dumps import SGLANG_DUMP_RULES
 from repro.targets.base import (
     AdapterBase,
     CommRule,
@@ -200,6 +201,7 @@ class SGLangAdapter(AdapterBase):
         "decode": "sglang.srt.disaggregation.decode:SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run",
     }
     frame_rules = FRAME_RULES
+    engine_dump_rules = SGLANG_DUMP_RULES  # its watchdog blocks, consensus checker and leak lines (sglang_dumps.py)
     injector_profile = INJECTOR_PROFILE
     ref_location = RefLocation(package="sglang", checkout_subdir="python", version_key="sglang")
 
