@@ -406,22 +406,23 @@ def _fold_overrides(groups: dict, rules: dict, families: Optional[dict] = None, 
         m = _short(site).rsplit(".", 1)[-1]
         return next((g for g in fold if fnmatch.fnmatchcase(m, g)), m)
 
-    def cls_of(q: str) -> str:
-        return q.rsplit(".", 1)[0] if "." in _short(q) else q
-
     by_call: dict[tuple, list[tuple]] = {}
     for key in groups:
         site, caller, loop = key
-        # a class's own query called from its own method (`HostKVCache.alloc` → `self.available_size()`): the same
-        # call in every override of that method (one class of the hierarchy is built), folded across the classes
-        hierarchy = {cls_of(site)} | {cls_of(x) for x in (families or {}).get(site) or ()}
-        where = f"*.{_short(caller).rsplit('.', 1)[-1]}" if cls_of(caller) in hierarchy else caller
-        by_call.setdefault((method_group(site), where, loop), []).append(key)
+        # a leaf point (every row of its caller) and an outside-loops point of the same call fold together
+        by_call.setdefault((method_group(site), caller, loop if isinstance(loop, str) else None), []).append(key)
+    # the same query called from every override of one method (`HostKVCache.alloc`, `MambaPoolHost.alloc`, …; one
+    # class of the hierarchy is built): folded across the overrides, keyed by the family's first name
+    merged: dict[tuple, list[tuple]] = {}
+    for (mg, caller, loop), keys in by_call.items():
+        where = min([caller, *((families or {}).get(caller) or ())])
+        merged.setdefault((mg, where, loop), []).extend(keys)
+    by_call = merged
     out: dict = {}
     for keys in by_call.values():
         if len(keys) <= cap:
             continue
-        keys.sort(key=lambda k: rank(k[0]))
+        keys.sort(key=lambda k: (rank(k[0])[0], isinstance(k[2], str) or k[2] is None) + rank(k[0])[1:])
         kept, dropped = keys[:cap], keys[cap:]
         for k in dropped:
             groups.pop(k)

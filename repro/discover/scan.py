@@ -1399,13 +1399,33 @@ def attr_writers(ix):
     return out
 
 
+def _may_read_source(ctx, f):
+    """Whether ``f`` calls (or reads) something that can be a rank-local source — a query the rules name, a clock,
+    a function returning a rank-local value, ``len()`` of a per-rank container: a cheap filter before running its
+    taint analysis (the rest cannot write a rank-local value into an attribute, bar another attribute: round 2)."""
+    r = ctx.rules_src
+    for _node, tg, text in f.calls:
+        name = text.rsplit(".", 1)[-1]
+        if any(t in ctx.returners for t in tg):
+            return True
+        if any(_match(name, globs) for _k, globs in r["method_kinds"]):
+            return True
+        if any(isinstance(t, str) and t.startswith("ext:") and t[4:] in r["clocks"] for t in tg):
+            return True
+        if name == "len" and r["containers"]:
+            return True
+    return False
+
+
 def cross_call_attrs(ctx, rounds):
     """class id -> attribute -> the leaves ``(site, writer, kind)`` of the rank-local values written into
     ``self.attr`` (directly, or under a rank-local condition) by its methods: a later read of that attribute, in
     another method or a later tick, is a rank-local source (kind ``cross-call attribute``). Iterated ``rounds``
     times (an attribute written from another one)."""
     ctx.attr_src = {}
-    writers = []  # (method, the attributes of self it writes or adds to, the attributes of self it reads)
+    every = []  # (method, the attributes of self it writes or adds to, the attributes of self it reads)
+    writers = []  # those of them that read a source of their own (round 1)
+    containers = {a for c in ctx.thread_attrs.values() for a in c}  # read: a source already (round 1)
     for f in ctx.ix.funcs.values():
         if f.cls is None or f.self_name is None:
             continue
@@ -1426,7 +1446,9 @@ def cross_call_attrs(ctx, rounds):
                     read.add(x)
         wrote -= ctx.sanitized_attrs
         if wrote:
-            writers.append((f, wrote, read))
+            every.append((f, wrote, read))
+            if _may_read_source(ctx, f) or read & containers:
+                writers.append((f, wrote, read))
     # monotone: a later round only adds; it re-runs only the writers that read an attribute the round before found
     found = defaultdict(lambda: defaultdict(set))
     todo = writers
@@ -1457,7 +1479,7 @@ def cross_call_attrs(ctx, rounds):
         ctx.attr_src = {c: dict(v) for c, v in found.items()}
         if not changed:
             break
-        todo = [w for w in writers if w[2] & changed]
+        todo = [w for w in every if w[2] & changed]
     return ctx.attr_src
 
 
@@ -1675,7 +1697,8 @@ def scan(req):
     depth = {}  # site -> its class's MRO length (a base class's definition before its overrides' when folding)
     for g in guards:
         for x in g["sources"]:
-            for site in list(x["sites"]) + [leaf[0] for leaf in x.get("leaves") or ()]:
+            # the leaves' callers too: overrides of one caller calling the same query fold into one point
+            for site in list(x["sites"]) + [y for leaf in x.get("leaves") or () for y in leaf[:2]] + [g["caller"]]:
                 if site not in families:
                     families[site] = site_family(ix, site)
                     f = ix.funcs.get(site)
