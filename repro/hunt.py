@@ -1160,7 +1160,7 @@ def _shard_keys(opts: HuntOptions, points: Sequence[DecisionPoint], ranks: Seque
     """This shard's (point, perturbation, rank, workload) keys (``repro.shard``); [] without ``--shard``.
 
     Raises:
-        HuntError: ``--shard`` with ``--workload``/``--config`` (not supported), or a bad K/N.
+        HuntError: a K/N that is not 1 <= K <= N (the CLI parses ``--shard`` first: ``repro.shard.parse_shard``).
     """
     if not opts.shard:
         return []
