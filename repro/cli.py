@@ -1152,6 +1152,7 @@ def hunt(
     clean_only: bool = typer.Option(False, "--clean-only", help="with --workload/--config: only each workload's clean run on each server group (no trials)"),
     workload_file: Optional[Path] = typer.Option(None, "--workload-file", help="workloads/configurations TOML (default: hunt_workloads.toml beside the catalogue)"),
     spare: bool = typer.Option(False, "--spare/--no-spare", help="keep a spare trial server starting in the background and swap to it after a hang (default: restart the hung server; on a 2-core CPU box the spare does not pay)"),
+    shard: Optional[str] = typer.Option(None, "--shard", help="run only shard K of N of the trial plan (K/N, e.g. 2/4; split on point × perturbation × rank before the baseline); join the folders with `repro hunt-merge`"),
     as_json: bool = typer.Option(False, "--json", help="print the results as JSON on stdout"),
 ) -> None:
     """Search a live server for collective-desync hazards: perturb each rank-local decision point once, on one rank
@@ -1169,6 +1170,13 @@ def hunt(
     from repro.hunt import DEFAULT_CATALOGUE, FAMILY_SCHED, HuntError, HuntOptions, hunt as run_hunt
     from repro.runner import RunError
 
+    from repro.shard import ShardError, parse_shard
+
+    try:
+        shard_kn = parse_shard(shard) if shard is not None else None
+    except ShardError as e:
+        console.print(f"[red]error:[/] {rich_escape(str(e))}", soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
     _sigterm_to_interrupt()
     opts = HuntOptions(scenario_path=scenario, catalogue_path=resources.find_data_file(catalogue) if catalogue else None, only=tuple(only or ()),
                        perturbations=tuple(perturbation or ()), ranks=tuple(rank or ()), budget_min=budget_min,
@@ -1177,7 +1185,7 @@ def hunt(
                        requests=requests_, command_line=shlex.join(["repro", *sys.argv[1:]]),
                        discover=discover_, hand_points=not no_hand, discover_rules=discover_rules,
                        workloads=tuple(workload or ()), configs=tuple(config or ()), workload_file=workload_file,
-                       clean_only=clean_only, spare=spare)
+                       clean_only=clean_only, spare=spare, shard=shard_kn)
     prog = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[left]}"), console=console, transient=True, disable=as_json)
     state: dict = {"task": None, "folder": None}
@@ -1246,6 +1254,35 @@ def hunt(
     if not res.rows:  # nothing exercised is not "nothing found"
         raise typer.Exit(EXIT_INCONCLUSIVE)
     raise typer.Exit(EXIT_DEADLOCKED if sched or getattr(res, "findings", None) else EXIT_SUCCESS)
+
+
+@app.command("hunt-merge")
+def hunt_merge(
+    shards: List[Path] = typer.Argument(..., help="the hunt folders `repro hunt --shard K/N` made (one per K)"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="merged folder (default: a new <evidence-dir>/<scenario>/<time>-hunt-merged)"),
+    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder (for the default --out)"),
+    as_json: bool = typer.Option(False, "--json", help="print the merged folder and its trial lines as JSON on stdout"),
+) -> None:
+    """Join the folders of a sharded hunt into one HUNT.md + hunt.jsonl (every trial in plan order; missing shards
+    named). Exit codes: 0 merged, 2 folders that are not shards of one plan."""
+    from repro.hunt_merge import MergeError, merge_shards
+
+    try:
+        folder = merge_shards(shards, out_dir, evidence_dir)
+    except MergeError as e:
+        console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
+    lines = [json.loads(x) for x in (folder / "hunt.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
+    merge = next((x for x in lines if x.get("event") == "merge"), {})
+    trials = [x for x in lines if x.get("event") == "trial"]
+    if as_json:
+        out.print_json(json.dumps({"folder": str(folder), "hunt_md": str(folder / "HUNT.md"), "n": merge.get("n"),
+                                   "shards": merge.get("shards"), "missing": merge.get("missing"), "results": trials}))
+    else:
+        out.print(f"{len(trials)} trial(s) from {len(merge.get('shards') or {})} of {merge.get('n')} shard(s)"
+                  + (f"; missing: {', '.join(map(str, merge['missing']))}" if merge.get("missing") else ""))
+        out.print(f"report: {folder / 'HUNT.md'}")
+    raise typer.Exit(EXIT_SUCCESS)
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -653,7 +653,7 @@ class HuntLog:
         """HUNT.md: header, findings (scheduling/cache deadlocks first), the full trial table, the rows."""
         h = self.header
         out = ["# repro hunt", ""]
-        for k in ("scenario", "catalogue", "discovery", "ref", "sglang", "torch", "python", "ranks", "budget_min", "command",
+        for k in ("scenario", "catalogue", "discovery", "ref", "sglang", "torch", "python", "ranks", "shard", "budget_min", "command",
                   "restarts", "interrupted_during", "error"):
             if h.get(k) not in (None, ""):
                 out.append(f"- **{k}**: {_md(h[k])}")
@@ -868,6 +868,7 @@ class HuntOptions:
     group_workloads: Sequence[str] = ()  # set by hunt_matrix: the workloads of one server group (one hunt)
     clean_only: bool = False  # with workloads: only each workload's clean run (no trials): "is the engine safe under it?"
     spare: bool = False  # keep a spare trial server starting in the background; a hang swaps to it (SparedSession)
+    shard: Optional[tuple[int, int]] = None  # (K, N): only the trials of shard K of N (repro.shard); None: all
 
 
 @dataclass
@@ -947,6 +948,9 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
         runner = runner_mod
     if opts.budget_min <= 0:
         raise HuntError(f"--budget-min must be > 0 (got {opts.budget_min})")
+    if opts.shard and (opts.workloads or opts.configs):
+        raise HuntError("--shard with --workload/--config is not supported yet; shard a hunt without workloads, or "
+                        "run the workloads on one box")
     if (opts.workloads or opts.configs) and not opts.group_workloads:
         return hunt_matrix(opts, observe, runner=runner)
     try:
@@ -985,6 +989,7 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
         if missing:
             raise HuntError(f"--perturbation {', '.join(missing)}: no chosen decision point offers it; "
                             + "; ".join(f"{pt.name}: {', '.join(pt.perturbations)}" for pt in points))
+    shard_keys = _shard_keys(opts, points, ranks)  # the split, before any folder, baseline or server
     clock = _Clock(opts.budget_min * 60.0)
     mat = _materialize(opts.ref, opts.python, base.server.adapter)
     if mat is None and opts.python:  # an explicit --python is checked before any folder exists
@@ -1008,9 +1013,15 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
         hunting.write_inputs(disc, hf)
         header["discovery"] = (f"{len(disc.discovery.candidates)} candidates, {len(disc.added)} points added "
                                f"({'with' if opts.hand_points else 'without'} the hand points): discovery/DISCOVERY.md")
+    if opts.shard:
+        header["shard"] = (f"{opts.shard[0]}/{opts.shard[1]}: {len(shard_keys)} (point, perturbation, rank) key(s) of this "
+                           "shard, split before the baseline; `repro hunt-merge` joins the shard folders")
     log = HuntLog(hf, header)
     observe("hunt_folder", {"folder": str(hf)})
     result = HuntResult(hf, [], log.results)
+    if opts.shard:
+        log.event("shard", k=opts.shard[0], n=opts.shard[1], keys=[list(k) for k in shard_keys],
+                  header={k: header[k] for k in ("scenario", "catalogue", "ref", "ranks") if k in header})
     python = mat.python if mat else opts.python
     prepend = tuple(mat.pythonpath_prepend) if mat else ()
     interrupted = False
@@ -1019,7 +1030,12 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
             result.rows = _hunt_workloads(runner, base, cat, ncat, points, ranks, hf, log, result, clock, observe, opts,
                                           python, prepend)
             raise _Done()
-        # ---- 1. baseline: observe-only probes record every call place of every decision point
+        if opts.shard and not shard_keys and not opts.sites:  # nothing of the plan is this shard's: no server at all
+            log.header["trials_total"] = 0
+            log.finish("complete", wall_s=clock.elapsed, note=f"shard {opts.shard[0]}/{opts.shard[1]} holds no trial")
+            return result
+        # ---- 1. baseline: observe-only probes record every call place of every decision point (every point, also
+        # in a shard: the trial numbers, and so the burst seeds, are the unsharded plan's)
         probes = {f"probe-{p.name}": p.name for p in points}
         probe_file = hf / "scenarios" / "baseline.toml"
         probe_file.write_text(scenario_toml(
@@ -1091,6 +1107,18 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
                   burst_s=oc.timings.get("burst_s"))
         observe("rows", {"rows": rows, "not_seen": log.header["points_not_seen"]})
         trials = plan_trials(cat, rows, ranks, opts.perturbations)
+        if opts.shard:
+            from repro import shard as shard_mod
+
+            log.event("plan", trials=[[t.n, t.name] for t in trials])  # the unsharded plan: hunt-merge checks it
+            log.header["plan_total"] = len(trials)
+            mine, named = set(shard_keys), {p.name for p in points}
+
+            def in_shard(t: Trial) -> bool:  # a decision point's trial: its key was split before the baseline;
+                key = shard_mod.trial_key(t)  # a --sites point exists only after it: the same hash splits it
+                return key in mine if t.row.point in named else shard_mod.shard_of(key, opts.shard[1]) == opts.shard[0]
+
+            trials = [t for t in trials if in_shard(t)]
         log.header["trials_total"] = len(trials)
         if not trials:
             log.finish("complete", wall_s=clock.elapsed)
@@ -1126,6 +1154,22 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
     if interrupted:
         raise KeyboardInterrupt
     return result
+
+
+def _shard_keys(opts: HuntOptions, points: Sequence[DecisionPoint], ranks: Sequence[int]) -> list:
+    """This shard's (point, perturbation, rank, workload) keys (``repro.shard``); [] without ``--shard``.
+
+    Raises:
+        HuntError: a K/N that is not 1 <= K <= N (the CLI parses ``--shard`` first: ``repro.shard.parse_shard``).
+    """
+    if not opts.shard:
+        return []
+    from repro import shard as shard_mod
+
+    k, n = opts.shard
+    if not (n >= 1 and 1 <= k <= n):
+        raise HuntError(f"--shard {k}/{n}: expected K/N with integers 1 <= K <= N, e.g. --shard 1/4")
+    return shard_mod.shard_plan_keys(points, ranks, opts.perturbations, k, n)
 
 
 def _trial_phase(runner: Any, base: Any, cat: Catalogue, trials: Sequence[Trial], hf: Path, log: HuntLog, clock: _Clock,

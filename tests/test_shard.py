@@ -35,3 +35,93 @@ def test_bad_shard_is_one_line_error(bad):
 
 def test_parse_shard_ok():
     assert parse_shard("2/4") == (2, 4)
+
+
+# ---------------------------------------------------------------- the hunt with --shard, on a stand-in runner
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from repro import hunt as H  # noqa: E402
+from repro.hunt_merge import MergeError, merge_shards  # noqa: E402
+from test_hunt import FakeRunner, _lines, _opts  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _no_settle(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(H, "SETTLE_S", 0.0)
+
+
+def _ids(results) -> list:
+    return [(r.trial.n, r.trial.name, trial_key(r.trial)) for r in results]
+
+
+def test_two_shards_merged_are_the_unsharded_plan(tmp_path: Path) -> None:
+    full = H.hunt(_opts(tmp_path / "full"), runner=FakeRunner({}))
+    assert len(full.results) == 8
+    shards, runners = [], []
+    for k in (1, 2):
+        fr = FakeRunner({})
+        runners.append(fr)
+        shards.append(H.hunt(_opts(tmp_path / f"s{k}", shard=(k, 2)), runner=fr))
+    # each shard ran only its own trials (the baseline first), together exactly the plan, none twice
+    assert all(fr.driven[0] == "baseline" for fr in runners)
+    assert sorted(_ids(shards[0].results) + _ids(shards[1].results)) == _ids(full.results)
+    assert not {r.trial.n for r in shards[0].results} & {r.trial.n for r in shards[1].results}
+    # the split was written before the baseline (the shard event precedes the baseline event)
+    events = [x["event"] for x in _lines(shards[0].folder)]
+    assert events.index("shard") < events.index("baseline")
+    from typer.testing import CliRunner
+
+    from repro.cli import app
+
+    r = CliRunner().invoke(app, ["hunt-merge", str(shards[1].folder), str(shards[0].folder), "--out", str(tmp_path / "merged"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["missing"] == []
+    merged = tmp_path / "merged"
+    trials = [x for x in _lines(merged) if x["event"] == "trial"]
+    assert [(t["n"], t["trial"], (t["point"], t["perturbation"], t["rank"], t["workload"])) for t in trials] == _ids(full.results)
+    md = (merged / "HUNT.md").read_text()
+    assert "status**: complete; 8 trial(s) run of 8" in md and "merged 2 of 2 shard(s)" in md
+    # a missing shard is named, not silently dropped; the same shard twice is an error
+    part = merge_shards([shards[0].folder], tmp_path / "part")
+    assert "MISSING shard(s) 2/2" in (part / "HUNT.md").read_text()
+    with pytest.raises(MergeError, match="twice"):
+        merge_shards([shards[0].folder, shards[0].folder], tmp_path / "dup")
+    with pytest.raises(MergeError, match="not a shard"):
+        merge_shards([full.folder], tmp_path / "nos")
+
+
+def test_a_shard_with_no_trial_starts_no_server(tmp_path: Path) -> None:
+    # 1 point x 2 perturbations x 2 ranks = 4 keys over 64 shards: most shards hold none
+    from repro.shard import shard_plan_keys
+
+    point = H.load_catalogue(H.catalogue_for("sglang")).point("get_num_allocatable_reqs")
+    k = next(k for k in range(1, 65) if not shard_plan_keys([point], [0, 1], ("zero_once", "delay_once"), k, 64))
+    fr = FakeRunner({})
+    res = H.hunt(_opts(tmp_path, shard=(k, 64)), runner=fr)
+    assert res.results == [] and fr.driven == [] and fr.sessions == []
+
+
+@pytest.mark.parametrize("bad", ["0/2", "x/2", "2"])
+def test_cli_bad_shard_is_exit_2_one_line(bad: str, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from repro.cli import app
+
+    r = CliRunner().invoke(app, ["hunt", str(REPO / "scenarios/sglang/hicache_prefetch_30760.toml"), "--shard", bad,
+                                 "--evidence-dir", str(tmp_path)])
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and ("expected K/N" in lines[0] or "need 1 <= K <= N" in lines[0]), lines
+    assert not any(tmp_path.iterdir())  # no folder, no server
+
+
+def test_cli_hunt_merge_of_no_shard_is_exit_2(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from repro.cli import app
+
+    r = CliRunner().invoke(app, ["hunt-merge", str(tmp_path)])
+    assert r.exit_code == 2 and "hunt.jsonl" in r.output, r.output

@@ -35,8 +35,10 @@ POINT_PREFIX = "d."
 # rank order of guard kinds and source kinds (higher first): a `break`/`return` on a pool query is the #30760 shape
 _GUARD_SCORE = {"break": 5, "return": 4, "continue": 4, "branch": 3, "loop bound": 3, "loop condition": 3,
                 "raise": 2, "except": 1}
-_SOURCE_SCORE = {"pool query": 3, "poll": 2, "clock": 2, "thread-written attribute": 1,
-                 "len of per-rank container": 1, "except path": 0}
+_SOURCE_SCORE = {"pool query": 3, "poll": 2, "clock": 2, "per-rank container": 3, "cross-call attribute": 2,
+                 "thread-written attribute": 1, "len of per-rank container": 2, "except path": 0}
+# (an emptiness/membership test on a per-rank container before a collective is the writing_check shape: with a
+# pool query the top source kind; state carried across calls next to the polls)
 
 
 class DiscoverError(Exception):
@@ -167,7 +169,9 @@ class Candidate:
     Attributes:
         caller: ``module:Qual`` of the function holding the guard (the direct caller of the source).
         source_kind: ``pool query`` | ``poll`` | ``clock`` | ``thread-written attribute`` |
-            ``len of per-rank container`` | ``except path``.
+            ``len of per-rank container`` | ``per-rank container`` (an emptiness or membership test on one: its
+            writers are the leaves, kind ``container write``) | ``cross-call attribute`` (an attribute of self written
+            from a rank-local value in another method: the writes' queries are the leaves) | ``except path``.
         source: the source expression as written (``self.get_num_allocatable_reqs()``), ``source_line`` its line.
         sites: ``module:Qual`` definitions the source call may land in (empty: not a patchable call — listed, not
             hunted).
@@ -256,6 +260,7 @@ class DiscoveredPoint:
     family: tuple[str, ...] = ()  # other definitions of the site's method in its class hierarchy
     loop_var: Optional[str] = None  # the caller's `for` loop the source call is in (None: in no loop)
     any_loop: bool = False  # a leaf query: every row of its direct caller, in a loop or not (the guard is further up)
+    folded: tuple[str, ...] = ()  # overrides of the same call in the same caller/loop folded into this point (dedup)
 
     @property
     def loop_vars(self) -> tuple[Optional[str], ...]:
@@ -303,7 +308,7 @@ def perturbations_for(kind: str, returns: Optional[Sequence[str]], rules: dict) 
 
 def discovered_points(cands: Sequence[Candidate], rules: dict, known_perturbations: Sequence[str],
                       families: Optional[dict] = None,
-                      return_types: Optional[dict] = None) -> list[DiscoveredPoint]:
+                      return_types: Optional[dict] = None, depths: Optional[dict] = None) -> list[DiscoveredPoint]:
     """One point per (site, caller, enclosing loop of the source call) of the huntable candidates, in candidate rank
     order (the loop splits "before the admission loop" from "inside `for req`": one row each in the baseline).
 
@@ -313,6 +318,8 @@ def discovered_points(cands: Sequence[Candidate], rules: dict, known_perturbatio
         families: the scan's ``families`` (site -> other definitions of its method).
         return_types: the scan's ``return_types`` (returner site -> what it returns): each site's perturbations
             follow it (:func:`perturbations_for`); a point left with none is not made.
+        depths: the scan's ``site_depth`` (site -> MRO length of its class): overrides of one call are folded
+            into the base class's point unless the rules prefer another (:func:`_fold_overrides`).
     """
     rets = return_types or {}
     ANY = object()  # the loop key of a leaf point: every row of its direct caller
@@ -337,6 +344,7 @@ def discovered_points(cands: Sequence[Candidate], rules: dict, known_perturbatio
         if any(k[:2] == key[:2] and k[2] is not ANY for k in groups):
             groups.pop(key)
             kinds_of.pop(key)
+    folded = _fold_overrides(groups, rules, families, depths)
     taken: set = set()
     out = []
     for (site, caller, loop_var), cs in groups.items():
@@ -360,8 +368,67 @@ def discovered_points(cands: Sequence[Candidate], rules: dict, known_perturbatio
         else:
             what = (f"discovered: {cs[0].source} ({cs[0].source_kind}) in {_short(caller)} decides "
                     f"{', '.join(guards)} around {cs[0].collective or 'a collective-reaching call'}")
+        fold = folded.get((site, caller, None if any_loop else loop_var, any_loop), ())
+        if fold:
+            what += f" (one point for {len(fold) + 1} overrides of the call: {', '.join(_short(x) for x in fold[:3])}" \
+                    + (" …" if len(fold) > 3 else "") + " folded in)"
         out.append(DiscoveredPoint(_point_name(site, caller, loop_var, taken), site, caller, what, tuple(perts), tuple(cs),
-                                   tuple((families or {}).get(site) or ()), loop_var, any_loop))
+                                   tuple((families or {}).get(site) or ()), loop_var, any_loop, tuple(fold)))
+    return out
+
+
+def _fold_overrides(groups: dict, rules: dict, families: Optional[dict] = None, depths: Optional[dict] = None) -> dict:
+    """De-duplicate points (issue 31): the overrides of one method called at one place (caller, loop) — an allocator's
+    ``available_size`` in a dozen subclasses, of which a server builds one — are one decision point, not one each.
+    Per (method name, caller, loop) at most ``[points] max_sites_per_call`` sites are kept (rules; default 2), those
+    matching ``[points] prefer_sites`` first (in that order; engine data: the classes its default configuration
+    builds), then by name; the others are dropped from ``groups`` (in place) and named in the kept point. Method
+    names matching one glob of ``[points] fold_methods`` count as one name (``full_available_size`` and
+    ``swa_available_size`` of a hybrid allocator are the same free-space query).
+
+    Returns:
+        (kept site, caller, loop var or None, any_loop) -> the sites folded into it.
+    """
+    import fnmatch
+
+    cfg = rules.get("points") or {}
+    cap = int(cfg.get("max_sites_per_call", 2))
+    prefer = [str(x) for x in cfg.get("prefer_sites", [])]
+    fold = [str(x) for x in cfg.get("fold_methods", [])]
+    if cap < 1:
+        return {}
+
+    def rank(site: str) -> tuple:  # preferred classes, then a base class before its subclasses, then by name
+        i = next((k for k, g in enumerate(prefer) if fnmatch.fnmatchcase(site, g)), len(prefer))
+        return (i, (depths or {}).get(site, 99), site)
+
+    def method_group(site: str) -> str:  # `full_available_size`, `swa_available_size`… fold as one query
+        m = _short(site).rsplit(".", 1)[-1]
+        return next((g for g in fold if fnmatch.fnmatchcase(m, g)), m)
+
+    by_call: dict[tuple, list[tuple]] = {}
+    for key in groups:
+        site, caller, loop = key
+        # a leaf point (every row of its caller) and an outside-loops point of the same call fold together
+        by_call.setdefault((method_group(site), caller, loop if isinstance(loop, str) else None), []).append(key)
+    # the same query called from every override of one method (`HostKVCache.alloc`, `MambaPoolHost.alloc`, …; one
+    # class of the hierarchy is built): folded across the overrides, keyed by the family's first name
+    merged: dict[tuple, list[tuple]] = {}
+    for (mg, caller, loop), keys in by_call.items():
+        where = min([caller, *((families or {}).get(caller) or ())])
+        merged.setdefault((mg, where, loop), []).extend(keys)
+    by_call = merged
+    out: dict = {}
+    for keys in by_call.values():
+        if len(keys) <= cap:
+            continue
+        keys.sort(key=lambda k: (rank(k[0])[0], isinstance(k[2], str) or k[2] is None) + rank(k[0])[1:])
+        kept, dropped = keys[:cap], keys[cap:]
+        for k in dropped:
+            groups.pop(k)
+        head = kept[0]
+        loop = head[2] if isinstance(head[2], str) or head[2] is None else None
+        out[(head[0], head[1], loop, not (isinstance(head[2], str) or head[2] is None))] = tuple(k[0] for k in dropped)
     return out
 
 
@@ -374,6 +441,8 @@ def points_toml(points: Sequence[DiscoveredPoint], header: str = "") -> str:
                   f"what = {json.dumps(p.what, ensure_ascii=False)}",
                   f"perturbations = {json.dumps(list(p.perturbations))}",
                   f"callers = {json.dumps([p.caller])}", f"loops = {json.dumps(list(p.loops))}"]
+        if p.folded:
+            lines.append(f"# folded in (the same call's other overrides): {', '.join(p.folded)}")
         for c in p.candidates[:4]:
             lines.append(f"# {c.guard} (line {c.guard_line}) on {c.source} (line {c.source_line}"
                          + (f", in `for {c.loop_var}`" if c.loop_var else "") + f") → {c.collective}")
@@ -437,14 +506,16 @@ class Discovery:
                 "functions": s.get("functions"), "calls": s.get("calls"), "unresolved_calls": s.get("unresolved_calls"),
                 "reaching_functions": s.get("reaching"), "guards": len(s.get("guards") or []),
                 "candidates": len(self.candidates), "huntable": sum(1 for c in self.candidates if c.huntable),
-                "points": len(self.points), "seconds": s.get("seconds"), "cached": s.get("cached")}
+                "points": len(self.points), "folded": sum(len(p.folded) for p in self.points),
+                "cross_call_attrs": s.get("cross_call_attrs"), "stored_callables": s.get("stored_callables"),
+                "seconds": s.get("seconds"), "cached": s.get("cached")}
 
     def to_json(self) -> dict:
         return {"rules": str(self.rules_path), "python": self.python, "summary": self.summary(),
                 "candidates": [c.to_json() for c in self.candidates],
                 "points": [{"name": p.name, "site": p.site, "caller": p.caller, "what": p.what,
                             "perturbations": list(p.perturbations), "loop_vars": list(p.loop_vars),
-                            "family": list(p.family)} for p in self.points],
+                            "family": list(p.family), "folded": list(p.folded)} for p in self.points],
                 "unresolved_in_guarded": self.scan.get("unresolved_in_guarded") or {},
                 "thread_attrs": self.scan.get("thread_attrs") or {}}
 
@@ -458,7 +529,9 @@ class Discovery:
                f"({s['unresolved_calls']} resolve to nothing in the package: listed below for the guarded functions, "
                f"never guessed); {s['reaching_functions']} functions reach a collective",
                f"- **found**: {s['guards']} guards → {s['candidates']} candidates ({s['huntable']} with a patchable "
-               f"site) → {s['points']} catalogue points", ""]
+               f"site) → {s['points']} catalogue points ({s['folded']} more overrides of the same calls folded into "
+               f"them); across calls: {s['cross_call_attrs']} attributes written from rank-local values, "
+               f"{s['stored_callables']} callables stored on self followed", ""]
         out += ["## Candidates (ranked)", "", "| # | score | caller | source (kind) | loop | guard | guarded collective | sites |",
                 "|---|---|---|---|---|---|---|---|"]
         for i, c in enumerate(self.candidates[:limit], 1):
@@ -506,5 +579,6 @@ def discover(python: str, rules_path: Path, *, known_perturbations: Sequence[str
     if not known_perturbations:
         for table in ("perturbations_by_kind", "perturbations_by_return"):
             known |= {p for v in (rules.get(table) or {}).values() for p in v}
-    pts = discovered_points(cands, rules, sorted(known), scan.get("families"), scan.get("return_types"))
+    pts = discovered_points(cands, rules, sorted(known), scan.get("families"), scan.get("return_types"),
+                            scan.get("site_depth"))
     return Discovery(Path(rules_path), python, scan, cands, pts)

@@ -23,6 +23,12 @@ What it computes (all from the AST, nothing executed):
    each with its innermost queries, the *leaves*, to perturb where they are read) to a branch, loop bound,
    ``break``, ``continue`` or ``return`` that changes whether, or how many times, a collective-reaching call runs
    in the same invocation — a ``break`` counts every later iteration of its loop.
+   **Across calls** (issue 31): an attribute of ``self`` (or of an object reachable from it) written from a rank-local
+   value in one method is a source where another method reads it (``cross-call attribute``: its leaves are the
+   writes' queries); an emptiness or membership test on a per-rank container (``not self.ongoing_x``,
+   ``k in self.ongoing_x``: a name the rules list, or one holding such values) is a source whose leaves are the
+   methods adding to it (``container write``, at each caller); a callable stored on ``self`` (a bound method, a
+   function, a ``partial``, a ``lambda``) is followed as a call.
    **Sanitizers**: results of collectives and of collective-reaching calls that return no rank-local value of
    their own (every rank agrees on them), the
    attributes named as derived from the request broadcast (e.g. the waiting queue), and the tensor an in-place
@@ -503,7 +509,8 @@ class Types:
                     return {m}
             return out
         if isinstance(v, ast.Name) and f.self_name and v.id == f.self_name and f.cls is not None:
-            return ix.method_targets(f.cls.id, name, with_overrides)
+            got = ix.method_targets(f.cls.id, name, with_overrides)
+            return got or self.stored_callables(f.cls.id, name)
         ref = ix.resolve_expr_ref(f.mod, v) if not (isinstance(v, ast.Name) and v.id in self.env(f)) else None
         if ref and ref[0] == "mod":
             r = ix.lookup(ref[1], name) if ref[1] in ix.mods else None
@@ -515,7 +522,19 @@ class Types:
         if ref and ref[0] == "obj" and ref[1] in ix.classes:
             return ix.method_targets(ref[1], name, False)
         for t in self.of(f, v):
-            out |= ix.method_targets(t, name, with_overrides)
+            out |= ix.method_targets(t, name, with_overrides) or self.stored_callables(t, name)
+        return out
+
+    def stored_callables(self, cid, name):
+        """Functions a callable attribute ``name`` of class ``cid`` (or a base) may hold (``self.on_done = self._sync``,
+        ``= helper``, ``= functools.partial(helper, …)``, ``= lambda: self._sync()``, a nested ``def``): calling
+        ``obj.name(…)`` calls them (:func:`stored_callables`)."""
+        table = getattr(self, "callables", None)
+        if not table:
+            return set()
+        out = set()
+        for c in self.ix.mro(cid):
+            out |= table.get(c, {}).get(name, set())
         return out
 
     def round(self):
@@ -786,6 +805,7 @@ class Guards:
         self.loops = []  # stack of (loop node, target names)
         self.frames = []  # stack of (kind, stmts, index) for skipped-code computation
         self.pc = []  # stack of (frozenset[Src], loop depth when pushed)
+        self.attr_writes = None  # cross_call_attrs: attribute of self -> sources of the values written into it
 
     # ---- sources
     def source_of_call(self, call):
@@ -873,6 +893,9 @@ class Guards:
                     return frozenset([s])
                 if self.reach.is_sanitizer(self.calls[id(e)][0]):
                     return frozenset()
+            cc = self.cross_call_source(e)
+            if cc is not None:
+                return frozenset([cc])
             if self.is_self_attr(e):
                 if e.attr in self.ctx.sanitized_attrs:
                     return frozenset()
@@ -884,6 +907,17 @@ class Guards:
         if isinstance(e, (ast.Lambda, ast.Constant)):
             return frozenset()
         out = frozenset()
+        # an emptiness/membership test on a per-rank container: one source, its writers and their queries as leaves
+        if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not):
+            cs = self.container_source(e.operand, "emptiness")
+            if cs:
+                return cs
+        elif isinstance(e, ast.Compare):
+            for op, cmp in zip(e.ops, e.comparators):
+                if isinstance(op, (ast.In, ast.NotIn)):
+                    out |= self.container_source(cmp, "membership")
+            if out:
+                return out | self.taint(e.left, st)
         for c in ast.iter_child_nodes(e):
             if isinstance(c, ast.expr):
                 out |= self.taint(c, st)
@@ -903,8 +937,96 @@ class Guards:
                 return frozenset()
             if _match(name, self.ctx.rules_src["containers"]):
                 loop = self.loops[-1][1] if self.loops else None
-                return frozenset([Src("len of per-rank container", f"len({_text(arg)})", (), arg.lineno, loop)])
+                return frozenset([Src("len of per-rank container", f"len({_text(arg)})", (), arg.lineno, loop,
+                                      self.writer_leaves(self.f.cls.id, name))])
         return frozenset()
+
+    # ---- state across calls (issue 31)
+    def _attr_classes(self, e):
+        """Classes whose attribute ``e`` (``self.x`` or ``self.a.x``) reads; empty for anything else."""
+        if not isinstance(e, ast.Attribute) or self.f.cls is None or self.f.self_name is None:
+            return ()
+        if self.is_self_attr(e):
+            return (self.f.cls.id,)
+        v = e.value
+        if isinstance(v, ast.Attribute) and self.is_self_attr(v):
+            return tuple(sorted(self.types.of(self.f, v)))
+        return ()
+
+    def _attr_leaves(self, table, classes, name):
+        out, writers = set(), set()
+        for c in classes:
+            for k in self.ix.mro(c):
+                got = (table.get(k) or {}).get(name)
+                if got:
+                    for leaf in got:
+                        writers.add(leaf[1])
+                        if leaf[0]:
+                            out.add(leaf)
+        return out, writers
+
+    def cross_call_source(self, e):
+        """``self.x`` (or ``self.a.x``) read here, written from a rank-local value in another method: a source
+        (kind ``cross-call attribute``) whose leaves are the writers' queries; None otherwise."""
+        table = getattr(self.ctx, "attr_src", None)
+        if not table or not isinstance(e.ctx, ast.Load) or e.attr in self.ctx.sanitized_attrs:
+            return None
+        classes = self._attr_classes(e)
+        if not classes:
+            return None
+        leaves, writers = self._attr_leaves(table, classes, e.attr)
+        if not writers or writers == {self.f.id}:  # written only here: the local flow already follows it
+            return None
+        loop = self.loops[-1][1] if self.loops else None
+        return Src("cross-call attribute", _text(e), (), e.lineno, loop, leaves)
+
+    def writer_leaves(self, cid, name):
+        """The methods that add to ``self.<name>`` of class ``cid``, each at every caller: ``(writer, caller,
+        'container write')`` — skipping one write once leaves this rank's container emptier than its peers'. A
+        writer that itself reaches a collective is left out (skipping it would drop a collective by construction)."""
+        table = getattr(self.ctx, "attr_writers", None) or {}
+        out = set()
+        for k in self.ix.mro(cid):
+            for w in (table.get(k) or {}).get(name, ()):
+                if self.reach.reaches(w) or w in self.ix.prop_fids or "<locals>" in w:
+                    continue
+                for caller in self.reach.callers.get(w, ()):
+                    out.add((w, caller, "container write"))
+        return out
+
+    def container_source(self, e, how):
+        """A truth test (``not self.x``, ``if self.x``) or membership test (``k in self.x``) on a per-rank container
+        (its name matches the rules' ``containers``, or it holds rank-local values written in another method): a
+        source of kind ``per-rank container`` (leaves: its writers at their callers, and the queries those writes
+        depend on); empty otherwise."""
+        if not isinstance(e, ast.Attribute) or not isinstance(e.ctx, ast.Load) or e.attr in self.ctx.sanitized_attrs:
+            return frozenset()
+        classes = self._attr_classes(e)
+        if not classes:
+            return frozenset()
+        name = e.attr
+        table = getattr(self.ctx, "attr_src", None) or {}
+        cross, writers = self._attr_leaves(table, classes, name)
+        # (a container a Thread target writes is a source already: kind `thread-written attribute`)
+        per_rank = _match(name, self.ctx.rules_src["containers"]) or bool(writers - {self.f.id})
+        if not per_rank:
+            return frozenset()
+        leaves = set(cross)
+        for c in classes:
+            leaves |= self.writer_leaves(c, name)
+        loop = self.loops[-1][1] if self.loops else None
+        text = {"emptiness": f"not {_text(e)}", "membership": f"… in {_text(e)}"}.get(how, _text(e))
+        return frozenset([Src("per-rank container", text, (), e.lineno, loop, leaves)])
+
+    def cond_taint(self, test, st):
+        """The taint of a condition: its value's, plus a bare per-rank container tested for emptiness
+        (``if self.ongoing_x:``, ``while self.pending and …``)."""
+        parts = test.values if isinstance(test, ast.BoolOp) else [test]
+        out = frozenset()
+        for x in parts:
+            cs = self.container_source(x, "emptiness") if isinstance(x, ast.Attribute) else frozenset()
+            out |= cs or self.taint(x, st)
+        return out
 
     def is_self_attr(self, e):
         return (isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and self.f.self_name is not None
@@ -958,6 +1080,10 @@ class Guards:
             for x in target.elts:
                 self.assign(x.value if isinstance(x, ast.Starred) else x, t, st)
             return
+        if self.attr_writes is not None and t:
+            x = _self_attr(self.f, target)
+            if x:
+                self.attr_writes[x] |= t
         key = target.id if isinstance(target, ast.Name) else _path(target)
         if key is None:
             if isinstance(target, ast.Subscript):
@@ -986,7 +1112,7 @@ class Guards:
         elif isinstance(s, ast.Expr):
             self.expr_stmt(s.value, st, pc)
         elif isinstance(s, ast.If):
-            c = self.taint(s.test, st)
+            c = self.cond_taint(s.test, st)
             if c:
                 self.branch_guard(s, c, st)
             self.pc.append((c, len(self.loops)))
@@ -1013,7 +1139,7 @@ class Guards:
             self.loops.pop()
             st = _join(cur, self.block(s.orelse, cur))
         elif isinstance(s, ast.While):
-            c = self.taint(s.test, st)
+            c = self.cond_taint(s.test, st)
             if c:
                 r = self.region_reach(s.body)
                 if r:
@@ -1076,6 +1202,10 @@ class Guards:
             key = fn.value.id if isinstance(fn.value, ast.Name) else _path(fn.value)
             if key and t:
                 st[key] = st.get(key, frozenset()) | t
+            if self.attr_writes is not None and t:
+                x = _self_attr(self.f, fn.value)
+                if x:
+                    self.attr_writes[x] |= t
 
     # ---- guard records
     def branch_guard(self, s, c, st):
@@ -1188,6 +1318,169 @@ def thread_attrs(ix, types):
                         if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.value.id == g.self_name:
                             out[f.cls.id].add(v.attr)
     return out
+
+
+_ADD_METHODS = ("append", "extend", "add", "update", "insert", "appendleft", "put", "put_nowait", "setdefault")
+
+
+def _self_attr(f, e):
+    """``X`` when ``e`` is ``self.X`` (or ``self.X[…]``, ``self.X.y``) in method ``f``, else None."""
+    while isinstance(e, ast.Subscript) or (isinstance(e, ast.Attribute) and isinstance(e.value, (ast.Attribute, ast.Subscript))):
+        e = e.value
+    if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and f.self_name and e.value.id == f.self_name:
+        return e.attr
+    return None
+
+
+def stored_callables(ix, types):
+    """class id -> attribute -> functions it may hold: ``self.x = self.m`` / ``= helper`` / ``= partial(helper, …)``
+    / ``= lambda …: call(…)`` / ``= inner`` (a nested ``def``), in any method of the class (issue 31)."""
+    out = defaultdict(lambda: defaultdict(set))
+
+    def refs(f, v, depth=0):
+        if depth > 2 or v is None:
+            return set()
+        if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.value.id == f.self_name and f.cls is not None:
+            return set(ix.method_targets(f.cls.id, v.attr, True))
+        if isinstance(v, ast.Name):
+            if v.id in local_defs(f):
+                return {local_defs(f)[v.id]}
+            r = ix.lookup(f.mod, v.id)
+            return {r[1]} if r and r[0] == "obj" and r[1] in ix.funcs else set()
+        if isinstance(v, ast.Call):
+            fn = v.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+            if name == "partial" and v.args:
+                return refs(f, v.args[0], depth + 1)
+            return set()
+        if isinstance(v, ast.Lambda):
+            got = set()
+            for n in ast.walk(v.body):
+                if isinstance(n, ast.Call):
+                    got |= {t for t in types.callees(f, n) if t in ix.funcs}
+            return got
+        if isinstance(v, ast.IfExp):
+            return refs(f, v.body, depth + 1) | refs(f, v.orelse, depth + 1)
+        return set()
+
+    for f in ix.funcs.values():
+        if f.cls is None or f.self_name is None:
+            continue
+        for n in walk_body(f.node):
+            if isinstance(n, ast.Assign):
+                for t in n.targets:
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == f.self_name \
+                            and t.attr not in f.cls.methods:
+                        got = refs(f, n.value)
+                        if got:
+                            out[f.cls.id][t.attr] |= got
+    return out
+
+
+def attr_writers(ix):
+    """class id -> attribute -> methods that add to it (``self.x[k] = …``, ``self.x.append(…)``/``add``/``update``…),
+    constructors left out: the writers of a per-rank container, each a place where one rank may add and another not."""
+    out = defaultdict(lambda: defaultdict(set))
+    for f in ix.funcs.values():
+        if f.cls is None or f.self_name is None or f.node.name in ("__init__", "__post_init__"):
+            continue
+        for n in walk_body(f.node):
+            x = None
+            if isinstance(n, (ast.Assign, ast.AugAssign)):
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                    if isinstance(t, ast.Subscript):
+                        x = _self_attr(f, t.value) if isinstance(t.value, ast.Attribute) else None
+            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _ADD_METHODS:
+                v = n.func.value
+                if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.value.id == f.self_name:
+                    x = v.attr
+            if x:
+                out[f.cls.id][x].add(f.id)
+    return out
+
+
+def _may_read_source(ctx, f):
+    """Whether ``f`` calls (or reads) something that can be a rank-local source — a query the rules name, a clock,
+    a function returning a rank-local value, ``len()`` of a per-rank container: a cheap filter before running its
+    taint analysis (the rest cannot write a rank-local value into an attribute, bar another attribute: round 2)."""
+    r = ctx.rules_src
+    for _node, tg, text in f.calls:
+        name = text.rsplit(".", 1)[-1]
+        if any(t in ctx.returners for t in tg):
+            return True
+        if any(_match(name, globs) for _k, globs in r["method_kinds"]):
+            return True
+        if any(isinstance(t, str) and t.startswith("ext:") and t[4:] in r["clocks"] for t in tg):
+            return True
+        if name == "len" and r["containers"]:
+            return True
+    return False
+
+
+def cross_call_attrs(ctx, rounds):
+    """class id -> attribute -> the leaves ``(site, writer, kind)`` of the rank-local values written into
+    ``self.attr`` (directly, or under a rank-local condition) by its methods: a later read of that attribute, in
+    another method or a later tick, is a rank-local source (kind ``cross-call attribute``). Iterated ``rounds``
+    times (an attribute written from another one)."""
+    ctx.attr_src = {}
+    every = []  # (method, the attributes of self it writes or adds to, the attributes of self it reads)
+    writers = []  # those of them that read a source of their own (round 1)
+    containers = {a for c in ctx.thread_attrs.values() for a in c}  # read: a source already (round 1)
+    for f in ctx.ix.funcs.values():
+        if f.cls is None or f.self_name is None:
+            continue
+        wrote, read = set(), set()
+        for n in walk_body(f.node):
+            if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                    x = _self_attr(f, t)
+                    if x:
+                        wrote.add(x)
+            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _ADD_METHODS:
+                x = _self_attr(f, n.func.value)
+                if x:
+                    wrote.add(x)
+            elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load):
+                x = _self_attr(f, n)
+                if x:
+                    read.add(x)
+        wrote -= ctx.sanitized_attrs
+        if wrote:
+            every.append((f, wrote, read))
+            if _may_read_source(ctx, f) or read & containers:
+                writers.append((f, wrote, read))
+    # monotone: a later round only adds; it re-runs only the writers that read an attribute the round before found
+    found = defaultdict(lambda: defaultdict(set))
+    todo = writers
+    for _ in range(max(1, rounds)):
+        before = {(c, a): len(v) for c, attrs in found.items() for a, v in attrs.items()}
+        for f, wrote, _read in todo:
+            g = Guards(ctx, f)
+            g.record = lambda *a, **k: None
+            g.try_guard = lambda *a, **k: None
+            g.attr_writes = defaultdict(set)
+            try:
+                g.run()
+            except RecursionError:  # pragma: no cover
+                continue
+            for attr, srcs in g.attr_writes.items():
+                if attr in ctx.sanitized_attrs:
+                    continue
+                leaves = set()
+                for x in srcs:
+                    if x.kind == "except path":
+                        continue
+                    leaves |= set(x.leaves) if x.leaves else {(site, f.id, x.kind) for site in x.sites
+                                                              if site not in ctx.ix.prop_fids}
+                    leaves.add(("", f.id, x.kind))  # the writer itself (no site: kept to name where it is written)
+                if leaves:
+                    found[f.cls.id][attr] |= leaves
+        changed = {a for c, attrs in found.items() for a, v in attrs.items() if before.get((c, a)) != len(v)}
+        ctx.attr_src = {c: dict(v) for c, v in found.items()}
+        if not changed:
+            break
+        todo = [w for w in every if w[2] & changed]
+    return ctx.attr_src
 
 
 def returners(ctx, rounds):
@@ -1358,6 +1651,9 @@ def scan(req):
     types = Types(ix)
     for _ in range(int(scope.get("type_rounds", 3))):
         types.round()
+    cross = bool((rules.get("sources", {}).get("options") or {}).get("cross_call", True))
+    if cross:
+        types.callables = stored_callables(ix, types)  # before the call graph: `self.cb()` reaches what cb holds
     reach = Reach(ix, types, rules)
     src = rules.get("sources", {})
     ctx = Ctx()
@@ -1371,7 +1667,15 @@ def scan(req):
     }
     ctx.sanitized_attrs = set((rules.get("sanitizers") or {}).get("attributes", []))
     ctx.thread_attrs = thread_attrs(ix, types) if opts.get("thread_written", True) else {}
+    t_ret = time.time()
     ctx.returners = returners(ctx, int(scope.get("return_rounds", 2)))
+    t_ret = time.time() - t_ret
+    t_cross = time.time()
+    ctx.attr_writers = attr_writers(ix) if cross else {}
+    if cross:
+        cross_call_attrs(ctx, int(scope.get("attr_rounds", 2)))
+    t_cross = time.time() - t_cross
+    t_guards = time.time()
     guards = []
     only = req.get("only_functions") or []
     for f in ix.funcs.values():
@@ -1388,12 +1692,18 @@ def scan(req):
             x["caller"] = f.id
             x["file"] = ix.paths[f.mod]
             guards.append(x)
+    t_guards = time.time() - t_guards
     families = {}
+    depth = {}  # site -> its class's MRO length (a base class's definition before its overrides' when folding)
     for g in guards:
         for x in g["sources"]:
-            for site in x["sites"]:
+            # the leaves' callers too: overrides of one caller calling the same query fold into one point
+            for site in list(x["sites"]) + [y for leaf in x.get("leaves") or () for y in leaf[:2]] + [g["caller"]]:
                 if site not in families:
                     families[site] = site_family(ix, site)
+                    f = ix.funcs.get(site)
+                    if f is not None and f.cls is not None:
+                        depth[site] = len(ix.mro(f.cls.id))
     n_calls = sum(len(f.calls) for f in ix.funcs.values())
     n_unres = sum(len(v) for v in reach.unresolved.values())
     guarded_callers = {g["caller"] for g in guards}
@@ -1413,7 +1723,11 @@ def scan(req):
         "parse_errors": ix.errors[:20],
         "guards": guards,
         "families": families,
-        "seconds": {"parse": round(t_parse, 2), "total": round(time.time() - t0, 2)},
+        "site_depth": depth,
+        "cross_call_attrs": sum(len(v) for v in (getattr(ctx, "attr_src", None) or {}).values()),
+        "stored_callables": sum(len(v) for v in (getattr(types, "callables", None) or {}).values()),
+        "seconds": {"parse": round(t_parse, 2), "returners": round(t_ret, 2), "cross_call": round(t_cross, 2),
+                    "guards": round(t_guards, 2), "total": round(time.time() - t0, 2)},
     }
 
 
