@@ -454,6 +454,15 @@ def make_session_class():
         def engine_roles(self) -> list[RoleRun]:
             return [r for r in self.roles if r.is_engine]
 
+        def write_evidence(self, p: Any, opts: Any, variant: Any, evd: ev.EvidenceDir, outcome: Any,
+                           rank_pids: dict, interrupted: bool) -> None:
+            """The stack's run folder (``repro.runner.RunEvidence``): one folder per server plus the run's
+            (:func:`finish_pd_evidence`); a stack that never drove (its start failed, Ctrl-C before a verdict)
+            writes the run folder alone, as a single server's."""
+            if getattr(outcome, "pd", None) is None:
+                return super().write_evidence(p, opts, variant, evd, outcome, rank_pids, interrupted)
+            finish_pd_evidence(p, opts, variant, evd, outcome, interrupted)
+
         def start(self) -> Optional[Verdict]:
             from repro.launcher import LaunchError
             from repro.runner import save_server_procs, write_arm_file
