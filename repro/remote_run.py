@@ -13,7 +13,7 @@ harness may not see the hosts' processes at all (another machine, pod, or PID na
 - arm: the arm file is written here and copied to every host; each rank's fire log on its host must show the arming;
 - burst from here to node 0's HTTP port; on a stall every rank is dumped on its own host (``capture_remote``, all
   hosts at once, one deadline), twice, and the DEADLOCKED rule applied (``repro.verdict.judge_stall``, each rank's
-  CPU use over the whole check: ``repro.remote_watch.check_stall_on_hosts``) — unless a
+  CPU use over the whole check: ``repro.checker.check_stall`` on ``repro.remote_watch.HostRanks``) — unless a
   host's data link is down or a host cannot be reached, which makes the run INCONCLUSIVE naming that host;
 - stop: node 0's group gets SIGTERM first (sglang's nodes ≥ 1 ignore SIGTERM and wait for node 0's shutdown), then
   every node's group SIGKILL; each host's session is checked empty; each host's server log and injector records
@@ -142,8 +142,9 @@ class HostsStallDetector:
         self.last_capture_t = 0.0
 
     def poll(self, ctx: Any) -> Any:
+        from repro.checker import check_stall
         from repro.detect import Detection
-        from repro.remote_watch import check_stall_on_hosts
+        from repro.remote_watch import HostRanks
 
         s = self.session
         stalled = ctx.state.stalled_for(ctx.now) if ctx.state is not None else 0.0
@@ -154,9 +155,10 @@ class HostsStallDetector:
         ctx.emit("capture", {"n": self.captures, "stalled_s": stalled, "hosts": sorted({r.host for r in s.ranks.values()})})
         # two captures on the ranks' hosts; CPU use over the whole check (as a local run measures it: a dump's own
         # fraction of a second is too short to tell a blocked rank from a busy one)
-        chk = check_stall_on_hosts(s.ranks, ctx.run_dir.stacks_dir, list(ctx.expected_ranks), tag=tag,
-                                   second_tag=tag + "b", confirm_gap_s=CONFIRM_GAP_S, timeout_s=CAPTURE_DEADLINE_S / 2,
-                                   fallback_signal=ctx.plan.get("faulthandler_signal") or "SIGUSR2")
+        where = HostRanks(s.ranks, ctx.plan.get("faulthandler_signal") or "SIGUSR2")
+        chk = check_stall(where.rank_pids, ctx.run_dir.stacks_dir, list(ctx.expected_ranks), tag=tag,
+                          second_tag=tag + "b", confirm_gap_s=CONFIRM_GAP_S, timeout_s=CAPTURE_DEADLINE_S / 2,
+                          where=where)
         self.last_capture_t = time.time()
         missing = [f"rank {c.rank} on host {s.host_of_rank.get(c.rank)}: {c.error}" for c in chk.second if not c.ok]
         faults = s.link_faults()
