@@ -701,6 +701,7 @@ class Session(RunEvidence):
         for d in detectors:
             d.start(ctx)
         driver.start()
+        self.observe("burst_started", {"url": server.url, "requests": len(prompts)})
         try:
             while True:
                 time.sleep(POLL_S)
