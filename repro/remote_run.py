@@ -1,8 +1,10 @@
 """One run of a scenario whose server spans several hosts (docs/pipeline.md, each node through its host's runner).
 
-The same pipeline as ``repro.runner`` — plan → server → arm → burst → stall? → capture ×2 → verdict → evidence —
-with every step that touches a rank going through ``repro.hosts.Runner`` (ssh or a command template), because the
-harness may not see the hosts' processes at all (another machine, pod, or PID namespace):
+``repro.runner``'s own loop — ``Session.drive`` for one variant, ``run_variants`` for several — on a
+:class:`MultiHostSession` (the topology: a ``repro.runner.Session`` subclass), plan → server → arm → burst →
+stall? → capture ×2 → verdict → evidence, with every step that touches a rank going through ``repro.hosts.Runner``
+(ssh or a command template), because the harness may not see the hosts' processes at all (another machine, pod,
+or PID namespace):
 
 - start: each host reachable first (else INCONCLUSIVE naming it; nothing is started); the injector package, the
   plan (its ``out_dir`` and ``arm_file`` rewritten to the host's run folder) and an empty arm file are copied to
