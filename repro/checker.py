@@ -52,6 +52,34 @@ class StallCheck:
     judgement: StallJudgement
 
 
+class LocalRanks:
+    """Where a server's ranks run, for :func:`check_stall`: this machine (CPU from /proc via psutil, stacks by
+    ``repro.capture.capture_ranks``). ``repro.remote_watch.HostRanks`` is the same for ranks on other hosts.
+
+    Args:
+        rank_pids: rank -> pid of that rank's process.
+    """
+
+    def __init__(self, rank_pids: Mapping[int, int]) -> None:
+        self.rank_pids = dict(rank_pids)
+
+    def cpu_seconds(self) -> dict[int, tuple[float, float]]:
+        """rank -> (clock time in seconds, user+system CPU seconds so far); a rank whose process is gone is left out."""
+        cpu, t = cpu_seconds(self.rank_pids), time.time()
+        return {k: (t, v) for k, v in cpu.items()}
+
+    def capture(self, stacks_dir: Path, tag: str, **capture_kw: Any) -> list[RankCapture]:
+        """One capture of every rank (``capture_kw``: timeout_s, native, injector_dir, fallback_signal)."""
+        return capture_ranks(self.rank_pids, stacks_dir, tag=tag, **capture_kw)
+
+    def capture_cpu(self, first: Sequence[RankCapture], second: Sequence[RankCapture]) -> dict[int, float]:
+        """CPU percent per rank to use where the clock readings miss a rank: none here (a rank gone is left out)."""
+        return {}
+
+    def write_record(self, evd: Any) -> None:
+        """Evidence of where the ranks ran: nothing for this machine (``processes.json`` says it)."""
+
+
 def check_stall(
     rank_pids: Mapping[int, int],
     stacks_dir: Path,
@@ -60,31 +88,105 @@ def check_stall(
     tag: str = "",
     second_tag: Optional[str] = None,
     confirm_gap_s: float = CONFIRM_GAP_S,
+    where: Any = None,
     **capture_kw: Any,
 ) -> StallCheck:
-    """Capture all ranks twice and judge whether they are deadlocked (docs/pipeline.md).
+    """THE stall check of every topology: capture all ranks twice and judge whether they are deadlocked
+    (docs/pipeline.md). A PD stack runs it per server (:func:`check_groups`), a server spanning hosts with
+    ``where`` = ``repro.remote_watch.HostRanks``.
 
     Args:
-        rank_pids: rank -> pid of that rank's process.
+        rank_pids: rank -> pid of that rank's process (as its host sees it).
         stacks_dir: where ``rank<k>{tag}.txt|.json`` (first) and ``rank<k>{second_tag}.*`` (confirming) go.
         expected_ranks: every rank the job has (a rank missing from the captures blocks a DEADLOCKED call).
         tag / second_tag: file-name tags of the two captures (default second tag: ``tag + "b"``).
         confirm_gap_s: seconds between the two captures.
-        capture_kw: passed to ``repro.capture.capture_ranks`` (timeout_s, native, injector_dir, fallback_signal).
+        where: where the ranks run (:class:`LocalRanks` of ``rank_pids`` when None; ``HostRanks``: on their hosts).
+        capture_kw: passed to ``where.capture`` (timeout_s, native, injector_dir, fallback_signal).
     Returns:
-        A StallCheck; ``judgement.deadlocked`` only when every rule holds.
+        A StallCheck; ``judgement.deadlocked`` only when every rule holds. CPU percent per rank over the whole
+        check (before the first capture to after the second), on each rank's own clock.
     Raises:
         OSError: ``stacks_dir`` cannot be written.
     """
-    cpu0, t0 = cpu_seconds(rank_pids), time.time()
-    first = capture_ranks(rank_pids, stacks_dir, tag=tag, **capture_kw)
+    where = where if where is not None else LocalRanks(rank_pids)
+    cpu0 = where.cpu_seconds()
+    first = where.capture(stacks_dir, tag, **capture_kw)
     time.sleep(confirm_gap_s)
-    second = capture_ranks(rank_pids, stacks_dir, tag=tag + "b" if second_tag is None else second_tag, **capture_kw)
-    cpu1, t1 = cpu_seconds(rank_pids), time.time()
-    cpu_pct = {k: 100.0 * (cpu1[k] - cpu0[k]) / max(1e-3, t1 - t0) for k in cpu0 if k in cpu1}
+    second = where.capture(stacks_dir, tag + "b" if second_tag is None else second_tag, **capture_kw)
+    cpu1 = where.cpu_seconds()
+    cpu_pct = dict(where.capture_cpu(first, second))
+    for k in set(cpu0) & set(cpu1):
+        (ta, ca), (tb, cb) = cpu0[k], cpu1[k]
+        cpu_pct[k] = 100.0 * (cb - ca) / max(1e-3, tb - ta)
     a1, a2 = analyze(first), analyze(second)
     unchanged = frames_unchanged(first, second)
     return StallCheck(first, second, a1, a2, unchanged, cpu_pct, judge_stall(a1, a2, unchanged, cpu_pct, expected_ranks))
+
+
+@dataclass(frozen=True)
+class RankGroup:
+    """One TP group judged on its own by :func:`check_groups`.
+
+    Attributes:
+        name: the server's name in a stack (``prefill``), None for a topology of one server.
+        where: where its ranks run (:class:`LocalRanks`, ``repro.remote_watch.HostRanks``).
+        stacks_dir: where its two captures go.
+        expected_ranks: every rank of the group.
+    """
+
+    name: Optional[str]
+    where: Any
+    stacks_dir: Path
+    expected_ranks: Sequence[int]
+
+
+@dataclass(frozen=True)
+class GroupsCheck:
+    """:func:`check_groups`' answer: group name -> StallCheck (a group whose capture raised is left out), the
+    first group, in order, whose ranks are deadlocked (or None), and the group to report (that one, else the
+    first checked)."""
+
+    checks: Mapping[Optional[str], StallCheck]
+    diverged: Optional[str]
+    shown: Optional[str]
+
+    def group_check(self) -> StallCheck:
+        return self.checks[self.shown]
+
+
+def check_groups(groups: Sequence[RankGroup], **check_kw: Any) -> GroupsCheck:
+    """:func:`check_stall` on every group at once (one thread per group), each judged on its own: a PD stack's
+    servers are two TP groups (``prefill TP0..3``, ``decode TP0``), and an idle server's normal shape (TP0 in its
+    idle path, the others in the request broadcast) is a server that agrees with itself, not a divergence.
+
+    Args:
+        groups: the topology's groups (one for a single server or a server spanning hosts).
+        check_kw: passed to :func:`check_stall` (``tag``, ``second_tag``, ``confirm_gap_s``, ``timeout_s``, ``native``).
+    Raises:
+        OSError: a stacks folder cannot be written and no group was checked.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(g: RankGroup) -> StallCheck:
+        Path(g.stacks_dir).mkdir(parents=True, exist_ok=True)
+        return check_stall(g.where.rank_pids, Path(g.stacks_dir), list(g.expected_ranks), where=g.where, **check_kw)
+
+    todo = [g for g in groups if g.where.rank_pids]
+    out: dict[Optional[str], StallCheck] = {}
+    err: Optional[BaseException] = None
+    with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
+        futs = {g.name: pool.submit(one, g) for g in todo}
+        for n, f in futs.items():
+            try:
+                out[n] = f.result()
+            except OSError as e:
+                err = err or e
+    if err is not None and not out:
+        raise err
+    diverged = next((g.name for g in todo if g.name in out and out[g.name].judgement.deadlocked), None)
+    shown = diverged if diverged is not None else next(iter(out), None)
+    return GroupsCheck(out, diverged, shown)
 
 
 # ------------------------------------------------------------------------------------------------------------

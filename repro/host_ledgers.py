@@ -159,7 +159,7 @@ class HostsLedgerProofDetector(LedgerProofDetector):
     """The ledger proof (``repro.proof.LedgerProofDetector``) of a server spanning hosts, on a
     :class:`HostLedgerMirror`'s folder: ``ctx.rank_pids`` maps each rank to its mirror key, every rank counts as
     alive (a node's death ends the burst first: ``repro.remote_run``), and the proof's stacks are taken on the
-    ranks' own hosts (``repro.remote_watch.check_stall_on_hosts``).
+    ranks' own hosts (``repro.checker.check_stall`` on ``repro.remote_watch.HostRanks``).
 
     Args:
         ranks: rank → ``repro.hosts.RemoteRank``.
@@ -180,11 +180,12 @@ class HostsLedgerProofDetector(LedgerProofDetector):
         return set(self.rank_pids)
 
     def capture(self, ctx: Any) -> Any:
-        from repro.remote_watch import check_stall_on_hosts
+        from repro.checker import check_stall
+        from repro.remote_watch import HostRanks
 
-        return check_stall_on_hosts(self.remote_ranks, ctx.run_dir.stacks_dir, list(ctx.expected_ranks), tag="-proof",
-                                    second_tag="-proofb", confirm_gap_s=1.0, timeout_s=10.0,
-                                    fallback_signal=self.fallback_signal)
+        where = HostRanks(self.remote_ranks, self.fallback_signal)
+        return check_stall(where.rank_pids, ctx.run_dir.stacks_dir, list(ctx.expected_ranks), tag="-proof",
+                           second_tag="-proofb", confirm_gap_s=1.0, timeout_s=10.0, where=where)
 
 
 class _HostRankWatch:

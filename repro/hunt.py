@@ -1411,8 +1411,10 @@ class SparedSession:
 
 
 def _session(runner: Any, p: Any, observe: Observer) -> Any:
-    """A ``runner.Session`` whose teardown SIGKILLs what is left after :data:`STOP_GRACE_S` seconds."""
-    s = runner.Session(p, observe)
+    """The session of ``p`` as every verb builds it (``runner.make_session``: one server, or the whole stack of a
+    multi-server base scenario), its teardown SIGKILLing what is left after :data:`STOP_GRACE_S` seconds. Used
+    for the baseline, the trials and the spare alike."""
+    s = runner.make_session(p, observe)
     s.stop_grace_s = STOP_GRACE_S
     return s
 

@@ -393,50 +393,6 @@ class PDStallDetector:
         pass
 
 
-def check_servers(servers: dict[str, dict[int, int]], base: Path, **check_kw: Any) -> tuple[dict[str, Any], Optional[str]]:
-    """Capture the ranks of several servers at once (one thread per server) and judge each on its own.
-
-    ``repro watch`` on a router uses it: the ranks of a PD stack are two TP groups (``prefill TP0..3``,
-    ``decode TP0``), and the DEADLOCKED rule holds per server — an idle server's normal shape (TP0 in its idle path,
-    the other ranks in the request broadcast) is a server that agrees with itself, not a divergence.
-
-    Args:
-        servers: server name (the router's ``worker_type``: ``prefill`` / ``decode``) → its rank → pid.
-        base: folder under which ``servers/<name>/stacks/`` get each server's two captures.
-        check_kw: passed to :func:`repro.checker.check_stall` (``tag``, ``second_tag``, ``confirm_gap_s``,
-            ``timeout_s``, ``native``).
-    Returns:
-        (name → ``repro.checker.StallCheck``, the first server, in ``servers``' order, whose ranks are deadlocked, or
-        None). A server whose capture raised is left out of the mapping.
-    Raises:
-        OSError: a stacks folder cannot be written (the other servers' captures still ran).
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    from repro.checker import check_stall
-
-    def one(name: str) -> Any:
-        stacks = Path(base) / SERVERS_DIR / name / ev.Layout.STACKS.name
-        stacks.mkdir(parents=True, exist_ok=True)
-        pids = servers[name]
-        return check_stall(pids, stacks, list(range(max(pids) + 1)) if pids else [], **check_kw)
-
-    names = [n for n in servers if servers[n]]
-    out: dict[str, Any] = {}
-    err: Optional[BaseException] = None
-    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
-        futs = {n: pool.submit(one, n) for n in names}
-        for n, f in futs.items():
-            try:
-                out[n] = f.result()
-            except OSError as e:
-                err = err or e
-    if err is not None and not out:
-        raise err
-    diverged = next((n for n in names if n in out and out[n].judgement.deadlocked), None)
-    return out, diverged
-
-
 def make_session_class():
     """The PD session class (defined lazily: ``repro.runner`` imports this module only for multi-server runs)."""
     from repro.runner import Session
@@ -453,6 +409,15 @@ def make_session_class():
 
         def engine_roles(self) -> list[RoleRun]:
             return [r for r in self.roles if r.is_engine]
+
+        def write_evidence(self, p: Any, opts: Any, variant: Any, evd: ev.EvidenceDir, outcome: Any,
+                           rank_pids: dict, interrupted: bool) -> None:
+            """The stack's run folder (``repro.runner.RunEvidence``): one folder per server plus the run's
+            (:func:`finish_pd_evidence`); a stack that never drove (its start failed, Ctrl-C before a verdict)
+            writes the run folder alone, as a single server's."""
+            if getattr(outcome, "pd", None) is None:
+                return super().write_evidence(p, opts, variant, evd, outcome, rank_pids, interrupted)
+            finish_pd_evidence(p, opts, variant, evd, outcome, interrupted)
 
         def start(self) -> Optional[Verdict]:
             from repro.launcher import LaunchError

@@ -1,8 +1,10 @@
 """One run of a scenario whose server spans several hosts (docs/pipeline.md, each node through its host's runner).
 
-The same pipeline as ``repro.runner`` — plan → server → arm → burst → stall? → capture ×2 → verdict → evidence —
-with every step that touches a rank going through ``repro.hosts.Runner`` (ssh or a command template), because the
-harness may not see the hosts' processes at all (another machine, pod, or PID namespace):
+``repro.runner``'s own loop — ``Session.drive`` for one variant, ``run_variants`` for several — on a
+:class:`MultiHostSession` (the topology: a ``repro.runner.Session`` subclass), plan → server → arm → burst →
+stall? → capture ×2 → verdict → evidence, with every step that touches a rank going through ``repro.hosts.Runner``
+(ssh or a command template), because the harness may not see the hosts' processes at all (another machine, pod,
+or PID namespace):
 
 - start: each host reachable first (else INCONCLUSIVE naming it; nothing is started); the injector package, the
   plan (its ``out_dir`` and ``arm_file`` rewritten to the host's run folder) and an empty arm file are copied to
@@ -13,7 +15,7 @@ harness may not see the hosts' processes at all (another machine, pod, or PID na
 - arm: the arm file is written here and copied to every host; each rank's fire log on its host must show the arming;
 - burst from here to node 0's HTTP port; on a stall every rank is dumped on its own host (``capture_remote``, all
   hosts at once, one deadline), twice, and the DEADLOCKED rule applied (``repro.verdict.judge_stall``, each rank's
-  CPU use over the whole check: ``repro.remote_watch.check_stall_on_hosts``) — unless a
+  CPU use over the whole check: ``repro.checker.check_stall`` on ``repro.remote_watch.HostRanks``) — unless a
   host's data link is down or a host cannot be reached, which makes the run INCONCLUSIVE naming that host;
 - stop: node 0's group gets SIGTERM first (sglang's nodes ≥ 1 ignore SIGTERM and wait for node 0's shutdown), then
   every node's group SIGKILL; each host's session is checked empty; each host's server log and injector records
@@ -31,14 +33,15 @@ import json
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from repro import evidence as ev
 from repro import resources
 from repro.hosts import HostError, HostSpec, RemoteRank, Runner, hosts_from_json, in_parallel
-from repro.runner import Observer, RunOptions, RunResult, _noop, prepare, write_arm_file
+from repro.runner import (Observer, RunOptions, RunResult, Session, VariantItem, _noop, make_session, prepare,
+                          run_prepared, run_variants, write_arm_file)
 from repro.scenario import PLAN_ENV
 from repro.verdict import DEADLOCKED, INCONCLUSIVE, InjectionCheck, Verdict, exit_code_for, judge_completion
 
@@ -99,8 +102,95 @@ def _q(*argv: str) -> str:
     return " ".join(shlex.quote(str(a)) for a in argv)
 
 
-class MultiHostSession:
-    """A server spanning ``hosts``, driven like ``repro.runner.Session`` but only through each host's runner.
+class _HostsServer:
+    """What ``repro.runner.Session.drive`` uses of its server, for a server spanning hosts: node 0's URL, and
+    whether every node's tree is alive — checked through each host's runner at most every ``NODE_WATCH_S``
+    (a runner call each), the last answer kept in between (``dead``: one sentence per node found gone)."""
+
+    def __init__(self, session: "MultiHostSession") -> None:
+        self.session = session
+        self.checked_t = 0.0
+        self.dead: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return self.session.url
+
+    def is_running(self) -> bool:
+        if time.time() - self.checked_t > NODE_WATCH_S:
+            self.checked_t = time.time()
+            self.dead = self.session._dead_nodes()
+        return not self.dead
+
+    def log_tail(self, lines: int = 20) -> str:
+        return self.session._log_tails(lines)
+
+
+class HostsStallDetector:
+    """The stall rule (``repro.detect.StallDetector``) of a server spanning hosts: no progress for ``stall_s`` →
+    every rank captured twice on its own host, CPU use read on its host → the DEADLOCKED rule; unless a host's
+    data link is down or a rank could not be captured (a host not answering), which decides INCONCLUSIVE naming
+    the host — its ranks cannot be judged a deadlock."""
+
+    name = "stall"
+
+    def __init__(self, session: "MultiHostSession") -> None:
+        self.session = session
+        self.captures = 0
+        self.last_capture_t = 0.0
+
+    def start(self, ctx: Any) -> None:
+        self.captures = 0
+        self.last_capture_t = 0.0
+
+    def poll(self, ctx: Any) -> Any:
+        from repro.checker import check_stall
+        from repro.detect import Detection
+        from repro.remote_watch import HostRanks
+
+        s = self.session
+        stalled = ctx.state.stalled_for(ctx.now) if ctx.state is not None else 0.0
+        if stalled < ctx.stall_s or ctx.now - self.last_capture_t < ctx.stall_s:
+            return None
+        self.captures += 1
+        tag = f"-{self.captures}"
+        ctx.emit("capture", {"n": self.captures, "stalled_s": stalled, "hosts": sorted({r.host for r in s.ranks.values()})})
+        # two captures on the ranks' hosts; CPU use over the whole check (as a local run measures it: a dump's own
+        # fraction of a second is too short to tell a blocked rank from a busy one)
+        where = HostRanks(s.ranks, ctx.plan.get("faulthandler_signal") or "SIGUSR2")
+        chk = check_stall(where.rank_pids, ctx.run_dir.stacks_dir, list(ctx.expected_ranks), tag=tag,
+                          second_tag=tag + "b", confirm_gap_s=CONFIRM_GAP_S, timeout_s=CAPTURE_DEADLINE_S / 2,
+                          where=where)
+        self.last_capture_t = time.time()
+        missing = [f"rank {c.rank} on host {s.host_of_rank.get(c.rank)}: {c.error}" for c in chk.second if not c.ok]
+        faults = s.link_faults()
+        why = ""
+        if faults:
+            why = "stalled, but " + "; ".join(faults) + f" — its ranks {s._ranks_on(faults)} cannot be judged a deadlock"
+        else:
+            unreachable = [m for m in missing if "unreachable" in m or "timed out" in m or "no answer" in m]
+            if unreachable:
+                why = "stalled, but some ranks could not be captured: " + "; ".join(unreachable)
+        if why:
+            return Detection(self.name, True, Verdict(INCONCLUSIVE, why), chk.second_analysis, why,
+                             {"capture": self.captures, "reason": why, "deadlocked": False})
+        cpu, j = chk.cpu_percent, chk.judgement
+        record = {"capture": self.captures, "tag": tag, "stalled_s": round(stalled, 2), "deadlocked": j.deadlocked,
+                  "reason": j.reason, "cpu_percent": {str(k): v for k, v in cpu.items()}, "time": self.last_capture_t}
+        ctx.emit("judged", {"judgement": j})
+        return Detection(self.name, j.deadlocked, Verdict(DEADLOCKED, j.reason) if j.deadlocked else None,
+                         chk.second_analysis, j.reason, record)
+
+    def stop(self, ctx: Any) -> None:
+        pass
+
+
+class MultiHostSession(Session):
+    """A server spanning ``hosts``: a ``repro.runner.Session`` whose every step that touches a rank goes through
+    each host's runner. Driven by the one loop (``Session.drive``, ``repro.runner.run_variants``); this class
+    supplies the topology's steps — start / stop, arming, the detector set, the judge after the burst, and the
+    parts of the run folder that differ (``repro.runner.RunEvidence``: ``hosts/<host>/`` copied in, the ledger
+    diagnosis from the hosts' ledger mirror, ``rank_hosts`` in verdict.json).
 
     Args:
         p: the prepared run (``repro.runner.prepare``): scenario, variant, evidence folder, plan, launch spec.
@@ -109,8 +199,10 @@ class MultiHostSession:
     """
 
     def __init__(self, p: Any, hosts: Sequence[HostSpec], observe: Observer = _noop) -> None:
-        self.p = p
-        self.observe = observe
+        super().__init__(p, observe)
+        self.run_dir = p.evidence  # the folder the current drive writes (hosts/<host>/, links.json)
+        self.ledger_dir: Optional[Path] = None  # the current drive's ledger mirror folder (None: no ledger)
+        self._drive_mirror: Any = None
         run_id = p.evidence.path.name
         self.nodes = [Node(h, Runner(h), f"{h.workdir.rstrip('/')}/{run_id}") for h in sorted(hosts, key=lambda h: h.node_rank)]
         self.ranks: dict[int, RemoteRank] = {}
@@ -141,14 +233,23 @@ class MultiHostSession:
             self.mirror.start()
         return self.mirror
 
-    def make_detectors(self, mirror: Any) -> list:
+    def make_detectors(self, mirror: Any = None) -> list:
         """The detector set of every topology (``repro.detect.detector_set``) on the hosts' ranks, in polling
-        order: rank death (their hosts' /proc, via ``mirror``), the ledger proof (on ``mirror``'s copies); the stall
-        rule follows in :meth:`drive` (its captures on the hosts, with the data-link checks)."""
+        order: rank death (their hosts' /proc, via ``mirror``), the ledger proof (on ``mirror``'s copies), then the
+        stall rule (:class:`HostsStallDetector`: captures on the hosts, with the data-link checks). ``mirror``:
+        the running server's :meth:`ledger_mirror` when None; without a ledger only the stall rule."""
+        from repro.detect import detector_set
         from repro.host_ledgers import HostsLedgerProofDetector, hosts_rank_death_detector
 
-        return [hosts_rank_death_detector(mirror),
-                HostsLedgerProofDetector(self.ranks, self.p.plan.get("faulthandler_signal") or "SIGUSR2")]
+        mirror = mirror if mirror is not None else self.ledger_mirror()
+        self._drive_mirror = mirror
+        stall = HostsStallDetector(self)
+        if mirror is None:
+            return [stall]
+        on_hosts = {"rank-death": lambda: hosts_rank_death_detector(mirror),
+                    "ledger-proof": lambda: HostsLedgerProofDetector(self.ranks, self.p.plan.get("faulthandler_signal")
+                                                                     or "SIGUSR2")}
+        return [on_hosts[d.name]() if d.name in on_hosts else d for d in detector_set(self.p.plan, stall)]
 
     def stop_mirror(self) -> None:
         """Stop following the hosts' ledgers (one last copy first: the report's diagnosis reads the mirror)."""
@@ -174,7 +275,8 @@ class MultiHostSession:
         return f"http://{n0.host.http_address or n0.host.address}:{n0.http_port}"
 
     def host_dir(self, n: Node) -> Path:
-        return self.p.evidence.path / "hosts" / n.name
+        """``hosts/<host>/`` of the folder being written (the current drive's run folder, the session's at stop)."""
+        return self.run_dir.path / "hosts" / n.name
 
     # ---- start -------------------------------------------------------------------------------------------------
     def start(self) -> Optional[Verdict]:
@@ -186,6 +288,7 @@ class MultiHostSession:
         p = self.p
         adapter = p.adapter
         self.ranks, self.host_of_rank, self.healthy_s = {}, {}, None  # a restart maps the new tree afresh
+        self.rank_pids, self.server, self.run_dir, self.ledger_dir = {}, None, p.evidence, None
         for n in self.nodes:
             n.root_pid = n.http_port = 0
         if not callable(getattr(adapter, "multinode", None)):
@@ -252,6 +355,8 @@ class MultiHostSession:
                 if rt is not None:  # the adapter parses only its rank processes' titles
                     self.ranks[rt.tp] = RemoteRank(rt.tp, n.runner, pid, self.injector_dir(n))
                     self.host_of_rank[rt.tp] = n.name
+        self.rank_pids = {k: r.pid for k, r in self.ranks.items()}
+        self.server = _HostsServer(self)
         self._save_launch()
         self.save_processes()
         if sorted(self.ranks) != expected:
@@ -287,8 +392,9 @@ class MultiHostSession:
             parts.append(f"[{n.name} server.log]\n{t.strip()}")
         return "\n".join(parts)
 
-    def _save_launch(self) -> None:
-        self.p.evidence.write_json("hosts.json", {
+    def _save_launch(self, evd: Optional[ev.EvidenceDir] = None) -> None:
+        """``hosts.json`` (nodes, rank → host and pid there) of ``evd`` (default: the session's folder)."""
+        (evd or self.p.evidence).write_json("hosts.json", {
             "nodes": [{"host": n.name, "node_rank": n.host.node_rank, "reach": n.host.reach, "address": n.host.address,
                        "workdir": n.workdir, "root_pid": n.root_pid, "http_port": n.http_port} for n in self.nodes],
             "dist_init_addr": f"{self.nodes[0].host.address}:{self.dist_port}",
@@ -364,7 +470,7 @@ class MultiHostSession:
             calls[n.name] = (lambda left, n=n, cmd=cmd: json.loads(n.runner.run(cmd, input=_LINK_PY.encode(), timeout_s=left).text))
         res = in_parallel(calls, 15.0)
         faults = []
-        self.p.evidence.write_json("links.json", {k: (v[1] if v[0] else f"error: {v[1]}") for k, v in res.items()})
+        self.run_dir.write_json("links.json", {k: (v[1] if v[0] else f"error: {v[1]}") for k, v in res.items()})
         for n in self.nodes:
             ok, r = res[n.name]
             if not ok:
@@ -381,161 +487,96 @@ class MultiHostSession:
                     faults.append(f"host {n.name}'s data address {n.host.address} answers no other host")
         return faults
 
-    # ---- drive -------------------------------------------------------------------------------------------------
-    def drive(self, variant: Any, n_requests: Optional[int] = None) -> dict:
-        """Arm ``variant``, send the burst to node 0, detect a stall, capture every rank on its host, judge.
+    # ---- what Session.drive does per topology (repro.runner) ---------------------------------------------------
+    def disarm(self) -> None:
+        """Empty the arm file on every host."""
+        self.arm([])
 
-        Returns:
-            ``{"verdict": Verdict, "analysis": Analysis or None, "state": DriverState, "timings": {...}}``.
-        """
-        from repro.driver import BurstDriver, make_prompts
-        from repro.remote_watch import check_stall_on_hosts
+    def armed_ranks(self) -> Any:
+        """rank → ``host:pid`` (the pid as its host sees it), for the ``armed`` event."""
+        return {k: f"{r.host}:{r.pid}" for k, r in self.ranks.items()}
 
-        p = self.p
-        scenario, burst = p.scenario, p.scenario.burst
-        expected = list(range(p.spec.tp_size))
-        timings: dict = {}
-        ids = [i.id for i in variant.injections]
-        t = time.time()
-        late = self.arm(ids)
-        timings["arm_ack_s"] = time.time() - t
-        if late:
-            self.observe("arm_not_acknowledged", {"ranks": late, "timeout_s": ARM_ACK_TIMEOUT_S})
-        self.observe("armed", {"injections": ids, "ranks": {k: f"{r.host}:{r.pid}" for k, r in self.ranks.items()}})
+    def detect_context(self, run_dir: ev.EvidenceDir, native: bool) -> Any:
+        """The detectors' view of the hosts' ranks for one drive: rank → its ledger mirror's key and the mirror's
+        folder (the ledgers copied as they grow), else rank → pid on its host."""
         from repro.detect import DetectContext
 
-        mirror = self.ledger_mirror()
-        dctx = None
-        dets: list = []  # the detector set of a local run (repro.detect.detector_set), on the hosts' ranks
-        if mirror is not None:  # rank death and the ledger proof, on the hosts' ledgers copied as they grow
-            dets = self.make_detectors(mirror)
-            dctx = DetectContext(mirror.rank_keys, expected, p.evidence, mirror.dir, p.plan, scenario.stall_s,
-                                 observe=self.observe)
+        p, mirror = self.p, self._drive_mirror
+        self.run_dir = run_dir
+        self.ledger_dir = mirror.dir if mirror is not None else None
+        return DetectContext(mirror.rank_keys if mirror is not None else dict(self.rank_pids),
+                             list(range(p.spec.tp_size)), run_dir, self.ledger_dir, p.plan, p.scenario.stall_s,
+                             native=native, observe=self.observe)
 
-        def poll_dets(st: Any, now: float) -> Any:
-            """Poll rank death, then the proof; the deciding Detection or None (records and evidence written)."""
-            dctx.state, dctx.now = st, now
-            for d in dets:
-                det = d.poll(dctx)
-                if det is None:
-                    continue
-                if det.record is not None:
-                    stalls.append({**det.record, "detector": det.detector})
-                    p.evidence.stalls.write(stalls)
-                for name, obj in det.evidence.items():
-                    p.evidence.write_json(name, obj)
-                if det.decided and det.verdict is not None:
-                    return det
-            return None
-        prompts = make_prompts(n_requests or burst.requests, burst.input_len, burst.seed)
-        driver = BurstDriver(p.adapter, self.url, prompts, burst.max_new_tokens, burst.concurrency,
-                             p.evidence.requests.path, burst.request_timeout_s)
-        verdict = analysis = None
-        stalls: list = []
-        captures = 0
-        last_capture_t = last_watch = 0.0
-        t_burst = time.time()
-        if dctx is not None:
-            dctx.t_burst = t_burst
-            for d in dets:
-                d.start(dctx)
-        driver.start()
-        self.observe("burst_started", {"url": self.url, "requests": len(prompts)})
+    def down_detectors(self, detectors: Sequence[Any]) -> list:
+        """A node found gone: copy the ledgers once more and poll rank death and the proof (a rank that died first
+        is the cause worth naming, from its host's /proc and log)."""
+        if self._drive_mirror is None:
+            return []
         try:
-            while verdict is None:
-                time.sleep(POLL_S)
-                now = time.time()
-                st = driver.state()
-                self.observe("burst", {"state": st})
-                if st.finished:
-                    break
-                if now - t_burst > scenario.budget_s:
-                    verdict = Verdict(INCONCLUSIVE, f"budget of {scenario.budget_s:.0f} s ended without a verdict: "
-                                                    f"{stalls[-1]['reason'] if stalls else st.waiting_for()}")
-                    break
-                if now - last_watch > NODE_WATCH_S:
-                    last_watch = now
-                    dead = self._dead_nodes()
-                    if dead and dets:  # a rank that died first is the cause worth naming (its host's /proc, log)
-                        try:
-                            mirror.fetch()
-                        except Exception:  # noqa: BLE001 - the node's death is still reported
-                            pass
-                        det = poll_dets(st, now)
-                        if det is not None:
-                            verdict, analysis = det.verdict, det.analysis
-                            break
-                    if dead:
-                        faults = self.link_faults()  # a lost data link is the cause worth naming first
-                        verdict = Verdict(INCONCLUSIVE, "; ".join(faults) + ("; then " if faults else "") +
-                                          "server died during the burst: " + "; ".join(dead))
-                        break
-                det = poll_dets(st, now) if dets else None
-                if det is not None:
-                        verdict, analysis = det.verdict, det.analysis
-                        timings["last_progress_to_verdict_s"] = time.time() - (st.last_progress_t or t_burst)
-                        break
-                stalled = st.stalled_for(now)
-                if stalled < scenario.stall_s or now - last_capture_t < scenario.stall_s:
-                    continue
-                captures += 1
-                tag = f"-{captures}"
-                self.observe("capture", {"n": captures, "stalled_s": stalled, "hosts": sorted({r.host for r in self.ranks.values()})})
-                # two captures on the ranks' hosts; CPU use over the whole check (as a local run measures it: a
-                # dump's own fraction of a second is too short to tell a blocked rank from a busy one)
-                chk = check_stall_on_hosts(self.ranks, p.evidence.stacks_dir, expected, tag=tag, second_tag=tag + "b",
-                                           confirm_gap_s=CONFIRM_GAP_S, timeout_s=CAPTURE_DEADLINE_S / 2,
-                                           fallback_signal=p.plan.get("faulthandler_signal") or "SIGUSR2")
-                first, second = chk.first, chk.second
-                last_capture_t = time.time()
-                analysis = chk.second_analysis
-                missing = [f"rank {c.rank} on host {self.host_of_rank.get(c.rank)}: {c.error}" for c in second if not c.ok]
-                faults = self.link_faults()
-                if faults:
-                    verdict = Verdict(INCONCLUSIVE, "stalled, but " + "; ".join(faults) +
-                                      f" — its ranks {self._ranks_on(faults)} cannot be judged a deadlock")
-                    stalls.append({"capture": captures, "reason": verdict.reason, "deadlocked": False})
-                    break
-                unreachable = [m for m in missing if "unreachable" in m or "timed out" in m or "no answer" in m]
-                if unreachable:
-                    verdict = Verdict(INCONCLUSIVE, "stalled, but some ranks could not be captured: " + "; ".join(unreachable))
-                    stalls.append({"capture": captures, "reason": verdict.reason, "deadlocked": False})
-                    break
-                cpu, j = chk.cpu_percent, chk.judgement
-                stalls.append({"capture": captures, "tag": tag, "stalled_s": round(stalled, 2), "deadlocked": j.deadlocked,
-                               "reason": j.reason, "cpu_percent": {str(k): v for k, v in cpu.items()}, "time": last_capture_t})
-                p.evidence.stalls.write(stalls)
-                self.observe("judged", {"judgement": j})
-                if j.deadlocked:
-                    timings["last_progress_to_verdict_s"] = time.time() - (st.last_progress_t or t_burst)
-                    verdict = Verdict(DEADLOCKED, j.reason)
-        finally:
-            driver.abandon()
-        if stalls:
-            p.evidence.stalls.write(stalls)
-        timings["burst_s"] = time.time() - t_burst
-        timings["captures"] = float(captures)
-        final = driver.state()
+            self._drive_mirror.fetch()
+        except Exception:  # noqa: BLE001 - the node's death is still reported
+            pass
+        return [d for d in detectors if d.name != "stall"]
+
+    def died_reason(self) -> str:
+        """A lost data link is the cause worth naming first, then the nodes that exited."""
+        faults = self.link_faults()
+        dead = self.server.dead if self.server is not None else []
+        return "; ".join(faults) + ("; then " if faults else "") + "server died during the burst: " + "; ".join(dead)
+
+    def judge_burst(self, variant: Any, verdict: Optional[Verdict], state: Any, ctx: Any,
+                    detectors: Sequence[Any]) -> tuple[Verdict, Any]:
+        """Without a decided verdict, the completion rule on every host's injector records (copied in first);
+        then one more copy of the ledgers, for the detectors' word after the burst."""
         if verdict is None:
             time.sleep(0.5)  # the injectors flush their counters every ~0.2 s
             self.gather(final_only=True)
             loaded, armed, checks = self.injection_checks(variant)
-            verdict = judge_completion(final.requests, expected, loaded, armed, checks)
-        if dets:  # the ledgers' and the deaths' word after the burst (DESYNCED, a dead rank), as a local run's
+            verdict = judge_completion(state.requests, list(ctx.expected_ranks), loaded, armed, checks)
+        if self._drive_mirror is not None:
             try:
-                mirror.fetch()
+                self._drive_mirror.fetch()
             except Exception:  # noqa: BLE001 - the ledger must not cost the verdict
                 pass
-            for d in reversed(dets):  # the proof's first, then rank death's (as repro.runner orders them)
-                try:
-                    verdict = d.final_verdict(verdict, dctx)
-                except Exception:  # noqa: BLE001
-                    pass
-                timings.update(getattr(d, "timings", None) or {})
-        self.arm([])
-        driver.close(wait_s=0.5 if final.finished else 2.0)
-        return {"verdict": verdict, "analysis": analysis, "state": final, "timings": timings,
-                "ledger_dir": mirror.dir if mirror is not None else None}
+        return verdict, None
+
+    def finish_outcome(self, out: Any, detectors: Sequence[Any]) -> Any:
+        out.timings.setdefault("healthy_s", self.healthy_s or 0.0)
+        return out
+
+    def snapshot(self, p: Any, run_dir: ev.EvidenceDir) -> None:
+        """Nothing: :meth:`write_evidence` copies each host's records into the run folder."""
+
+    # ---- the run folder (repro.runner.RunEvidence) -------------------------------------------------------------
+    def write_evidence(self, p: Any, opts: RunOptions, variant: Any, evd: ev.EvidenceDir, outcome: Any,
+                       rank_pids: dict, interrupted: bool) -> None:
+        """``hosts/<host>/`` (each host's server log and injector records), ``hosts.json`` and the merged
+        ``server.log`` copied into ``evd`` first, then the run folder as every topology writes it."""
+        self.run_dir = evd
+        if self.started:
+            self.gather()
+            self._save_launch(evd)
+            self.write_server_log()
+        super().write_evidence(p, opts, variant, evd, outcome, rank_pids, interrupted)
+
+    def ledger_evidence(self, evd: ev.EvidenceDir, rank_pids: dict) -> Any:
+        return _ledger_evidence_from(evd, self.ledger_dir, sorted(rank_pids))
+
+    def evidence_checks(self, p: Any, variant: Any, outcome: Any, rank_pids: dict) -> list:
+        return self.injection_checks(variant)[2] if self.ranks else []
+
+    def evidence_versions(self, p: Any, outcome: Any) -> dict:
+        from repro.runner import collect_versions
+
+        h0_inj = self.host_dir(self.nodes[0]) / "injector"
+        return collect_versions(h0_inj if h0_inj.is_dir() else self.run_dir.injector_dir, p.python)
+
+    def verdict_fields(self) -> dict:
+        return {"rank_hosts": {str(k): h for k, h in self.host_of_rank.items()}}
+
+    def command_prefix(self) -> str:
+        return "python -m repro.remote_run"
 
     def _ranks_on(self, faults: Sequence[str]) -> list[int]:
         names = {n.name for n in self.nodes if any(f"host {n.name}" in f for f in faults)}
@@ -583,19 +624,21 @@ class MultiHostSession:
         return {k: (v if ok else [f"error: {v}"]) for k, (ok, v) in res.items()}
 
     def write_server_log(self) -> None:
-        """The evidence folder's ``server.log``: every host's copied log (``hosts/<host>/server.log``), host by host."""
+        """The folder's ``server.log``: every host's copied log (``hosts/<host>/server.log``), host by host."""
         logs = []
         for n in self.nodes:
             f = self.host_dir(n) / "server.log"
             if f.exists():
                 logs.append(f"===== host {n.name} (node rank {n.host.node_rank}) =====\n" + f.read_text(errors="replace"))
-        self.p.evidence.server_log.path.write_text("\n".join(logs))
+        self.run_dir.server_log.path.write_text("\n".join(logs))
 
     def stop(self) -> dict[str, list]:
         """Node 0's group SIGTERM first, then every node's group SIGKILL after ``STOP_GRACE_S``; gather the logs and
         records; remove each host's run folder. Returns host -> pids still in its session (empty lists: clean)."""
         if not self.started:
             return {}
+        self.run_dir = self.p.evidence  # the stop's copies and teardown.json go to the session's folder
+        self.server = None
         self.stop_mirror()
         self.mirror = None
         left: dict[str, list] = {}
@@ -634,46 +677,6 @@ class MultiHostSession:
         return left
 
 
-def _finish(p: Any, opts: RunOptions, s: MultiHostSession, out: dict, interrupted: bool, left: dict,
-            t0: float) -> RunResult:
-    """Write one run folder's analysis, versions, REPORT.md, verdict.json and status from a drive's ``out``; a node
-    left running after a stop (``left``: host -> pids) is added to the verdict's reason."""
-    from repro.report import ReportInput, write_report
-    from repro.runner import collect_versions
-
-    evd = p.evidence
-    verdict = out["verdict"] or Verdict(INCONCLUSIVE, "internal error before a verdict (see the console)")
-    if any(left.values()):
-        verdict = Verdict(verdict.verdict, verdict.reason + f"; left running after the stop: {left}")
-    timings = {**out["timings"], "total_s": time.time() - t0}
-    if out["analysis"] is not None:
-        evd.analysis.write(out["analysis"].to_dict())
-    rank_pids = {k: r.pid for k, r in s.ranks.items()}
-    loaded, armed, checks = s.injection_checks(p.variant) if s.ranks else ([], [], [])
-    h0_inj = s.host_dir(s.nodes[0]) / "injector"
-    versions = collect_versions(h0_inj if h0_inj.is_dir() else evd.injector_dir, p.python)
-    evd.env.write(versions)
-    command = opts.command_line or f"python -m repro.remote_run {opts.scenario_path} --variant {p.variant.name}"
-    ledger_diag = _ledger_evidence_from(evd, out.get("ledger_dir"), sorted(rank_pids))
-    write_report(evd, ReportInput(
-        scenario=p.scenario.name, mirrors=p.scenario.mirrors or "", description=p.scenario.description or "",
-        variant=p.variant.name, variant_expects=p.variant.expect, variant_description=p.variant.description or "",
-        has_injections=bool(p.variant.injections), verdict=verdict, analysis=out["analysis"],
-        requests=out["state"], ranks=sorted(rank_pids) or list(range(p.spec.tp_size)), checks=checks,
-        timings=timings, versions=versions, ledger=ledger_diag,
-        timeline=ev.Layout.TIMELINE.name if ledger_diag is not None and evd.timeline.exists() else None,
-        stacks_dir=evd.stacks_dir, command=command))
-    code = exit_code_for(verdict.verdict, opts.expect)
-    evd.verdict.write(ev.verdict_record(
-        verdict, exit_code=code, evidence=evd.path, scenario=p.scenario.name, variant=p.variant.name,
-        variant_expects=p.variant.expect, expect=opts.expect, partial=interrupted, timings=timings,
-        rank_pids=rank_pids, rank_hosts={str(k): h for k, h in s.host_of_rank.items()}))
-    evd.set_status("interrupted" if interrupted else "complete", timings=timings)
-    reqs = out["state"].requests if out["state"] else []
-    return RunResult(verdict, code, evd.path, opts.expect, out["analysis"], timings,
-                     sum(1 for r in reqs if r.succeeded), len(reqs))
-
-
 def _ledger_evidence_from(evd: ev.EvidenceDir, mirror_dir: Optional[Path], ranks: Sequence[int]) -> Any:
     """``ledger.json`` + ``timeline.svg`` of a ``--hosts`` run from its ledger mirror (``repro.host_ledgers``:
     ``ledger-<rank>.jsonl``), as ``repro.runner`` writes a local run's; the ``LedgerDiagnosis`` or None (no mirror,
@@ -696,56 +699,34 @@ def _ledger_evidence_from(evd: ev.EvidenceDir, mirror_dir: Optional[Path], ranks
     return diag
 
 
-def _empty_out() -> dict:
-    return {"verdict": None, "analysis": None, "state": None, "timings": {}}
-
-
 def run_multihost(opts: RunOptions, hosts: Sequence[HostSpec], observe: Observer = _noop) -> RunResult:
-    """``repro run`` for a server spanning ``hosts``: launch, arm, drive, capture on each host, judge, evidence, stop.
+    """``repro run`` for a server spanning ``hosts``: ``repro.runner.run_prepared`` on a :class:`MultiHostSession`
+    (launch, arm, drive, capture on each host, judge, evidence, stop).
 
     Never leaves a node running: every node is stopped on every outcome and on Ctrl-C (KeyboardInterrupt re-raised
-    after teardown).
+    after teardown); what a stop left is in ``teardown.json`` (``by_host``).
 
     Raises:
         repro.runner.RunError: bad scenario or options (nothing launched).
     """
     p = prepare(opts)
-    p.evidence.command.write((opts.command_line or f"python -m repro.remote_run {opts.scenario_path}") + "\n")
-    s = MultiHostSession(p, hosts, observe)
-    t0 = time.time()
-    out = _empty_out()
-    interrupted = False
-    left: dict = {"?": ["teardown interrupted"]}
-    try:
-        failed = s.start()
-        if failed is not None:
-            out["verdict"] = failed
-        else:
-            out = s.drive(p.variant, opts.requests)
-            out["timings"]["healthy_s"] = s.healthy_s or 0.0
-    except KeyboardInterrupt:
-        interrupted = True
-        out["verdict"] = Verdict(INCONCLUSIVE, "interrupted by the user (Ctrl-C/SIGTERM) before a verdict; evidence is partial")
-    finally:
-        try:
-            left = s.stop()
-        finally:
-            res = _finish(p, opts, s, out, interrupted, left, t0)
-    if interrupted:
-        raise KeyboardInterrupt
-    return res
+    if not opts.command_line:
+        opts = dataclasses.replace(opts, command_line=f"python -m repro.remote_run {opts.scenario_path}")
+    return run_prepared(p, opts, observe, session=make_session(p, observe, hosts=hosts))
 
 
 def run_multihost_many(opts: RunOptions, variants: Sequence[str], hosts: Sequence[HostSpec],
                        observe: Observer = _noop, on_result: Optional[Callable[[RunResult], None]] = None
                        ) -> tuple[list[RunResult], dict[str, list]]:
-    """Several variants of one scenario on ONE server spanning ``hosts`` (``repro.runner.run_many`` for hosts).
+    """Several variants of one scenario on ONE server spanning ``hosts``: ``repro.runner.run_variants`` (the one
+    multi-variant loop) on a :class:`MultiHostSession`.
 
     The plan holds every listed variant's injections (ids unique across them); each variant is armed in turn and
     gets its own run folder (``session.json`` names the session folder; ``hosts/<host>/`` holds that host's log and
-    injector records as they were when the variant ended). A variant that leaves the server unusable (any verdict
-    but ALL REQUESTS SUCCEEDED) makes the server restart before the next one (never after the last). The session
+    injector records as they were when the variant ended). A variant that leaves the server unusable (a hang, a
+    crash, requests outstanding) makes the server restart before the next one (never after the last). The session
     folder keeps ``teardown.json`` of the last stop. Every node is stopped at the end, on failure and on Ctrl-C.
+    Each RunResult's exit code is the verdict's own (``--expect`` when given), as a single ``--hosts`` run's.
 
     Args:
         on_result: called with each variant's RunResult as soon as its folder is complete.
@@ -755,55 +736,27 @@ def run_multihost_many(opts: RunOptions, variants: Sequence[str], hosts: Sequenc
         repro.runner.RunError: bad scenario or options (nothing launched).
         KeyboardInterrupt: after teardown.
     """
-    from repro.verdict import SUCCEEDED
-
     p = prepare(opts, label_default="session", variants=variants)
-    p.evidence.command.write((opts.command_line or f"python -m repro.remote_run {opts.scenario_path}") + "\n")
-    s = MultiHostSession(p, hosts, observe)
+    command = opts.command_line or f"python -m repro.remote_run {opts.scenario_path}"
+    p.evidence.command.write(command + "\n")
+    session = make_session(p, observe, hosts=hosts)
     results: list[RunResult] = []
     left: dict = {"?": ["teardown interrupted"]}
     interrupted = False
+
+    def collect(d: Any) -> None:
+        res = dataclasses.replace(d.result, exit_code=exit_code_for(d.result.verdict.verdict, opts.expect))
+        results.append(res)
+        if on_result is not None:
+            on_result(res)
+
     try:
-        failed = s.start()
-        for i, name in enumerate(variants):
-            if i and results[-1].verdict.verdict != SUCCEEDED:
-                s.p = p
-                s.stop()
-                failed = s.start()
-            variant = p.scenario.variant(name)
-            run_dir = ev.EvidenceDir(p.evidence.root, p.scenario.name, name)
-            run_dir.session.write({"session": str(p.evidence.path),
-                                   "rank_pids": {str(k): r.pid for k, r in s.ranks.items()}})
-            run_dir.command.write((opts.command_line or f"python -m repro.remote_run {opts.scenario_path}") + "\n")
-            rp = dataclasses.replace(p, evidence=run_dir, variant=variant)
-            s.p = rp
-            t0 = time.time()
-            out = _empty_out()
-            try:
-                if failed is not None:
-                    out["verdict"] = failed
-                else:
-                    out = s.drive(variant, opts.requests)
-                    out["timings"]["healthy_s"] = s.healthy_s or 0.0
-            except KeyboardInterrupt:
-                interrupted = True
-                out["verdict"] = Verdict(INCONCLUSIVE, "interrupted by the user (Ctrl-C/SIGTERM) before a verdict; "
-                                                       "evidence is partial")
-                raise
-            finally:
-                if s.started:
-                    s.gather()
-                    s._save_launch()
-                    s.write_server_log()
-                res = _finish(rp, opts, s, out, interrupted, {}, t0)
-                results.append(res)
-                if on_result is not None:
-                    on_result(res)
+        run_variants(session, opts, [VariantItem(name, command=command) for name in variants], collect)
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        s.p = p
-        left = s.stop()
+        left = session.stop()
+        session.close_drivers()
         p.evidence.set_status("interrupted" if interrupted else "complete")
     if interrupted:
         raise KeyboardInterrupt

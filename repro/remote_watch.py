@@ -4,15 +4,14 @@ A server spanning hosts (multi-node TP) that someone else runs has its ranks on 
 its URL from here as usual, but finds the ranks by listing each host's processes through that host's runner
 (``repro.hosts.Runner``: ssh or a command template) and reading their titles with the adapter's one title parser
 (sglang 0.5.23: ``sglang::scheduler_TP{k}``, see ``repro/targets/sglang.py``), and on a hang dumps every rank on
-its own host (``repro.hosts.capture_remote``: py-spy there, all hosts at once, one deadline; the injector's
-faulthandler fallback when py-spy is unusable and the injector folder on that host is known). The stall rule is
-the one of a local watch (``repro.verdict.judge_stall``). Evidence: ``stacks/rank<k>*.txt`` start with ``# host
+its own host (:class:`HostRanks` for ``repro.checker.check_stall``, the one stall check: ``repro.hosts.capture_remote``,
+py-spy there, all hosts at once, one deadline; the injector's faulthandler fallback when py-spy is unusable and the
+injector folder on that host is known). Evidence: ``stacks/rank<k>*.txt`` start with ``# host
 …``; ``hosts.json`` maps each rank to its host and pid as that host sees it.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -100,44 +99,48 @@ def discover_on_hosts(adapter: Any, hosts: Sequence[HostSpec], match: Optional[s
     if not ranks and not notes:
         notes.append(f"no rank process on hosts {', '.join(r.name for r in runners)}"
                      + (f" titled *{match}*" if match else ""))
-    disc = Discovery({k: r.pid for k, r in sorted(ranks.items())}, "hosts", [], "; ".join(notes))
+    disc = Discovery({k: r.pid for k, r in sorted(ranks.items())}, "hosts", [], "; ".join(notes), where=HostRanks(ranks))
     return disc, ranks
 
 
-def check_stall_on_hosts(ranks: dict[int, RemoteRank], stacks_dir: Path, expected_ranks: Sequence[int], *,
-                         tag: str = "", second_tag: Optional[str] = None, confirm_gap_s: float = 1.0,
-                         timeout_s: float = 10.0, native: bool = False, fallback_signal: str = "SIGUSR2") -> Any:
-    """``repro.checker.check_stall`` for ranks on other hosts: capture every rank twice on its host, judge.
+class HostRanks:
+    """Where a server's ranks run, for ``repro.checker.check_stall``: on other hosts, each read through its host's
+    runner — CPU from the host's /proc (one call per host, all at once), stacks by :func:`repro.hosts.capture_remote`
+    (py-spy there, all hosts at once, one deadline; the injector's faulthandler fallback).
 
     Args:
-        ranks: rank -> RemoteRank. stacks_dir: where ``rank<k>{tag}.*`` and ``capture{tag}.json`` go.
-        expected_ranks: every rank of the job (a missing one blocks a DEADLOCKED call).
-        timeout_s: per-rank py-spy bound (seconds); each capture's shared deadline is twice that, at least 20 s.
-        native: not supported on remote hosts (ignored; py-spy's Python frames are taken).
-    Returns:
-        A ``repro.checker.StallCheck``; cpu percent per rank from its host's /proc over the whole check (before the
-        first capture to after the second, as ``repro.checker.check_stall`` measures it), else the higher of the
-        two captures' own readings when the host did not answer.
+        ranks: rank -> RemoteRank.
+        fallback_signal: the injector's faulthandler signal (the capture's fallback) when the caller names none.
     """
-    from repro.analysis import analyze, frames_unchanged
-    from repro.checker import StallCheck
-    from repro.verdict import judge_stall
 
-    order = [ranks[k] for k in sorted(ranks)]
-    deadline = max(20.0, 2 * timeout_s)
-    cpu0 = _cpu_seconds(ranks)
-    first = capture_remote(order, stacks_dir, tag=tag, deadline_s=deadline, fallback_signal=fallback_signal)
-    time.sleep(confirm_gap_s)
-    second = capture_remote(order, stacks_dir, tag=tag + "b" if second_tag is None else second_tag,
-                            deadline_s=deadline, fallback_signal=fallback_signal)
-    cpu1 = _cpu_seconds(ranks)
-    cpu = {c.rank: max(c.cpu_percent or 0.0, c2.cpu_percent or 0.0) for c, c2 in zip(first, second)}
-    for k in set(cpu0) & set(cpu1):
-        (ta, ca), (tb, cb) = cpu0[k], cpu1[k]
-        cpu[k] = 100.0 * (cb - ca) / max(1e-3, tb - ta)
-    a1, a2 = analyze(first), analyze(second)
-    unchanged = frames_unchanged(first, second)
-    return StallCheck(first, second, a1, a2, unchanged, cpu, judge_stall(a1, a2, unchanged, cpu, expected_ranks))
+    def __init__(self, ranks: dict[int, RemoteRank], fallback_signal: str = "SIGUSR2") -> None:
+        self.ranks = dict(ranks)
+        self.fallback_signal = fallback_signal
+
+    @property
+    def rank_pids(self) -> dict[int, int]:
+        """rank -> pid as its host sees it."""
+        return {k: r.pid for k, r in self.ranks.items()}
+
+    def cpu_seconds(self) -> dict[int, tuple[float, float]]:
+        """rank -> (its host's monotonic clock, CPU seconds); a rank whose host did not answer is left out."""
+        return _cpu_seconds(self.ranks)
+
+    def capture(self, stacks_dir: Path, tag: str, *, timeout_s: float = 10.0, native: bool = False,
+                fallback_signal: Optional[str] = None, injector_dir: Any = None) -> list:
+        """One capture of every rank on its host. ``timeout_s``: per-rank py-spy bound; the capture's shared
+        deadline is twice that, at least 20 s. ``native`` is not supported on remote hosts (ignored);
+        ``injector_dir`` is each rank's own (its RemoteRank's)."""
+        return capture_remote([self.ranks[k] for k in sorted(self.ranks)], stacks_dir, tag=tag,
+                              deadline_s=max(20.0, 2 * timeout_s), fallback_signal=fallback_signal or self.fallback_signal)
+
+    def capture_cpu(self, first: Sequence[Any], second: Sequence[Any]) -> dict[int, float]:
+        """Where a host did not answer the CPU reading: the higher of the two captures' own readings."""
+        return {c.rank: max(c.cpu_percent or 0.0, c2.cpu_percent or 0.0) for c, c2 in zip(first, second)}
+
+    def write_record(self, evd: ev.EvidenceDir) -> None:
+        """``hosts.json``: each rank's host (:func:`write_hosts_record`)."""
+        write_hosts_record(evd, self.ranks)
 
 
 def write_hosts_record(evd: ev.EvidenceDir, ranks: dict[int, RemoteRank]) -> None:
@@ -147,4 +150,4 @@ def write_hosts_record(evd: ev.EvidenceDir, ranks: dict[int, RemoteRank]) -> Non
         "note": "pids are as each host sees them (its own PID namespace or machine)"})
 
 
-__all__ = ["HostError", "check_stall_on_hosts", "discover_on_hosts", "write_hosts_record"]
+__all__ = ["HostError", "HostRanks", "discover_on_hosts", "write_hosts_record"]

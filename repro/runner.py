@@ -346,7 +346,85 @@ class Outcome:
     injector: Any = None  # the InjectorReport read when judging (repro.injection_records), passed on, not re-read
     ledger: Any = None  # the LedgerDiagnosis finish_evidence aligned (repro.ledger), for callers after it
     exit_code: Optional[int] = None  # the process's exit code when it is not the verdict's (a refusal: 2)
+    topology: Any = None  # the session that drove it (a RunEvidence): it writes the run folder; None: a single server's
 
+
+
+class RunEvidence:
+    """How a topology writes one run folder (:func:`finish_evidence`): a single server's, by default.
+
+    A topology whose ranks or records live elsewhere overrides the parts that differ — where the ledgers are
+    aligned from, which injector records the checks and versions read, what verdict.json gains, the command line
+    the report shows (``repro.remote_run.MultiHostSession``) — or the whole folder (``repro.pd``: one folder per
+    server plus the run's). Every session is one (:class:`Session`); :data:`SINGLE_SERVER` is the default.
+    """
+
+    def write_evidence(self, p: "Prepared", opts: RunOptions, variant: Variant, evd: ev.EvidenceDir, outcome: "Outcome",
+                       rank_pids: dict[int, int], interrupted: bool) -> None:
+        """Write analysis.json, ledger.json + timeline.svg, env.json, REPORT.md and, last and atomically,
+        verdict.json into ``evd`` (see :func:`finish_evidence`)."""
+        import shlex
+
+        from repro.report import ReportInput, write_report
+
+        verdict, analysis = outcome.verdict, outcome.analysis
+        if analysis is not None:
+            evd.analysis.write(analysis.to_dict())
+        ledger_diag = outcome.ledger = self.ledger_evidence(evd, rank_pids)
+        checks = self.evidence_checks(p, variant, outcome, rank_pids)
+        versions = self.evidence_versions(p, outcome)
+        evd.env.write(versions)
+        write_report(evd, ReportInput(
+            scenario=p.scenario.name, mirrors=p.scenario.mirrors or "", description=p.scenario.description or "",
+            variant=variant.name, variant_expects=variant.expect, variant_description=variant.description or "",
+            has_injections=bool(variant.injections), verdict=verdict, analysis=analysis, requests=outcome.state,
+            ranks=sorted(rank_pids) or list(range(p.spec.tp_size)), checks=checks, timings=dict(outcome.timings),
+            versions=versions, ledger=ledger_diag, timeline=ev.Layout.TIMELINE.name if evd.timeline.exists() else None,
+            stacks_dir=evd.stacks_dir,
+            command=opts.command_line or f"{self.command_prefix()} {shlex.quote(str(opts.scenario_path))} --variant {variant.name}"))
+        evd.verdict.write(ev.verdict_record(
+            verdict, exit_code=outcome.exit_code if outcome.exit_code is not None else exit_code_for(verdict.verdict, opts.expect),
+            evidence=evd.path, scenario=p.scenario.name,
+            variant=variant.name, variant_expects=variant.expect, expect=opts.expect, partial=interrupted,
+            timings=outcome.timings, rank_pids=rank_pids,
+            state_divergence=ledger_diag.state.to_dict() if ledger_diag is not None and ledger_diag.state is not None else None,
+            **self.verdict_fields()))
+
+    # ---- the parts a topology may override ---------------------------------------------------------------------
+    def ledger_evidence(self, evd: ev.EvidenceDir, rank_pids: dict[int, int]) -> Any:
+        """The LedgerDiagnosis of the run (``ledger.json`` + ``timeline.svg`` written), or None."""
+        return _ledger_evidence(evd, rank_pids)
+
+    def evidence_checks(self, p: "Prepared", variant: Variant, outcome: "Outcome", rank_pids: dict[int, int]) -> list:
+        """The per-injection checks the report shows; sets ``outcome.injector`` when it reads the records."""
+        from repro import injection_records
+
+        if outcome.injector is None and rank_pids:
+            try:
+                outcome.injector = injection_records.read_injector_dir(p.evidence.injector_dir)
+            except Exception:
+                outcome.injector = None
+        if rank_pids and outcome.injector is not None:
+            try:
+                return injection_checks(outcome.injector, variant, rank_pids)[2]
+            except Exception:
+                return []
+        return []
+
+    def evidence_versions(self, p: "Prepared", outcome: "Outcome") -> dict:
+        """env.json (:func:`collect_versions`)."""
+        return collect_versions(outcome.injector or p.evidence.injector_dir, p.python)
+
+    def verdict_fields(self) -> dict:
+        """Extra fields of verdict.json (``repro.evidence.verdict_record`` keywords)."""
+        return {}
+
+    def command_prefix(self) -> str:
+        """The command the report names when the run was not started from a command line."""
+        return "repro run"
+
+
+SINGLE_SERVER = RunEvidence()
 
 
 # Seconds stop() waits after SIGTERM before SIGKILL once a burst left the tree wedged (Session.wedged): a rank blocked
@@ -354,7 +432,7 @@ class Outcome:
 # next run (docs: benchmarks/RESULTS.md, "Teardown of a wedged tree").
 WEDGED_STOP_GRACE_S = 0.5
 
-class Session:
+class Session(RunEvidence):
     """One launched server with the injector loaded for a plan (one or more variants' injections), unarmed.
 
     ``start`` launches and waits for health; ``drive`` arms one variant's injections, sends the burst, detects and
@@ -526,6 +604,16 @@ class Session:
                              p.scenario.stall_s, native=native, observe=self.observe,
                              server_log=getattr(self.server, "log_path", None))
 
+    def down_detectors(self, detectors: Sequence[Any]) -> list:
+        """The detectors polled once more when the server is found not running during the burst, before
+        :meth:`died_reason` is the verdict (a single server: none; its rank death still names a dead rank after
+        the burst, ``final_verdict``)."""
+        return []
+
+    def snapshot(self, p: Prepared, run_dir: ev.EvidenceDir) -> None:
+        """Copy what the session holds of a driven variant into its run folder (:func:`snapshot_session`)."""
+        snapshot_session(p, run_dir)
+
     def died_reason(self) -> str:
         """The INCONCLUSIVE reason when the server is not running during the burst."""
         return f"server died during the burst; log tail:\n{self.server.log_tail(20)}"
@@ -586,11 +674,34 @@ class Session:
         stall_history: list[dict] = []
         detectors = self.make_detectors()
         ctx = self.detect_context(run_dir, native)
+
+        def take(det: Any, st: DriverState) -> bool:
+            """Keep a detector's word (records and evidence written); True when it decided the verdict."""
+            nonlocal verdict, deciding, last_analysis, last_reason
+            if det is None:
+                return False
+            if det.analysis is not None:
+                last_analysis = det.analysis
+            if det.reason:
+                last_reason = det.reason
+            if det.record is not None:
+                stall_history.append({**det.record, "detector": det.detector} if det.detector != "stall" else det.record)
+                run_dir.stalls.write(stall_history)
+            for name, obj in det.evidence.items():
+                run_dir.write_json(name, obj)
+            if det.decided and det.verdict is not None:
+                deciding = det.analysis
+                timings["last_progress_to_verdict_s"] = time.time() - (st.last_progress_t or t_burst)
+                verdict = det.verdict
+                return True
+            return False
+
         t_burst = time.time()
         ctx.t_burst = t_burst
         for d in detectors:
             d.start(ctx)
         driver.start()
+        self.observe("burst_started", {"url": server.url, "requests": len(prompts)})
         try:
             while True:
                 time.sleep(POLL_S)
@@ -599,31 +710,21 @@ class Session:
                 self.observe("burst", {"state": st})
                 if st.finished:
                     break
+                ctx.state, ctx.now = st, now
                 if not server.is_running():
-                    verdict = Verdict(INCONCLUSIVE, self.died_reason())
+                    # the topology's last look first (a server spanning hosts: the rank that died is the cause)
+                    for d in self.down_detectors(detectors):
+                        if take(d.poll(ctx), st):
+                            break
+                    if verdict is None:
+                        verdict = Verdict(INCONCLUSIVE, self.died_reason())
                     break
                 if now - t_burst > scenario.budget_s:
                     why = last_reason or st.waiting_for()
                     verdict = Verdict(INCONCLUSIVE, f"budget of {scenario.budget_s:.0f} s ended without a verdict: {why}")
                     break
-                ctx.state, ctx.now = st, now
                 for d in detectors:
-                    det = d.poll(ctx)
-                    if det is None:
-                        continue
-                    if det.analysis is not None:
-                        last_analysis = det.analysis
-                    if det.reason:
-                        last_reason = det.reason
-                    if det.record is not None:
-                        stall_history.append({**det.record, "detector": det.detector} if det.detector != "stall" else det.record)
-                        run_dir.stalls.write(stall_history)
-                    for name, obj in det.evidence.items():
-                        run_dir.write_json(name, obj)
-                    if det.decided and det.verdict is not None:
-                        deciding = det.analysis
-                        timings["last_progress_to_verdict_s"] = time.time() - (st.last_progress_t or t_burst)
-                        verdict = det.verdict
+                    if take(d.poll(ctx), st):
                         break
                 if verdict is not None:
                     break
@@ -656,7 +757,8 @@ class Session:
             driver.close(wait_s=0.5)
         else:
             self._open_drivers = getattr(self, "_open_drivers", []) + [driver]
-        return self.finish_outcome(Outcome(verdict, deciding or last_analysis, final, timings, clean, injector), detectors)
+        return self.finish_outcome(Outcome(verdict, deciding or last_analysis, final, timings, clean, injector,
+                                           topology=self), detectors)
 
     def close_drivers(self) -> None:
         """Close the history files of drivers whose requests were still outstanding (after the server stopped)."""
@@ -665,26 +767,36 @@ class Session:
         self._open_drivers = []
 
 
-def make_session(p: Prepared, observe: Observer = _noop, detectors: Optional[Sequence[Any]] = None) -> "Session":
-    """The session for ``p``: a :class:`Session`, or for a multi-server topology (``server.topology`` other than
-    ``single``, e.g. PD disaggregation) ``repro.pd``'s session over the whole stack."""
+def make_session(p: Prepared, observe: Observer = _noop, detectors: Optional[Sequence[Any]] = None,
+                 hosts: Sequence[Any] = ()) -> "Session":
+    """The session for ``p`` — THE place a topology is chosen: a :class:`Session` (one server here), for a
+    multi-server topology (``server.topology`` other than ``single``, e.g. PD disaggregation) ``repro.pd``'s
+    session over the whole stack, and with ``hosts`` (``repro.hosts.HostSpec``, one per node) the session of a
+    server spanning those hosts (``repro.remote_run.MultiHostSession``). Every one is driven by
+    :meth:`Session.drive` and :func:`run_variants`, and writes its folder as a :class:`RunEvidence`."""
     from repro import pd
 
+    if hosts:
+        from repro.remote_run import MultiHostSession
+
+        return MultiHostSession(p, hosts, observe)
     if pd.is_multi(p):
         return pd.make_session_class()(p, observe, detectors)
     return Session(p, observe, detectors)
 
 
-def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop) -> RunResult:
+def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop, session: Any = None) -> RunResult:
     """Launch, arm, drive, detect, capture, judge, write evidence, tear down. Never leaves the server running.
 
+    Args:
+        session: the session to drive (:func:`make_session`'s for ``p`` when None).
     Raises:
         KeyboardInterrupt: re-raised after teardown and after the evidence folder was marked ``interrupted``.
     """
     evd = p.evidence
     t0 = time.time()
     evd.command.write((opts.command_line or "repro run " + str(opts.scenario_path)) + "\n")
-    session = make_session(p, observe)
+    session = session if session is not None else make_session(p, observe)
     outcome: Optional[Outcome] = None
     interrupted = False
     unresolved: Optional[UnresolvedSitesError] = None
@@ -706,6 +818,8 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop) -> Ru
     finally:
         if outcome is None:
             outcome = Outcome(Verdict(INCONCLUSIVE, "internal error before a verdict (see the console)"), clean=False)
+        if outcome.topology is None:  # the session writes its folder, also when it never drove
+            outcome.topology = session
         outcome.timings["to_verdict_s"] = time.time() - t0
         try:
             finish_evidence(p, opts, p.variant, evd, outcome, session.rank_pids, interrupted)
@@ -821,7 +935,7 @@ def run_variants(
     """
     p = session.p
     finish = finish or finish_evidence
-    snapshot = snapshot or snapshot_session
+    snapshot = snapshot or getattr(session, "snapshot", snapshot_session)
     log_path = p.evidence.server_log.path
     done: list[VariantDone] = []
     failures = 0
@@ -872,7 +986,7 @@ def run_variants(
         log_off = log_path.stat().st_size if log_path.exists() else 0
         t0 = time.time()
         if failed is not None:
-            outcome = Outcome(failed, clean=False)
+            outcome = Outcome(failed, clean=False, topology=session if isinstance(session, RunEvidence) else None)
         else:
             try:
                 outcome = session.drive(variant, run_dir, opts.requests, opts.native)
@@ -1007,48 +1121,12 @@ def _ledger_evidence(evd: ev.EvidenceDir, rank_pids: dict[int, int]) -> Any:
 def finish_evidence(p: Prepared, opts: RunOptions, variant: Variant, evd: ev.EvidenceDir, outcome: Outcome,
                      rank_pids: dict[int, int], interrupted: bool) -> None:
     """Write analysis.json, ledger.json + timeline.svg, env.json, REPORT.md and, last and atomically, verdict.json
-    into ``evd``. The injector records are read at most once per run (``outcome.injector`` when the judge already
-    read them; it is set here otherwise, for the callers that need them after)."""
-    import shlex
-
-    from repro import injection_records
-    from repro.report import ReportInput, write_report
-
-    if getattr(outcome, "pd", None) is not None:  # several servers: evidence per server (repro.pd)
-        from repro.pd import finish_pd_evidence
-
-        return finish_pd_evidence(p, opts, variant, evd, outcome, interrupted)
-    verdict, analysis = outcome.verdict, outcome.analysis
-    if analysis is not None:
-        evd.analysis.write(analysis.to_dict())
-    ledger_diag = outcome.ledger = _ledger_evidence(evd, rank_pids)
-    if outcome.injector is None and rank_pids:
-        try:
-            outcome.injector = injection_records.read_injector_dir(p.evidence.injector_dir)
-        except Exception:
-            outcome.injector = None
-    versions = collect_versions(outcome.injector or p.evidence.injector_dir, p.python)
-    evd.env.write(versions)
-    checks: list = []
-    if rank_pids and outcome.injector is not None:
-        try:
-            _, _, checks, _ = injection_checks(outcome.injector, variant, rank_pids)
-        except Exception:
-            checks = []
-    write_report(evd, ReportInput(
-        scenario=p.scenario.name, mirrors=p.scenario.mirrors or "", description=p.scenario.description or "",
-        variant=variant.name, variant_expects=variant.expect, variant_description=variant.description or "",
-        has_injections=bool(variant.injections), verdict=verdict, analysis=analysis, requests=outcome.state,
-        ranks=sorted(rank_pids) or list(range(p.spec.tp_size)), checks=checks, timings=dict(outcome.timings),
-        versions=versions, ledger=ledger_diag, timeline=ev.Layout.TIMELINE.name if evd.timeline.exists() else None,
-        stacks_dir=evd.stacks_dir,
-        command=opts.command_line or f"repro run {shlex.quote(str(opts.scenario_path))} --variant {variant.name}"))
-    evd.verdict.write(ev.verdict_record(
-        verdict, exit_code=outcome.exit_code if outcome.exit_code is not None else exit_code_for(verdict.verdict, opts.expect),
-        evidence=evd.path, scenario=p.scenario.name,
-        variant=variant.name, variant_expects=variant.expect, expect=opts.expect, partial=interrupted,
-        timings=outcome.timings, rank_pids=rank_pids,
-        state_divergence=ledger_diag.state.to_dict() if ledger_diag is not None and ledger_diag.state is not None else None))
+    into ``evd``, as the topology that drove the run writes them (``outcome.topology``, a :class:`RunEvidence`:
+    every session is one; a single server's by default). The injector records are read at most once per run
+    (``outcome.injector`` when the judge already read them; it is set here otherwise, for the callers that need
+    them after)."""
+    topology = outcome.topology if isinstance(outcome.topology, RunEvidence) else SINGLE_SERVER
+    topology.write_evidence(p, opts, variant, evd, outcome, rank_pids, interrupted)
 
 
 def run(opts: RunOptions, observe: Observer = _noop) -> RunResult:

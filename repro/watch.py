@@ -443,7 +443,9 @@ class Discovery:
         note: why nothing (or something unexpected) was found, naming the flag that fixes it.
         servers: behind a router (``router-workers``): server name (the worker's type, ``prefill`` / ``decode``)
             → that server's own rank → pid; the hang is then captured and judged per server
-            (:func:`repro.pd.check_servers`). Empty for a single server.
+            (:func:`repro.checker.check_groups`). Empty for a single server.
+        where: where the ranks run, for ``repro.checker.check_stall`` (None: this machine;
+            ``repro.remote_watch.HostRanks`` for ``--hosts``).
     """
 
     rank_pids: dict[int, int]
@@ -451,6 +453,18 @@ class Discovery:
     procs: list[ProcInfo] = field(default_factory=list)
     note: str = ""
     servers: dict[str, dict[int, int]] = field(default_factory=dict)
+    where: Any = None
+
+    def stall_groups(self, base: Path, stacks_dir: Path) -> list:
+        """The TP groups a hang is captured and judged by (``repro.checker.RankGroup``): behind a router one per
+        server (its stacks in ``<base>/servers/<name>/stacks``), else one group of every rank in ``stacks_dir``."""
+        from repro.checker import LocalRanks, RankGroup
+
+        if self.servers:
+            return [RankGroup(n, LocalRanks(pids), Path(base) / "servers" / n / ev.Layout.STACKS.name,
+                              list(range(max(pids) + 1)) if pids else []) for n, pids in self.servers.items()]
+        where = self.where if self.where is not None else LocalRanks(self.rank_pids)
+        return [RankGroup(None, where, Path(stacks_dir), list(range(max(self.rank_pids) + 1)))]
 
 
 def _listener_pid(url: str) -> Optional[int]:
@@ -949,7 +963,7 @@ class Watcher:
     def handle_hang(self) -> HangOutcome:
         """Capture ×2, analyse, write the evidence folder, then run ``on_hang``. Never raises for I/O problems:
         they are logged (``evidence_error`` names the path) and the watch goes on."""
-        from repro.checker import check_stall
+        from repro.checker import check_groups
 
         o = self.opts
         t_decl = time.time()
@@ -989,22 +1003,17 @@ class Watcher:
                 # the confirm gap is not cut short by a stop request: the confirmation needs it
                 kw = dict(tag="", second_tag="-2", confirm_gap_s=o.confirm_gap_s, timeout_s=o.capture_timeout_s,
                           native=o.native)
-                if disc.servers:  # several servers behind a router: each captured into servers/<name>/, judged alone
-                    from repro.pd import check_servers
-
-                    base = evd.path if evd is not None else stacks_dir
-                    per_server, diverged = check_servers(disc.servers, base, **kw)
-                    shown = diverged or next(iter(per_server))
-                    chk = per_server[shown]
-                    report_stacks = Path(base) / "servers" / shown / "stacks"
-                elif o.hosts:  # every rank dumped on its own host (repro/remote_watch.py)
-                    from repro.remote_watch import check_stall_on_hosts, write_hosts_record
-
-                    chk = check_stall_on_hosts(self._remote_ranks, stacks_dir, list(range(max(rank_pids) + 1)), **kw)
-                    if evd is not None:
-                        write_hosts_record(evd, self._remote_ranks)
-                else:
-                    chk = check_stall(rank_pids, stacks_dir, list(range(max(rank_pids) + 1)), **kw)
+                # one check for every topology: each TP group captured where its ranks run and judged alone
+                # (behind a router: each server into servers/<name>/; --hosts: every rank on its own host)
+                groups = disc.stall_groups(evd.path if evd is not None else stacks_dir, stacks_dir)
+                res = check_groups(groups, **kw)
+                chk = res.group_check()
+                per_server = {n: c for n, c in res.checks.items() if n is not None}
+                diverged = res.diverged
+                report_stacks = next(g.stacks_dir for g in groups if g.name == res.shown)
+                if evd is not None:
+                    for g in groups:
+                        g.where.write_record(evd)
                 a1, a2, judgement = chk.first_analysis, chk.second_analysis, chk.judgement
                 if self.ledger_proof is not None:  # proven from the ledgers: the stacks are for the report
                     verdict, reason = DEADLOCKED, self.ledger_proof.summary

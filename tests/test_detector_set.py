@@ -27,7 +27,7 @@ def _kinds(dets) -> list:
 def test_single_server_pd_stack_and_hosts_get_the_same_detector_set(tmp_path: Path):
     from repro import pd
     from repro.host_ledgers import HostLedgerMirror
-    from repro.remote_run import MultiHostSession
+    from repro.remote_run import HostsStallDetector, MultiHostSession
 
     single = detector_set(PLAN)
     assert _kinds(single) == ORDER
@@ -53,12 +53,14 @@ def test_single_server_pd_stack_and_hosts_get_the_same_detector_set(tmp_path: Pa
     assert {d.server: d.rank_pids for d in got if isinstance(d, ScopedDetector)} == s.role_pids
     assert [_base(d) for d in got[:4:2]] == [RankDeathDetector, LedgerProofDetector]
 
-    # a server spanning two hosts: the same two, reading the hosts' /proc and ledgers; then the drive's stall rule
+    # a server spanning two hosts: the same two, reading the hosts' /proc and ledgers, then the stall rule that
+    # captures on the hosts (with the data-link checks)
     h = MultiHostSession.__new__(MultiHostSession)
     h.p, h.ranks = SimpleNamespace(plan=PLAN), {}
     hosts = h.make_detectors(HostLedgerMirror({}, tmp_path / "mirror"))
-    assert _kinds(hosts) + ["stall"] == ORDER
+    assert _kinds(hosts) == ORDER
     assert isinstance(hosts[0], RankDeathDetector) and isinstance(hosts[1], LedgerProofDetector)
+    assert isinstance(hosts[2], HostsStallDetector)
 
     # the same classes everywhere (the topology's own subclass where the ranks are read elsewhere)
     for kinds in (got, hosts):

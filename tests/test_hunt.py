@@ -268,6 +268,10 @@ class FakeRunner:
 
         self.Session = FakeSession
 
+    def make_session(self, p: Any, observe: Any = None, detectors: Any = None, hosts: Any = ()) -> Any:
+        """As ``repro.runner.make_session``: the (scripted) session of ``p``."""
+        return self.Session(p, observe)
+
     def prepare(self, opts: Any, label_default: Optional[str] = None, variants: Any = None) -> Any:
         scen = load_scenario(opts.scenario_path)
         variant = scen.variant(opts.variant if not variants else variants[0])
