@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 
 SMOKE = REPO / "scenarios" / "sglang" / "smoke_extra_allreduce.toml"
 PHASES = [  # (name, pattern on a log line); order = the order they are printed in
-    ("launcher_args", re.compile(r"server_args=ServerArgs\(")),
+    ("launcher_args", re.compile(r"server_args=")),
     ("rank_first_line", re.compile(r"\bTP\d\]")),
     ("dist_init_end", re.compile(r"Init torch distributed ends|init_distributed_environment.*done", re.I)),
     ("load_weight_end", re.compile(r"Load weight end")),
