@@ -904,9 +904,16 @@ def watch(
     def on_signal(signum, frame):  # noqa: ARG001
         watcher.stop()
 
+    # the watch's own handlers (stop the loop, then write what it has) live as long as the loop: restored after it,
+    # so a caller that runs the command in-process (a test, a notebook) gets its Ctrl-C back
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    code = watcher.run()
+    try:
+        code = watcher.run()
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h if h is not None else signal.SIG_DFL)
     from repro.watch import EXIT_MISCONFIGURED
 
     raise typer.Exit(code if once or code == EXIT_MISCONFIGURED else 0)

@@ -551,9 +551,12 @@ def test_a_fast_404_or_405_before_any_success_is_misconfigured_not_a_hang(stub: 
 
     stub.generate = mode
     marker = tmp_path / "on-hang-ran"
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     r = CliRunner().invoke(app, ["watch", "--url", stub.url, "--once", "--probe-timeout", "2", "--interval", "2",
                                  "--evidence-dir", str(tmp_path / "ev"), "--on-hang", f"touch {marker}"])
     assert r.exit_code == 8, r.output
+    # the watch's stop-the-loop handlers end with the command: an in-process caller gets its Ctrl-C back
+    assert {sig: signal.getsignal(sig) for sig in before} == before
     events = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     assert not _of(events, "hang") and _of(events, "misconfigured")
     assert f"HTTP {mode}" in _of(events, "misconfigured")[0]["detail"]
