@@ -707,17 +707,7 @@ def run_compare(opts: CompareOptions, observe: Observer = _noop, run_side: Calla
 
 
 def _compare_folder(root: Path, scenario: str, label: str) -> Path:
-    base = Path(root) / ev._slug(scenario)
-    base.mkdir(parents=True, exist_ok=True)
-    name = f"{ev.utc_stamp()}-compare-{ev._slug(label)}"
-    path, n = base / name, 2
-    while True:
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            path = base / f"{name}-{n}"
-            n += 1
+    return ev.unique_folder(root, scenario, "compare", label)
 
 
 def side_result(side: str, m: Materialized, expect: str, res: Any, variant: Any, command: str) -> SideResult:

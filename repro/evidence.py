@@ -623,3 +623,19 @@ def read_jsonl(path: Path) -> list[dict]:
     except FileNotFoundError:
         pass
     return out
+
+
+def unique_folder(root: Path, scenario: str, kind: str, label: str) -> Path:
+    """Create and return ``<root>/<scenario>/<UTC stamp>-<kind>-<label>`` (``-2``, ``-3``… when it exists already):
+    the folder of a verb that joins several runs (``compare``, ``bisect``)."""
+    base = Path(root) / _slug(scenario)
+    base.mkdir(parents=True, exist_ok=True)
+    name = f"{utc_stamp()}-{kind}-{_slug(label)}"
+    path, n = base / name, 2
+    while True:
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            path = base / f"{name}-{n}"
+            n += 1

@@ -227,17 +227,7 @@ def bisect(opts: BisectOptions, runner: Optional[Runner] = None, check: Optional
 
 
 def _bisect_folder(root: Path, scenario: str, label: str) -> Path:
-    base = Path(root) / ev._slug(scenario)
-    base.mkdir(parents=True, exist_ok=True)
-    name = f"{ev.utc_stamp()}-bisect-{ev._slug(label)}"
-    path, n = base / name, 2
-    while True:
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            path = base / f"{name}-{n}"
-            n += 1
+    return ev.unique_folder(root, scenario, "bisect", label)
 
 
 def bisect_markdown(res: BisectResult, opts: BisectOptions, scenario: str, variant: str,
