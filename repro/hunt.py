@@ -468,8 +468,23 @@ def diagnose(analysis: Optional[dict], catalogue: Catalogue) -> Diagnosis:
     if not name:
         name = f"{r.get('op')} ← " + " ← ".join(chain[:3])
     in_ranks = tuple(sorted(int(x["rank"]) for x, c in pick if c == chain))
-    known = next((k.issue for k in catalogue.known if k.frames and all(_glob_any(chain, (f,)) for f in k.frames)), None)
-    return Diagnosis(family, name, in_ranks, where, chain, known)
+    return Diagnosis(family, name, in_ranks, where, chain, known_issue(catalogue, chain))
+
+
+def known_issue(catalogue: Catalogue, chain: Sequence[str], short: bool = False) -> Optional[str]:
+    """The catalogue's ``[[known]]`` issue whose frames all match the divergent collective's caller chain, or None.
+
+    Args:
+        catalogue: the hunt catalogue (``scenarios/<engine>/hunt_catalogue.toml``).
+        chain: caller frames, innermost first (``Class.method`` names, or bare function names when ``short``).
+        short: the chain holds bare function names (a faulthandler dump in a server log): each pattern is matched
+            by its last dotted part, as ``[[classify.named]]`` is for crashes.
+    """
+    for k in catalogue.known:
+        pats = tuple(f.rsplit(".", 1)[-1] for f in k.frames) if short else k.frames
+        if pats and all(_glob_any(chain, (f,)) for f in pats):
+            return k.issue
+    return None
 
 
 _MISMATCH_RE = re.compile(r"collective mismatch|Received data size doesn't match|doesn't match expected size")
@@ -503,7 +518,8 @@ def crash_diagnosis(log_text: str, catalogue: Catalogue) -> Optional[Diagnosis]:
         fwd = bool(set(chain) & set(catalogue.crash_forward_functions))
         name = next((n.name for n in catalogue.named if _glob_any(chain, tuple(f.rsplit(".", 1)[-1] for f in n.frames))), "")
         coll = f"{crash} in {name or op + ' ← ' + ' ← '.join(chain[:3])}"
-        return Diagnosis(FAMILY_FORWARD if fwd else FAMILY_SCHED, coll, (), {}, chain, crash=crash)
+        return Diagnosis(FAMILY_FORWARD if fwd else FAMILY_SCHED, coll, (), {}, chain,
+                         known_issue(catalogue, chain, short=True), crash=crash)
     return Diagnosis(FAMILY_UNCLEAR, f"{crash} (no stack of the aborted rank in the log)", crash=crash)
 
 

@@ -565,3 +565,32 @@ def test_no_trial_server_is_started_when_the_baseline_used_up_the_budget(tmp_pat
     res = H.hunt(_opts(tmp_path), runner=fr)
     assert len(fr.sessions) == 1  # the baseline's only
     assert res.results and all(r.verdict == H.NOT_RUN for r in res.results) and res.budget_exhausted
+
+
+def test_known_labels_match_the_fingerprints_their_cited_issues_quote_and_nothing_else() -> None:
+    """Each ``[[known]]`` label of the catalogue against the py-spy / faulthandler fingerprint quoted in the issue
+    or PR it cites (sglang#27489's description, sglang#37909's stack); a chain none of them quotes gets no label."""
+    cat = H.load_catalogue()
+    # sglang#27489: "TP0: all_reduce → writing_check → check_hicache_events → get_new_batch_prefill_raw"; TP1-3 in
+    # recv_requests' broadcast (a hang: one rank blocked in the drain's all_reduce)
+    for method in ("writing_check", "loading_check"):
+        analysis = {"ranks": [
+            _rank(0, "collective", [f"UnifiedRadixCache.{method}", "UnifiedRadixCache.check_hicache_events",
+                                    "Scheduler.get_new_batch_prefill_raw", "Scheduler.event_loop_overlap"]),
+            _rank(1, "collective", ["broadcast_pyobj", "Scheduler.recv_requests", "Scheduler.event_loop_overlap"],
+                  op="broadcast"),
+        ]}
+        assert H.diagnose(analysis, cat).known == "sglang#27489", method
+    # sglang#37909: gloo's size check aborts prefill TP0 in pop_bootstrapped's poll all_reduce (a desync)
+    pd_log = CRASH_LOG.replace("line 699 in all_reduce", "line 199 in poll_and_all_reduce_attn_cp_tp_group").replace(
+        "line 23 in tensor_model_parallel_all_reduce", "line 517 in pop_bootstrapped").replace(
+        "line 533 in forward", "line 1163 in event_loop_normal_disagg_prefill")
+    d = H.crash_diagnosis(pd_log, cat)
+    assert d is not None and d.known == "sglang#37909", d
+    # the forward's all_reduce and a prefetch chain without the admission loop are no known issue
+    assert H.crash_diagnosis(CRASH_LOG, cat).known is None
+    other = {"ranks": [_rank(0, "collective", ["UnifiedRadixCache._can_terminate_prefetch", "Scheduler.handle_req"])]}
+    assert H.diagnose(other, cat).known is None
+    # every label cites an issue and names frames (the abort-on-timeout clock issue, sglang#27221, is not one)
+    assert all(k.issue.startswith("sglang#") and k.frames for k in cat.known)
+    assert "sglang#27221" not in {k.issue for k in cat.known}
