@@ -1,5 +1,12 @@
 """`repro watch` on a real SGLang TP=2 server (CPU testbed): no false alarm while healthy, then a live `repro arm`
-of the smoke scenario's extra all_reduce is caught, for both /health modes of sglang 0.5.23.
+is caught, for both /health modes of sglang 0.5.23.
+
+- /health generating: the smoke scenario's extra all_reduce, watched by probes alone (the hang is declared after
+  ``FAILURES`` probe time-outs).
+- /health liveness-only: ``scenarios/sglang/state_leak_then_hang.toml`` (rank 0 keeps 16 KV slots, then one extra
+  all_reduce), watched with ``--ledger-dir``: the state divergence is logged before the hang line, the hang is
+  declared within 1 s of the ledger record that completes the proof (issue 33), and a second ``watch --once`` on the
+  hung server exits 3 with the ledger proof (issue 28).
 
 sglang 0.5.23 ``srt/entrypoints/http_server.py`` ``health_generate``: by default ``/health`` runs a 1-token generate
 and answers 503 after ``SGLANG_HEALTH_CHECK_TIMEOUT`` (20 s) without output; with
@@ -25,6 +32,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "scenarios" / "sglang" / "smoke_extra_allreduce.toml"
+LEAK = REPO / "scenarios" / "sglang" / "state_leak_then_hang.toml"
+# (scenario, variant, watched with the server's ledgers) per /health mode
+SERVED = {"1": (SMOKE, "extra_collective", False), "0": (LEAK, "leak_then_hang", True)}
+PROOF_TO_HANG_S = 1.0  # issue 33: the hang line at most this long after the ledger record that completes the proof
 SERVE_TIMEOUT_S = 600.0
 INTERVAL_S = 6.0
 PROBE_TIMEOUT_S = 5.0  # <= INTERVAL_S, so the bound is FAILURES × INTERVAL_S + PROBE_TIMEOUT_S; healthy probes take
@@ -95,8 +106,9 @@ def test_watch_catches_a_live_armed_deadlock(health_generation: str, tmp_path: P
     serve = watch = None
     serve_evidence: Optional[Path] = None
     marker = tmp_path / "on_hang_saw.json"
+    scenario, variant, with_ledger = SERVED[health_generation]
     try:
-        serve = _repro("serve", str(SMOKE), "--variant", "extra_collective", "--evidence-dir", str(tmp_path / "serve"),
+        serve = _repro("serve", str(scenario), "--variant", variant, "--evidence-dir", str(tmp_path / "serve"),
                        env=env, stderr=serve_log)
         out = Lines(serve.stdout)
         url = None
@@ -112,9 +124,10 @@ def test_watch_catches_a_live_armed_deadlock(health_generation: str, tmp_path: P
                 serve_evidence = found[-1].parent if found else Path(line.split(":", 1)[1].strip())
         assert url and serve_evidence, f"repro serve did not report its URL: {out.all}"
         info = json.loads((serve_evidence / "serve.json").read_text())
+        ledger = ["--ledger-dir", str(serve_evidence / "injector")] if with_ledger else []
 
         watch = _repro("watch", "--url", url, "--interval", str(INTERVAL_S), "--probe-timeout", str(PROBE_TIMEOUT_S),
-                       "--failures", str(FAILURES), "--pid-root", str(info["pid"]), "--evidence-dir",
+                       "--failures", str(FAILURES), "--pid-root", str(info["pid"]), *ledger, "--evidence-dir",
                        str(tmp_path / "watch"), "--on-hang", _record_cmd(marker), stderr=subprocess.DEVNULL)
         wl = Lines(watch.stdout)
         events: list[dict] = []
@@ -153,15 +166,20 @@ def test_watch_catches_a_live_armed_deadlock(health_generation: str, tmp_path: P
         assert hang, f"no hang declared; events: {events[-10:]}"
         t_hang = time.time()
         after = [e for e in events if e["event"] == "probe" and e["round"] > arm_round]
-        # The hang fires on the first batch after arming, i.e. at the first probe that starts after it; the
-        # failures needed to declare follow at once: bound failures × interval + probe timeout (+1 round that may
-        # have started just before the arm file was written).
-        assert after[-1].get("transition") == "hang"
-        assert len(after) <= FAILURES + 1, after
-        assert all(p["generate"]["outcome"] in ("timeout", "skipped") for p in after[-FAILURES:]), after
-        if health_generation == "0":
-            assert hang["kind"] == "silent", hang
+        if with_ledger:
+            # the ledger proves the hang as it forms, between probe rounds: the digest's warning comes first
+            # (rank 0's 16 kept KV slots), and no request time-out is waited for
+            st = [e for e in events if e["event"] == "state_divergence"]
+            assert st and events.index(st[0]) < events.index(hang), f"no state warning before the hang: {events[-10:]}"
+            assert any("token_to_kv_pool_allocator" in str(f) for f in st[0]["fields"]), st[0]
+            assert len(after) <= FAILURES + 1, after
         else:
+            # The hang fires on the first batch after arming, i.e. at the first probe that starts after it; the
+            # failures needed to declare follow at once: bound failures × interval + probe timeout (+1 round that
+            # may have started just before the arm file was written).
+            assert after[-1].get("transition") == "hang"
+            assert len(after) <= FAILURES + 1, after
+            assert all(p["generate"]["outcome"] in ("timeout", "skipped") for p in after[-FAILURES:]), after
             assert hang["kind"] in ("health-timeout", "health-error"), hang
 
         # 3. evidence, then --on-hang
@@ -183,6 +201,10 @@ def test_watch_catches_a_live_armed_deadlock(health_generation: str, tmp_path: P
         assert by_rank[1]["state"] == "collective"
         report = (evd / "REPORT.md").read_text()
         assert report.startswith("# DEADLOCKED — watch ") and "## Diagnosis" in report
+        if with_ledger:
+            hj = json.loads((evd / "hang.json").read_text())
+            assert hj["proof"] and hj["state_divergence"]["fields"], hj
+            assert hj["timings_s"]["declared_after_proof_record"] <= PROOF_TO_HANG_S, hj["timings_s"]
 
         # 4. what /health does through the deadlock (both modes: sglang 0.5.23 facts)
         want = 200 if health_generation == "0" else 503
@@ -193,6 +215,23 @@ def test_watch_catches_a_live_armed_deadlock(health_generation: str, tmp_path: P
                    "arm_to_hang_s": round(t_hang - t_arm, 1), "arm_to_evidence_s": round(t_evidence - t_arm, 1),
                    "bound_s": FAILURES * INTERVAL_S + PROBE_TIMEOUT_S,
                    "capture_s": evid["capture_s"], "hang_kind": hang["kind"], "health_status_seen": want}
+        if with_ledger:
+            # 5. a second watch, --once, on the already hung server: the ledger proves it at once (issue 28)
+            _stop(watch, 30.0)
+            watch = None
+            t0 = time.time()
+            once = subprocess.run([sys.executable, "-m", "repro.cli", "watch", "--url", url, "--once", "--probe-timeout",
+                                   str(PROBE_TIMEOUT_S), "--pid-root", str(info["pid"]), *ledger, "--evidence-dir",
+                                   str(tmp_path / "watch-once")], cwd=REPO, env=env, capture_output=True, text=True,
+                                  timeout=180)
+            timings["once_wall_s"] = round(time.time() - t0, 1)
+            assert once.returncode == 3, (once.returncode, once.stdout[-3000:], once.stderr[-3000:])
+            once_ev = [json.loads(x) for x in once.stdout.splitlines() if x.startswith("{")]
+            done = [e for e in once_ev if e["event"] == "evidence"]
+            assert done and done[-1]["verdict"] == "DEADLOCKED", once_ev
+            hj = json.loads((Path(done[-1]["path"]) / "hang.json").read_text())
+            assert hj["proof"], hj
+            assert {"proof_record_t", "declared_t", "declared_after_proof_record"} <= set(hj["timings_s"]), hj
         print("WATCH_TIMINGS " + json.dumps(timings))
     finally:
         _stop(watch, 30.0)
