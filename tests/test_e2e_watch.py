@@ -88,6 +88,13 @@ def _stop(p: Optional[subprocess.Popen], wait_s: float) -> None:
         p.wait(timeout=30)
 
 
+def _ts(event: dict) -> float:
+    """A watch JSON line's ``ts`` (ISO 8601) in seconds since the epoch."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(event["ts"].replace("Z", "+00:00")).timestamp()
+
+
 def _record_cmd(out: Path) -> str:
     script = (
         "import json, os, pathlib; d = pathlib.Path(os.environ['REPRO_EVIDENCE_DIR']); "
@@ -232,6 +239,12 @@ def test_watch_catches_a_live_armed_deadlock(health_generation: str, tmp_path: P
             hj = json.loads((Path(done[-1]["path"]) / "hang.json").read_text())
             assert hj["proof"], hj
             assert {"proof_record_t", "declared_t", "declared_after_proof_record"} <= set(hj["timings_s"]), hj
+            # declared from the ledgers as soon as they were read, not after a probe's time-out: the hang line
+            # follows the watch's first line by less than the probe time-out (measured: ~0.3 s)
+            hang_line = next(e for e in once_ev if e["event"] == "hang")
+            since_start_s = (_ts(hang_line) - _ts(once_ev[0]))
+            timings["once_start_to_hang_s"] = round(since_start_s, 2)
+            assert since_start_s < PROBE_TIMEOUT_S - 1.0, (since_start_s, once_ev[:4])
         print("WATCH_TIMINGS " + json.dumps(timings))
     finally:
         _stop(watch, 30.0)
