@@ -793,6 +793,27 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop, sessi
     Raises:
         KeyboardInterrupt: re-raised after teardown and after the evidence folder was marked ``interrupted``.
     """
+    return _result(run_one(p, opts, observe, session), opts.expect, p.evidence.path)
+
+
+def run_one(p: Prepared, opts: RunOptions, observe: Observer = _noop, session: Any = None, *,
+            finish: Optional[Callable[..., None]] = None, on_healthy: Optional[Callable[[], None]] = None) -> Outcome:
+    """THE one-variant loop (``repro run``, ``--hosts`` runs, the hunt's quiet baseline): start ``session``, drive
+    ``p.variant`` into ``p.evidence`` itself, write its evidence (``finish``, default :func:`finish_evidence`:
+    verdict.json, REPORT.md, ...), stop the session, mark the folder ``complete`` (or ``interrupted``).
+
+    Args:
+        session: the session to drive (:func:`make_session`'s for ``p`` when None).
+        finish: writes the evidence, with :func:`finish_evidence`'s arguments (a stand-in runner's in tests).
+        on_healthy: called once the server is healthy, just before the variant is driven (never when the start
+            failed): the hunt's baseline takes the time its burst began from it.
+    Returns:
+        The Outcome (its ``timings`` gain ``healthy_s``, ``to_verdict_s`` and ``total_s``, seconds).
+    Raises:
+        UnresolvedSitesError: after its verdict (exit code 2) was written and the session stopped.
+        KeyboardInterrupt: re-raised after teardown and after the evidence folder was marked ``interrupted``.
+    """
+    finish = finish or finish_evidence
     evd = p.evidence
     t0 = time.time()
     evd.command.write((opts.command_line or "repro run " + str(opts.scenario_path)) + "\n")
@@ -805,6 +826,8 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop, sessi
         if failed is not None:
             outcome = Outcome(failed, clean=False)
         else:
+            if on_healthy is not None:
+                on_healthy()
             outcome = session.drive(p.variant, evd, opts.requests, opts.native)
             outcome.timings["healthy_s"] = session.healthy_s or 0.0
     except UnresolvedSitesError as e:
@@ -822,7 +845,7 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop, sessi
             outcome.topology = session
         outcome.timings["to_verdict_s"] = time.time() - t0
         try:
-            finish_evidence(p, opts, p.variant, evd, outcome, session.rank_pids, interrupted)
+            finish(p, opts, p.variant, evd, outcome, session.rank_pids, interrupted)
         finally:
             session.stop()
             session.close_drivers()
@@ -833,7 +856,7 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop, sessi
         raise unresolved
     if interrupted:
         raise KeyboardInterrupt
-    return _result(outcome, opts.expect, evd.path)
+    return outcome
 
 
 def _result(outcome: Outcome, expect: Optional[str], path: Path) -> RunResult:

@@ -198,6 +198,7 @@ class FakeRunner:
         class FakeSession:
             def __init__(self, p: Any, observe: Any) -> None:
                 self.p, self.rank_pids, self.healthy_s = p, {}, 1.0
+                self.interrupted_in_teardown = False  # as repro.runner.Session (run_one reads it after stop)
                 self.starts = self.stops = self.launches = self.starts_of_launched = 0
                 self.running = self.launched = False
                 runner.sessions.append(self)
@@ -565,3 +566,40 @@ def test_no_trial_server_is_started_when_the_baseline_used_up_the_budget(tmp_pat
     res = H.hunt(_opts(tmp_path), runner=fr)
     assert len(fr.sessions) == 1  # the baseline's only
     assert res.results and all(r.verdict == H.NOT_RUN for r in res.results) and res.budget_exhausted
+
+
+class QuietBaselineRunner(FakeRunner):
+    """FakeRunner whose quiet baseline succeeds and whose evidence is written by the real ``finish_evidence``."""
+
+    def __init__(self, script: dict[str, str]) -> None:
+        super().__init__(script)
+        base_drive = self.Session.drive
+
+        def drive(session: Any, variant: Any, run_dir: Any, n: Any = None, native: bool = False) -> Any:
+            out = base_drive(session, variant, run_dir, n, native)
+            if variant.name == "baseline":  # every request of the probe-only burst came back
+                out.verdict = Verdict(SUCCEEDED, "8/8 requests completed")
+            return out
+
+        self.Session.drive = drive
+
+    finish_evidence = staticmethod(real_runner.finish_evidence)
+
+
+def test_the_quiet_baseline_runs_through_the_one_run_loop_and_writes_a_verdict(tmp_path: Path) -> None:
+    """The baseline is driven by runner.run_one like every run: its folder (the one the hunt reports) holds a
+    verdict.json of the run's shape and REPORT.md; its server is stopped after the burst, before any trial."""
+    fr = QuietBaselineRunner({})
+    res = H.hunt(_opts(tmp_path), runner=fr)
+    bd = ev.EvidenceDir.open(res.baseline)
+    rec = bd.verdict.read()
+    assert isinstance(rec, ev.VerdictRecord)
+    assert rec.verdict == SUCCEEDED and rec.kind == "run" and rec.variant == "baseline" and rec.exit_code == 0
+    assert rec.evidence == str(res.baseline) and rec.rank_pids == {"0": 100, "1": 101}
+    assert "burst_s" in rec.timings and "healthy_s" in rec.timings
+    assert bd.report.path.is_file() and bd.env.path.is_file()
+    assert json.loads(bd.run.path.read_text())["status"] == "complete"
+    base_s = fr.sessions[0]
+    assert base_s.p.evidence.path == res.baseline and base_s.stops == 1 and not base_s.running
+    assert fr.events.index(("stop", res.baseline.name)) < fr.events.index(("start", fr.sessions[1].p.evidence.path.name))
+    assert len(res.results) == 8 and [x for x in _lines(res.folder) if x["event"] == "baseline"][0]["evidence"] == str(res.baseline)
