@@ -603,3 +603,39 @@ def test_the_quiet_baseline_runs_through_the_one_run_loop_and_writes_a_verdict(t
     assert base_s.p.evidence.path == res.baseline and base_s.stops == 1 and not base_s.running
     assert fr.events.index(("stop", res.baseline.name)) < fr.events.index(("start", fr.sessions[1].p.evidence.path.name))
     assert len(res.results) == 8 and [x for x in _lines(res.folder) if x["event"] == "baseline"][0]["evidence"] == str(res.baseline)
+
+
+@pytest.mark.parametrize("how", ["start", "deadlock", "failed_requests"])
+def test_an_unhealthy_baseline_raises_with_its_evidence_and_its_verdict_written(tmp_path: Path, how: str) -> None:
+    """A baseline whose server does not start, that deadlocks or loses requests stops the hunt with a HuntError
+    naming its folder; that folder still holds the run's verdict.json (the one run loop wrote it) and no trial ran."""
+    fr = QuietBaselineRunner({})
+    base_start, base_drive = fr.Session.start, fr.Session.drive
+
+    def start(session: Any) -> Any:
+        base_start(session)
+        return Verdict(INCONCLUSIVE, "server failed to start: boom") if how == "start" else None
+
+    def drive(session: Any, variant: Any, run_dir: Any, n: Any = None, native: bool = False) -> Any:
+        out = base_drive(session, variant, run_dir, n, native)
+        if how == "deadlock":
+            out.verdict, out.clean = Verdict(DEADLOCKED, "ranks disagree"), False
+        elif how == "failed_requests":
+            out.state = DriverState(8, 0, 0, 6, 2, 1.0, True)
+        return out
+
+    fr.Session.start, fr.Session.drive = start, drive
+    with pytest.raises(H.HuntError) as ei:
+        H.hunt(_opts(tmp_path), runner=fr)
+    msg = str(ei.value)
+    (bd,) = [p for p in (tmp_path / "ev" / "hicache_prefetch_30760").iterdir() if p.name.endswith("-hunt-baseline")]
+    want = {"start": f"baseline server: server failed to start: boom (evidence: {bd})",
+            "deadlock": f"the clean baseline burst did not succeed (DEADLOCKED: ranks disagree); a hunt needs a healthy "
+                        f"base scenario. Evidence: {bd}"}
+    if how in want:
+        assert msg == want[how]
+    else:
+        assert msg.startswith("the clean baseline burst did not succeed (ALL REQUESTS SUCCEEDED") and str(bd) in msg
+    rec = ev.EvidenceDir.open(bd).verdict.read()
+    assert rec.verdict == {"start": INCONCLUSIVE, "deadlock": DEADLOCKED, "failed_requests": SUCCEEDED}[how]
+    assert len(fr.sessions) == 1 and not fr.sessions[0].running and fr.driven == ([] if how == "start" else ["baseline"])
