@@ -1116,17 +1116,24 @@ def save_server_procs(evd: ev.EvidenceDir, server: Any) -> None:
         pass
 
 
-def _ledger_evidence(evd: ev.EvidenceDir, rank_pids: dict[int, int]) -> Any:
+def _ledger_evidence(evd: ev.EvidenceDir, rank_pids: dict[int, int], *, ledger_dir: Optional[Path] = None,
+                     keys: Optional[Sequence[int]] = None, extra: Optional[dict] = None) -> Any:
     """Align the rank processes' collective ledgers (``repro.ledger``); write ``ledger.json`` and ``timeline.svg``.
+    The ranks ``rank_deaths.json`` names (``repro.checker.RankDeathDetector``) are marked dead: never "waits".
 
+    Args:
+        ledger_dir: where the ledgers are (default: ``evd``'s injector folder; a ``--hosts`` run: its mirror).
+        keys: the ledger files' keys to read (default: the rank pids; a ``--hosts`` mirror: the ranks).
+        extra: more keys for ``ledger.json``.
     Returns the ``LedgerDiagnosis`` or None when no ledger was recorded (or it could not be read: the error goes
     into ``ledger.json``, the report falls back to the stack analysis).
     """
     from repro.ledger import diagnose
     from repro.timeline import render_timeline
 
+    keys = list(rank_pids.values()) if keys is None else list(keys)
     try:
-        diag = diagnose(evd.injector_dir, list(rank_pids.values()) or None)
+        diag = diagnose(evd.injector_dir if ledger_dir is None else ledger_dir, keys or None)
     except Exception as e:  # a broken ledger must not cost the verdict
         evd.ledger.write({"error": f"{type(e).__name__}: {e}"})
         return None
@@ -1135,7 +1142,7 @@ def _ledger_evidence(evd: ev.EvidenceDir, rank_pids: dict[int, int]) -> Any:
     deaths = ev.read_json(evd.rank_deaths.path) if evd.rank_deaths.exists() else None
     if isinstance(deaths, list) and deaths:  # repro.checker.RankDeathDetector: never say a dead rank "waits"
         diag.mark_dead({int(d["rank"]): f"pid {d['pid']}: {d['reason']}" for d in deaths if isinstance(d, dict)})
-    evd.ledger.write(diag.to_dict())
+    evd.ledger.write({**diag.to_dict(), **(extra or {})})
     proof = ev.read_json(evd.path / "proof.json")  # repro.proof.LedgerProofDetector's, when it proved the deadlock
     evd.timeline.write(render_timeline(diag.ledgers, diag.divergence, proof=proof if isinstance(proof, dict) else None))
     return diag

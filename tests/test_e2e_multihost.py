@@ -150,9 +150,14 @@ def test_a_rank_killed_on_its_host_is_named_with_its_host_pid_and_never_waits(ss
     v = json.loads((evd / "verdict.json").read_text())
     assert v["exit_code"] == 4 and v["reason"] == reason
     deaths = json.loads((evd / "rank_deaths.json").read_text())
-    assert [d["rank"] for d in deaths] == [1] and deaths[0]["pid"] == killed["host_pid"], deaths
+    # rank 0 may die too within the same second (its gloo peer is gone: a crash there, measured on the rig)
+    (d1,) = [d for d in deaths if d["rank"] == 1]
+    assert d1["pid"] == killed["host_pid"] and d1["reason"].startswith("on host h1: ") and "SIGKILL" in d1["reason"], deaths
+    assert all(d["rank"] == 1 or d["reason"].startswith("on host h0: ") for d in deaths), deaths
     report = (evd / "REPORT.md").read_text()
-    assert f"rank 1 (pid {killed['host_pid']}) died" in report and "rank 1 never did and waits" not in report
+    assert f"rank 1 (pid {killed['host_pid']}) died" in report and "rank 1 never did and waits" not in report, report[:3000]
+    led = json.loads((evd / "ledger.json").read_text())  # the ledger diagnosis marks it dead (no wait of rank 1)
+    assert "rank 1 never did and waits" not in led["divergence"]["summary"], led["divergence"]
     # the same server as the control's: re-armed, not restarted (same rank pids, one launch per host in the session)
     assert _rank_pids(dead) == _rank_pids(res[0]) != {}
     assert err.count("node_launch") == 2, "expected one launch per host for both variants"
