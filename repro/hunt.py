@@ -1069,25 +1069,21 @@ def hunt(opts: HuntOptions, observe: Observer = _noop, *, runner: Any = None) ->
         result.baseline = p0.evidence.path
         observe("baseline", {"evidence": str(p0.evidence.path)})
         s0 = _session(runner, p0, observe)
-        try:
-            failed = s0.start()
-            if failed is not None:
-                raise HuntError(f"baseline server: {failed.reason} (evidence: {p0.evidence.path})")
-            t_arm = time.time()
-            oc = s0.drive(p0.variant, p0.evidence, opts.requests)
-        except KeyboardInterrupt:
-            p0.evidence.set_status("interrupted")
-            raise
-        finally:
-            s0.stop()
-            s0.close_drivers()
+        armed: list[float] = []  # when the server was healthy and the burst began (run_one's on_healthy)
+        # the one-variant loop every run uses: verdict.json, REPORT.md, ... in the baseline's folder; the server is
+        # stopped after the burst, the folder marked complete (interrupted: marked so, KeyboardInterrupt re-raised)
+        from repro.runner import run_one  # runner may be a stand-in: its session and evidence writer are used
+
+        oc = run_one(p0, ro, observe, s0, finish=runner.finish_evidence, on_healthy=lambda: armed.append(time.time()))
+        if not armed:
+            raise HuntError(f"baseline server: {oc.verdict.reason} (evidence: {p0.evidence.path})")
+        t_arm = armed[0]
         st = oc.state
         versions = runner.collect_versions(p0.evidence.injector_dir, p0.python)
         from repro.targets.registry import get_adapter
 
         engine_key = (getattr(p0, "adapter", None) or get_adapter(base.server.adapter)).ref_location.version_key
         log.header.update({k: versions.get(k) for k in (engine_key, "torch", "python")})
-        p0.evidence.set_status("complete", timings=oc.timings)
         if oc.verdict.verdict == DEADLOCKED or st is None or st.ok != st.total:
             raise HuntError(f"the clean baseline burst did not succeed ({oc.verdict.verdict}: {oc.verdict.reason}); "
                             f"a hunt needs a healthy base scenario. Evidence: {p0.evidence.path}")

@@ -679,24 +679,14 @@ class MultiHostSession(Session):
 
 def _ledger_evidence_from(evd: ev.EvidenceDir, mirror_dir: Optional[Path], ranks: Sequence[int]) -> Any:
     """``ledger.json`` + ``timeline.svg`` of a ``--hosts`` run from its ledger mirror (``repro.host_ledgers``:
-    ``ledger-<rank>.jsonl``), as ``repro.runner`` writes a local run's; the ``LedgerDiagnosis`` or None (no mirror,
-    no ledger, or unreadable: the error goes into ``ledger.json``, the report keeps the stack analysis)."""
+    ``ledger-<rank>.jsonl``), written by the local run's writer (``repro.runner._ledger_evidence``: a rank that
+    died is marked so, never said to wait); the ``LedgerDiagnosis`` or None (no mirror, no ledger, or unreadable:
+    the error goes into ``ledger.json``, the report keeps the stack analysis)."""
     if mirror_dir is None or not Path(mirror_dir).is_dir():
         return None
-    from repro.ledger import diagnose
-    from repro.timeline import render_timeline
+    from repro.runner import _ledger_evidence
 
-    try:
-        diag = diagnose(mirror_dir, list(ranks) or None)
-    except Exception as e:  # noqa: BLE001 - a broken ledger must not cost the verdict
-        evd.ledger.write({"error": f"{type(e).__name__}: {e}"})
-        return None
-    if diag is None:
-        return None
-    evd.ledger.write({**diag.to_dict(), "mirror": str(mirror_dir)})
-    proof = ev.read_json(evd.path / "proof.json")
-    evd.timeline.write(render_timeline(diag.ledgers, diag.divergence, proof=proof if isinstance(proof, dict) else None))
-    return diag
+    return _ledger_evidence(evd, {}, ledger_dir=Path(mirror_dir), keys=list(ranks), extra={"mirror": str(mirror_dir)})
 
 
 def run_multihost(opts: RunOptions, hosts: Sequence[HostSpec], observe: Observer = _noop) -> RunResult:

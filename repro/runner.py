@@ -793,6 +793,27 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop, sessi
     Raises:
         KeyboardInterrupt: re-raised after teardown and after the evidence folder was marked ``interrupted``.
     """
+    return _result(run_one(p, opts, observe, session), opts.expect, p.evidence.path)
+
+
+def run_one(p: Prepared, opts: RunOptions, observe: Observer = _noop, session: Any = None, *,
+            finish: Optional[Callable[..., None]] = None, on_healthy: Optional[Callable[[], None]] = None) -> Outcome:
+    """THE one-variant loop (``repro run``, ``--hosts`` runs, the hunt's quiet baseline): start ``session``, drive
+    ``p.variant`` into ``p.evidence`` itself, write its evidence (``finish``, default :func:`finish_evidence`:
+    verdict.json, REPORT.md, ...), stop the session, mark the folder ``complete`` (or ``interrupted``).
+
+    Args:
+        session: the session to drive (:func:`make_session`'s for ``p`` when None).
+        finish: writes the evidence, with :func:`finish_evidence`'s arguments (a stand-in runner's in tests).
+        on_healthy: called once the server is healthy, just before the variant is driven (never when the start
+            failed): the hunt's baseline takes the time its burst began from it.
+    Returns:
+        The Outcome (its ``timings`` gain ``healthy_s``, ``to_verdict_s`` and ``total_s``, seconds).
+    Raises:
+        UnresolvedSitesError: after its verdict (exit code 2) was written and the session stopped.
+        KeyboardInterrupt: re-raised after teardown and after the evidence folder was marked ``interrupted``.
+    """
+    finish = finish or finish_evidence
     evd = p.evidence
     t0 = time.time()
     evd.command.write((opts.command_line or "repro run " + str(opts.scenario_path)) + "\n")
@@ -805,6 +826,8 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop, sessi
         if failed is not None:
             outcome = Outcome(failed, clean=False)
         else:
+            if on_healthy is not None:
+                on_healthy()
             outcome = session.drive(p.variant, evd, opts.requests, opts.native)
             outcome.timings["healthy_s"] = session.healthy_s or 0.0
     except UnresolvedSitesError as e:
@@ -822,7 +845,7 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop, sessi
             outcome.topology = session
         outcome.timings["to_verdict_s"] = time.time() - t0
         try:
-            finish_evidence(p, opts, p.variant, evd, outcome, session.rank_pids, interrupted)
+            finish(p, opts, p.variant, evd, outcome, session.rank_pids, interrupted)
         finally:
             session.stop()
             session.close_drivers()
@@ -833,7 +856,7 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop, sessi
         raise unresolved
     if interrupted:
         raise KeyboardInterrupt
-    return _result(outcome, opts.expect, evd.path)
+    return outcome
 
 
 def _result(outcome: Outcome, expect: Optional[str], path: Path) -> RunResult:
@@ -1093,17 +1116,24 @@ def save_server_procs(evd: ev.EvidenceDir, server: Any) -> None:
         pass
 
 
-def _ledger_evidence(evd: ev.EvidenceDir, rank_pids: dict[int, int]) -> Any:
+def _ledger_evidence(evd: ev.EvidenceDir, rank_pids: dict[int, int], *, ledger_dir: Optional[Path] = None,
+                     keys: Optional[Sequence[int]] = None, extra: Optional[dict] = None) -> Any:
     """Align the rank processes' collective ledgers (``repro.ledger``); write ``ledger.json`` and ``timeline.svg``.
+    The ranks ``rank_deaths.json`` names (``repro.checker.RankDeathDetector``) are marked dead: never "waits".
 
+    Args:
+        ledger_dir: where the ledgers are (default: ``evd``'s injector folder; a ``--hosts`` run: its mirror).
+        keys: the ledger files' keys to read (default: the rank pids; a ``--hosts`` mirror: the ranks).
+        extra: more keys for ``ledger.json``.
     Returns the ``LedgerDiagnosis`` or None when no ledger was recorded (or it could not be read: the error goes
     into ``ledger.json``, the report falls back to the stack analysis).
     """
     from repro.ledger import diagnose
     from repro.timeline import render_timeline
 
+    keys = list(rank_pids.values()) if keys is None else list(keys)
     try:
-        diag = diagnose(evd.injector_dir, list(rank_pids.values()) or None)
+        diag = diagnose(evd.injector_dir if ledger_dir is None else ledger_dir, keys or None)
     except Exception as e:  # a broken ledger must not cost the verdict
         evd.ledger.write({"error": f"{type(e).__name__}: {e}"})
         return None
@@ -1112,7 +1142,7 @@ def _ledger_evidence(evd: ev.EvidenceDir, rank_pids: dict[int, int]) -> Any:
     deaths = ev.read_json(evd.rank_deaths.path) if evd.rank_deaths.exists() else None
     if isinstance(deaths, list) and deaths:  # repro.checker.RankDeathDetector: never say a dead rank "waits"
         diag.mark_dead({int(d["rank"]): f"pid {d['pid']}: {d['reason']}" for d in deaths if isinstance(d, dict)})
-    evd.ledger.write(diag.to_dict())
+    evd.ledger.write({**diag.to_dict(), **(extra or {})})
     proof = ev.read_json(evd.path / "proof.json")  # repro.proof.LedgerProofDetector's, when it proved the deadlock
     evd.timeline.write(render_timeline(diag.ledgers, diag.divergence, proof=proof if isinstance(proof, dict) else None))
     return diag

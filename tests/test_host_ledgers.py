@@ -120,3 +120,34 @@ def test_a_rank_killed_on_its_host_is_named_with_its_host_pid_and_reason(tmp_pat
         for p in procs:
             p.kill()
             p.wait(timeout=10)
+
+
+def test_a_dead_rank_of_a_hosts_run_is_never_said_to_wait_in_its_ledger_evidence(tmp_path: Path):
+    """ledger.json / the report's ledger sentence of a ``--hosts`` run (its mirror, ledger-<rank>.jsonl) mark the
+    ranks rank_deaths.json names as dead, as a local run's do: rank 1 killed on h1 'never did: it died', not 'waits'
+    (found on the real rig: the killed rank's REPORT.md said 'rank 1 never did and waits in broadcast')."""
+    from repro import evidence as ev
+    from repro.remote_run import _ledger_evidence_from
+
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    enter = lambda g, seq, op, t: {"e": "enter", "g": g, "seq": seq, "op": op, "api": "x", "red": None, "shapes": [[1]],
+                                   "dtypes": ["int64"], "site": ["m:f"], "tick": 1, "t": t, "inj": None}
+    done = lambda g, seq, t: {"e": "exit", "g": g, "seq": seq, "t": t, "err": None}
+    for rank, body in ((0, [enter("1", 1, "all_reduce", 1.0), done("1", 1, 1.1), enter("1", 2, "all_reduce", 2.0)]),
+                       (1, [enter("1", 1, "all_reduce", 1.0), done("1", 1, 1.1), enter("2", 1, "broadcast", 2.5)])):
+        head = {"e": "header", "pid": 4000 + rank, "rank": rank, "part": 0, "dropped": 0, "max_records": 10, "time": 0}
+        groups = [{"e": "group", "g": g, "name": g, "ranks": [0, 1], "backend": "gloo", "label": lab}
+                  for g, lab in (("1", "tp/device"), ("2", "tp/cpu"))]
+        (mirror / f"ledger-{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in [head, *groups, *body]))
+    alive = ev.EvidenceDir(tmp_path / "ev", "s", "alive")
+    d = _ledger_evidence_from(alive, mirror, [0, 1])
+    assert "rank 1 never did and waits in broadcast" in d.divergence.summary, d.divergence.summary  # no death known
+    dead = ev.EvidenceDir(tmp_path / "ev", "s", "dead")
+    dead.rank_deaths.write([{"rank": 1, "pid": 4001, "reason": "on host h1: exit code -9 (SIGKILL) per the server log",
+                             "time": 3.0}])
+    d = _ledger_evidence_from(dead, mirror, [0, 1])
+    summary = json.loads(dead.ledger.path.read_text())["divergence"]["summary"]
+    assert summary == d.divergence.summary and "waits" not in summary, summary
+    assert "rank 1 never did: it died (pid 4001: on host h1: exit code -9 (SIGKILL)" in summary, summary
+    assert json.loads(dead.ledger.path.read_text())["mirror"] == str(mirror) and dead.timeline.path.is_file()

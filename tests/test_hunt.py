@@ -198,6 +198,7 @@ class FakeRunner:
         class FakeSession:
             def __init__(self, p: Any, observe: Any) -> None:
                 self.p, self.rank_pids, self.healthy_s = p, {}, 1.0
+                self.interrupted_in_teardown = False  # as repro.runner.Session (run_one reads it after stop)
                 self.starts = self.stops = self.launches = self.starts_of_launched = 0
                 self.running = self.launched = False
                 runner.sessions.append(self)
@@ -594,3 +595,76 @@ def test_known_labels_match_the_fingerprints_their_cited_issues_quote_and_nothin
     # every label cites an issue and names frames (the abort-on-timeout clock issue, sglang#27221, is not one)
     assert all(k.issue.startswith("sglang#") and k.frames for k in cat.known)
     assert "sglang#27221" not in {k.issue for k in cat.known}
+
+
+class QuietBaselineRunner(FakeRunner):
+    """FakeRunner whose quiet baseline succeeds and whose evidence is written by the real ``finish_evidence``."""
+
+    def __init__(self, script: dict[str, str]) -> None:
+        super().__init__(script)
+        base_drive = self.Session.drive
+
+        def drive(session: Any, variant: Any, run_dir: Any, n: Any = None, native: bool = False) -> Any:
+            out = base_drive(session, variant, run_dir, n, native)
+            if variant.name == "baseline":  # every request of the probe-only burst came back
+                out.verdict = Verdict(SUCCEEDED, "8/8 requests completed")
+            return out
+
+        self.Session.drive = drive
+
+    finish_evidence = staticmethod(real_runner.finish_evidence)
+
+
+def test_the_quiet_baseline_runs_through_the_one_run_loop_and_writes_a_verdict(tmp_path: Path) -> None:
+    """The baseline is driven by runner.run_one like every run: its folder (the one the hunt reports) holds a
+    verdict.json of the run's shape and REPORT.md; its server is stopped after the burst, before any trial."""
+    fr = QuietBaselineRunner({})
+    res = H.hunt(_opts(tmp_path), runner=fr)
+    bd = ev.EvidenceDir.open(res.baseline)
+    rec = bd.verdict.read()
+    assert isinstance(rec, ev.VerdictRecord)
+    assert rec.verdict == SUCCEEDED and rec.kind == "run" and rec.variant == "baseline" and rec.exit_code == 0
+    assert rec.evidence == str(res.baseline) and rec.rank_pids == {"0": 100, "1": 101}
+    assert "burst_s" in rec.timings and "healthy_s" in rec.timings
+    assert bd.report.path.is_file() and bd.env.path.is_file()
+    assert json.loads(bd.run.path.read_text())["status"] == "complete"
+    base_s = fr.sessions[0]
+    assert base_s.p.evidence.path == res.baseline and base_s.stops == 1 and not base_s.running
+    assert fr.events.index(("stop", res.baseline.name)) < fr.events.index(("start", fr.sessions[1].p.evidence.path.name))
+    assert len(res.results) == 8 and [x for x in _lines(res.folder) if x["event"] == "baseline"][0]["evidence"] == str(res.baseline)
+
+
+@pytest.mark.parametrize("how", ["start", "deadlock", "failed_requests"])
+def test_an_unhealthy_baseline_raises_with_its_evidence_and_its_verdict_written(tmp_path: Path, how: str) -> None:
+    """A baseline whose server does not start, that deadlocks or loses requests stops the hunt with a HuntError
+    naming its folder; that folder still holds the run's verdict.json (the one run loop wrote it) and no trial ran."""
+    fr = QuietBaselineRunner({})
+    base_start, base_drive = fr.Session.start, fr.Session.drive
+
+    def start(session: Any) -> Any:
+        base_start(session)
+        return Verdict(INCONCLUSIVE, "server failed to start: boom") if how == "start" else None
+
+    def drive(session: Any, variant: Any, run_dir: Any, n: Any = None, native: bool = False) -> Any:
+        out = base_drive(session, variant, run_dir, n, native)
+        if how == "deadlock":
+            out.verdict, out.clean = Verdict(DEADLOCKED, "ranks disagree"), False
+        elif how == "failed_requests":
+            out.state = DriverState(8, 0, 0, 6, 2, 1.0, True)
+        return out
+
+    fr.Session.start, fr.Session.drive = start, drive
+    with pytest.raises(H.HuntError) as ei:
+        H.hunt(_opts(tmp_path), runner=fr)
+    msg = str(ei.value)
+    (bd,) = [p for p in (tmp_path / "ev" / "hicache_prefetch_30760").iterdir() if p.name.endswith("-hunt-baseline")]
+    want = {"start": f"baseline server: server failed to start: boom (evidence: {bd})",
+            "deadlock": f"the clean baseline burst did not succeed (DEADLOCKED: ranks disagree); a hunt needs a healthy "
+                        f"base scenario. Evidence: {bd}"}
+    if how in want:
+        assert msg == want[how]
+    else:
+        assert msg.startswith("the clean baseline burst did not succeed (ALL REQUESTS SUCCEEDED") and str(bd) in msg
+    rec = ev.EvidenceDir.open(bd).verdict.read()
+    assert rec.verdict == {"start": INCONCLUSIVE, "deadlock": DEADLOCKED, "failed_requests": SUCCEEDED}[how]
+    assert len(fr.sessions) == 1 and not fr.sessions[0].running and fr.driven == ([] if how == "start" else ["baseline"])
