@@ -13,6 +13,7 @@ from repro.analysis import analyze_paths
 from repro.readers import assemble, parse_dump
 
 HEADER = "Process 4242: python3 -m sglang.launch_server\nPython v3.11.7 (/usr/bin/python3)\n\n"
+HEADED = "Process {pid}: python3 job.py\nPython v3.11.7 (/usr/bin/python3)\n\n"
 BLOCK = ('Thread {tid} (idle): "MainThread"\n    all_reduce (torch/distributed/distributed_c10d.py:2501)\n'
          "    event_loop_normal (sglang/srt/managers/scheduler.py:900)\n\n")
 
@@ -26,7 +27,7 @@ def test_one_header_with_its_block_repeated_is_one_rank_with_a_note():
 
 def test_processes_past_the_bound_are_counted_not_kept(monkeypatch):
     monkeypatch.setattr(assemble, "MAX_PROCESSES", 4)
-    text = HEADER + "".join(BLOCK.format(tid=hex(0x7F0000000000 + k)) for k in range(10))
+    text = "".join(HEADED.format(pid=1000 + k) + BLOCK.format(tid=1000 + k) for k in range(10))
     dumps = parse_dump(text, "many.txt")
     assert len(dumps) == 4
     assert any("6 more process block(s) beyond the first 4 not read" in w for w in dumps[-1].warnings), dumps[-1].warnings
@@ -36,7 +37,7 @@ def test_analyze_output_is_bounded_and_says_what_was_left_out(tmp_path, monkeypa
     monkeypatch.setattr(assemble, "MAX_PROCESSES", 300)
     monkeypatch.setattr(cli, "MAX_TABLE_RANKS", 5)
     f = tmp_path / "many.txt"
-    f.write_text(HEADER + "".join(BLOCK.format(tid=hex(0x7F0000000000 + k)) for k in range(400)))
+    f.write_text("".join(HEADED.format(pid=1000 + k) + BLOCK.format(tid=1000 + k) for k in range(400)))
     assert len(analyze_paths([f]).ranks) == 300
     r = CliRunner().invoke(cli.app, ["analyze", str(f)])
     lines = [ln for ln in r.output.splitlines() if ln.strip()]

@@ -2,11 +2,14 @@
 
 A reader module (``pyspy``, ``faulthandler``, ``traceback``, ``pystack``, ``gdb``, ``flight_recorder``,
 ``condensed``) recognises its own lines and calls the :class:`Assembler`: ``new_process``, ``new_thread``,
-``add_frame``, ``note``. The assembler owns what is common: a block without a process header becomes a process of
-its own (never merged into the previous one), successive dumps of one process (same pid, or for faulthandler the
-same set of thread ids) collapse to the last one with a note, at most ``MAX_FRAMES`` frames per thread and
-``MAX_THREADS`` threads per process are kept (memory stays bounded on 50 MB inputs), and unreadable lines are
-counted and the first one quoted.
+``add_frame``, ``note``. The rule every reader keeps: a process starts only where the text says one does (a process
+header such as py-spy's ``Process <pid>:``, a file, a rank prefix or heading, or, in a format that writes no header,
+the next dump as that format's writer delimits it); never at a blank line or any other layout (issue 29 item 0). The
+assembler owns what is common: a block without a process header becomes a process of its own (never merged into the
+previous one), successive dumps of one process (same pid, or for a format without a header the same set of thread
+ids) collapse to the last one with a note, at most ``MAX_FRAMES`` frames per thread, ``MAX_THREADS`` threads per
+process and ``MAX_PROCESSES`` processes per source are kept (memory stays bounded on 50 MB inputs; the rest is
+counted and said), and unreadable lines are counted and the first one quoted.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ MAX_THREADS = 512  # threads kept per process
 # processes kept per source: more ranks than a dump of one job plausibly holds (a 64-way TP × 16-way PP group is
 # 1024); the rest are counted, never kept (issue 29 item 1: 50 MB read as 100,438 ranks)
 MAX_PROCESSES = 1024
+# formats that write no process header: a dump of theirs is known by its set of thread ids, so successive dumps of one
+# process (a thread id seen again starts the next dump) are one process, never a rank each
+ID_SET_FORMATS = frozenset({"faulthandler", "pystack", "gdb"})
 
 
 class Assembler:
@@ -32,7 +38,8 @@ class Assembler:
         self.done: list[dict[str, Any]] = []
         self.cur: Optional[dict[str, Any]] = None
         self.thr: Optional[dict[str, Any]] = None
-        self.after_blank = False
+        self.after_blank = False  # the line before this one was blank (only faulthandler's layout rule reads it)
+        self.fh_blank_between = False  # this source showed a blank line between two faulthandler threads
         self.mode = ""  # reader sub-state ("fr" after a Flight Recorder header, "tb" in a traceback, …)
         self.pending_rank: Optional[tuple[int, str]] = None
         self.prefix_rank: Optional[tuple[int, str]] = None
@@ -102,14 +109,15 @@ class Assembler:
 
     @staticmethod
     def _key(d: dict):
-        """Identity of a process across the file: its pid, or for faulthandler its set of thread ids."""
+        """Identity of a process across the file: its pid, or for a format without a process header (faulthandler,
+        pystack, gdb) its set of thread ids: successive dumps of one process show the same threads."""
         if not d["threads"]:
             return None
         if d["pid"] is not None:
             return ("pid", d["fmt"], d["pid"])
-        if d["fmt"] == "faulthandler":
+        if d["fmt"] in ID_SET_FORMATS:
             ids = frozenset(t["thread_id"] for t in d["threads"])
-            return ("ids", ids) if "" not in ids else None
+            return ("ids", d["fmt"], ids) if "" not in ids else None
         return None
 
     @staticmethod
@@ -118,7 +126,7 @@ class Assembler:
             return False
         if a["pid"] is not None and b["pid"] is not None:
             return a["pid"] == b["pid"]
-        if a["fmt"] == "faulthandler" and (b["pid"] is None or a["pid"] is None):
+        if a["fmt"] in ID_SET_FORMATS and (b["pid"] is None or a["pid"] is None):
             ids_a = {t["thread_id"] for t in a["threads"]}
             ids_b = {t["thread_id"] for t in b["threads"]}
             return bool(ids_a) and "" not in ids_a and ids_a == ids_b
@@ -215,6 +223,13 @@ def _to_dump(d: dict, label: str) -> ProcessDump:
         if t.dropped_frames:
             notes.append(f"thread {t.thread_id or t.name or '(no id)'}: {t.dropped_frames} outer frame(s) beyond the "
                          f"first {MAX_FRAMES} not kept")
+    if d.get("main_named", 0) > 1:
+        # one header, several threads named MainThread: kept as one process (a reader never starts a rank without a
+        # process header, issue 29 item 0), and said, with how to have them read as processes
+        warnings.append(f"{d['main_named']} threads named 'MainThread' in one process"
+                        + (f" (pid {d['pid']})" if d["pid"] is not None else " (no 'Process <pid>:' header)")
+                        + ": read as one process with one main thread; if the text joins several processes' dumps, "
+                          "keep py-spy's 'Process <pid>:' line above each, or give each its own file")
     if d.get("duplicate_threads"):
         notes.append(f"{d['duplicate_threads']} repeated thread block(s) (a thread id this process already showed) not kept")
     if d.get("dropped_threads"):
@@ -226,6 +241,11 @@ def _to_dump(d: dict, label: str) -> ProcessDump:
             warnings.append(f"the file holds {d['successive']} faulthandler dumps of one process; used the last one")
     if d["headerless"] and d["fmt"] in ("py-spy", "ray-stack") and d["threads"]:
         notes.append("a block without a 'Process <pid>:' header: read as a process of its own")
+    mains = [i for i, t in enumerate(threads) if t.is_main]
+    if len(mains) > 1:  # one main thread per process: the one whose id is the pid, else the first
+        keep = next((i for i in mains if d["pid"] is not None and threads[i].thread_id == str(d["pid"])), mains[0])
+        threads = [t.model_copy(update={"is_main": False}) if t.is_main and i != keep else t
+                   for i, t in enumerate(threads)]
     threads = guess_main(threads, d["pid"], d.get("current"))
     if d["fmt"] in ("py-spy-json", "faulthandler", "pystack", "gdb"):
         threads.sort(key=lambda t: not t.is_main)
