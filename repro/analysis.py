@@ -495,6 +495,19 @@ class Analysis(BaseModel):
                                                            if self.confidence_reasons else ""))
         return out
 
+    def unreadable(self, where: str) -> Optional[str]:
+        """One line for input of which no rank's stack could be read (binary, empty, junk files), naming what was
+        found and what is expected; None when at least one rank's stack was read. ``where``: the paths, in words.
+        ``repro analyze`` and ``repro reproduce`` refuse such input with this same line (exit 2)."""
+        if not self.ranks or len(self.unknown_ranks) != len(self.ranks):
+            return None
+        reasons = [w for w in self.warnings if "binary file" in w or "no Python stack found" in w
+                   or "lines that start a dump were looked for" in w or "the file is empty" in w
+                   or "the input is empty" in w]
+        return (f"no rank's stack could be read from {where}: "
+                + ("; ".join(dict.fromkeys(reasons)) if reasons else
+                   "expected py-spy text or --json, faulthandler, pystack, gdb bt or a pasted frame list"))
+
     def to_json(self) -> str:
         """The analysis as a JSON text (what ``analysis.json`` holds)."""
         return self.model_dump_json(indent=2)

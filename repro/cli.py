@@ -771,13 +771,8 @@ def analyze(
         return
     if unreadable:
         # one line, no table of empty ranks: nothing in these files is a stack dump we can read
-        reasons = [w for w in result.warnings if "binary file" in w or "no Python stack found" in w
-                   or "lines that start a dump were looked for" in w]
-        console.print("[red]error:[/] " + rich_escape(
-            "no rank's stack could be read from " + ", ".join(str(p) for p in paths) + ": "
-            + ("; ".join(reasons) if reasons else
-               "expected py-spy text or --json, faulthandler, pystack, gdb bt or a pasted frame list")),
-            highlight=False)
+        console.print("[red]error:[/] " + rich_escape(result.unreadable(", ".join(str(p) for p in paths)) or ""),
+                      highlight=False)
         raise typer.Exit(EXIT_USAGE)
     if ledger_diag is not None:
         d = ledger_diag.divergence
