@@ -67,7 +67,7 @@ EXPECT_HELP = "Expected verdict: deadlock | success | inconclusive. Exit 0 iff i
 
 EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + 2
 EXIT_TERMINATED = 143  # SIGTERM: 128 + 15
-MAX_TABLE_RANKS = 64  # rows of `repro analyze`'s rank table (issue 29 item 1: a 50 MB dump printed 61 MB); the rest in --json
+MAX_TABLE_RANKS = 16  # rows of `repro analyze`'s rank table (issue 29 item 1: a 50 MB dump printed 61 MB); the rest in --json
 _INTERRUPT_SIGNAL: Optional[int] = None  # the signal that interrupted this command, once one did
 
 
@@ -807,14 +807,15 @@ def analyze(
         out.print(rich_escape(line), highlight=False, style="dim")
     from repro.analysis import MAX_LISTED_LINES
 
-    # the bound on printed warnings keeps the first ones and every "not read" one (what was cut is always said)
+    # the bound on printed warnings puts the "not read" ones (what a bound cut) first, then the others; one line says
+    # how many more there are (every one is in --json)
     cut = [w for w in result.warnings if "not read" in w]
-    rest = [w for w in result.warnings if "not read" not in w]
-    for w in cut + rest[:MAX_LISTED_LINES]:
+    shown_w = (cut + [w for w in result.warnings if "not read" not in w])[:MAX_LISTED_LINES]
+    for w in shown_w:
         console.print(f"[yellow]warning:[/] {rich_escape(w)}", highlight=False)
-    if len(rest) > MAX_LISTED_LINES:
-        console.print(f"[yellow]warning:[/] … and {len(rest) - MAX_LISTED_LINES} more warnings (every one is in --json)",
-                      highlight=False)
+    if len(result.warnings) > len(shown_w):
+        console.print(f"[yellow]warning:[/] … and {len(result.warnings) - len(shown_w)} more warnings (every one is "
+                      "in --json)", highlight=False)
     if markdown is not None:
         console.print(f"markdown written to {markdown}")
 

@@ -110,12 +110,14 @@ def handle(asm, s: str, n: int) -> bool:
             indent = m.group(1)
             if len(indent.expandtabs(4)) >= 8 and not indent.startswith("\t"):
                 return True  # a --locals block
+            if not asm.wants_frame():
+                return True  # a thread not kept, or full: the frame is consumed, not built
             func, loc = m.group(2), m.group(3)
             lm = FRAME_LINE_RE.match(loc)
             file, lineno = (lm.group(1), int(lm.group(2))) if lm else (loc, None)
             native = (lineno is None and (is_native_file(file) or func.startswith("0x"))) or (
                 lineno is not None and is_native_file(file) and not file.endswith(".py"))
-            asm.add_frame(Frame(function=func, module_or_file=file, line=lineno, native=native))
+            asm.add_frame(asm.frame(func, file, lineno, native))
             return True
         if s.startswith(" " * 8):
             return True  # --locals values
