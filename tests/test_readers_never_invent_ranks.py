@@ -135,3 +135,14 @@ def test_pystack_and_gdb_dumps_repeated_are_one_process(tmp_path):
         f = tmp_path / f"{fmt}_twice.txt"
         f.write_text(text + "\n" + text)
         assert [r.rank for r in analyze_paths([f]).ranks] == [0], fmt
+
+
+def test_two_single_thread_faulthandler_dumps_are_two_processes(tmp_path):
+    """No blank line anywhere (one thread each), but each dump has its own 'Current thread': two processes."""
+    prog = "import faulthandler, sys; faulthandler.dump_traceback(sys.stdout, all_threads=True)"
+    texts = [subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60,
+                            check=True).stdout for _ in range(2)]
+    assert all(t.startswith("Current thread 0x") and "\n\n" not in t for t in texts), texts
+    ids = {t.split()[2] for t in texts}
+    dumps = parse_dump(texts[0] + texts[1], "two.txt")
+    assert len(dumps) == len(ids), (ids, [d.threads[0].thread_id for d in dumps])
