@@ -67,6 +67,7 @@ EXPECT_HELP = "Expected verdict: deadlock | success | inconclusive. Exit 0 iff i
 
 EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + 2
 EXIT_TERMINATED = 143  # SIGTERM: 128 + 15
+MAX_TABLE_LINES = 120  # lines the rank table may take as the terminal wraps it (the whole output stays ≤ 200)
 MAX_TABLE_RANKS = 16  # rows of `repro analyze`'s rank table (issue 29 item 1: a 50 MB dump printed 61 MB); the rest in --json
 _INTERRUPT_SIGNAL: Optional[int] = None  # the signal that interrupted this command, once one did
 
@@ -785,22 +786,31 @@ def analyze(
             console.print(f"[yellow]ledger:[/] {rich_escape(p)}", highlight=False)
     if engine is not None:
         out.print(rich_escape(engine.summary), style="bold red" if engine.diverged else "bold", highlight=False)
-    table = Table(title="Where each rank is blocked")
-    for col in ("rank", "state", "blocked in", "via", "call site", "caller chain"):
-        table.add_column(col, overflow="fold")
     odd = set(result.odd_ranks)
-    # at most MAX_TABLE_RANKS rows: the odd ranks first, then the others in rank order; one row says what was left out
+
+    def rank_table(shown: list) -> Table:
+        table = Table(title="Where each rank is blocked")
+        for col in ("rank", "state", "blocked in", "via", "call site", "caller chain"):
+            table.add_column(col, overflow="fold")
+        keep = {r.rank for r in shown}
+        for r in [r for r in result.ranks if r.rank in keep]:
+            style = "bold red" if r.rank in odd else ("yellow" if r.state in ("busy", "unknown") else "")
+            state = r.state if r.main_thread or not r.thread else f"{r.state} (thread {r.thread})"
+            cells = [str(r.rank), state, r.op or r.wait or r.error, r.via or "", r.blocked_frame or "",
+                     " \u2190 ".join(r.caller_chain[:4])]
+            table.add_row(*(rich_escape(c) for c in cells), style=style)
+        if len(result.ranks) > len(shown):
+            table.add_row("…", f"{len(result.ranks) - len(shown)} more ranks", "(every rank is in --json / "
+                          "analysis.json)", "", "", "", style="dim")
+        return table
+
+    # at most MAX_TABLE_RANKS rows and MAX_TABLE_LINES lines as this terminal wraps them (a narrow one folds a row
+    # into many): the odd ranks first, then the others in rank order; one row says what was left out
     shown = sorted(result.ranks, key=lambda r: (r.rank not in odd, r.rank))[:MAX_TABLE_RANKS]
-    keep = {r.rank for r in shown}
-    for r in [r for r in result.ranks if r.rank in keep]:
-        style = "bold red" if r.rank in odd else ("yellow" if r.state in ("busy", "unknown") else "")
-        state = r.state if r.main_thread or not r.thread else f"{r.state} (thread {r.thread})"
-        cells = [str(r.rank), state, r.op or r.wait or r.error, r.via or "", r.blocked_frame or "",
-                 " \u2190 ".join(r.caller_chain[:4])]
-        table.add_row(*(rich_escape(c) for c in cells), style=style)
-    if len(result.ranks) > len(shown):
-        table.add_row("…", f"{len(result.ranks) - len(shown)} more ranks", "(every rank is in --json / analysis.json)",
-                      "", "", "", style="dim")
+    table = rank_table(shown)
+    while len(shown) > 1 and len(out.render_lines(table, out.options, pad=False)) > MAX_TABLE_LINES:
+        shown = shown[:-1]
+        table = rank_table(shown)
     out.print(table)
     out.print(rich_escape(result.summary), style="bold red" if result.diverged else "bold green", highlight=False)
     for line in result.input_lines():

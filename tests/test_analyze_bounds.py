@@ -129,3 +129,18 @@ def test_ever_new_frames_past_the_bound_are_not_kept_and_said(monkeypatch):
     kept = {id(fr) for d in dumps for t in d.threads for fr in t.frames}
     assert len(kept) == 100, len(kept)
     assert any("200 frame(s) not kept beyond the first 100 distinct frames" in w for w in dumps[-1].warnings)
+
+
+def test_the_rank_table_fits_its_line_budget_as_the_terminal_wraps_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "MAX_TABLE_LINES", 10, raising=False)
+    text = SGLANG_RANK1.read_text()
+    files = []
+    for k in range(8):  # 8 real ranks; a narrow terminal folds each row into several lines: the budget is in lines
+        files.append(tmp_path / f"rank{k}.txt")
+        files[-1].write_text(text.replace("sglang::scheduler_TP1", f"sglang::scheduler_TP{k}"))
+    r = CliRunner().invoke(cli.app, ["analyze", *map(str, files)])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    table = [ln for ln in lines if ln[:1] in "┏┃┡│└"]
+    assert 0 < len(table) <= 10, len(table)
+    assert "more ranks" in " ".join(r.output.split()), r.output
