@@ -93,6 +93,7 @@ def test_a_one_header_dump_of_megabytes_is_one_rank_in_under_200_lines(tmp_path)
     assert len(lines) <= 200, len(lines)
     assert "Only rank 1 was captured" in out and "py-spy text (1 process)" in out, out[:2000]
     assert "threads named 'MainThread' in one process (pid 9283)" in out, out[-2000:]
+    assert "thread(s) of this process not kept beyond the readers' bound (512 per process" in out, out[-2000:]
 
 
 def test_rank_prefixes_past_the_bound_are_counted_in_one_line(tmp_path, monkeypatch):

@@ -288,8 +288,9 @@ def _to_dump(d: dict, label: str) -> ProcessDump:
                           "keep py-spy's 'Process <pid>:' line above each, or give each its own file")
     if d.get("duplicate_threads"):
         notes.append(f"{d['duplicate_threads']} repeated thread block(s) (a thread id this process already showed) not kept")
-    if d.get("dropped_threads"):
-        notes.append(f"{d['dropped_threads']} thread(s) beyond the first {MAX_THREADS} not kept")
+    if d.get("dropped_threads"):  # a bound cut real content: said where analyze prints it, not only in --json
+        warnings.append(f"{d['dropped_threads']} thread(s) of this process not kept beyond the readers' bound "
+                        f"({MAX_THREADS} per process, {MAX_KEPT_THREADS} per file)")
     if d["successive"] > 1:
         what = "same pid" if d["pid"] is not None and d["fmt"] != "faulthandler" else "same set of thread ids"
         notes.append(f"{d['successive']} successive dumps of one process ({what}): kept the last one")
