@@ -51,7 +51,8 @@ def main():
         line = "    recurse (deep.py:3)\n"
         f.write(line * (size // len(line)))
     # issue 29 item 1: one "Process" header over 50 MB of thread blocks, the same block again (one thread id) and
-    # distinct MainThread blocks (each a rank that lost its header: capped at repro.readers.assemble.MAX_PROCESSES)
+    # distinct MainThread blocks (one process: a rank starts only at a header; benchmarks/analyze_one_header.py has
+    # the cases built from a real dump)
     blk = ('Thread {tid} (idle): "MainThread"\n    all_reduce (torch/distributed/distributed_c10d.py:2501)\n'
            '    event_loop_normal (sglang/srt/managers/scheduler.py:900)\n\n')
     hdr = "Process 4242: python3 -m sglang.launch_server\nPython v3.11.7 (/usr/bin/python3)\n\n"

@@ -196,7 +196,7 @@ def _label(f: Frame) -> str:
 
 
 # lines of inputs / missing ranks `input_lines` lists before one summary line (the rest stay in analysis.json)
-MAX_LISTED_LINES = 40
+MAX_LISTED_LINES = 20
 
 class ThreadReading(BaseModel):
     """What one thread's stack says (internal to the analysis, exposed for tests)."""
@@ -494,6 +494,19 @@ class Analysis(BaseModel):
             out.append(f"confidence: {self.confidence}" + (f" ({'; '.join(self.confidence_reasons)})"
                                                            if self.confidence_reasons else ""))
         return out
+
+    def unreadable(self, where: str) -> Optional[str]:
+        """One line for input of which no rank's stack could be read (binary, empty, junk files), naming what was
+        found and what is expected; None when at least one rank's stack was read. ``where``: the paths, in words.
+        ``repro analyze`` and ``repro reproduce`` refuse such input with this same line (exit 2)."""
+        if not self.ranks or len(self.unknown_ranks) != len(self.ranks):
+            return None
+        reasons = [w for w in self.warnings if "binary file" in w or "no Python stack found" in w
+                   or "lines that start a dump were looked for" in w or "the file is empty" in w
+                   or "the input is empty" in w]
+        return (f"no rank's stack could be read from {where}: "
+                + ("; ".join(dict.fromkeys(reasons)) if reasons else
+                   "expected py-spy text or --json, faulthandler, pystack, gdb bt or a pasted frame list"))
 
     def to_json(self) -> str:
         """The analysis as a JSON text (what ``analysis.json`` holds)."""
@@ -1002,6 +1015,7 @@ def _title_examples() -> str:
     return " or ".join(e for e in ex if e) or "a rank title"
 
 
+MAX_RANKS = 1024  # ranks one analysis reads (the readers' per-file bound, repro.readers.assemble.MAX_PROCESSES)
 MAX_RAW_TEXT_CHARS = 256 * 1024  # raw dump text kept per rank for reports; longer dumps are re-rendered
 
 
@@ -1086,6 +1100,15 @@ def load_captures(paths: Iterable[Union[str, Path]], tag: Optional[str] = None) 
         else:
             per_rank.setdefault(r, []).append((f, d, how))
     next_rank = 0
+    if len(per_rank) + len(unranked) > MAX_RANKS:
+        # more ranks than one job's dumps plausibly hold (issue 29 item 1): the lowest-numbered ones are analysed,
+        # then those numbered in file order; the rest are counted in one warning, never listed one by one
+        ranked_keep = sorted(per_rank)[:MAX_RANKS]
+        cut = len(per_rank) - len(ranked_keep) + max(0, len(unranked) - (MAX_RANKS - len(ranked_keep)))
+        per_rank = OrderedDict((r, per_rank[r]) for r in ranked_keep)
+        unranked = unranked[:MAX_RANKS - len(ranked_keep)]
+        skipped.append(f"{cut} more ranks beyond the first {MAX_RANKS} not read (more than the world size one job's "
+                       "dumps plausibly hold); analyze the ranks you need, or split the input per job")
     for f, d, how in unranked:
         while next_rank in per_rank:
             next_rank += 1

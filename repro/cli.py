@@ -67,7 +67,8 @@ EXPECT_HELP = "Expected verdict: deadlock | success | inconclusive. Exit 0 iff i
 
 EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + 2
 EXIT_TERMINATED = 143  # SIGTERM: 128 + 15
-MAX_TABLE_RANKS = 64  # rows of `repro analyze`'s rank table (issue 29 item 1: a 50 MB dump printed 61 MB); the rest in --json
+MAX_TABLE_LINES = 120  # lines the rank table may take as the terminal wraps it (the whole output stays ≤ 200)
+MAX_TABLE_RANKS = 16  # rows of `repro analyze`'s rank table (issue 29 item 1: a 50 MB dump printed 61 MB); the rest in --json
 _INTERRUPT_SIGNAL: Optional[int] = None  # the signal that interrupted this command, once one did
 
 
@@ -771,13 +772,8 @@ def analyze(
         return
     if unreadable:
         # one line, no table of empty ranks: nothing in these files is a stack dump we can read
-        reasons = [w for w in result.warnings if "binary file" in w or "no Python stack found" in w
-                   or "lines that start a dump were looked for" in w]
-        console.print("[red]error:[/] " + rich_escape(
-            "no rank's stack could be read from " + ", ".join(str(p) for p in paths) + ": "
-            + ("; ".join(reasons) if reasons else
-               "expected py-spy text or --json, faulthandler, pystack, gdb bt or a pasted frame list")),
-            highlight=False)
+        console.print("[red]error:[/] " + rich_escape(result.unreadable(", ".join(str(p) for p in paths)) or ""),
+                      highlight=False)
         raise typer.Exit(EXIT_USAGE)
     if ledger_diag is not None:
         d = ledger_diag.divergence
@@ -790,36 +786,46 @@ def analyze(
             console.print(f"[yellow]ledger:[/] {rich_escape(p)}", highlight=False)
     if engine is not None:
         out.print(rich_escape(engine.summary), style="bold red" if engine.diverged else "bold", highlight=False)
-    table = Table(title="Where each rank is blocked")
-    for col in ("rank", "state", "blocked in", "via", "call site", "caller chain"):
-        table.add_column(col, overflow="fold")
     odd = set(result.odd_ranks)
-    # at most MAX_TABLE_RANKS rows: the odd ranks first, then the others in rank order; one row says what was left out
+
+    def rank_table(shown: list) -> Table:
+        table = Table(title="Where each rank is blocked")
+        for col in ("rank", "state", "blocked in", "via", "call site", "caller chain"):
+            table.add_column(col, overflow="fold")
+        keep = {r.rank for r in shown}
+        for r in [r for r in result.ranks if r.rank in keep]:
+            style = "bold red" if r.rank in odd else ("yellow" if r.state in ("busy", "unknown") else "")
+            state = r.state if r.main_thread or not r.thread else f"{r.state} (thread {r.thread})"
+            cells = [str(r.rank), state, r.op or r.wait or r.error, r.via or "", r.blocked_frame or "",
+                     " \u2190 ".join(r.caller_chain[:4])]
+            table.add_row(*(rich_escape(c) for c in cells), style=style)
+        if len(result.ranks) > len(shown):
+            table.add_row("…", f"{len(result.ranks) - len(shown)} more ranks", "(every rank is in --json / "
+                          "analysis.json)", "", "", "", style="dim")
+        return table
+
+    # at most MAX_TABLE_RANKS rows and MAX_TABLE_LINES lines as this terminal wraps them (a narrow one folds a row
+    # into many): the odd ranks first, then the others in rank order; one row says what was left out
     shown = sorted(result.ranks, key=lambda r: (r.rank not in odd, r.rank))[:MAX_TABLE_RANKS]
-    keep = {r.rank for r in shown}
-    for r in [r for r in result.ranks if r.rank in keep]:
-        style = "bold red" if r.rank in odd else ("yellow" if r.state in ("busy", "unknown") else "")
-        state = r.state if r.main_thread or not r.thread else f"{r.state} (thread {r.thread})"
-        cells = [str(r.rank), state, r.op or r.wait or r.error, r.via or "", r.blocked_frame or "",
-                 " \u2190 ".join(r.caller_chain[:4])]
-        table.add_row(*(rich_escape(c) for c in cells), style=style)
-    if len(result.ranks) > len(shown):
-        table.add_row("…", f"{len(result.ranks) - len(shown)} more ranks", "(every rank is in --json / analysis.json)",
-                      "", "", "", style="dim")
+    table = rank_table(shown)
+    while len(shown) > 1 and len(out.render_lines(table, out.options, pad=False)) > MAX_TABLE_LINES:
+        shown = shown[:-1]
+        table = rank_table(shown)
     out.print(table)
     out.print(rich_escape(result.summary), style="bold red" if result.diverged else "bold green", highlight=False)
     for line in result.input_lines():
         out.print(rich_escape(line), highlight=False, style="dim")
     from repro.analysis import MAX_LISTED_LINES
 
-    # the bound on printed warnings keeps the first ones and every "not read" one (what was cut is always said)
+    # the bound on printed warnings puts the "not read" ones (what a bound cut) first, then the others; one line says
+    # how many more there are (every one is in --json)
     cut = [w for w in result.warnings if "not read" in w]
-    rest = [w for w in result.warnings if "not read" not in w]
-    for w in cut + rest[:MAX_LISTED_LINES]:
+    shown_w = (cut + [w for w in result.warnings if "not read" not in w])[:MAX_LISTED_LINES]
+    for w in shown_w:
         console.print(f"[yellow]warning:[/] {rich_escape(w)}", highlight=False)
-    if len(rest) > MAX_LISTED_LINES:
-        console.print(f"[yellow]warning:[/] … and {len(rest) - MAX_LISTED_LINES} more warnings (every one is in --json)",
-                      highlight=False)
+    if len(result.warnings) > len(shown_w):
+        console.print(f"[yellow]warning:[/] … and {len(result.warnings) - len(shown_w)} more warnings (every one is "
+                      "in --json)", highlight=False)
     if markdown is not None:
         console.print(f"markdown written to {markdown}")
 

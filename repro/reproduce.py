@@ -171,12 +171,15 @@ def check_input(analysis: Analysis, captures: Sequence[RankCapture], adapter: Op
     """Refuse dumps that cannot be reproduced; return the engine's adapter name.
 
     Raises:
-        ReproduceInputError: one rank only; a rank without Python frames (a native-only or unreadable dump); a busy
+        ReproduceInputError: no rank's stack readable (the line ``repro analyze`` gives); one rank only; a rank without Python frames (a native-only or unreadable dump); a busy
             rank; ranks that agree; an engine no registered adapter knows.
     """
     from repro.targets.registry import all_adapters
 
     src = ", ".join(sorted({c.source.split(", block ")[0] for c in captures if c.source})) or "the dumps"
+    nothing = analysis.unreadable(src)
+    if nothing is not None:  # binary, empty or junk files: nothing was read (not "one rank", issue 29 item 5)
+        raise ReproduceInputError(nothing)
     if len(captures) < 2:
         read = "no rank dump was read" if not captures else "only one rank's dump was read"
         raise ReproduceInputError(f"{src}: {read}; a reproduction needs every rank of the TP "

@@ -3,7 +3,7 @@
 Each case folder holds the pasted input files and ``expected.json`` (its ``origin`` says which tool produced it,
 or that it was written by hand because no tool here can). The keys checked, where present: ranks, formats read,
 diverged, odd ranks, busy ranks, per-rank (state, op), backend, group kind, how the rank was known, notes and
-errors that must be said, what must be reported missing, and the processes that must be skipped (with a reason).
+errors that must be said, warnings that must be given, what must be reported missing, and the processes that must be skipped (with a reason).
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ def test_pasted_case_gets_its_expected_answer(case):
         assert any(v in n for n in by[int(k)].notes), (k, by[int(k)].notes, ctx)
     for k, v in exp.get("error_contain", {}).items():
         assert v in by[int(k)].error, (k, by[int(k)].error, ctx)
+    for v in exp.get("warnings_contain", []):
+        assert any(v in w for w in a.warnings), (v, a.warnings, ctx)
     for v in exp.get("missing_contain", []):
         assert any(v in m for m in a.missing), (a.missing, ctx)
     for title in exp.get("skipped", []):

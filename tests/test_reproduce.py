@@ -231,6 +231,21 @@ def test_bad_input_is_one_line_exit_2_nothing_launched(what, path, words):
     assert "Traceback" not in r.output and "nonexistent/python" not in r.output
 
 
+def test_a_binary_dump_is_said_to_hold_nothing_readable_as_analyze_says(tmp_path):
+    """Issue 29 item 5: ``reproduce bin.dat`` said "only one rank's dump was read" when nothing was read."""
+    f = tmp_path / "bin.dat"
+    f.write_bytes(bytes(range(256)) * 64)
+    r = _cli([str(f)])
+    lines = [l for l in r.output.splitlines() if l.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert "no rank's stack could be read" in lines[0] and "a binary file" in lines[0], r.output
+    assert "one rank" not in lines[0] and "Traceback" not in r.output
+    a = CliRunner().invoke(app, ["analyze", str(f)])
+    assert a.exit_code == 2
+    # the same reason in both verbs, after "could be read from <where>: "
+    assert lines[0].split(": ", 2)[2] == " ".join(a.output.split()).split(": ", 2)[2], (lines[0], a.output)
+
+
 def test_an_engine_with_no_adapter_is_one_line_exit_2_nothing_launched(tmp_path):
     """A hung TP=2 job whose rank processes carry titles of an engine no adapter knows (ray workers: the real vLLM
     pynccl dump of tests/fixtures/pasted with its worker titles rewritten to ray's)."""

@@ -6,7 +6,9 @@ as torch's timeout errors (:mod:`.traceback`), pystack (:mod:`.pystack`), gdb ``
 watchdog / Flight Recorder text (:mod:`.flight_recorder`), and hand-written frame lists, arrow chains and ``rank
 N:`` headings (:mod:`.condensed`). Quoting and log prefixes are removed first (:mod:`.prefixes`); each prefixed
 source is read on its own. Lines are read one at a time, so a 50 MB file is read in bounded memory (at most
-``MAX_FRAMES`` frames per thread and ``MAX_THREADS`` threads per process are kept; see :mod:`.assemble`). Each
+``MAX_FRAMES`` frames per thread, ``MAX_THREADS`` threads per process, and per file ``MAX_PROCESSES`` processes,
+``MAX_KEPT_THREADS`` threads, ``MAX_DISTINCT_FRAMES`` distinct frames and ``MAX_SOURCES`` line prefixes are kept,
+the rest counted in one warning each; see :mod:`.assemble`). Each
 line first meets one cheap gate (each reader's ``GATE_START``/``GATE_SUBSTRINGS``: a superset of what it can take),
 so junk costs one regex per line; after ``GIVE_UP_CHARS`` with no stack, only lines that start a dump are sought
 (numbers in benchmarks/RESULTS.md; the gate changes nothing that is read: tests/test_readers_gate.py).
@@ -26,7 +28,8 @@ from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
 from repro.readers import condensed, faulthandler, flight_recorder, gdb, pyspy, pystack, traceback
-from repro.readers.assemble import MAX_FRAMES, MAX_THREADS, Assembler
+from repro.readers.assemble import (MAX_FRAMES, MAX_PROCESSES, MAX_THREADS, Assembler, dropped_frames_warning,
+                                    dropped_processes_warning, new_shared)
 from repro.readers.common import NO_STACK_HINT, guess_main, is_native_file, shorten_path, summarise_ignored
 from repro.readers.prefixes import _ANY_FIXED_RE, clean_line, sniff_label_prefixes
 from repro.readers.pyspy import parse_pyspy_json
@@ -79,6 +82,8 @@ def _handle(asm: Assembler, s: str, n: int, gate: bool) -> bool:
         if h(asm, s, n):
             return True
     return False
+MAX_SOURCES = MAX_PROCESSES  # line prefixes (ranks, pods, hosts) read per file; lines of further ones are counted
+MAX_COUNTED_SOURCES = 100_000  # distinct further prefixes counted by name (memory stays bounded), then "N+"
 MAX_LINE_CHARS = 4096  # longer lines are cut before reading (a 50 MB one-line file stays cheap)
 SNIFF_LINES = 2000
 GIVE_UP_CHARS = 16 << 20  # characters with no line of a stack in them before only dump-starting lines are sought
@@ -128,6 +133,8 @@ def parse_lines(lines: Iterable[str], source: str = "", gate: bool = True,
     start_match, sub_search, fixed_match = _GATE_START.match, _GATE_SUB_RE.search, _ANY_FIXED_RE.match
     junk_start, junk_sub = _JUNK_START.match, _JUNK_SUB.search
     chars = n_found = 0
+    shared = new_shared()  # what this reading's sources share (processes, threads, frames kept: see Assembler)
+    dropped_lines, dropped_labels = 0, set()
     scan_from = 0  # line number where scanning for a dump's first line began (0: reading every line)
     for n, raw in enumerate(itertools.chain(head, it), 1):
         if len(raw) > MAX_LINE_CHARS:
@@ -146,7 +153,7 @@ def parse_lines(lines: Iterable[str], source: str = "", gate: bool = True,
             # the commonest line of a junk file: no prefix, fence or colour code, and no reader's gate passed
             asm = asms.get("")
             if asm is None:
-                asm = asms[""] = Assembler("")
+                asm = asms[""] = Assembler("", shared)
             if not asm.mode:
                 s = raw.rstrip("\r\n")
                 if not _COMMENT_RE.match(s):
@@ -159,7 +166,7 @@ def parse_lines(lines: Iterable[str], source: str = "", gate: bool = True,
             s = raw.rstrip("\r\n")
             asm = asms.get("")
             if asm is None:
-                asm = asms[""] = Assembler("")
+                asm = asms[""] = Assembler("", shared)
             if not s or s.isspace():
                 asm.after_blank = True
                 continue
@@ -178,7 +185,12 @@ def parse_lines(lines: Iterable[str], source: str = "", gate: bool = True,
             current, sticky = cl.label, cl.sticky
         asm = asms.get(label)
         if asm is None:
-            asm = asms[label] = Assembler(label)
+            if len(asms) >= MAX_SOURCES:  # more sources (rank prefixes, pods, hosts) than one job plausibly has
+                dropped_lines += 1
+                if len(dropped_labels) < MAX_COUNTED_SOURCES:
+                    dropped_labels.add(label)
+                continue
+            asm = asms[label] = Assembler(label, shared)
         if cl.rank_hint is not None:
             asm.prefix_rank = (cl.rank_hint, cl.hint_source)
         if cl.fence:
@@ -213,6 +225,17 @@ def parse_lines(lines: Iterable[str], source: str = "", gate: bool = True,
         out.extend(dumps)
     if not out:
         out = [ProcessDump(fmt="unknown", warnings=["the input is empty: no line to read", NO_STACK_HINT])]
+    dropped = sum(a.dropped_processes for a in asms.values())
+    if dropped:
+        out[-1] = out[-1].model_copy(update={"warnings": out[-1].warnings + [dropped_processes_warning(dropped)]})
+    if shared["frames_dropped"]:
+        out[-1] = out[-1].model_copy(update={"warnings": out[-1].warnings
+                                             + [dropped_frames_warning(shared["frames_dropped"])]})
+    if dropped_lines:
+        many = f"{len(dropped_labels)}" + ("+" if len(dropped_labels) >= MAX_COUNTED_SOURCES else "")
+        w = (f"{dropped_lines} line(s) of {many} more sources (line prefixes) beyond the first {MAX_SOURCES} not read "
+             "(more ranks than a dump of one job plausibly holds); split the log per rank, or analyze the ranks you need")
+        out[-1] = out[-1].model_copy(update={"warnings": out[-1].warnings + [w]})
     if scan_from:
         w = (f"no line of a stack dump in the first {chars >> 20} MB ({abs(scan_from) - 1} lines): from there on only "
              "lines that start a dump were looked for (py-spy, faulthandler, tracebacks, pystack, gdb, torch's "

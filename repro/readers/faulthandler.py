@@ -3,10 +3,11 @@
 ``Current thread 0x… (most recent call first):`` / ``Thread 0x… (most recent call first):`` (3.12+ may add a
 name in brackets or quotes), ``Stack (most recent call first):`` for a single-thread dump, then frames
 ``  File "<path>", line <n> in <co_name>``. Frames without any header (a pasted excerpt) form a thread of their
-own process. A thread id seen again, or a header straight after a frame once the dump has had its ``Current
-thread`` (CPython puts a blank line between the threads of one dump, none between dumps), starts another dump: the assembler keeps the last of successive dumps with
-the same set of thread ids (one process signalled twice, as ``faulthandler-<pid>.txt`` holds) and treats a dump
-with a different set as another process.
+own process. A thread id seen again, a second ``Current thread``, or a header straight after a frame once the dump
+has had its ``Current thread`` and the source has shown a blank line between two threads (CPython puts a blank line
+between the threads of one dump, none between dumps; without that layout no blank line is read as a boundary)
+starts another dump: the assembler keeps the last of successive dumps with the same set of thread ids (one process
+signalled twice, as ``faulthandler-<pid>.txt`` holds) and treats a dump with a different set as another process.
 """
 
 from __future__ import annotations
@@ -32,9 +33,15 @@ def handle(asm, s: str, n: int) -> bool:
     if m or STACK_RE.match(s):
         tid = m.group(2) if m else "0x0"
         cur = asm.cur
-        # CPython writes a blank line between the threads of one dump, none between dumps: a header right
-        # after a frame, in a dump that already has its 'Current thread', starts the next dump
-        next_dump = cur is not None and cur.get("current") is not None and not asm.after_blank
+        # CPython writes a blank line between the threads of one dump, none between dumps, and one 'Current
+        # thread' per dump: in a dump that already has its 'Current thread', a second one starts the next dump, and
+        # so does a header right after a frame once this source has shown its blank lines between threads (a paste
+        # that lost its blank lines is one dump, never a rank per thread: issue 29 item 0)
+        if cur is not None and cur["fmt"] == "faulthandler" and cur["threads"] and asm.after_blank:
+            asm.fh_blank_between = True
+        next_dump = cur is not None and cur.get("current") is not None and (
+            (m is not None and m.group(1) == "Current thread")
+            or (not asm.after_blank and asm.fh_blank_between))
         if cur is not None and (cur["fmt"] not in ("faulthandler", "py-spy") or tid in asm.thread_ids()
                                 or (cur["fmt"] == "py-spy" and cur["threads"]) or cur["headerless"] or next_dump):
             cur = None

@@ -7,6 +7,9 @@ Text (checked against py-spy 0.4.3; the old layout against py-spy 0.1–0.3 outp
 indented by spaces (4 today) or a TAB (old); ``--native`` frames are ``<symbol> (<library>)`` without a line;
 deeper ``--locals`` lines are skipped. ``ray stack`` runs ``py-spy dump`` for every ``ray::`` process after a
 ``Stack dump for <ps line>`` line: each such line starts a process (pid and command from the ps columns).
+Processes start only there and at ``Process <pid>:``: every thread up to the next such line belongs to the open
+process whatever lies between (blank lines, a second ``MainThread``, which a warning names), a thread id seen again
+in it is the same block repeated (counted in a note, not kept), and text without any header is one process.
 ``--json``: a list of ``{pid, thread_id, thread_name, os_thread_id, active, owns_gil, frames: [{name, filename,
 module, short_filename, line}]}``; a frame with a non-null ``module`` (a shared library) is native.
 """
@@ -71,30 +74,33 @@ def handle(asm, s: str, n: int) -> bool:
             if cur is not None and cur["fmt"] not in ("py-spy", "ray-stack"):
                 if cur["threads"] or cur["fmt"] != "unknown":
                     cur = None
-            if cur is not None and cur["threads"]:
-                repeat = bool(tid) and tid in asm.thread_ids()
-                main_again = name == "MainThread" and any(t["name"] == "MainThread" for t in cur["threads"])
-                if cur["pid"] is not None and repeat:
-                    # a headed process ("Process <pid>: …") showing a thread id it already has: the same block again
-                    # (a paste or a generator repeating it), not another rank (issue 29 item 1: 50 MB of one header
-                    # read as 100,438 ranks); its frames are consumed and counted, never kept
-                    asm.discard_thread(n, "duplicate_threads")["pyspy"] = True
-                    return True
-                # a blank line inside a headed process never starts a rank (issue 29 item 0); a second MainThread with
-                # another id does (a paste that lost the next header); a headerless paste is split where a new dump
-                # evidently starts
-                if main_again or (cur["pid"] is None and (repeat or (asm.after_blank and name == "MainThread"))):
-                    cur = None
+            # py-spy's process boundary is its 'Process <pid>:' line (or ray's 'Stack dump for'): every thread up to
+            # the next one belongs to the open process, whatever the layout between them (a blank line, a second
+            # MainThread, a thread id seen again). A reader never starts a rank on its own (issue 29 item 0: a blank
+            # line between two threads of one process read as two ranks, a false divergence); what looks odd is said
+            if cur is not None and tid and tid in cur.setdefault("tids", set()):
+                # a thread id this process already showed: the same block again (a paste, or a log repeating the
+                # dump); its frames are consumed and counted, never kept (issue 29 item 1: 50 MB of one header)
+                asm.discard_thread(n, "duplicate_threads")["pyspy"] = True
+                return True
             if cur is None:
                 asm.new_process("py-spy", n)
                 asm.cur["headerless"] = True
             elif cur["fmt"] == "unknown":
                 cur["fmt"] = "py-spy"
+            cur = asm.cur
+            if name == "MainThread":
+                cur["main_named"] = cur.get("main_named", 0) + 1
+            pid = cur["pid"]
             is_main = None
-            if name == "MainThread" or (tid and asm.cur["pid"] is not None and tid == str(asm.cur["pid"])):
+            if (tid and pid is not None and tid == str(pid)) or (name == "MainThread" and not cur.get("main_named_kept")):
                 is_main = True
-            asm.new_thread(asm.cur["fmt"], n, tid, name, active=active, gil=gil, status=m.group(2) or "",
+            asm.new_thread(cur["fmt"], n, tid, name, active=active, gil=gil, status=m.group(2) or "",
                            is_main=is_main)
+            if tid and not asm.thr.get("discard"):
+                cur.setdefault("tids", set()).add(tid)
+            if name == "MainThread" and not asm.thr.get("discard"):
+                cur["main_named_kept"] = True
             asm.thr["pyspy"] = True
             return True
     t = asm.thr
@@ -104,12 +110,14 @@ def handle(asm, s: str, n: int) -> bool:
             indent = m.group(1)
             if len(indent.expandtabs(4)) >= 8 and not indent.startswith("\t"):
                 return True  # a --locals block
+            if not asm.wants_frame():
+                return True  # a thread not kept, or full: the frame is consumed, not built
             func, loc = m.group(2), m.group(3)
             lm = FRAME_LINE_RE.match(loc)
             file, lineno = (lm.group(1), int(lm.group(2))) if lm else (loc, None)
             native = (lineno is None and (is_native_file(file) or func.startswith("0x"))) or (
                 lineno is not None and is_native_file(file) and not file.endswith(".py"))
-            asm.add_frame(Frame(function=func, module_or_file=file, line=lineno, native=native))
+            asm.add_frame(asm.frame(func, file, lineno, native))
             return True
         if s.startswith(" " * 8):
             return True  # --locals values
