@@ -83,6 +83,22 @@ def iter_modules(package, folder, include, exclude):
             yield mod, os.path.join(dirpath, fn)
 
 
+_BLOCKS = (ast.stmt, ast.excepthandler) + ((ast.match_case,) if hasattr(ast, "match_case") else ())
+
+
+def _walk_statements(tree):
+    """The statements of a module (and its handlers/cases), in ``ast.walk``'s breadth-first order, without
+    descending into expressions (an import is a statement, and a statement's parent is always one: the same order of
+    statements as a full walk at a fraction of its nodes)."""
+    todo = deque([tree])
+    while todo:
+        n = todo.popleft()
+        yield n
+        for c in ast.iter_child_nodes(n):
+            if isinstance(c, _BLOCKS):
+                todo.append(c)
+
+
 class Func:
     __slots__ = ("id", "mod", "cls", "node", "self_name", "calls", "params")
 
@@ -150,7 +166,7 @@ class Index:
 
     def _collect(self, mod, tree):
         pkg_of = mod if self.paths[mod].endswith("__init__.py") else mod.rsplit(".", 1)[0]
-        for node in ast.walk(tree):
+        for node in _walk_statements(tree):
             if isinstance(node, ast.Import):
                 for a in node.names:
                     if a.asname:
@@ -619,29 +635,61 @@ def local_defs(f):
     return d
 
 
+_NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_BODY_NODES = {}  # id(function node) -> (the node, its body's nodes); emptied by scan()
+_STMT_CALLS = {}  # id(statement) -> (the statement, its Call / Attribute nodes in walk_stmts order); emptied by scan()
+
+
 def walk_body(fnode):
-    """Every node of a function's body, not descending into nested functions/classes/lambdas."""
+    """Every node of a function's body, not descending into nested functions/classes/lambdas (breadth first).
+
+    Computed once per function and kept (a list: every pass of the scan walks the same bodies — type rounds, the
+    call graph, the attribute tables —, which was most of its time on sglang; issue 31)."""
+    hit = _BODY_NODES.get(id(fnode))
+    if hit is not None and hit[0] is fnode:
+        return hit[1]
+    got = []
     todo = deque(fnode.body)
     while todo:
         n = todo.popleft()
-        yield n
+        got.append(n)
         for c in ast.iter_child_nodes(n):
-            if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            if not isinstance(c, _NESTED):
                 todo.append(c)
+    _BODY_NODES[id(fnode)] = (fnode, got)  # the node kept with it: an id is never reused while cached
+    return got
+
+
+def _stmt_nodes(s):
+    """``s`` and the nodes under it (breadth first, nested definitions and lambdas left out): walk_stmts' order."""
+    out = [s]
+    todo = deque(ast.iter_child_nodes(s))
+    while todo:
+        n = todo.popleft()
+        if isinstance(n, _NESTED):
+            continue
+        out.append(n)
+        todo.extend(ast.iter_child_nodes(n))
+    return out
 
 
 def walk_stmts(stmts):
     for s in stmts:
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
-        yield s
-        todo = deque(ast.iter_child_nodes(s))
-        while todo:
-            n = todo.popleft()
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-                continue
-            yield n
-            todo.extend(ast.iter_child_nodes(n))
+        yield from _stmt_nodes(s)
+
+
+def stmt_calls(stmts):
+    """The Call and Attribute nodes of :func:`walk_stmts` (same order), from a per-statement list kept once made
+    (the guard analysis asks for the regions after every exit and branch: the same statements many times)."""
+    for s in stmts:
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        hit = _STMT_CALLS.get(id(s))
+        if hit is None or hit[0] is not s:
+            hit = _STMT_CALLS[id(s)] = (s, [n for n in _stmt_nodes(s) if isinstance(n, (ast.Call, ast.Attribute))])
+        yield from hit[1]
 
 
 # --------------------------------------------------------------------------------------------- collectives
@@ -1045,8 +1093,8 @@ class Guards:
         """The collective-reaching calls in ``stmts``: (the most direct one's text, its line, its chain — the
         shortest path to a collective API —, the texts of up to four such calls in source order) or None."""
         best, texts = None, []
-        for n in walk_stmts(stmts):
-            if isinstance(n, ast.Call) or (isinstance(n, ast.Attribute) and id(n) in self.calls):
+        for n in stmt_calls(stmts):
+            if isinstance(n, ast.Call) or id(n) in self.calls:
                 tg, text = self.calls.get(id(n), (frozenset(), ""))
                 if self.reach.call_reaches(tg):
                     chains = [self.reach.chain(t) for t in sorted(x for x in tg if x != COLL) if self.reach.reaches(t)]
@@ -1643,6 +1691,8 @@ def return_types(fnode):
 
 def scan(req):
     t0 = time.time()
+    for table in (_BODY_NODES, _STMT_CALLS, _LOCAL_DEFS):  # a second scan in one process starts clean
+        table.clear()
     rules = req.get("rules") or {}
     pkg, folder = find_package(req["package"], req.get("root"))
     scope = rules.get("scope", {})
