@@ -124,6 +124,10 @@ def after_baseline(state: DiscoveryState, rows: Sequence[Any]) -> dict:
         elif getattr(p, "folded", ()):
             out[p.name] = (f"not reached; the same call's other overrides were folded into it (one per call: "
                            f"[points] max_sites_per_call): {', '.join('`' + _short(s) + '`' for s in p.folded[:4])}")
+        elif getattr(p, "same_decisions", ()):
+            out[p.name] = ("not reached; the same query deciding the same guards was folded into it ([points] "
+                           "fold_same_decisions): " + ", ".join(f"`{_short(s).rsplit('.', 1)[-1]}` in `{_short(c)}`"
+                                                              for s, c in p.same_decisions[:4]))
         elif p.family:
             out[p.name] = f"not reached; the same method elsewhere in its hierarchy: {', '.join('`' + _short(s) + '`' for s in p.family[:4])}"
         else:
