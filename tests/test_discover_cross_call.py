@@ -260,3 +260,12 @@ def test_the_scan_reports_its_cpu_seconds_per_stage(cross: D.Discovery) -> None:
     wall, cpu = cross.scan["seconds"], cross.scan["cpu_seconds"]
     assert set(cpu) == set(wall) >= {"parse", "types", "returners", "cross_call", "guards", "total"}
     assert 0 < cpu["total"] and sum(v for k, v in cpu.items() if k != "total") <= cpu["total"] + 0.05
+
+
+def test_an_unreached_point_names_the_reads_folded_into_it(cross: D.Discovery) -> None:
+    from repro.discover import hunting as Hn
+
+    kept = next(p for p in cross.points if p.same_decisions)
+    st = Hn.DiscoveryState(cross, [kept], (), True)
+    line = Hn.after_baseline(st, [])[kept.name]
+    assert "fold_same_decisions" in line and kept.same_decisions[0][1].rsplit(".", 1)[-1] in line, line
