@@ -2,7 +2,7 @@
 rank-local query in one method and read in another, a membership test and an emptiness check on per-rank containers,
 callables stored on self (a bound method, a lambda), a fixture written like sglang's pre-fix
 ``HiRadixCache.writing_check`` (an early return on an empty local set before the all_reduce), and the folding of
-overrides of one call into one point. The scan runs as a subprocess in this interpreter, as in the target's."""
+overrides of one call into one point, and of reads of one query that decide the same guards. The scan runs as a subprocess in this interpreter, as in the target's."""
 
 from __future__ import annotations
 
@@ -57,6 +57,42 @@ CROSS = {
             def _sync_flush(self):
                 t = torch.tensor([0])
                 dist.all_reduce(t)
+    """,
+    # the same decision reached twice: two helpers read the pool and feed the same one branch (one point, the other
+    # folded in); a third read feeds a branch of its own (its own point)
+    "stats.py": """
+        import torch
+        import torch.distributed as dist
+        from fakeengine.pool import Pool
+
+        class Stats:
+            def __init__(self, pool: Pool):
+                self.pool = pool
+                self.mamba = False
+
+            def token_info(self):
+                return self.pool.available_size()
+
+            def mamba_info(self):
+                return self.pool.available_size() - 1
+
+            def headroom(self):
+                if self.mamba:
+                    return self.mamba_info()
+                return self.token_info()
+
+            def report(self):
+                if self.headroom() > 0:  # SAME-DECISION
+                    t = torch.tensor([0])
+                    dist.all_reduce(t)
+
+            def spare(self):
+                return self.pool.available_size() + 1
+
+            def flush(self):
+                if self.spare() > 2:  # OWN-DECISION
+                    t = torch.tensor([0])
+                    dist.all_reduce(t)
     """,
     "sched.py": """
         import torch
@@ -192,3 +228,44 @@ def test_the_prefer_rule_picks_the_overrides_kept(tmp_path: Path) -> None:
     folded = D._fold_overrides(groups, rules)
     assert list(groups) == [("m:C.available_size", "m:S.tick", None)]
     assert folded == {("m:C.available_size", "m:S.tick", None, False): ("m:A.available_size", "m:B.available_size", "m:D.available_size")}
+
+
+def test_reads_of_one_query_deciding_the_same_guards_are_one_point(cross: D.Discovery) -> None:
+    # token_info and mamba_info both read Pool.available_size and feed only `if self.headroom() > 0` in report():
+    # the same decision reached twice, one point; spare() feeds flush()'s branch too and keeps its own
+    pts = [p for p in cross.points if p.site.endswith("available_size") and p.caller.startswith(f"{PKG}.stats:")]
+    callers = sorted(p.caller.rsplit(".", 1)[-1] for p in pts)
+    assert len(callers) == 2 and "spare" in callers and len({"token_info", "mamba_info"} & set(callers)) == 1, callers
+    kept = next(p for p in pts if not p.caller.endswith("spare"))
+    other = ({"token_info", "mamba_info"} - set(callers)).pop()
+    assert [c.rsplit(".", 1)[-1] for _s, c in kept.same_decisions] == [other]
+    assert "also reached through" in kept.what and not next(p for p in pts if p.caller.endswith("spare")).same_decisions
+    guards = {(c.caller, c.guard_line) for c in kept.candidates}
+    assert guards == {(f"{PKG}.stats:Stats.report", _line("stats.py", "SAME-DECISION"))}
+    assert "# folded in (the same query deciding the same guards)" in D.points_toml(cross.points)
+
+
+def test_same_decisions_fold_only_when_the_rules_ask() -> None:
+    c = D.Candidate("m:S.report", "pool query", "self.h()", 3, ("m:S.h",), None, "branch", 3, "x", (), "", 1,
+                    leaves=(("m:P.available_size", "m:S.a", "pool query"), ("m:P.available_size", "m:S.b", "pool query")))
+    on = {"points": {"max_sites_per_call": 1, "fold_same_decisions": True}, "perturbations_by_kind": {"pool query": ["zero_once"]}}
+    off = {"points": {"max_sites_per_call": 1}, "perturbations_by_kind": {"pool query": ["zero_once"]}}
+    leaf = lambda ps: sorted(p.caller for p in ps if p.site == "m:P.available_size")  # noqa: E731
+    assert leaf(D.discovered_points([c], on, ["zero_once"])) == ["m:S.a"]
+    assert leaf(D.discovered_points([c], off, ["zero_once"])) == ["m:S.a", "m:S.b"]
+
+
+def test_the_scan_reports_its_cpu_seconds_per_stage(cross: D.Discovery) -> None:
+    # issue 31's scan-time goal is read in CPU seconds on a shared box: every timed stage has its CPU figure
+    wall, cpu = cross.scan["seconds"], cross.scan["cpu_seconds"]
+    assert set(cpu) == set(wall) >= {"parse", "types", "returners", "cross_call", "guards", "total"}
+    assert 0 < cpu["total"] and sum(v for k, v in cpu.items() if k != "total") <= cpu["total"] + 0.05
+
+
+def test_an_unreached_point_names_the_reads_folded_into_it(cross: D.Discovery) -> None:
+    from repro.discover import hunting as Hn
+
+    kept = next(p for p in cross.points if p.same_decisions)
+    st = Hn.DiscoveryState(cross, [kept], (), True)
+    line = Hn.after_baseline(st, [])[kept.name]
+    assert "fold_same_decisions" in line and kept.same_decisions[0][1].rsplit(".", 1)[-1] in line, line

@@ -261,6 +261,8 @@ class DiscoveredPoint:
     loop_var: Optional[str] = None  # the caller's `for` loop the source call is in (None: in no loop)
     any_loop: bool = False  # a leaf query: every row of its direct caller, in a loop or not (the guard is further up)
     folded: tuple[str, ...] = ()  # overrides of the same call in the same caller/loop folded into this point (dedup)
+    # points of the same query deciding exactly the same guards, folded into this one: (site, caller) each
+    same_decisions: tuple[tuple[str, str], ...] = ()
 
     @property
     def loop_vars(self) -> tuple[Optional[str], ...]:
@@ -345,20 +347,27 @@ def discovered_points(cands: Sequence[Candidate], rules: dict, known_perturbatio
             groups.pop(key)
             kinds_of.pop(key)
     folded = _fold_overrides(groups, rules, families, depths)
+    perts_of: dict[tuple, list[str]] = {}
+    for (site, caller, loop_var) in groups:
+        perts: list[str] = []
+        for k in kinds_of[(site, caller, loop_var)]:
+            # a leaf is a direct query in its caller; a site from the candidate's own source may be a returner
+            for p in perturbations_for(k, None if loop_var is ANY else rets.get(site), rules):
+                if p in known_perturbations and p not in perts:
+                    perts.append(p)
+        if perts:
+            perts_of[(site, caller, loop_var)] = perts
+    merged = _fold_same_decisions({k: v for k, v in groups.items() if k in perts_of}, perts_of, rules, depths)
     taken: set = set()
     out = []
     for (site, caller, loop_var), cs in groups.items():
+        perts = perts_of.get((site, caller, loop_var))
+        if not perts or (site, caller, loop_var) in merged["dropped"]:
+            continue
+        same = merged["kept"].get((site, caller, loop_var), ())
         kinds = kinds_of[(site, caller, loop_var)]
         any_loop = loop_var is ANY
         loop_var = None if any_loop else loop_var
-        perts: list[str] = []
-        for k in kinds:
-            # a leaf is a direct query in its caller; a site from the candidate's own source may be a returner
-            for p in perturbations_for(k, None if any_loop else rets.get(site), rules):
-                if p in known_perturbations and p not in perts:
-                    perts.append(p)
-        if not perts:
-            continue
         guards = sorted({f"{c.guard} at line {c.guard_line}" for c in cs})
         if any_loop:
             outer = sorted({_short(c.caller) for c in cs})
@@ -372,8 +381,59 @@ def discovered_points(cands: Sequence[Candidate], rules: dict, known_perturbatio
         if fold:
             what += f" (one point for {len(fold) + 1} overrides of the call: {', '.join(_short(x) for x in fold[:3])}" \
                     + (" …" if len(fold) > 3 else "") + " folded in)"
+        if same:
+            what += (f" (the same decisions also reached through "
+                     + ", ".join(f"`{_short(x).rsplit('.', 1)[-1]}` in {_short(y)}" for x, y in same[:3])
+                     + (" …" if len(same) > 3 else "") + ": folded in)")
         out.append(DiscoveredPoint(_point_name(site, caller, loop_var, taken), site, caller, what, tuple(perts), tuple(cs),
-                                   tuple((families or {}).get(site) or ()), loop_var, any_loop, tuple(fold)))
+                                   tuple((families or {}).get(site) or ()), loop_var, any_loop, tuple(fold), same))
+    return out
+
+
+def _fold_same_decisions(groups: dict, perts_of: dict, rules: dict, depths: Optional[dict] = None) -> dict:
+    """The same decision reached twice (issue 31): points of one query (method names folded as in
+    :func:`_fold_overrides`), with the same perturbations, whose candidates decide exactly the same guards (caller,
+    guard kind, line) — the free-space query read in two helpers whose values feed the same branches — are one decision
+    point: perturbing either flips the same guards, nothing else. One is kept (the rules' ``prefer_sites`` first, then
+    a direct read of the guard's caller before a leaf, then base class, site and caller by name); the others are
+    named in it. Overrides of the query read at the kept read's place (same caller and loop) stay as
+    ``max_sites_per_call`` left them. On only with ``[points] fold_same_decisions = true``.
+
+    Args:
+        groups: (site, caller, loop key) -> the candidates of that point (after :func:`_fold_overrides`).
+        perts_of: the same keys -> the point's perturbation names.
+    Returns:
+        {"kept": key -> ((site, caller), …) folded into it, "dropped": the keys folded away}.
+    """
+    import fnmatch
+
+    cfg = rules.get("points") or {}
+    out: dict = {"kept": {}, "dropped": set()}
+    if not cfg.get("fold_same_decisions", False):
+        return out
+    prefer = [str(x) for x in cfg.get("prefer_sites", [])]
+    fold = [str(x) for x in cfg.get("fold_methods", [])]
+
+    def method_group(site: str) -> str:
+        m = _short(site).rsplit(".", 1)[-1]
+        return next((g for g in fold if fnmatch.fnmatchcase(m, g)), m)
+
+    def rank(key: tuple) -> tuple:
+        site, caller, loop = key
+        i = next((k for k, g in enumerate(prefer) if fnmatch.fnmatchcase(site, g)), len(prefer))
+        return (i, not (isinstance(loop, str) or loop is None), (depths or {}).get(site, 99), site, caller)
+
+    classes: dict[tuple, list[tuple]] = {}
+    for key, cs in groups.items():
+        decided = frozenset((c.caller, c.guard, c.guard_line) for c in cs)
+        classes.setdefault((method_group(key[0]), tuple(perts_of[key]), decided), []).append(key)
+    for keys in classes.values():
+        keys.sort(key=rank)
+        # overrides of one call at one place (the same caller and loop) are max_sites_per_call's to keep or fold
+        rest = [k for k in keys if k[1:] != keys[0][1:]]
+        if rest:
+            out["kept"][keys[0]] = tuple((k[0], k[1]) for k in rest)
+            out["dropped"].update(rest)
     return out
 
 
@@ -443,6 +503,9 @@ def points_toml(points: Sequence[DiscoveredPoint], header: str = "") -> str:
                   f"callers = {json.dumps([p.caller])}", f"loops = {json.dumps(list(p.loops))}"]
         if p.folded:
             lines.append(f"# folded in (the same call's other overrides): {', '.join(p.folded)}")
+        if p.same_decisions:
+            lines.append("# folded in (the same query deciding the same guards): "
+                         + ", ".join(f"{site} in {caller}" for site, caller in p.same_decisions))
         for c in p.candidates[:4]:
             lines.append(f"# {c.guard} (line {c.guard_line}) on {c.source} (line {c.source_line}"
                          + (f", in `for {c.loop_var}`" if c.loop_var else "") + f") → {c.collective}")
@@ -507,6 +570,7 @@ class Discovery:
                 "reaching_functions": s.get("reaching"), "guards": len(s.get("guards") or []),
                 "candidates": len(self.candidates), "huntable": sum(1 for c in self.candidates if c.huntable),
                 "points": len(self.points), "folded": sum(len(p.folded) for p in self.points),
+                "same_decisions_folded": sum(len(p.same_decisions) for p in self.points),
                 "cross_call_attrs": s.get("cross_call_attrs"), "stored_callables": s.get("stored_callables"),
                 "seconds": s.get("seconds"), "cached": s.get("cached")}
 
@@ -515,7 +579,8 @@ class Discovery:
                 "candidates": [c.to_json() for c in self.candidates],
                 "points": [{"name": p.name, "site": p.site, "caller": p.caller, "what": p.what,
                             "perturbations": list(p.perturbations), "loop_vars": list(p.loop_vars),
-                            "family": list(p.family), "folded": list(p.folded)} for p in self.points],
+                            "family": list(p.family), "folded": list(p.folded),
+                            "same_decisions": [list(x) for x in p.same_decisions]} for p in self.points],
                 "unresolved_in_guarded": self.scan.get("unresolved_in_guarded") or {},
                 "thread_attrs": self.scan.get("thread_attrs") or {}}
 
@@ -529,8 +594,8 @@ class Discovery:
                f"({s['unresolved_calls']} resolve to nothing in the package: listed below for the guarded functions, "
                f"never guessed); {s['reaching_functions']} functions reach a collective",
                f"- **found**: {s['guards']} guards → {s['candidates']} candidates ({s['huntable']} with a patchable "
-               f"site) → {s['points']} catalogue points ({s['folded']} more overrides of the same calls folded into "
-               f"them); across calls: {s['cross_call_attrs']} attributes written from rank-local values, "
+               f"site) → {s['points']} catalogue points ({s['folded']} more overrides of the same calls and "
+               f"{s['same_decisions_folded']} reads of the same query deciding the same guards folded into them); across calls: {s['cross_call_attrs']} attributes written from rank-local values, "
                f"{s['stored_callables']} callables stored on self followed", ""]
         out += ["## Candidates (ranked)", "", "| # | score | caller | source (kind) | loop | guard | guarded collective | sites |",
                 "|---|---|---|---|---|---|---|---|"]

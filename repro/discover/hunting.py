@@ -121,9 +121,15 @@ def after_baseline(state: DiscoveryState, rows: Sequence[Any]) -> dict:
         if built:
             out[p.name] = (f"`{_short(p.site)}` is never built by this model; it built `{_short(built[0])}` instead "
                            f"(point `{seen_sites[built[0]]}`)")
-        elif getattr(p, "folded", ()):
-            out[p.name] = (f"not reached; the same call's other overrides were folded into it (one per call: "
-                           f"[points] max_sites_per_call): {', '.join('`' + _short(s) + '`' for s in p.folded[:4])}")
+        elif getattr(p, "folded", ()) or getattr(p, "same_decisions", ()):
+            parts = []
+            if getattr(p, "folded", ()):
+                parts.append("the same call's other overrides were folded into it (one per call: [points] "
+                             "max_sites_per_call): " + ", ".join('`' + _short(s) + '`' for s in p.folded[:4]))
+            if getattr(p, "same_decisions", ()):
+                parts.append("the same query deciding the same guards was folded into it ([points] fold_same_decisions): "
+                             + ", ".join(f"`{_short(s).rsplit('.', 1)[-1]}` in `{_short(c)}`" for s, c in p.same_decisions[:4]))
+            out[p.name] = "not reached; " + "; ".join(parts)
         elif p.family:
             out[p.name] = f"not reached; the same method elsewhere in its hierarchy: {', '.join('`' + _short(s) + '`' for s in p.family[:4])}"
         else:

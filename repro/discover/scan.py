@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import gc
 import hashlib
 import importlib.util
 import json
@@ -81,6 +82,22 @@ def iter_modules(package, folder, include, exclude):
             if any(mod == p or mod.startswith(p + ".") for p in exclude):
                 continue
             yield mod, os.path.join(dirpath, fn)
+
+
+_BLOCKS = (ast.stmt, ast.excepthandler) + ((ast.match_case,) if hasattr(ast, "match_case") else ())
+
+
+def _walk_statements(tree):
+    """The statements of a module (and its handlers/cases), in ``ast.walk``'s breadth-first order, without
+    descending into expressions (an import is a statement, and a statement's parent is always one: the same order of
+    statements as a full walk at a fraction of its nodes)."""
+    todo = deque([tree])
+    while todo:
+        n = todo.popleft()
+        yield n
+        for c in ast.iter_child_nodes(n):
+            if isinstance(c, _BLOCKS):
+                todo.append(c)
 
 
 class Func:
@@ -140,6 +157,11 @@ class Index:
                 self.paths[mod] = path
             except (SyntaxError, ValueError, OSError) as e:
                 self.errors.append(f"{path}: {e}")
+        self.pkg_dirs = set()  # every dotted proper prefix of a module (a package folder): _is_pkg_dir's answer
+        for mod in self.mods:
+            parts = mod.split(".")
+            for i in range(1, len(parts)):
+                self.pkg_dirs.add(".".join(parts[:i]))
         for mod, tree in self.mods.items():
             self._collect(mod, tree)
         self.subclasses = defaultdict(set)
@@ -150,7 +172,7 @@ class Index:
 
     def _collect(self, mod, tree):
         pkg_of = mod if self.paths[mod].endswith("__init__.py") else mod.rsplit(".", 1)[0]
-        for node in ast.walk(tree):
+        for node in _walk_statements(tree):
             if isinstance(node, ast.Import):
                 for a in node.names:
                     if a.asname:
@@ -173,7 +195,7 @@ class Index:
         self._defs(mod, tree.body, "", None)
 
     def _is_pkg_dir(self, dotted):
-        return any(m.startswith(dotted + ".") for m in self.mods) if dotted.startswith(self.package) else False
+        return dotted in self.pkg_dirs if dotted.startswith(self.package) else False
 
     def _defs(self, mod, body, prefix, cls):
         for node in body:
@@ -619,29 +641,61 @@ def local_defs(f):
     return d
 
 
+_NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_BODY_NODES = {}  # id(function node) -> (the node, its body's nodes); emptied by scan()
+_STMT_CALLS = {}  # id(statement) -> (the statement, its Call / Attribute nodes in walk_stmts order); emptied by scan()
+
+
 def walk_body(fnode):
-    """Every node of a function's body, not descending into nested functions/classes/lambdas."""
+    """Every node of a function's body, not descending into nested functions/classes/lambdas (breadth first).
+
+    Computed once per function and kept (a list: every pass of the scan walks the same bodies — type rounds, the
+    call graph, the attribute tables —, which was most of its time on sglang; issue 31)."""
+    hit = _BODY_NODES.get(id(fnode))
+    if hit is not None and hit[0] is fnode:
+        return hit[1]
+    got = []
     todo = deque(fnode.body)
     while todo:
         n = todo.popleft()
-        yield n
+        got.append(n)
         for c in ast.iter_child_nodes(n):
-            if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            if not isinstance(c, _NESTED):
                 todo.append(c)
+    _BODY_NODES[id(fnode)] = (fnode, got)  # the node kept with it: an id is never reused while cached
+    return got
+
+
+def _stmt_nodes(s):
+    """``s`` and the nodes under it (breadth first, nested definitions and lambdas left out): walk_stmts' order."""
+    out = [s]
+    todo = deque(ast.iter_child_nodes(s))
+    while todo:
+        n = todo.popleft()
+        if isinstance(n, _NESTED):
+            continue
+        out.append(n)
+        todo.extend(ast.iter_child_nodes(n))
+    return out
 
 
 def walk_stmts(stmts):
     for s in stmts:
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
-        yield s
-        todo = deque(ast.iter_child_nodes(s))
-        while todo:
-            n = todo.popleft()
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-                continue
-            yield n
-            todo.extend(ast.iter_child_nodes(n))
+        yield from _stmt_nodes(s)
+
+
+def stmt_calls(stmts):
+    """The Call and Attribute nodes of :func:`walk_stmts` (same order), from a per-statement list kept once made
+    (the guard analysis asks for the regions after every exit and branch: the same statements many times)."""
+    for s in stmts:
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        hit = _STMT_CALLS.get(id(s))
+        if hit is None or hit[0] is not s:
+            hit = _STMT_CALLS[id(s)] = (s, [n for n in _stmt_nodes(s) if isinstance(n, (ast.Call, ast.Attribute))])
+        yield from hit[1]
 
 
 # --------------------------------------------------------------------------------------------- collectives
@@ -751,11 +805,36 @@ class Reach:
         return COLL in tg or any(_match(t, self.sanitizer_globs) or _match(t, self.seed_globs) for t in tg)
 
 
+_MATCHED = {}  # id(glob list) -> (the list, {name: answer}): the same few rule lists are asked about every call
+
+
 def _match(name, globs):
-    return any(fnmatch.fnmatchcase(name, g) for g in globs)
+    """Whether ``name`` matches one of ``globs`` (fnmatch, case-sensitive); answers kept per list and name (the
+    rule lists are not changed during a scan)."""
+    hit = _MATCHED.get(id(globs))
+    if hit is None or hit[0] is not globs:
+        hit = _MATCHED[id(globs)] = (globs, {})
+    got = hit[1].get(name)
+    if got is None:
+        got = hit[1][name] = any(fnmatch.fnmatchcase(name, g) for g in globs)
+    return got
+
+
+_TEXTS = {}  # (id(node), limit) -> (node, text); emptied by scan()
 
 
 def _text(node, limit=120):
+    """The source text of ``node`` on one line, cut to ``limit`` characters (kept per node: asked again by every
+    pass that makes a source of it)."""
+    hit = _TEXTS.get((id(node), limit))
+    if hit is not None and hit[0] is node:
+        return hit[1]
+    s = _unparse_line(node, limit)
+    _TEXTS[(id(node), limit)] = (node, s)
+    return s
+
+
+def _unparse_line(node, limit):
     try:
         s = ast.unparse(node)
     except Exception:  # pragma: no cover - ast.unparse handles every parsed node
@@ -1045,8 +1124,8 @@ class Guards:
         """The collective-reaching calls in ``stmts``: (the most direct one's text, its line, its chain — the
         shortest path to a collective API —, the texts of up to four such calls in source order) or None."""
         best, texts = None, []
-        for n in walk_stmts(stmts):
-            if isinstance(n, ast.Call) or (isinstance(n, ast.Attribute) and id(n) in self.calls):
+        for n in stmt_calls(stmts):
+            if isinstance(n, ast.Call) or id(n) in self.calls:
                 tg, text = self.calls.get(id(n), (frozenset(), ""))
                 if self.reach.call_reaches(tg):
                     chains = [self.reach.chain(t) for t in sorted(x for x in tg if x != COLL) if self.reach.reaches(t)]
@@ -1524,10 +1603,16 @@ def returners(ctx, rounds):
         # the next round: only functions that call (or read) one found in this round can newly return a rank-local
         # value
         todo = sorted({c for fid in new for c in ctx.reach.callers.get(fid, ()) if c not in ctx.returners})
-    # a returner found early saw only the returners known then: its leaves grow until nothing changes
+    # a returner found early saw only the returners known then: its leaves grow until nothing changes. A returner's
+    # leaves depend only on those of the returners it calls, so a sweep re-runs only those whose callees' leaves
+    # changed since they were last run (the rest would give what they hold: the same sweeps, a fraction of the runs)
+    stale = set(ctx.returners)
     for _ in range(rounds):
         changed = False
         for fid in list(ctx.returners):
+            if fid not in stale:
+                continue
+            stale.discard(fid)
             g = Guards(ctx, ctx.ix.funcs[fid])
             g.record = lambda *a, **k: None
             g.try_guard = lambda *a, **k: None
@@ -1543,6 +1628,7 @@ def returners(ctx, rounds):
             if leaves != ctx.leaves.get(fid):
                 ctx.leaves[fid] = leaves
                 changed = True
+                stale |= {c for c in ctx.reach.callers.get(fid, ()) if c in ctx.returners}
         if not changed:
             break
     return ctx.returners
@@ -1642,12 +1728,15 @@ def return_types(fnode):
 
 
 def scan(req):
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
+    for table in (_BODY_NODES, _STMT_CALLS, _LOCAL_DEFS, _MATCHED, _TEXTS):  # a second scan in one process starts clean
+        table.clear()
     rules = req.get("rules") or {}
     pkg, folder = find_package(req["package"], req.get("root"))
     scope = rules.get("scope", {})
     ix = Index(pkg, folder, scope.get("include", []), scope.get("exclude", []))
-    t_parse = time.time() - t0
+    t_parse, c_parse = time.time() - t0, time.process_time() - c0
+    t_graph, c_graph = time.time(), time.process_time()
     types = Types(ix)
     for _ in range(int(scope.get("type_rounds", 3))):
         types.round()
@@ -1667,15 +1756,16 @@ def scan(req):
     }
     ctx.sanitized_attrs = set((rules.get("sanitizers") or {}).get("attributes", []))
     ctx.thread_attrs = thread_attrs(ix, types) if opts.get("thread_written", True) else {}
-    t_ret = time.time()
+    t_graph, c_graph = time.time() - t_graph, time.process_time() - c_graph
+    t_ret, c_ret = time.time(), time.process_time()
     ctx.returners = returners(ctx, int(scope.get("return_rounds", 2)))
-    t_ret = time.time() - t_ret
-    t_cross = time.time()
+    t_ret, c_ret = time.time() - t_ret, time.process_time() - c_ret
+    t_cross, c_cross = time.time(), time.process_time()
     ctx.attr_writers = attr_writers(ix) if cross else {}
     if cross:
         cross_call_attrs(ctx, int(scope.get("attr_rounds", 2)))
-    t_cross = time.time() - t_cross
-    t_guards = time.time()
+    t_cross, c_cross = time.time() - t_cross, time.process_time() - c_cross
+    t_guards, c_guards = time.time(), time.process_time()
     guards = []
     only = req.get("only_functions") or []
     for f in ix.funcs.values():
@@ -1692,7 +1782,7 @@ def scan(req):
             x["caller"] = f.id
             x["file"] = ix.paths[f.mod]
             guards.append(x)
-    t_guards = time.time() - t_guards
+    t_guards, c_guards = time.time() - t_guards, time.process_time() - c_guards
     families = {}
     depth = {}  # site -> its class's MRO length (a base class's definition before its overrides' when folding)
     for g in guards:
@@ -1726,8 +1816,13 @@ def scan(req):
         "site_depth": depth,
         "cross_call_attrs": sum(len(v) for v in (getattr(ctx, "attr_src", None) or {}).values()),
         "stored_callables": sum(len(v) for v in (getattr(types, "callables", None) or {}).values()),
-        "seconds": {"parse": round(t_parse, 2), "returners": round(t_ret, 2), "cross_call": round(t_cross, 2),
-                    "guards": round(t_guards, 2), "total": round(time.time() - t0, 2)},
+        # wall seconds per stage (``types``: class inference and the call graph), and the CPU seconds of each (the
+        # scan is single-threaded: on a shared box its CPU time is what its wall time is on a quiet one)
+        "seconds": {"parse": round(t_parse, 2), "types": round(t_graph, 2), "returners": round(t_ret, 2),
+                    "cross_call": round(t_cross, 2), "guards": round(t_guards, 2), "total": round(time.time() - t0, 2)},
+        "cpu_seconds": {"parse": round(c_parse, 2), "types": round(c_graph, 2), "returners": round(c_ret, 2),
+                        "cross_call": round(c_cross, 2), "guards": round(c_guards, 2),
+                        "total": round(time.process_time() - c0, 2)},
     }
 
 
@@ -1780,6 +1875,9 @@ def fingerprint(req):
 
 def main():
     req = json.loads(sys.stdin.read())
+    # the scan builds millions of AST nodes and frees none until it ends: the cyclic collector's passes over them
+    # found nothing to free and cost seconds (issue 31). Off for this process (a script run once per scan).
+    gc.disable()
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
     cache = req.get("cache_dir")
     key = path = None
@@ -1810,3 +1908,6 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # the answer is written; freeing the trees one by one at exit took longer than a parse pass
+    sys.stdout.flush()
+    os._exit(0)
