@@ -10,7 +10,13 @@ harness's pid + start ticks). Rules, in order:
 - a run whose harness is still alive (pid + start ticks of ``run.json`` / the mark) is refused unless ``force``;
 - a live recorded process whose ``/proc/<pid>/environ`` lacks the run's launch token (``REPRO_LAUNCH_TOKEN``, set by
   :func:`repro.launcher.start_server`, its value in the mark's ``tokens``) makes cleanup refuse the whole folder:
-  a hand-written or stale ``processes.json`` cannot make it signal an unrelated process;
+  a hand-written or stale ``processes.json`` cannot make it signal an unrelated process (a process that rewrote its
+  environ block with its title counts when it is in the session of a recorded root that carries the token). A
+  folder an older harness wrote (no ``tokens`` in the mark) naming live processes is refused the same way: end
+  those by hand;
+- a server spanning hosts (``hosts`` in ``processes.json``, :func:`repro.remote_run.cleanup_hosts`): refused
+  without a token, before any host is contacted; a node's session is signalled only when one of its processes
+  carries the token, and its workdir removed only when it holds the token file with that token;
 - only recorded processes whose pid AND start ticks still match are signalled (:func:`repro.procs.stop_procs`): a
   reused pid is never touched;
 - once the tree is gone, the server's temp folders (``owned_dirs.json``, only ``$TMPDIR/repro-*``) are removed, and a
@@ -250,8 +256,8 @@ def cleanup_run(folder: Path, force: bool = False) -> CleanupResult:
     if hosts:  # a server spanning hosts (repro/remote_run.py): each node's session is ended through its host's runner
         from repro.remote_run import cleanup_hosts
 
-        rc, msg = cleanup_hosts(hosts)
-        return CleanupResult(folder, EXIT_OK if rc == 0 else EXIT_INTERNAL, msg)
+        rc, msg = cleanup_hosts(hosts, tokens=mark.get("tokens") or [])
+        return CleanupResult(folder, {0: EXIT_OK, 2: EXIT_USAGE}.get(rc, EXIT_INTERNAL), msg, refused=rc == 2)
     live = [p for p in recorded if _procs.alive(p)]
     tokens = [t for t in (mark.get("tokens") or []) if isinstance(t, str) and t]
     foreign = [p for p in live if not _ours(p, tokens, mark)]
