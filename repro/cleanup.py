@@ -303,12 +303,20 @@ def cleanup(folder: Path, force: bool = False) -> list[CleanupResult]:
         CleanupError: ``folder`` stands for no run folder (message names what is accepted).
     """
     targets = cleanup_targets(Path(folder))
-    if not targets and Path(folder).exists() and not Path(folder).is_dir():
-        raise CleanupError(f"{folder} is a file, not a folder: pass a run's evidence folder (it holds processes.json), a "
-                           "hunt folder, a hunt trial's folder, or an evidence root")
     if not targets:
-        raise CleanupError(f"{Path(folder) / 'processes.json'} not found: pass a run's evidence folder (it holds "
-                           "processes.json), a hunt folder, a hunt trial's folder, or an evidence root")
+        from repro.paths import kind, nearest_existing
+
+        p = Path(folder)
+        accepted = ("pass a run's evidence folder (it holds processes.json), a hunt folder, a hunt trial's folder, or an "
+                    "evidence root")
+        if p.exists() and not p.is_dir():
+            what = "a file" if p.is_file() else kind(p.stat())
+            raise CleanupError(f"{p} is {what}, not a folder: {accepted}")
+        if not p.exists():
+            up = nearest_existing(p)
+            why = f" ({up} is a file, not a folder)" if up.exists() and not up.is_dir() else ""
+            raise CleanupError(f"{p} does not exist{why}: {accepted}")
+        raise CleanupError(f"{p / 'processes.json'} not found (nor a run folder under {p}): {accepted}")
     return [cleanup_run(t, force) for t in targets]
 
 

@@ -1003,15 +1003,18 @@ def reproduce(
     release: Optional[str] = typer.Option(None, "--release", help="engine release to map and run on, e.g. 0.5.18 (default: what --report or the dumps say, else inferred from the frames)"),
     report: Optional[List[Path]] = typer.Option(None, "--report", callback=_path_check("in", "a text file: a pasted `python3 -m sglang.check_env` block or a server log"), help="a pasted `python3 -m sglang.check_env` block or a server log naming the release (repeatable)"),
 ) -> None:
-    """Write a scenario whose variants make the dumps' divergence on purpose (``repro.reproduce``): an extra
-    collective on the odd rank(s), its mirror, and discovery's root-cause candidates on the odd rank's path. With
-    --no-run that is all (nothing is launched; run a candidate with ``repro run OUT/reproduce.toml --variant NAME``).
+    """Write a scenario whose variants make the dumps' divergence on purpose, then run them on one server and judge
+    each against the dumps (with --no-run: only write it, launch nothing).
 
-    Without --no-run it then runs them on one server (re-armed per candidate, restarted after a hang), compares each hang's signature
-    with the dumps' and writes OUT/REPRODUCTION.md. Exit 10 REPRODUCED, 11 DIFFERENT HANG, 12 NOT REPRODUCED; 0 with
-    --no-run once written; 2 on bad input (ranks that agree, one rank, a busy rank, no Python frames, an engine
-    without adapter, a release unknown or not set up), one line, nothing launched. The release: --release, else
-    what --report / the dumps name, else inferred from the frames (``repro.reproduce_release``); printed with why.
+    Always: OUT/reproduce.toml with the candidates (``repro.reproduce``): an extra collective on the odd rank(s),
+    its mirror, and discovery's root-cause candidates on the odd rank's path; then exit 0 with --no-run (run one
+    later with ``repro run OUT/reproduce.toml --variant NAME``). Without --no-run (the default) it launches one
+    server, runs the candidates on it (re-armed per candidate, restarted after a hang), compares each hang's
+    signature with the dumps' and writes OUT/REPRODUCTION.md (and OUT/reproducer.toml with the one that
+    reproduced): exit 10 REPRODUCED, 11 DIFFERENT HANG, 12 NOT REPRODUCED. Exit 2 on bad input (ranks that agree,
+    one rank, a busy rank, no Python frames, an engine without adapter, a release unknown or not set up): one line,
+    before anything is launched. The release: --release, else what --report / the dumps name, else inferred from the
+    frames (``repro.reproduce_release``); printed with why.
     """
     from repro.reproduce import ReproduceInputError, write_candidates
 

@@ -23,7 +23,7 @@ class PathInputError(ValueError):
     """A path given by the user is not what the option needs (message: the path, what it is, the fix)."""
 
 
-def _kind(st: os.stat_result) -> str:
+def kind(st: os.stat_result) -> str:
     """What a non-regular, non-folder path is, in words."""
     m = st.st_mode
     if stat.S_ISFIFO(m):
@@ -58,13 +58,13 @@ def input_file(path: PathLike, what: str = "", expect: str = "a file") -> Path:
     except FileNotFoundError:
         raise PathInputError(f"{lab}: not found; pass {expect}") from None
     except NotADirectoryError:
-        raise PathInputError(f"{lab}: not found ({_file_on_the_way(p)} is a file, not a folder); pass {expect}") from None
+        raise PathInputError(f"{lab}: not found ({nearest_existing(p)} is a file, not a folder); pass {expect}") from None
     except OSError as e:
         raise PathInputError(f"{lab}: cannot be read ({e.strerror}); pass {expect}") from None
     if stat.S_ISDIR(st.st_mode):
         raise PathInputError(f"{lab}: is a folder; pass {expect}")
     if not stat.S_ISREG(st.st_mode):
-        raise PathInputError(f"{lab}: is {_kind(st)}, not a regular file; save its content to a file and pass {expect}")
+        raise PathInputError(f"{lab}: is {kind(st)}, not a regular file; save its content to a file and pass {expect}")
     if not os.access(p, os.R_OK):
         raise PathInputError(f"{lab}: not readable (permission denied); pass {expect} you can read")
     return p
@@ -89,9 +89,9 @@ def read_text(path: PathLike, what: str = "", expect: str = "a UTF-8 text file")
                              f"{e.start}, line {line}); pass {expect}") from None
 
 
-def _file_on_the_way(p: Path) -> Path:
-    """The nearest ancestor of ``p`` that exists (a file, when a path under it raised NotADirectoryError)."""
-    q = p
+def nearest_existing(p: PathLike) -> Path:
+    """``p`` itself or its nearest ancestor that exists (a file, when a path under it raised NotADirectoryError)."""
+    q = Path(p)
     while not q.exists() and q != q.parent:
         q = q.parent
     return q
@@ -122,12 +122,12 @@ def output_file(path: PathLike, what: str = "", example: str = "report.md") -> P
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise PathInputError(f"{lab}: is a folder; pass a file path inside it, e.g. {p / example}")
     if st is not None and not stat.S_ISREG(st.st_mode):
-        raise PathInputError(f"{lab}: is {_kind(st)}, not a regular file; pass a path for a new or regular file")
+        raise PathInputError(f"{lab}: is {kind(st)}, not a regular file; pass a path for a new or regular file")
     parent = p.parent
     if not parent.is_dir():
         if parent.exists():
             raise PathInputError(f"{lab}: {parent} is a file, not a folder; pass a path inside an existing folder")
-        on_way = _file_on_the_way(parent)
+        on_way = nearest_existing(parent)
         if on_way.exists() and not on_way.is_dir():
             raise PathInputError(f"{lab}: {on_way} is a file, not a folder; pass a path inside an existing folder")
         raise PathInputError(f"{lab}: folder {parent} does not exist; create it or pass a path inside an existing folder")
@@ -153,7 +153,7 @@ def output_dir(path: PathLike, what: str = "") -> Path:
         return p
     if p.exists():
         raise PathInputError(f"{lab}: is a file, not a folder; pass a folder (it is created if missing)")
-    on_way = _file_on_the_way(p)
+    on_way = nearest_existing(p)
     if on_way.exists() and not on_way.is_dir():
         raise PathInputError(f"{lab}: {on_way} is a file, not a folder; pass a folder path with no file on its way")
     if on_way.exists() and not os.access(on_way, os.W_OK | os.X_OK):
