@@ -113,6 +113,14 @@ def _scenario_arg(value: Path) -> Path:
     except resources.ResourceError as e:
         console.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(EXIT_USAGE)
+    if found.exists() and not found.is_file():  # a folder or a FIFO: say what it is (a FIFO read would block)
+        from repro import paths
+
+        try:
+            paths.input_file(found, "", "a scenario .toml file or the name of a bundled scenario")
+        except paths.PathInputError as e:
+            console.print(f"[red]error:[/] {escape(str(e))}")
+            raise typer.Exit(EXIT_USAGE)
     if not found.is_file():
         names = ", ".join(resources.scenario_names()) or "(none found)"
         console.print(f"[red]error:[/] {escape(str(value))}: scenario file not found (expected a .toml file, or the name of "
@@ -124,8 +132,8 @@ def _scenario_arg(value: Path) -> Path:
 def _path_check(kind: str, expect: str = "a file", example: str = "report.md"):
     """A Typer callback for a path option (``repro.paths``), so every verb checks its paths the same way and before
     anything is read, written or launched: ``kind`` is ``"in"`` (a regular readable file), ``"text"`` (that, and
-    UTF-8), ``"out"`` (a file to write: not a folder or FIFO, in an existing folder) or ``"dir"`` (a folder, or
-    one that can be created). A bad path is one line naming the option, the path, what it is and the fix; exit 2.
+    UTF-8), ``"out"`` (a file to write: not a folder or FIFO, in an existing folder), ``"dir"`` (a folder, or
+    one that can be created) or ``"readdir"`` (a folder to read, which may appear later: not a file). A bad path is one line naming the option, the path, what it is and the fix; exit 2.
     ``expect``: what an input option wants, in words; ``example``: a file name for an output file's message."""
 
     def check(ctx: typer.Context, param: typer.CallbackParam, value):
@@ -142,6 +150,8 @@ def _path_check(kind: str, expect: str = "a file", example: str = "report.md"):
                     paths.read_text(v, opt, expect)
                 elif kind == "out":
                     paths.output_file(v, opt, example)
+                elif kind == "readdir":
+                    paths.input_dir(v, opt)
                 else:
                     paths.output_dir(v, opt)
             except paths.PathInputError as e:
@@ -869,7 +879,7 @@ def watch(
     once: bool = typer.Option(False, "--once", help="probe once and exit: 0 healthy, 3 hung with deadlock evidence, 4 hung without, 6 unreachable, 8 not this engine's API"),
     count: Optional[int] = typer.Option(None, "--count", help="stop after this many probe rounds"),
     native: bool = typer.Option(False, "--native", help="py-spy --native stacks (slower; retried without on failure)"),
-    ledger_dir: Optional[Path] = typer.Option(None, "--ledger-dir", help="the injector folder with the ranks' collective ledgers (repro serve's EVIDENCE/injector): a ledger proof declares a deadlock at once"),
+    ledger_dir: Optional[Path] = typer.Option(None, "--ledger-dir", callback=_path_check("readdir"), help="the injector folder with the ranks' collective ledgers (repro serve's EVIDENCE/injector): a ledger proof declares a deadlock at once"),
     adapter_name: Optional[str] = typer.Option(None, "--adapter", help="engine adapter whose titles, frame rules and API the watch uses (default sglang; an unknown name lists the known ones)"),
     hosts: Optional[Path] = typer.Option(None, "--hosts", callback=_HOSTS_FILE, help="JSON list of the hosts a multi-node server spans (ssh target or command template; scripts/multihost/README.md): its ranks are found and dumped on each host through that host's runner"),
 ) -> None:

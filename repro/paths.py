@@ -159,3 +159,22 @@ def output_dir(path: PathLike, what: str = "") -> Path:
     if on_way.exists() and not os.access(on_way, os.W_OK | os.X_OK):
         raise PathInputError(f"{lab}: cannot be created ({on_way} is not writable); pass a folder you can write")
     return p
+
+
+def input_dir(path: PathLike, what: str = "") -> Path:
+    """Check that ``path`` is a folder to read from, or does not exist yet (one a server will write later): never a
+    file, a FIFO or a path under a file.
+
+    Raises:
+        PathInputError: it, or an ancestor, is not a folder.
+    """
+    p = Path(path)
+    lab = _label(p, what)
+    if p.is_dir():
+        return p
+    up = nearest_existing(p)
+    if up == p:
+        raise PathInputError(f"{lab}: is {'a file' if p.is_file() else kind(p.stat())}, not a folder; pass a folder")
+    if up.exists() and not up.is_dir():
+        raise PathInputError(f"{lab}: {up} is a file, not a folder; pass a folder")
+    return p

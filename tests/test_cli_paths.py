@@ -65,6 +65,9 @@ IN_PROCESS = [
     (["serve", str(SMOKE), "--evidence-dir", "{t}/afile/x/y", "--python", NO_PY], "{t}/afile is a file, not a folder"),
     (["run", str(SMOKE), "--hosts", "{t}/bin.dat", "--python", NO_PY], "--hosts {t}/bin.dat: not a UTF-8 text file"),
     (["hunt-merge", "{t}/adir", "--out", "{t}/afile"], "--out {t}/afile: is a file, not a folder"),
+    (["sites", "{t}/adir"], "{t}/adir: is a folder; pass a scenario .toml file"),
+    (["run", "{t}/fifo", "--python", NO_PY], "{t}/fifo: is a FIFO (named pipe), not a regular file"),
+    (["watch", "--url", "http://127.0.0.1:9", "--once", "--ledger-dir", "{t}/afile"], "--ledger-dir {t}/afile: is a file"),
 ]
 
 
