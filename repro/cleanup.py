@@ -40,6 +40,7 @@ from typing import Optional
 
 from repro import procs as _procs
 from repro.evidence import Layout, read_json, write_json_atomic, write_text_atomic
+from repro.paths import kind, nearest_existing
 from repro.procs import ProcInfo
 
 EXIT_OK = 0
@@ -304,8 +305,6 @@ def cleanup(folder: Path, force: bool = False) -> list[CleanupResult]:
     """
     targets = cleanup_targets(Path(folder))
     if not targets:
-        from repro.paths import kind, nearest_existing
-
         p = Path(folder)
         accepted = ("pass a run's evidence folder (it holds processes.json), a hunt folder, a hunt trial's folder, or an "
                     "evidence root")

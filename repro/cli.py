@@ -19,6 +19,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from repro import paths as _paths  # (analyze's argument is called paths)
+
 app = typer.Typer(
     name="repro",
     help="Reproduce, capture and explain tensor-parallel collective-desync deadlocks (SGLang).",
@@ -114,11 +116,9 @@ def _scenario_arg(value: Path) -> Path:
         console.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(EXIT_USAGE)
     if found.exists() and not found.is_file():  # a folder or a FIFO: say what it is (a FIFO read would block)
-        from repro import paths
-
         try:
-            paths.input_file(found, "", "a scenario .toml file or the name of a bundled scenario")
-        except paths.PathInputError as e:
+            _paths.input_file(found, "", "a scenario .toml file or the name of a bundled scenario")
+        except _paths.PathInputError as e:
             console.print(f"[red]error:[/] {escape(str(e))}")
             raise typer.Exit(EXIT_USAGE)
     if not found.is_file():
@@ -137,24 +137,22 @@ def _path_check(kind: str, expect: str = "a file", example: str = "report.md"):
     ``expect``: what an input option wants, in words; ``example``: a file name for an output file's message."""
 
     def check(ctx: typer.Context, param: typer.CallbackParam, value):
-        from repro import paths
-
         if value is None or ctx.resilient_parsing:
             return value
         opt = max(param.opts, key=len) if param.param_type_name == "option" and param.opts else ""
         for v in (value if isinstance(value, (list, tuple)) else [value]):
             try:
                 if kind == "in":
-                    paths.input_file(v, opt, expect)
+                    _paths.input_file(v, opt, expect)
                 elif kind == "text":
-                    paths.read_text(v, opt, expect)
+                    _paths.read_text(v, opt, expect)
                 elif kind == "out":
-                    paths.output_file(v, opt, example)
+                    _paths.output_file(v, opt, example)
                 elif kind == "readdir":
-                    paths.input_dir(v, opt)
+                    _paths.input_dir(v, opt)
                 else:
-                    paths.output_dir(v, opt)
-            except paths.PathInputError as e:
+                    _paths.output_dir(v, opt)
+            except _paths.PathInputError as e:
                 console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
                 raise typer.Exit(EXIT_USAGE)
         return value
