@@ -324,7 +324,6 @@ class MultiHostSession(Session):
             plan = dict(p.plan, out_dir=self.injector_dir(n), arm_file=self.arm_path(n))
             n.runner.put(json.dumps(plan, indent=2).encode(), f"{n.workdir}/plan.json")
             n.runner.put(arm_bytes, self.arm_path(n))
-            n.runner.put(self.launch_token.encode(), f"{n.workdir}/{LAUNCH_TOKEN_FILE}")
             extra_args, extra_env = adapter.multinode(len(self.nodes), n.host.node_rank, dist_addr,
                                                       n.host.address, n.host.ifname)
             prepend = [f"{n.workdir}/injectors" if x == local_prepend else x for x in p.spec.pythonpath_prepend]
@@ -332,10 +331,10 @@ class MultiHostSession(Session):
                                        args=[*p.spec.args, *extra_args],
                                        env={**p.spec.env, **extra_env, PLAN_ENV: f"{n.workdir}/plan.json"},
                                        pythonpath_prepend=prepend)
-            env = {**adapter.launch_env(spec, {}), LAUNCH_TOKEN_ENV: self.launch_token}
+            env = adapter.launch_env(spec, {})
             argv = adapter.launch_command(spec)
             self.observe("node_launch", {"host": n.name, "argv": argv})
-            n.root_pid = n.runner.start(argv, env, f"{n.workdir}/server.log", n.workdir)
+            n.root_pid = self.start_node(n, argv, env, f"{n.workdir}/server.log")
             self.started = True
         self._save_launch()
         timeout_s = p.scenario.server.startup_timeout_s
@@ -410,6 +409,18 @@ class MultiHostSession(Session):
             "ranks": {str(k): {"host": r.host, "pid": r.pid} for k, r in sorted(self.ranks.items())},
             "note": "pids are as each host sees them (its own PID namespace or machine)",
         })
+
+    def start_node(self, n: Node, argv: Sequence[str], env: dict, log_path: str) -> int:
+        """Start a node's tree on its host (``Runner.start``: its own session) with the session's launch token in its
+        environment and in ``LAUNCH_TOKEN_FILE`` of its workdir, so ``repro cleanup`` knows it as this run's.
+
+        Returns:
+            The root pid as the host sees it (= the node's session id there).
+        Raises:
+            HostError: the host could not be reached or the command not started.
+        """
+        n.runner.put(self.launch_token.encode(), f"{n.workdir}/{LAUNCH_TOKEN_FILE}")
+        return n.runner.start(argv, {**env, LAUNCH_TOKEN_ENV: self.launch_token}, log_path, n.workdir)
 
     def save_processes(self) -> None:
         """``processes.json`` of a server spanning hosts, for ``repro cleanup`` after a killed harness: the launch

@@ -2,9 +2,10 @@
 processes.json is not enough, the live process must carry the launch's token in /proc/<pid>/environ.
 
 Real processes, no sglang: the "server" is /bin/sleep started by the real launcher (repro.launcher.start_server,
-which puts the token in the tree's environment) or by the multi-host runner (repro.hosts.Runner.start on the local
-host), and the processes.json is the one the runner writes (repro.runner.save_server_procs) — or one written by
-hand, as the breaker did. Every process started here is ended by its pid / process group in a finally.
+which puts the token in the tree's environment) or as a multi-host node on the local host
+(repro.remote_run.MultiHostSession.start_node), recorded as the runner records it (repro.runner.save_server_procs,
+MultiHostSession.save_processes) — or in a processes.json written by hand, as the breaker did. Every process
+started here is ended by its pid / process group in a finally.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typer.testing import CliRunner
 
 from repro import evidence as ev
 from repro.cli import app
-from repro.hosts import HostSpec, Runner
+from repro.hosts import HostSpec
 from repro.launcher import start_server
 from repro.procs import LAUNCH_TOKEN_ENV, alive, proc_info
 from repro.remote_run import LAUNCH_TOKEN_FILE, cleanup_hosts
@@ -131,16 +132,24 @@ def test_hand_written_host_sessions_are_refused_and_their_workdir_kept(tmp_path:
 
 
 def test_a_host_session_started_with_the_token_is_stopped_and_its_workdir_removed(tmp_path: Path):
-    token = "feedfacefeedfacefeedfacefeedface"
-    spec = HostSpec(name="h0", node_rank=0, python=sys.executable)
-    r = Runner(spec)
-    wd = tmp_path / "node-run"
-    root = r.start([SLEEP, "120"], {LAUNCH_TOKEN_ENV: token}, str(wd / "server.log"), str(wd))
+    """A killed multi-host harness's node, started and recorded as MultiHostSession does (start_node, then
+    save_processes), on the local host: `repro cleanup FOLDER` ends its session and removes its workdir."""
+    from repro.remote_run import MultiHostSession
+
+    evd = ev.EvidenceDir(tmp_path / "evidence", "cleanup", "killed")
+
+    class P:  # the members MultiHostSession's constructor and save_processes use
+        evidence = evd
+
+    s = MultiHostSession(P(), [HostSpec(name="h0", node_rank=0, python=sys.executable, workdir=str(tmp_path / "hostwd"))])
+    n = s.nodes[0]
+    n.root_pid = s.start_node(n, [SLEEP, "120"], {}, n.workdir + "/node.log")
     try:
-        r.put(token.encode(), f"{wd}/{LAUNCH_TOKEN_FILE}")  # as MultiHostSession.start writes it
-        hosts = {"h0": {**_host(tmp_path), "root_pid": root, "root_start_ticks": None, "workdir": str(wd)}}
-        rc, msg = cleanup_hosts(hosts, tokens=[token])
-        assert rc == 0 and f"stopped session {root}" in msg, msg
-        assert not r.session_procs(root) and not wd.exists()
+        s.save_processes()
+        rec = json.loads(evd.processes.path.read_text())
+        assert rec["tokens"] == [s.launch_token] and Path(n.workdir, LAUNCH_TOKEN_FILE).read_text() == s.launch_token
+        code, out = _run("cleanup", str(evd.path), "--force")  # --force: this process, its harness, is alive
+        assert code == 0 and f"h0: stopped session {n.root_pid}" in out, out
+        assert not n.runner.session_procs(n.root_pid) and not Path(n.workdir).exists()
     finally:
-        _end(root)
+        _end(n.root_pid)
