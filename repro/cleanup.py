@@ -205,24 +205,28 @@ def _write_killed_report(folder: Path, run: dict, stopped: list[ProcInfo], when:
 
 def _ours(p: ProcInfo, tokens: list, mark: dict) -> bool:
     """A live recorded process belongs to the launched tree: its environment carries the launch token, or (a process
-    that rewrote its environ block with its title, as sglang's ``setproctitle`` does) it is in the session of the
-    recorded root, and that root, while alive, carries the token. A pid used as a live session id is never reused,
-    so a forged list cannot point that rule at an unrelated process."""
+    that rewrote its environ block with its title, as sglang's ``setproctitle`` does) it is in the session of a
+    recorded root (the mark's ``root``, and each role's in ``roots`` for a PD stack), and that root, while alive,
+    carries the token. A pid used as a live session id is never reused, so a forged list cannot point that rule at
+    an unrelated process."""
     if any(_procs.has_launch_token(p, t) for t in tokens):
         return True
-    root = mark.get("root") or {}
-    rpid = root.get("pid")
-    if not tokens or not isinstance(rpid, int) or rpid <= 0:
+    if not tokens:
         return False
     try:
-        if os.getsid(p.pid) != rpid:
-            return False
+        sid = os.getsid(p.pid)
     except OSError:
         return False
-    rinfo = _procs.proc_info(rpid)
-    if rinfo is not None and (root.get("start_ticks") is None or rinfo.start_ticks == root.get("start_ticks")):
-        return any(_procs.has_launch_token(rinfo, t) for t in tokens)
-    return True  # the root is gone: its session's members are what is left of the tree
+    roots = [mark.get("root") or {}] + [r for r in (mark.get("roots") or []) if isinstance(r, dict)]
+    for root in roots:
+        rpid = root.get("pid")
+        if not isinstance(rpid, int) or rpid <= 0 or sid != rpid:
+            continue
+        rinfo = _procs.proc_info(rpid)
+        if rinfo is not None and (root.get("start_ticks") is None or rinfo.start_ticks == root.get("start_ticks")):
+            return any(_procs.has_launch_token(rinfo, t) for t in tokens)
+        return True  # the root is gone: its session's members are what is left of the tree
+    return False
 
 
 def cleanup_run(folder: Path, force: bool = False) -> CleanupResult:

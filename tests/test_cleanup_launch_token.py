@@ -153,3 +153,62 @@ def test_a_host_session_started_with_the_token_is_stopped_and_its_workdir_remove
         assert not n.runner.session_procs(n.root_pid) and not Path(n.workdir).exists()
     finally:
         _end(n.root_pid)
+
+
+# ---- a PD stack: several roles, each its own session; an engine's scheduler rewrites its environ with its title ----
+
+ROLE_TREE = r"""
+import subprocess, sys, time
+from pathlib import Path
+# the child stands for an sglang scheduler after setproctitle: its /proc/PID/environ no longer holds the token
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env={})
+Path(sys.argv[1]).write_text("ready")
+time.sleep(120)
+"""
+
+
+class _TreeAdapter(SGLangAdapter):
+    def __init__(self, script: Path, ready: Path):
+        self.argv = [sys.executable, str(script), str(ready)]
+
+    def launch_command(self, spec: LaunchSpec) -> list[str]:
+        return self.argv
+
+
+def test_every_role_of_a_stack_is_cleaned_up_its_schedulers_through_their_role_s_root(tmp_path: Path):
+    """Each role's root carries its own token; its children (no token visible) are in that root's session. The
+    stack's mark (repro.pd.Stack.launch_mark) names every role's root, so cleanup ends the whole union — before,
+    only the first role's session counted and the second role's scheduler made cleanup refuse the folder."""
+    from types import SimpleNamespace
+
+    from repro.pd import Stack
+    from repro.procs import save_procs
+
+    script = tmp_path / "role.py"
+    script.write_text(ROLE_TREE)
+    servers = {}
+    try:
+        for role in ("prefill", "decode"):
+            ready = tmp_path / f"{role}.ready"
+            servers[role] = start_server(_TreeAdapter(script, ready), LaunchSpec(python=sys.executable,
+                                         model="/nonexistent/model", tp_size=1), tmp_path / f"{role}.log")
+            deadline = time.monotonic() + 20
+            while not ready.exists():
+                assert time.monotonic() < deadline, f"{role} tree did not start"
+                time.sleep(0.05)
+        procs = [p for s in servers.values() for p in s.procs()]
+        assert len(procs) == 4, procs
+        mark = Stack.launch_mark(SimpleNamespace(servers=servers))  # the real stack mark, of these two servers
+        run = tmp_path / "run"
+        run.mkdir()
+        save_procs(run / "processes.json", procs, launch=mark)
+        code, out = _run("cleanup", str(run))
+        assert code == 0 and "stopped 4 of 4" in out, out
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(p) for p in procs)
+    finally:
+        for s in servers.values():
+            _end(s.pid)
+            s.popen.wait(10)
