@@ -10,7 +10,13 @@ harness's pid + start ticks). Rules, in order:
 - a run whose harness is still alive (pid + start ticks of ``run.json`` / the mark) is refused unless ``force``;
 - a live recorded process whose ``/proc/<pid>/environ`` lacks the run's launch token (``REPRO_LAUNCH_TOKEN``, set by
   :func:`repro.launcher.start_server`, its value in the mark's ``tokens``) makes cleanup refuse the whole folder:
-  a hand-written or stale ``processes.json`` cannot make it signal an unrelated process;
+  a hand-written or stale ``processes.json`` cannot make it signal an unrelated process (a process that rewrote its
+  environ block with its title counts when it is in the session of a recorded root that carries the token). A
+  folder an older harness wrote (no ``tokens`` in the mark) naming live processes is refused the same way: end
+  those by hand;
+- a server spanning hosts (``hosts`` in ``processes.json``, :func:`repro.remote_run.cleanup_hosts`): refused
+  without a token, before any host is contacted; a node's session is signalled only when one of its processes
+  carries the token, and its workdir removed only when it holds the token file with that token;
 - only recorded processes whose pid AND start ticks still match are signalled (:func:`repro.procs.stop_procs`): a
   reused pid is never touched;
 - once the tree is gone, the server's temp folders (``owned_dirs.json``, only ``$TMPDIR/repro-*``) are removed, and a
@@ -34,6 +40,7 @@ from typing import Optional
 
 from repro import procs as _procs
 from repro.evidence import Layout, read_json, write_json_atomic, write_text_atomic
+from repro.paths import kind, nearest_existing
 from repro.procs import ProcInfo
 
 EXIT_OK = 0
@@ -198,24 +205,28 @@ def _write_killed_report(folder: Path, run: dict, stopped: list[ProcInfo], when:
 
 def _ours(p: ProcInfo, tokens: list, mark: dict) -> bool:
     """A live recorded process belongs to the launched tree: its environment carries the launch token, or (a process
-    that rewrote its environ block with its title, as sglang's ``setproctitle`` does) it is in the session of the
-    recorded root, and that root, while alive, carries the token. A pid used as a live session id is never reused,
-    so a forged list cannot point that rule at an unrelated process."""
+    that rewrote its environ block with its title, as sglang's ``setproctitle`` does) it is in the session of a
+    recorded root (the mark's ``root``, and each role's in ``roots`` for a PD stack), and that root, while alive,
+    carries the token. A pid used as a live session id is never reused, so a forged list cannot point that rule at
+    an unrelated process."""
     if any(_procs.has_launch_token(p, t) for t in tokens):
         return True
-    root = mark.get("root") or {}
-    rpid = root.get("pid")
-    if not tokens or not isinstance(rpid, int) or rpid <= 0:
+    if not tokens:
         return False
     try:
-        if os.getsid(p.pid) != rpid:
-            return False
+        sid = os.getsid(p.pid)
     except OSError:
         return False
-    rinfo = _procs.proc_info(rpid)
-    if rinfo is not None and (root.get("start_ticks") is None or rinfo.start_ticks == root.get("start_ticks")):
-        return any(_procs.has_launch_token(rinfo, t) for t in tokens)
-    return True  # the root is gone: its session's members are what is left of the tree
+    roots = [mark.get("root") or {}] + [r for r in (mark.get("roots") or []) if isinstance(r, dict)]
+    for root in roots:
+        rpid = root.get("pid")
+        if not isinstance(rpid, int) or rpid <= 0 or sid != rpid:
+            continue
+        rinfo = _procs.proc_info(rpid)
+        if rinfo is not None and (root.get("start_ticks") is None or rinfo.start_ticks == root.get("start_ticks")):
+            return any(_procs.has_launch_token(rinfo, t) for t in tokens)
+        return True  # the root is gone: its session's members are what is left of the tree
+    return False
 
 
 def cleanup_run(folder: Path, force: bool = False) -> CleanupResult:
@@ -250,8 +261,8 @@ def cleanup_run(folder: Path, force: bool = False) -> CleanupResult:
     if hosts:  # a server spanning hosts (repro/remote_run.py): each node's session is ended through its host's runner
         from repro.remote_run import cleanup_hosts
 
-        rc, msg = cleanup_hosts(hosts)
-        return CleanupResult(folder, EXIT_OK if rc == 0 else EXIT_INTERNAL, msg)
+        rc, msg = cleanup_hosts(hosts, tokens=mark.get("tokens") or [])
+        return CleanupResult(folder, {0: EXIT_OK, 2: EXIT_USAGE}.get(rc, EXIT_INTERNAL), msg, refused=rc == 2)
     live = [p for p in recorded if _procs.alive(p)]
     tokens = [t for t in (mark.get("tokens") or []) if isinstance(t, str) and t]
     foreign = [p for p in live if not _ours(p, tokens, mark)]
@@ -297,12 +308,18 @@ def cleanup(folder: Path, force: bool = False) -> list[CleanupResult]:
         CleanupError: ``folder`` stands for no run folder (message names what is accepted).
     """
     targets = cleanup_targets(Path(folder))
-    if not targets and Path(folder).exists() and not Path(folder).is_dir():
-        raise CleanupError(f"{folder} is a file, not a folder: pass a run's evidence folder (it holds processes.json), a "
-                           "hunt folder, a hunt trial's folder, or an evidence root")
     if not targets:
-        raise CleanupError(f"{Path(folder) / 'processes.json'} not found: pass a run's evidence folder (it holds "
-                           "processes.json), a hunt folder, a hunt trial's folder, or an evidence root")
+        p = Path(folder)
+        accepted = ("pass a run's evidence folder (it holds processes.json), a hunt folder, a hunt trial's folder, or an "
+                    "evidence root")
+        if p.exists() and not p.is_dir():
+            what = "a file" if p.is_file() else kind(p.stat())
+            raise CleanupError(f"{p} is {what}, not a folder: {accepted}")
+        if not p.exists():
+            up = nearest_existing(p)
+            why = f" ({up} is a file, not a folder)" if up.exists() and not up.is_dir() else ""
+            raise CleanupError(f"{p} does not exist{why}: {accepted}")
+        raise CleanupError(f"{p / 'processes.json'} not found (nor a run folder under {p}): {accepted}")
     return [cleanup_run(t, force) for t in targets]
 
 

@@ -19,6 +19,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from repro import paths as _paths  # (analyze's argument is called paths)
+
 app = typer.Typer(
     name="repro",
     help="Reproduce, capture and explain tensor-parallel collective-desync deadlocks (SGLang).",
@@ -114,12 +116,53 @@ def _scenario_arg(value: Path) -> Path:
     except resources.ResourceError as e:
         console.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(EXIT_USAGE)
+    if found.exists() and not found.is_file():  # a folder or a FIFO: say what it is (a FIFO read would block)
+        try:
+            _paths.input_file(found, "", "a scenario .toml file or the name of a bundled scenario")
+        except _paths.PathInputError as e:
+            console.print(f"[red]error:[/] {escape(str(e))}")
+            raise typer.Exit(EXIT_USAGE)
     if not found.is_file():
         names = ", ".join(resources.scenario_names()) or "(none found)"
         console.print(f"[red]error:[/] {escape(str(value))}: scenario file not found (expected a .toml file, or the name of "
                       f"a bundled scenario: {names})")
         raise typer.Exit(EXIT_USAGE)
     return found
+
+
+def _path_check(kind: str, expect: str = "a file", example: str = "report.md"):
+    """A Typer callback for a path option (``repro.paths``), so every verb checks its paths the same way and before
+    anything is read, written or launched: ``kind`` is ``"in"`` (a regular readable file), ``"text"`` (that, and
+    UTF-8), ``"out"`` (a file to write: not a folder or FIFO, in an existing folder), ``"dir"`` (a folder, or
+    one that can be created) or ``"readdir"`` (a folder to read, which may appear later: not a file). A bad path is one line naming the option, the path, what it is and the fix; exit 2.
+    ``expect``: what an input option wants, in words; ``example``: a file name for an output file's message."""
+
+    def check(ctx: typer.Context, param: typer.CallbackParam, value):
+        if value is None or ctx.resilient_parsing:
+            return value
+        opt = max(param.opts, key=len) if param.param_type_name == "option" and param.opts else ""
+        for v in (value if isinstance(value, (list, tuple)) else [value]):
+            try:
+                if kind == "in":
+                    _paths.input_file(v, opt, expect)
+                elif kind == "text":
+                    _paths.read_text(v, opt, expect)
+                elif kind == "out":
+                    _paths.output_file(v, opt, example)
+                elif kind == "readdir":
+                    _paths.input_dir(v, opt)
+                else:
+                    _paths.output_dir(v, opt)
+            except _paths.PathInputError as e:
+                console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+                raise typer.Exit(EXIT_USAGE)
+        return value
+
+    return check
+
+
+_EVIDENCE_DIR = _path_check("dir")  # every verb's --evidence-dir: a folder, or one that can be created
+_HOSTS_FILE = _path_check("text", 'a JSON list of hosts like [{"name": "h0", "node_rank": 0, "ssh": "root@10.0.0.10"}, …]')
 
 
 def _check_expect(expect: Optional[str]) -> None:
@@ -238,12 +281,12 @@ def run(
     model: Optional[str] = typer.Option(None, "--model", help="model path (default: the scenario's, else the testbed's tiny model)"),
     tp: Optional[int] = typer.Option(None, "--tp", help="TP size (default: the scenario's)"),
     label: Optional[str] = typer.Option(None, "--label", help="evidence folder label (default: the variant name)"),
-    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
+    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", callback=_EVIDENCE_DIR, help="evidence root folder"),
     requests_: Optional[int] = typer.Option(None, "--requests", help="number of requests in the burst (default: the scenario's)"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
     expect: Optional[str] = typer.Option(None, "--expect", help=EXPECT_HELP),
     native: bool = typer.Option(False, "--native", help="py-spy --native stacks (slower; retried without on failure)"),
-    hosts: Optional[Path] = typer.Option(None, "--hosts", help="JSON list of the hosts the server spans (node rank, ssh target or command template; scripts/multihost/README.md): every rank is started, captured and stopped through its host's runner"),
+    hosts: Optional[Path] = typer.Option(None, "--hosts", callback=_HOSTS_FILE, help="JSON list of the hosts the server spans (node rank, ssh target or command template; scripts/multihost/README.md): every rank is started, captured and stopped through its host's runner"),
 ) -> None:
     """Run one scenario variant end to end and print the verdict.
 
@@ -299,7 +342,7 @@ def compare(
     model: Optional[str] = typer.Option(None, "--model", help="model path (default: the scenario's, else the testbed's tiny model)"),
     tp: Optional[int] = typer.Option(None, "--tp", help="TP size (default: the scenario's)"),
     label: Optional[str] = typer.Option(None, "--label", help="label of the evidence folders (default: the variant name)"),
-    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
+    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", callback=_EVIDENCE_DIR, help="evidence root folder"),
     requests_: Optional[int] = typer.Option(None, "--requests", help="number of requests in the burst (default: the scenario's)"),
     expect_before: str = typer.Option("deadlock", "--expect-before", help="expected verdict before: deadlock | success | inconclusive"),
     expect_after: str = typer.Option("success", "--expect-after", help="expected verdict after: deadlock | success | inconclusive"),
@@ -355,7 +398,7 @@ DEMO_VARIANTS = ("extra_collective", "control")  # variants of smoke_extra_allre
 def demo(
     python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: as `repro run` picks it: this one if it imports sglang, else the CPU testbed's)"),
     release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
-    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder (default: evidence/ in the current folder)"),
+    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", callback=_EVIDENCE_DIR, help="evidence root folder (default: evidence/ in the current folder)"),
     as_json: bool = typer.Option(False, "--json", help="print both results as one JSON object on stdout (no progress)"),
 ) -> None:
     """Run the smoke scenario's armed variant (expects DEADLOCKED) and its control (expects ALL REQUESTS SUCCEEDED).
@@ -422,7 +465,7 @@ def serve(
     release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
     model: Optional[str] = typer.Option(None, "--model", help="model path"),
     tp: Optional[int] = typer.Option(None, "--tp", help="TP size"),
-    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
+    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", callback=_EVIDENCE_DIR, help="evidence root folder"),
     label: Optional[str] = typer.Option(None, "--label", help="evidence folder label (default: serve-<variant>)"),
     as_json: bool = typer.Option(False, "--json", help="JSON lines on stdout: one `serving` object once healthy (url, pids, evidence), one `stopped` object at the end"),
 ) -> None:
@@ -700,7 +743,7 @@ def analyze(
     paths: List[Path] = typer.Argument(..., help="evidence folder (its stacks/), stacks folder, or dump files "
                                                  "(py-spy text/--json, faulthandler), one per rank"),
     as_json: bool = typer.Option(False, "--json", help="print the analysis as JSON on stdout"),
-    markdown: Optional[Path] = typer.Option(None, "--markdown", help="also write the diagnosis as markdown "
+    markdown: Optional[Path] = typer.Option(None, "--markdown", callback=_path_check("out", example="diagnosis.md"), help="also write the diagnosis as markdown "
                                                                      "(for an issue comment) to this file"),
     tag: Optional[str] = typer.Option(None, "--tag", help="which capture of an evidence folder: file suffix after "
                                                           "rank<k>, e.g. -1b (default: the untagged one, else the newest)"),
@@ -734,11 +777,6 @@ def analyze(
     if engine is not None and not caps and ledger_diag is None:
         _print_engine_dumps(engine, markdown, as_json)
         return
-    if markdown is not None and not Path(markdown).parent.is_dir():
-        parent = Path(markdown).parent
-        why = "is a file, not a folder" if parent.exists() else "does not exist"
-        console.print(f"[red]error:[/] --markdown {markdown}: {parent} {why}; pass a path inside an existing folder")
-        raise typer.Exit(EXIT_USAGE)
     if not caps:
         if markdown is not None:
             markdown.write_text("\n".join(ledger_diag.markdown_lines(None)) + "\n")
@@ -839,15 +877,15 @@ def watch(
     failures: int = typer.Option(3, "--failures", help="consecutive failed generate probes that declare a hang"),
     pid_root: Optional[int] = typer.Option(None, "--pid-root", help="find rank processes under this pid (the server's launcher)"),
     match: Optional[str] = typer.Option(None, "--match", help="rank processes are those whose title contains this (e.g. sglang::scheduler)"),
-    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
+    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", callback=_EVIDENCE_DIR, help="evidence root folder"),
     on_hang: Optional[str] = typer.Option(None, "--on-hang", help="shell command run AFTER the evidence is on disk, with REPRO_EVIDENCE_DIR set (e.g. a restart)"),
     on_hang_timeout: float = typer.Option(600.0, "--on-hang-timeout", help="seconds before the --on-hang command's process group is ended"),
     once: bool = typer.Option(False, "--once", help="probe once and exit: 0 healthy, 3 hung with deadlock evidence, 4 hung without, 6 unreachable, 8 not this engine's API"),
     count: Optional[int] = typer.Option(None, "--count", help="stop after this many probe rounds"),
     native: bool = typer.Option(False, "--native", help="py-spy --native stacks (slower; retried without on failure)"),
-    ledger_dir: Optional[Path] = typer.Option(None, "--ledger-dir", help="the injector folder with the ranks' collective ledgers (repro serve's EVIDENCE/injector): a ledger proof declares a deadlock at once"),
+    ledger_dir: Optional[Path] = typer.Option(None, "--ledger-dir", callback=_path_check("readdir"), help="the injector folder with the ranks' collective ledgers (repro serve's EVIDENCE/injector): a ledger proof declares a deadlock at once"),
     adapter_name: Optional[str] = typer.Option(None, "--adapter", help="engine adapter whose titles, frame rules and API the watch uses (default sglang; an unknown name lists the known ones)"),
-    hosts: Optional[Path] = typer.Option(None, "--hosts", help="JSON list of the hosts a multi-node server spans (ssh target or command template; scripts/multihost/README.md): its ranks are found and dumped on each host through that host's runner"),
+    hosts: Optional[Path] = typer.Option(None, "--hosts", callback=_HOSTS_FILE, help="JSON list of the hosts a multi-node server spans (ssh target or command template; scripts/multihost/README.md): its ranks are found and dumped on each host through that host's runner"),
 ) -> None:
     """Probe a live server's generate path; on a hang keep the evidence (stacks ×2, diagnosis, /metrics), then run --on-hang.
 
@@ -971,23 +1009,26 @@ def reproduce(
     python: Optional[str] = typer.Option(None, "--python", help="target interpreter whose engine source the frames are mapped to (default: as `repro run` picks it)"),
     model: Optional[str] = typer.Option(None, "--model", help="model path for the server"),
     tp: Optional[int] = typer.Option(None, "--tp", help="TP size (default: the number of ranks in the dumps)"),
-    out_dir: Path = typer.Option(Path("reproduce"), "--out", help="folder for reproduce.toml and REPRODUCTION.md"),
+    out_dir: Path = typer.Option(Path("reproduce"), "--out", callback=_EVIDENCE_DIR, help="folder for reproduce.toml and REPRODUCTION.md"),
     no_run: bool = typer.Option(False, "--no-run", help="only write the candidates (exit 0); launch nothing"),
     only: Optional[List[str]] = typer.Option(None, "--only", help="run only these candidates (repeatable)"),
-    evidence_dir: Optional[Path] = typer.Option(None, "--evidence-dir", help="evidence root for the candidate runs (default: OUT/evidence)"),
+    evidence_dir: Optional[Path] = typer.Option(None, "--evidence-dir", callback=_EVIDENCE_DIR, help="evidence root for the candidate runs (default: OUT/evidence)"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
     release: Optional[str] = typer.Option(None, "--release", help="engine release to map and run on, e.g. 0.5.18 (default: what --report or the dumps say, else inferred from the frames)"),
-    report: Optional[List[Path]] = typer.Option(None, "--report", help="a pasted `python3 -m sglang.check_env` block or a server log naming the release (repeatable)"),
+    report: Optional[List[Path]] = typer.Option(None, "--report", callback=_path_check("in", "a text file: a pasted `python3 -m sglang.check_env` block or a server log"), help="a pasted `python3 -m sglang.check_env` block or a server log naming the release (repeatable)"),
 ) -> None:
-    """Write a scenario whose variants make the dumps' divergence on purpose (``repro.reproduce``): an extra
-    collective on the odd rank(s), its mirror, and discovery's root-cause candidates on the odd rank's path. With
-    --no-run that is all (nothing is launched; run a candidate with ``repro run OUT/reproduce.toml --variant NAME``).
+    """Write a scenario whose variants make the dumps' divergence on purpose, then run them on one server and judge
+    each against the dumps (with --no-run: only write it, launch nothing).
 
-    Without --no-run it then runs them on one server (re-armed per candidate, restarted after a hang), compares each hang's signature
-    with the dumps' and writes OUT/REPRODUCTION.md. Exit 10 REPRODUCED, 11 DIFFERENT HANG, 12 NOT REPRODUCED; 0 with
-    --no-run once written; 2 on bad input (ranks that agree, one rank, a busy rank, no Python frames, an engine
-    without adapter, a release unknown or not set up), one line, nothing launched. The release: --release, else
-    what --report / the dumps name, else inferred from the frames (``repro.reproduce_release``); printed with why.
+    Always: OUT/reproduce.toml with the candidates (``repro.reproduce``): an extra collective on the odd rank(s),
+    its mirror, and discovery's root-cause candidates on the odd rank's path; then exit 0 with --no-run (run one
+    later with ``repro run OUT/reproduce.toml --variant NAME``). Without --no-run (the default) it launches one
+    server, runs the candidates on it (re-armed per candidate, restarted after a hang), compares each hang's
+    signature with the dumps' and writes OUT/REPRODUCTION.md (and OUT/reproducer.toml with the one that
+    reproduced): exit 10 REPRODUCED, 11 DIFFERENT HANG, 12 NOT REPRODUCED. Exit 2 on bad input (ranks that agree,
+    one rank, a busy rank, no Python frames, an engine without adapter, a release unknown or not set up): one line,
+    before anything is launched. The release: --release, else what --report / the dumps name, else inferred from the
+    frames (``repro.reproduce_release``); printed with why.
     """
     from repro.reproduce import ReproduceInputError, write_candidates
 
@@ -1035,8 +1076,8 @@ def discover(
     scenario: Path = typer.Argument(..., callback=_scenario_arg, help="base scenario (its server.adapter picks the rules), e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
     python: Optional[str] = typer.Option(None, "--python", help="target interpreter whose engine source is scanned (default: as `repro run` picks it)"),
     release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
-    rules: Optional[Path] = typer.Option(None, "--rules", help="discovery rules TOML (default: the adapter's, scenarios/sglang/discover_rules.toml)"),
-    out_file: Optional[Path] = typer.Option(None, "--out", help="write the huntable candidates as hunt catalogue [[points]] TOML to this file"),
+    rules: Optional[Path] = typer.Option(None, "--rules", callback=_path_check("text", "a TOML rules file like scenarios/sglang/discover_rules.toml"), help="discovery rules TOML (default: the adapter's, scenarios/sglang/discover_rules.toml)"),
+    out_file: Optional[Path] = typer.Option(None, "--out", callback=_path_check("out", example="points.toml"), help="write the huntable candidates as hunt catalogue [[points]] TOML to this file"),
     limit: int = typer.Option(30, "--limit", help="candidates shown in the table (all are in --json)"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
 ) -> None:
@@ -1050,10 +1091,6 @@ def discover(
     from repro.interpreter import InterpreterError, choose_python
     from repro.scenario import ScenarioError, load_scenario
 
-    if out_file is not None and not out_file.parent.is_dir():
-        why = "is a file, not a folder" if out_file.parent.exists() else "does not exist"
-        console.print(f"[red]error:[/] --out {out_file}: {out_file.parent} {why}; pass a path inside an existing folder")
-        raise typer.Exit(EXIT_USAGE)
     try:
         sc = load_scenario(scenario)
         py = choose_python(python)
@@ -1100,7 +1137,7 @@ def bisect(
     tp: Optional[int] = typer.Option(None, "--tp", help="TP size (default: the scenario's)"),
     requests_: Optional[int] = typer.Option(None, "--requests", help="requests in the burst (default: the scenario's)"),
     label: Optional[str] = typer.Option(None, "--label", help="label of the folders (default: the variant name)"),
-    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
+    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", callback=_EVIDENCE_DIR, help="evidence root folder"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
 ) -> None:
     """The first release between --good and --bad at which the variant's verdict changes (``repro.release_bisect``):
@@ -1150,20 +1187,20 @@ def hunt(
     rank: Optional[List[int]] = typer.Option(None, "--rank", help="rank(s) to perturb, one at a time (repeatable; default: every rank)"),
     sites: bool = typer.Option(False, "--sites", help="also skip once / add one extra collective at every collective call site the ledger saw in the baseline burst (each hangs by construction: a restart per trial)"),
     sites_matching: Optional[List[str]] = typer.Option(None, "--sites-matching", help="with --sites: only call sites whose frames match this glob (repeatable), e.g. '*check_hicache_events'"),
-    catalogue: Optional[Path] = typer.Option(None, "--catalogue", help="hunt catalogue TOML (default: scenarios/sglang/hunt_catalogue.toml)"),
+    catalogue: Optional[Path] = typer.Option(None, "--catalogue", callback=_path_check("text", "a hunt catalogue TOML like scenarios/sglang/hunt_catalogue.toml"), help="hunt catalogue TOML (default: scenarios/sglang/hunt_catalogue.toml)"),
     ref: str = typer.Option("installed", "--ref", help="code to hunt in: installed | patch:FILE | git:PATH@REV | python:PATH (as in compare)"),
     python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: as `repro run`)"),
     release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
-    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder"),
+    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", callback=_EVIDENCE_DIR, help="evidence root folder"),
     requests_: Optional[int] = typer.Option(None, "--requests", help="requests per burst (default: the scenario's)"),
     confirm: bool = typer.Option(False, "--confirm", help="re-run each new scheduling/cache finding from its scenario file on a fresh server"),
     discover_: bool = typer.Option(False, "--discover", help="also hunt the decision points `repro discover` proposes from the engine's source (hand catalogue entries win)"),
     no_hand: bool = typer.Option(False, "--no-hand-catalogue", help="with --discover: drop the hand catalogue's points (discovery alone decides where to search)"),
-    discover_rules: Optional[Path] = typer.Option(None, "--discover-rules", help="discovery rules TOML (default: the adapter's, scenarios/sglang/discover_rules.toml)"),
+    discover_rules: Optional[Path] = typer.Option(None, "--discover-rules", callback=_path_check("text", "a TOML rules file like scenarios/sglang/discover_rules.toml"), help="discovery rules TOML (default: the adapter's, scenarios/sglang/discover_rules.toml)"),
     workload: Optional[List[str]] = typer.Option(None, "--workload", help="workload nemesis to hunt under (repeatable; 'all': every one of the workload file); each runs clean first"),
     config: Optional[List[str]] = typer.Option(None, "--config", help="server configuration of the workload file to hunt beside the base scenario's (repeatable), e.g. no_radix"),
     clean_only: bool = typer.Option(False, "--clean-only", help="with --workload/--config: only each workload's clean run on each server group (no trials)"),
-    workload_file: Optional[Path] = typer.Option(None, "--workload-file", help="workloads/configurations TOML (default: hunt_workloads.toml beside the catalogue)"),
+    workload_file: Optional[Path] = typer.Option(None, "--workload-file", callback=_path_check("text", "a workloads TOML like scenarios/sglang/hunt_workloads.toml"), help="workloads/configurations TOML (default: hunt_workloads.toml beside the catalogue)"),
     spare: bool = typer.Option(False, "--spare/--no-spare", help="keep a spare trial server starting in the background and swap to it after a hang (default: restart the hung server; on a 2-core CPU box the spare does not pay)"),
     shard: Optional[str] = typer.Option(None, "--shard", help="run only shard K of N of the trial plan (K/N, e.g. 2/4; split on point × perturbation × rank before the baseline); join the folders with `repro hunt-merge`"),
     as_json: bool = typer.Option(False, "--json", help="print the results as JSON on stdout"),
@@ -1272,8 +1309,8 @@ def hunt(
 @app.command("hunt-merge")
 def hunt_merge(
     shards: List[Path] = typer.Argument(..., help="the hunt folders `repro hunt --shard K/N` made (one per K)"),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="merged folder (default: a new <evidence-dir>/<scenario>/<time>-hunt-merged)"),
-    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", help="evidence root folder (for the default --out)"),
+    out_dir: Optional[Path] = typer.Option(None, "--out", callback=_EVIDENCE_DIR, help="merged folder (default: a new <evidence-dir>/<scenario>/<time>-hunt-merged)"),
+    evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", callback=_EVIDENCE_DIR, help="evidence root folder (for the default --out)"),
     as_json: bool = typer.Option(False, "--json", help="print the merged folder and its trial lines as JSON on stdout"),
 ) -> None:
     """Join the folders of a sharded hunt into one HUNT.md + hunt.jsonl (every trial in plan order; missing shards

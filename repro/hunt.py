@@ -197,6 +197,8 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise HuntError(f"{p}: not valid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise HuntError(f"{p}: not a UTF-8 text file (binary?); pass a TOML file like scenarios/sglang/hunt_catalogue.toml") from None
     perts: dict[str, Perturbation] = {}
     for name, spec in (data.get("perturbations") or {}).items():
         if not isinstance(spec, dict) or not isinstance(spec.get("action"), dict):

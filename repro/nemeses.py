@@ -273,6 +273,8 @@ def load_nemeses(path: Path) -> NemesisCatalogue:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise NemesisError(f"{p}: not valid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise NemesisError(f"{p}: not a UTF-8 text file (binary?); pass a TOML file like scenarios/sglang/hunt_workloads.toml") from None
     wls: dict[str, NemesisSpec] = {}
     for name, spec in (data.get("workloads") or {}).items():
         where = f"{p}: workloads.{name}"

@@ -277,11 +277,13 @@ class Stack:
         return out
 
     def launch_mark(self) -> dict:
-        """The first role's launch mark with every role's launch token (``repro cleanup`` ends the whole union
-        recorded with it, each process only when it carries one of the tokens)."""
+        """The first role's launch mark with every role's launch token and root (``repro cleanup`` ends the whole
+        union recorded with it, each process only when it carries one of the tokens or is in the session of a role's
+        root that does: an engine's scheduler rewrites its environ with its title)."""
         marks = [s.launch_mark() for s in self.servers.values()]
         tokens = [t for m in marks for t in m.get("tokens", [])]
-        return {**marks[0], **({"tokens": tokens} if tokens else {})}
+        roots = [m["root"] for m in marks if isinstance(m.get("root"), dict)]
+        return {**marks[0], **({"tokens": tokens} if tokens else {}), **({"roots": roots} if len(roots) > 1 else {})}
 
     def rank_pids_by_role(self) -> dict[str, dict[int, int]]:
         """role → rank → pid, for the engine roles."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import secrets
 import shlex
 import sys
 import time
@@ -42,6 +43,7 @@ from repro import resources
 from repro.hosts import HostError, HostSpec, RemoteRank, Runner, hosts_from_json, in_parallel
 from repro.runner import (Observer, RunOptions, RunResult, Session, VariantItem, _noop, make_session, prepare,
                           run_prepared, run_variants, write_arm_file)
+from repro.procs import LAUNCH_TOKEN_ENV
 from repro.scenario import PLAN_ENV
 from repro.verdict import DEADLOCKED, INCONCLUSIVE, InjectionCheck, Verdict, exit_code_for, judge_completion
 
@@ -52,6 +54,9 @@ CAPTURE_DEADLINE_S = 20.0
 ARM_ACK_TIMEOUT_S = 15.0
 STOP_GRACE_S = 10.0
 LINK_PROBE_S = 2.0
+# a file in each node's run workdir holding the session's launch token: `repro cleanup` removes a recorded workdir
+# only when it holds the token recorded in processes.json (a hand-written file cannot point rm -rf elsewhere)
+LAUNCH_TOKEN_FILE = ".repro-launch-token"
 
 @dataclass
 class Node:
@@ -205,6 +210,9 @@ class MultiHostSession(Session):
         self._drive_mirror: Any = None
         run_id = p.evidence.path.name
         self.nodes = [Node(h, Runner(h), f"{h.workdir.rstrip('/')}/{run_id}") for h in sorted(hosts, key=lambda h: h.node_rank)]
+        # the per-session launch token every node's tree carries in its environment (repro.procs.LAUNCH_TOKEN_ENV)
+        # and each node's workdir in LAUNCH_TOKEN_FILE; recorded in processes.json for `repro cleanup`
+        self.launch_token = secrets.token_hex(16)
         self.ranks: dict[int, RemoteRank] = {}
         self.started = False
         self.healthy_s: Optional[float] = None
@@ -326,7 +334,7 @@ class MultiHostSession(Session):
             env = adapter.launch_env(spec, {})
             argv = adapter.launch_command(spec)
             self.observe("node_launch", {"host": n.name, "argv": argv})
-            n.root_pid = n.runner.start(argv, env, f"{n.workdir}/server.log", n.workdir)
+            n.root_pid = self.start_node(n, argv, env, f"{n.workdir}/server.log")
             self.started = True
         self._save_launch()
         timeout_s = p.scenario.server.startup_timeout_s
@@ -402,11 +410,24 @@ class MultiHostSession(Session):
             "note": "pids are as each host sees them (its own PID namespace or machine)",
         })
 
+    def start_node(self, n: Node, argv: Sequence[str], env: dict, log_path: str) -> int:
+        """Start a node's tree on its host (``Runner.start``: its own session) with the session's launch token in its
+        environment and in ``LAUNCH_TOKEN_FILE`` of its workdir, so ``repro cleanup`` knows it as this run's.
+
+        Returns:
+            The root pid as the host sees it (= the node's session id there).
+        Raises:
+            HostError: the host could not be reached or the command not started.
+        """
+        n.runner.put(self.launch_token.encode(), f"{n.workdir}/{LAUNCH_TOKEN_FILE}")
+        return n.runner.start(argv, {**env, LAUNCH_TOKEN_ENV: self.launch_token}, log_path, n.workdir)
+
     def save_processes(self) -> None:
         """``processes.json`` of a server spanning hosts, for ``repro cleanup`` after a killed harness: the launch
-        mark (this harness), and per host its spec (how to reach it), the node's root pid (= session and process
-        group there), that root's start ticks on the host (clock ticks since its boot: a reused pid is told apart)
-        and the session's processes as the host listed them. ``processes`` is empty: no pid here is local."""
+        mark (this harness; ``tokens``: the session's launch token, in every node's tree's environment and in each
+        workdir's LAUNCH_TOKEN_FILE), and per host its spec (how to reach it), the node's root pid (= session and
+        process group there), that root's start ticks on the host (clock ticks since its boot: a reused pid is told
+        apart) and the session's processes as the host listed them. ``processes`` is empty: no pid here is local."""
         from repro.procs import launch_mark
 
         hosts = {}
@@ -421,7 +442,7 @@ class MultiHostSession(Session):
             hosts[n.name] = {"host": {**dataclasses.asdict(n.host), "ssh_options": list(n.host.ssh_options)},
                              "root_pid": n.root_pid, "root_start_ticks": ticks, "workdir": n.workdir,
                              "processes": [{"pid": pid, "cmdline": t} for pid, t in procs]}
-        self.p.evidence.write_json(ev.Layout.PROCESSES.name, {**launch_mark(None, root_pid=0), "hosts": hosts,
+        self.p.evidence.write_json(ev.Layout.PROCESSES.name, {**launch_mark(None, root_pid=0, tokens=[self.launch_token]), "hosts": hosts,
                                                               "processes": []})
 
     # ---- arm ---------------------------------------------------------------------------------------------------
@@ -753,16 +774,35 @@ def run_multihost_many(opts: RunOptions, variants: Sequence[str], hosts: Sequenc
     return results, left
 
 
-def cleanup_hosts(hosts: dict) -> tuple[int, str]:
+def _session_has_token(r: Runner, sid: int, token: str) -> bool:
+    """Whether some live process of session ``sid`` on the host carries ``REPRO_LAUNCH_TOKEN=<token>`` in its
+    ``/proc/<pid>/environ`` (the environment :meth:`MultiHostSession` started the node's tree with)."""
+    want = shlex.quote(f"{LAUNCH_TOKEN_ENV}={token}")
+    line = (f"for p in $(ps -o pid= -s {int(sid)}); do tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | "
+            f"grep -qxF {want} && {{ echo ours; break; }}; done; true")
+    return "ours" in r.run(line, check=False).text
+
+
+def cleanup_hosts(hosts: dict, tokens: Sequence[str] = ()) -> tuple[int, str]:
     """End a killed multi-host run's nodes through each host's runner (``repro cleanup`` on its folder).
 
     Args:
         hosts: the ``hosts`` of its ``processes.json`` (:meth:`MultiHostSession.save_processes`).
+        tokens: the launch tokens of its mark (``tokens``): a node's session is signalled only when one of its
+            processes carries one in ``/proc/<pid>/environ``, and its workdir removed only when it holds
+            :data:`LAUNCH_TOKEN_FILE` with one of them.
     Returns:
-        (exit code: 0 every host's session is gone, 1 a host could not be reached or still runs something; one line
-        per host saying what was done). A host whose recorded root pid now belongs to another process (other start
-        ticks) is left alone; a host not reachable is said so: run ``repro cleanup`` again once its link is back.
+        (exit code: 0 every host's session is gone, 1 a host could not be reached or still runs something, 2 refused:
+        no token recorded (a hand-written file, or one an older harness wrote), nothing run on any host; one line per
+        host saying what was done). A host whose recorded root pid now belongs to another process (other start ticks)
+        or whose session lacks the token is left alone; a host not reachable is said so: run ``repro cleanup`` again
+        once its link is back.
     """
+    tokens = [t for t in tokens if isinstance(t, str) and t]
+    if not tokens:
+        return 2, ("refused: processes.json names host sessions but carries no launch token (written by hand or by an "
+                   "older harness); nothing was signalled or removed on any host. End them yourself if they are yours: "
+                   + ", ".join(f"{name}: session {rec.get('root_pid')}" for name, rec in hosts.items()))
     rc, lines = 0, []
     for name, rec in hosts.items():
         spec = HostSpec(**{**rec["host"], "ssh_options": tuple(rec["host"].get("ssh_options") or ())})
@@ -777,16 +817,24 @@ def cleanup_hosts(hosts: dict) -> tuple[int, str]:
                     lines.append(f"{name}: pid {root} now belongs to another process (started at tick {ticks}, "
                                  f"recorded {rec['root_start_ticks']}): left alone")
                     continue
+                if not any(_session_has_token(r, root, t) for t in tokens):
+                    rc = max(rc, 2)
+                    lines.append(f"{name}: no process of session {root} carries this run's launch token: not the tree "
+                                 "repro launched for this run, left alone (nothing signalled or removed)")
+                    continue
                 r.signal_group(root, "KILL")
                 time.sleep(0.5)
                 left = r.session_procs(root)
                 if left:
-                    rc = 1
+                    rc = max(rc, 1)
                 lines.append(f"{name}: stopped session {root} ({len(live)} processes)" +
                              (f"; still running: {[p for p, _ in left]}" if left else ""))
-            r.run(f"rm -rf {shlex.quote(rec['workdir'])}", check=False)
+            wd = shlex.quote(str(rec["workdir"]))
+            f = shlex.quote(f"{rec['workdir']}/{LAUNCH_TOKEN_FILE}")
+            same = " || ".join(f'[ "$(cat {f})" = {shlex.quote(t)} ]' for t in tokens)
+            r.run(f"[ -f {f} ] && {{ {same}; }} && rm -rf {wd}; true", check=False)
         except HostError as e:
-            rc = 1
+            rc = max(rc, 1)
             lines.append(f"{name} ({spec.reach}) not reachable: {e}; run `repro cleanup` again once it answers")
     return rc, "; ".join(lines)
 

@@ -24,8 +24,8 @@ REPORT_SUFFIXES = (".txt", ".log", ".md")
 def report_texts(dump_paths: Sequence[str], reports: Sequence[str] = ()) -> list[tuple[str, str]]:
     """``(source, text)`` of every file that may name the release: the ``--report`` files first, then the dump
     files, then the top-level ``*.txt``/``*.log``/``*.md`` of dump folders (each read up to
-    :data:`MAX_REPORT_BYTES`; unreadable files skipped)."""
-    files: list[Path] = [Path(r) for r in reports]
+    :data:`MAX_REPORT_BYTES`; unreadable files, folders and FIFOs skipped)."""
+    files: list[Path] = [Path(r) for r in reports if Path(r).is_file()]  # a FIFO would block the read for ever
     for p in map(Path, dump_paths):
         if p.is_file():
             files.append(p)

@@ -175,7 +175,7 @@ class P:  # the members save_processes uses
 s = MultiHostSession(P(), hosts)
 tree = "import subprocess, time; subprocess.Popen(['sleep', '600']); time.sleep(600)"
 for n in s.nodes:  # a node's tree (root + child) on each host; then this harness ends without stopping them
-    n.root_pid = n.runner.start(["/usr/bin/python3", "-c", tree], {}, n.workdir + "/node.log", n.workdir)
+    n.root_pid = s.start_node(n, ["/usr/bin/python3", "-c", tree], {}, n.workdir + "/node.log")  # as start() does
 s.save_processes()
 print(evd.path)
 """
