@@ -8,6 +8,7 @@ marked ``interrupted`` when the run does not finish. It renders nothing: progres
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 import shutil
 import sys
@@ -154,37 +155,48 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
         src = "--model" if opts.model else f"{opts.scenario_path}: server.model"
         raise RunError(f"{src} {model}: no such folder; pass the path of a model folder (or a hub id like org/name)")
 
-    # every injection must have a site that can exist in this interpreter, before any folder or server exists
-    # (issue 29 item 3; the launch-time check in Session.start still decides what this cheap source check cannot)
-    from repro.site_precheck import missing_sites
-
-    gone = missing_sites(python, [(v.name, inj.id, list(inj.site)) for v in loaded for inj in v.injections])
-    if gone:
-        raise UnresolvedSitesError(f"{opts.scenario_path}: " + " | ".join(gone) + f" — in {python}; nothing was launched "
-                                   f"(`repro sites {opts.scenario_path}` lists every alternative; fix the site or pass "
-                                   "--python of the release that has it)")
-    ev_root = Path(opts.evidence_root)
-    try:
-        evd = ev.EvidenceDir(ev_root, scenario.name, opts.label or label_default or variant.name)
-    except ev.EvidenceError as e:
-        raise RunError(str(e)) from None
-    arm_file = evd.path / ARM_FILE_NAME
-    plan = session_plan(adapter, scenario, loaded, evd.injector_dir, arm_file)
-    evd.plan.write(plan)
-    shutil.copyfile(opts.scenario_path, evd.scenario.path)
-
     args = list(scenario.server.args)
     env = dict(scenario.server.env)
     prepend = [str(resources.injectors_dir()), *opts.pythonpath_prepend]  # a clone's injectors/ or the wheel's copy
     env.update(opts.extra_env)
-    env[PLAN_ENV] = str(evd.plan.path.resolve())
     spec = LaunchSpec(python=python, model=model, tp_size=tp, port=0, nccl_port=0, args=args, env=env, pythonpath_prepend=prepend)
     if on_testbed:
         extra_args, extra_env, tb_prepend = adapter.testbed_profile(spec, args)
         spec = dataclasses.replace(
             spec, args=[*args, *extra_args], env={**env, **extra_env}, pythonpath_prepend=[*prepend, *tb_prepend]
         )
+    # every injection must have a site that can exist in the server's interpreter, on the server's PYTHONPATH,
+    # before any folder or server exists (issue 29 item 3): the resolver `repro sites` runs, reading sources only;
+    # what it cannot decide, Session.start's check decides once the server's injector has patched it
+    from repro.sites import SitesUnresolved, check_before_launch
+
+    try:
+        check_before_launch(scenario, opts.scenario_path, [v.name for v in loaded], python,
+                            env=adapter.launch_env(spec, dict(os.environ)))
+    except SitesUnresolved as e:
+        _remove_owned(adapter, spec)
+        raise UnresolvedSitesError(str(e)) from None
+    ev_root = Path(opts.evidence_root)
+    try:
+        evd = ev.EvidenceDir(ev_root, scenario.name, opts.label or label_default or variant.name)
+    except ev.EvidenceError as e:
+        _remove_owned(adapter, spec)
+        raise RunError(str(e)) from None
+    arm_file = evd.path / ARM_FILE_NAME
+    plan = session_plan(adapter, scenario, loaded, evd.injector_dir, arm_file)
+    evd.plan.write(plan)
+    shutil.copyfile(opts.scenario_path, evd.scenario.path)
+    spec = dataclasses.replace(spec, env={**spec.env, PLAN_ENV: str(evd.plan.path.resolve())})
     return Prepared(scenario, variant, evd, plan, spec, adapter, python, on_testbed, arm_file)
+
+
+def _remove_owned(adapter: Any, spec: Any) -> None:
+    """Remove the folders a launch spec made for its server (the testbed's HiCache storage) when it never launches."""
+    try:
+        for d in adapter.owned_dirs(spec.env):
+            shutil.rmtree(d, ignore_errors=True)
+    except Exception:
+        pass
 
 
 def session_plan(adapter: Any, scenario: Scenario, variants: Sequence[Variant], injector_dir: Path, arm_file: Path) -> dict:
