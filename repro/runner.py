@@ -23,7 +23,8 @@ from repro.detect import DetectContext, default_detectors
 from repro import nemeses
 from repro.driver import TOKEN_ID_RANGE, AbortPlan, BurstDriver, DriverState, make_prompts
 from repro.scenario import Scenario, Variant, compile_plan, load_scenario, PLAN_ENV
-from repro.verdict import DEADLOCKED, INCONCLUSIVE, InjectionCheck, Verdict, exit_code_for, judge_completion
+from repro.verdict import (DEADLOCKED, EXIT_INTERNAL, EXIT_USAGE, INCONCLUSIVE, InjectionCheck, Verdict, exit_code_for,
+                           interrupt_exit_code, judge_completion)
 
 ARM_FILE_NAME = ev.Layout.ARM.name
 POLL_S = 0.2
@@ -357,9 +358,17 @@ class Outcome:
     clean: bool = True  # the server is still usable for another variant (no hang, no crash, nothing outstanding)
     injector: Any = None  # the InjectorReport read when judging (repro.injection_records), passed on, not re-read
     ledger: Any = None  # the LedgerDiagnosis finish_evidence aligned (repro.ledger), for callers after it
-    exit_code: Optional[int] = None  # the process's exit code when it is not the verdict's (a refusal: 2)
+    exit_code: Optional[int] = None  # the process's exit code when it is not the verdict's (a refusal: 2, an
+    # interrupt: 130/143, an internal error: 1); read through outcome_exit_code, by verdict.json and the RunResult
     topology: Any = None  # the session that drove it (a RunEvidence): it writes the run folder; None: a single server's
 
+
+
+def outcome_exit_code(outcome: "Outcome", expect: Optional[str]) -> int:
+    """THE exit code of a run: ``outcome.exit_code`` when the run did not end in a verdict of its own (refused,
+    interrupted, internal error), else the verdict's (:func:`repro.verdict.exit_code_for`, honouring ``expect``).
+    verdict.json's ``exit_code`` and the RunResult's (what the CLI exits with) are both this value."""
+    return outcome.exit_code if outcome.exit_code is not None else exit_code_for(outcome.verdict.verdict, expect)
 
 
 class RunEvidence:
@@ -395,7 +404,7 @@ class RunEvidence:
             stacks_dir=evd.stacks_dir,
             command=opts.command_line or f"{self.command_prefix()} {shlex.quote(str(opts.scenario_path))} --variant {variant.name}"))
         evd.verdict.write(ev.verdict_record(
-            verdict, exit_code=outcome.exit_code if outcome.exit_code is not None else exit_code_for(verdict.verdict, opts.expect),
+            verdict, exit_code=outcome_exit_code(outcome, opts.expect),
             evidence=evd.path, scenario=p.scenario.name,
             variant=variant.name, variant_expects=variant.expect, expect=opts.expect, partial=interrupted,
             timings=outcome.timings, rank_pids=rank_pids,
@@ -575,11 +584,12 @@ class Session(RunEvidence):
         t0 = time.time()
         try:
             left = self.server.stop(grace_s=grace)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             # Ctrl-C/SIGTERM arrived during the teardown itself: finish it (the CLI ignores further signals now),
             # then let the caller report the interruption.
             left = self.server.stop(grace_s=grace)
             self.interrupted_in_teardown = True
+            self.teardown_exit_code = interrupt_exit_code(e)
         self.p.evidence.teardown.write({"left_running": [getattr(x, "pid", x) for x in left], "time": time.time(),
                                         "grace_s": grace, "wedged": self.wedged, "stop_s": round(time.time() - t0, 3)})
         self.server = None
@@ -822,14 +832,16 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop, sessi
     except UnresolvedSitesError as e:
         unresolved = e
         # the CLI exits 2 (bad input) for it: verdict.json says the same exit code (issue 29 item 3)
-        outcome = Outcome(Verdict(INCONCLUSIVE, f"not run: {e}"), clean=False, exit_code=2)
-    except KeyboardInterrupt:
+        outcome = Outcome(Verdict(INCONCLUSIVE, f"not run: {e}"), clean=False, exit_code=EXIT_USAGE)
+    except KeyboardInterrupt as e:
         interrupted = True
+        # the CLI exits 130 (Ctrl-C) or 143 (SIGTERM): verdict.json says the same
         outcome = Outcome(Verdict(INCONCLUSIVE, "interrupted by the user (Ctrl-C/SIGTERM) before a verdict; evidence is partial"),
-                          state=getattr(session, "interrupted_state", None), clean=False)
+                          state=getattr(session, "interrupted_state", None), clean=False, exit_code=interrupt_exit_code(e))
     finally:
-        if outcome is None:
-            outcome = Outcome(Verdict(INCONCLUSIVE, "internal error before a verdict (see the console)"), clean=False)
+        if outcome is None:  # an exception on its way out: the process ends with a traceback, exit 1
+            outcome = Outcome(Verdict(INCONCLUSIVE, "internal error before a verdict (see the console)"), clean=False,
+                              exit_code=EXIT_INTERNAL)
         if outcome.topology is None:  # the session writes its folder, also when it never drove
             outcome.topology = session
         outcome.timings["to_verdict_s"] = time.time() - t0
@@ -839,6 +851,10 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop, sessi
             session.stop()
             session.close_drivers()
             outcome.timings["total_s"] = time.time() - t0
+            if session.interrupted_in_teardown and not interrupted:
+                # the verdict was written before the signal came; the process now exits 130/143: say so there too
+                outcome.exit_code = getattr(session, "teardown_exit_code", None) or interrupt_exit_code(KeyboardInterrupt())
+                _rewrite_exit_code(evd, outcome.exit_code)
             interrupted = interrupted or session.interrupted_in_teardown
             evd.set_status("interrupted" if interrupted else "complete", timings=outcome.timings)
     if unresolved is not None:
@@ -848,9 +864,17 @@ def run_prepared(p: Prepared, opts: RunOptions, observe: Observer = _noop, sessi
     return _result(outcome, opts.expect, evd.path)
 
 
+def _rewrite_exit_code(evd: ev.EvidenceDir, code: int) -> None:
+    """Set verdict.json's ``exit_code`` to ``code`` (atomically; nothing else changes); no-op when it is absent."""
+    rec = ev.read_json(evd.verdict.path)
+    if isinstance(rec, dict) and rec.get("exit_code") != code:
+        rec["exit_code"] = code
+        evd.verdict.write(rec)
+
+
 def _result(outcome: Outcome, expect: Optional[str], path: Path) -> RunResult:
     st = outcome.state
-    return RunResult(outcome.verdict, exit_code_for(outcome.verdict.verdict, expect), path, expect, outcome.analysis,
+    return RunResult(outcome.verdict, outcome_exit_code(outcome, expect), path, expect, outcome.analysis,
                      outcome.timings, st.ok if st else 0, st.total if st else 0, outcome.injector)
 
 
