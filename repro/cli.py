@@ -19,6 +19,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from repro.verdict import EXIT_INTERRUPTED, EXIT_TERMINATED, Interrupted  # SIGINT 130, SIGTERM 143: one definition
+
 app = typer.Typer(
     name="repro",
     help="Reproduce, capture and explain tensor-parallel collective-desync deadlocks (SGLang).",
@@ -65,7 +67,6 @@ def _rule(c: Console, title: str) -> None:
 EXPECT_HELP = "Expected verdict: deadlock | success | inconclusive. Exit 0 iff it matches, else 5."
 
 
-from repro.verdict import EXIT_INTERRUPTED, EXIT_TERMINATED  # noqa: E402  (SIGINT 130, SIGTERM 143: one definition)
 MAX_TABLE_RANKS = 64  # rows of `repro analyze`'s rank table (issue 29 item 1: a 50 MB dump printed 61 MB); the rest in --json
 _INTERRUPT_SIGNAL: Optional[int] = None  # the signal that interrupted this command, once one did
 
@@ -93,8 +94,6 @@ def _sigterm_to_interrupt() -> None:
         signal.signal(signal.SIGTERM, ignore)
         signal.signal(signal.SIGINT, ignore)
         console.print("[yellow]interrupt: tearing down the server tree (further Ctrl-C is ignored until it is gone)[/]")
-        from repro.verdict import Interrupted
-
         raise Interrupted(signum)  # a KeyboardInterrupt that carries its exit code (verdict.json records it)
 
     signal.signal(signal.SIGTERM, handler)
