@@ -98,14 +98,47 @@ class Prepared:
 
 
 def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: Optional[Sequence[str]] = None) -> Prepared:
-    """Validate inputs, create the evidence folder and compile the plan. Launches nothing.
+    """Validate inputs, check every site (:func:`repro.sites.check_before_launch`), create the evidence folder and
+    compile the plan. Launches nothing. Every verb that launches a server passes here (run, serve, demo, compare,
+    hunt, reproduce, PD stacks, ``--hosts``), so a site that cannot exist is refused before any folder or server.
 
     Args:
         variants: load the injections of all these variants into one plan (a session that drives them in turn);
             default: only ``opts.variant``. Injection ids must be unique across them.
     Raises:
+        UnresolvedSitesError: an injection none of whose sites exists in the server's interpreter (a RunError).
         RunError: bad scenario/variant/override or interpreter (message names the fix).
     """
+    d = _decide(opts, variants)
+    scenario, variant, loaded, adapter, python, on_testbed, spec = d
+    ev_root = Path(opts.evidence_root)
+    try:
+        evd = ev.EvidenceDir(ev_root, scenario.name, opts.label or label_default or variant.name)
+    except ev.EvidenceError as e:
+        _remove_owned(adapter, spec)
+        raise RunError(str(e)) from None
+    arm_file = evd.path / ARM_FILE_NAME
+    plan = session_plan(adapter, scenario, loaded, evd.injector_dir, arm_file)
+    evd.plan.write(plan)
+    shutil.copyfile(opts.scenario_path, evd.scenario.path)
+    spec = dataclasses.replace(spec, env={**spec.env, PLAN_ENV: str(evd.plan.path.resolve())})
+    return Prepared(scenario, variant, evd, plan, spec, adapter, python, on_testbed, arm_file)
+
+
+def check_launch(opts: RunOptions, variants: Optional[Sequence[str]] = None) -> None:
+    """What :func:`prepare` checks (inputs, interpreter, every site), without writing anything: for a verb that
+    runs several launches in turn (``compare``'s two sides, ``demo``'s two variants) to refuse before the first.
+
+    Raises:
+        UnresolvedSitesError, RunError: as :func:`prepare`.
+    """
+    d = _decide(opts, variants)
+    _remove_owned(d[3], d[6])
+
+
+def _decide(opts: RunOptions, variants: Optional[Sequence[str]]) -> tuple:
+    """prepare's checks and the launch spec (without the plan's path): (scenario, variant, loaded variants, adapter,
+    python, on_testbed, spec). Writes no evidence; the testbed profile may make a storage folder (``_remove_owned``)."""
     from repro import testbed
     from repro.interpreter import InterpreterError, choose_python
     from repro.scenario import ScenarioError
@@ -177,18 +210,7 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
     except SitesUnresolved as e:
         _remove_owned(adapter, spec)
         raise UnresolvedSitesError(str(e)) from None
-    ev_root = Path(opts.evidence_root)
-    try:
-        evd = ev.EvidenceDir(ev_root, scenario.name, opts.label or label_default or variant.name)
-    except ev.EvidenceError as e:
-        _remove_owned(adapter, spec)
-        raise RunError(str(e)) from None
-    arm_file = evd.path / ARM_FILE_NAME
-    plan = session_plan(adapter, scenario, loaded, evd.injector_dir, arm_file)
-    evd.plan.write(plan)
-    shutil.copyfile(opts.scenario_path, evd.scenario.path)
-    spec = dataclasses.replace(spec, env={**spec.env, PLAN_ENV: str(evd.plan.path.resolve())})
-    return Prepared(scenario, variant, evd, plan, spec, adapter, python, on_testbed, arm_file)
+    return scenario, variant, loaded, adapter, python, on_testbed, spec
 
 
 def _remove_owned(adapter: Any, spec: Any) -> None:

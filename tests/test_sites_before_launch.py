@@ -189,3 +189,29 @@ def test_a_site_only_a_patched_overlay_defines_is_not_refused(tmp_path):
         assert p.evidence.plan.exists() and not p.evidence.processes.exists()  # prepared; nothing launched
     finally:
         shutil.rmtree(overlay, ignore_errors=True)
+
+
+def test_compare_refuses_a_site_absent_on_the_after_side_before_the_before_side_runs(tmp_path):
+    # the after side's patch renames the method the site names: nothing may run (the old code ran the before
+    # side's whole server first, then refused the after side)
+    import subprocess
+
+    from repro.compare import CompareOptions, default_check_side, run_compare
+    from repro.runner import RunError
+
+    py = _testbed_python()
+    pkg_dir = Path(subprocess.run([py, "-c", "import importlib.util as u; print(u.find_spec('sglang').origin)"],
+                                  capture_output=True, text=True, check=True).stdout.strip()).parent
+    old = (pkg_dir / "srt" / "managers" / "scheduler.py").read_text().splitlines(keepends=True)
+    new = [line.replace("    def run_batch(", "    def run_batch_renamed(") for line in old]
+    assert new != old
+    patch = tmp_path / "rename.patch"
+    patch.write_text("".join(difflib.unified_diff(old, new, "a/sglang/srt/managers/scheduler.py",
+                                                  "b/sglang/srt/managers/scheduler.py")))
+    ran = []
+    opts = CompareOptions(SMOKE, "installed", f"patch:{patch}", variant="extra_collective", python=py,
+                          evidence_root=tmp_path / "ev", tmp_parent=tmp_path)
+    with pytest.raises(RunError, match="Scheduler.run_batch is absent"):
+        run_compare(opts, run_side=lambda ro, observe: ran.append(ro), check_side=default_check_side)
+    assert ran == []  # no side ran
+    assert not (tmp_path / "ev").exists() or not any((tmp_path / "ev").rglob("*"))
