@@ -5,6 +5,11 @@ in a subprocess of the target interpreter, which imports each site's module (fal
 when the import itself fails, e.g. a CUDA-only dependency) and lists the nearest existing names (``difflib``) when
 something is missing. An injection is *satisfied* when one of its site alternatives resolves. Gate patterns that name
 functions absent in this version are warnings (e.g. a fix's bulk method in an unpatched release), not errors.
+
+One resolver, three users: ``repro sites`` (:func:`check_sites`, ``mode="import"``); every launch, before any folder
+or server (:func:`check_before_launch`, ``mode="source"``: the same resolver reading sources only, ~0.2 s, with the
+server's PYTHONPATH; refuses only what the source shows cannot exist); and the healthy server's check before the
+first burst (:func:`check_launched_sites`: the live injector's records, the resolver only for what is not patched).
 """
 
 from __future__ import annotations
