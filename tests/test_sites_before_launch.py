@@ -58,6 +58,15 @@ PKG = {
         @functools.lru_cache
         def top_function():
             pass
+
+        class Rebound:
+            pass
+
+        Rebound = type("Rebound", (Rebound,), {"extra": lambda self: None})  # rebound at import: the live class decides
+    """,
+    "srcpkg/lazy.py": """
+        def __getattr__(name):  # PEP 562: names made up when asked for
+            raise AttributeError(name)
     """,
 }
 
@@ -100,6 +109,8 @@ def test_source_mode_refuses_only_what_cannot_exist_and_keeps_what_only_the_live
         "srcpkg.sched:Schedulerzz.run_batch": "absent",
         "srcpkg.sched:Dynamic.anything": "unverified",  # a base made by a call: only the live module can tell
         "nosuchpkg_h29.mod:C.m": "absent",
+        "srcpkg.sched:Rebound.anything": "unverified",
+        "srcpkg.lazy:anything": "unverified",
     }
     sc = load_scenario(_scenario(tmp_path, list(cases)))
     for mode in ("source", "import"):

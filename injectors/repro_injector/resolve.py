@@ -184,6 +184,8 @@ def _static_index(path: str, modname: str = "") -> Optional[_Index]:
             for t in targets_of(node):
                 if isinstance(t, ast.Name):
                     ix.top.add(t.id)
+                    if t.id in ix.classes:  # Class = wrap(Class): the live class may have more members
+                        ix.dynamic.add(t.id)
                 elif isinstance(t, (ast.Tuple, ast.List)):
                     ix.top.update(e.id for e in t.elts if isinstance(e, ast.Name))
                 elif isinstance(t, ast.Attribute):  # Class.name = ... after the class: a member all the same
@@ -382,7 +384,7 @@ def check_site_source(site: str, import_error: str = "") -> Dict[str, Any]:
         if not owner:
             if name in ix.top:
                 res.update(status="resolved", detail=f"found in {path}{failed}")
-            elif ix.star:
+            elif ix.star or "__getattr__" in ix.top:  # a module __getattr__ (PEP 562) makes names up at run time
                 res.update(status="unverified", detail=f"{path} may bind {name!r} at import{failed}")
             else:
                 res.update(status="absent", detail=f"{qual} is not defined in {path}{failed}", suggestions=near)
