@@ -278,7 +278,7 @@ def run(
             else:
                 res = run_scenario(opts, prog)
     except RunError as e:
-        console.print(f"[red]error:[/] {e}")
+        console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)  # one line, even on a terminal
         raise typer.Exit(EXIT_USAGE)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: server tree torn down; partial evidence kept")
@@ -392,7 +392,7 @@ def demo(
             with _Progress(as_json) as prog:
                 res = run_scenario(opts, prog)
         except RunError as e:
-            console.print(f"[red]error:[/] {e}")
+            console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)  # one line, even on a terminal
             raise typer.Exit(EXIT_USAGE)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted[/]: server tree torn down; partial evidence kept")
@@ -439,7 +439,7 @@ def serve(
     try:
         p = prepare(opts, label_default=f"serve-{variant or 'default'}")
     except RunError as e:
-        console.print(f"[red]error:[/] {e}")
+        console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)  # one line, even on a terminal
         raise typer.Exit(EXIT_USAGE)
     p.evidence.command.write(opts.command_line + "\n")
 
