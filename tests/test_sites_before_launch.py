@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from repro import evidence as ev
 from repro import testbed
 from repro.cli import app
 from repro.scenario import load_scenario
