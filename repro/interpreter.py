@@ -29,7 +29,7 @@ def _default_package() -> str:
     return get_adapter().ref_location.package
 
 
-_IMPORTS_OK: set = set()  # (interpreter, package) pairs that imported once in this process
+_IMPORTS_OK: set = set()  # (interpreter, package, PYTHONPATH) that imported once in this process
 
 
 def can_import(python: str, package: str, timeout_s: float = IMPORT_CHECK_TIMEOUT_S) -> bool:
@@ -37,7 +37,8 @@ def can_import(python: str, package: str, timeout_s: float = IMPORT_CHECK_TIMEOU
 
     A success is remembered for this process (importing sglang takes ~5 s on 2 cores, and a verb that launches
     several times — compare's sides, a hunt's servers — checks the same interpreter each time); a failure is not."""
-    key = (os.path.abspath(python) if os.path.sep in python else python, package)  # not realpath: a venv's python is a link
+    # not realpath (a venv's python is a link); the inherited PYTHONPATH decides what imports, so it is in the key
+    key = (os.path.abspath(python) if os.path.sep in python else python, package, os.environ.get("PYTHONPATH", ""))
     if key in _IMPORTS_OK:
         return True
     try:
