@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from repro import paths as _paths  # (analyze's argument is called paths)
+from repro.verdict import EXIT_INTERRUPTED, EXIT_TERMINATED, Interrupted  # SIGINT 130, SIGTERM 143: one definition
 
 app = typer.Typer(
     name="repro",
@@ -67,8 +68,6 @@ def _rule(c: Console, title: str) -> None:
 EXPECT_HELP = "Expected verdict: deadlock | success | inconclusive. Exit 0 iff it matches, else 5."
 
 
-EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + 2
-EXIT_TERMINATED = 143  # SIGTERM: 128 + 15
 MAX_TABLE_LINES = 120  # lines the rank table may take as the terminal wraps it (the whole output stays ≤ 200)
 MAX_TABLE_RANKS = 16  # rows of `repro analyze`'s rank table (issue 29 item 1: a 50 MB dump printed 61 MB); the rest in --json
 _INTERRUPT_SIGNAL: Optional[int] = None  # the signal that interrupted this command, once one did
@@ -97,7 +96,7 @@ def _sigterm_to_interrupt() -> None:
         signal.signal(signal.SIGTERM, ignore)
         signal.signal(signal.SIGINT, ignore)
         console.print("[yellow]interrupt: tearing down the server tree (further Ctrl-C is ignored until it is gone)[/]")
-        raise KeyboardInterrupt
+        raise Interrupted(signum)  # a KeyboardInterrupt that carries its exit code (verdict.json records it)
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
@@ -322,7 +321,7 @@ def run(
             else:
                 res = run_scenario(opts, prog)
     except RunError as e:
-        console.print(f"[red]error:[/] {e}")
+        console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)  # one line, even on a terminal
         raise typer.Exit(EXIT_USAGE)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: server tree torn down; partial evidence kept")
@@ -436,7 +435,7 @@ def demo(
             with _Progress(as_json) as prog:
                 res = run_scenario(opts, prog)
         except RunError as e:
-            console.print(f"[red]error:[/] {e}")
+            console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)  # one line, even on a terminal
             raise typer.Exit(EXIT_USAGE)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted[/]: server tree torn down; partial evidence kept")
@@ -483,7 +482,7 @@ def serve(
     try:
         p = prepare(opts, label_default=f"serve-{variant or 'default'}")
     except RunError as e:
-        console.print(f"[red]error:[/] {e}")
+        console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)  # one line, even on a terminal
         raise typer.Exit(EXIT_USAGE)
     p.evidence.command.write(opts.command_line + "\n")
 

@@ -655,7 +655,16 @@ def default_run_side(run_opts: Any, observe: Observer) -> Any:
     return run(run_opts, observe)
 
 
-def run_compare(opts: CompareOptions, observe: Observer = _noop, run_side: Callable[[Any, Observer], Any] = default_run_side) -> CompareResult:
+def default_check_side(run_opts: Any) -> None:
+    """Check one side as its run will (``repro.runner.check_launch``: inputs, interpreter, every site on that side's
+    PYTHONPATH) without launching; raises ``repro.runner.RunError``."""
+    from repro.runner import check_launch
+
+    check_launch(run_opts)
+
+
+def run_compare(opts: CompareOptions, observe: Observer = _noop, run_side: Callable[[Any, Observer], Any] = default_run_side,
+                check_side: Optional[Callable[[Any], None]] = None) -> CompareResult:
     """Check both REFs, run before then after, write COMPARISON.md; remove every overlay/worktree on every outcome.
 
     Args:
@@ -663,6 +672,9 @@ def run_compare(opts: CompareOptions, observe: Observer = _noop, run_side: Calla
         observe: progress callback ``(event, data)``: ``side`` (``{"side", "ref", "description"}``) and the
             runner's own events.
         run_side: runs one ``repro.runner.RunOptions`` and returns a ``RunResult`` (default: the real runner).
+        check_side: checks one side's ``RunOptions`` before either side runs (a site absent on the after side's
+            code is refused before the before side's server starts); default :func:`default_check_side` with the
+            real runner, nothing with a stand-in ``run_side``.
     Returns:
         A :class:`CompareResult`; ``exit_code`` 0 iff every side run matched its expectation, else 5.
     Raises:
@@ -688,14 +700,24 @@ def run_compare(opts: CompareOptions, observe: Observer = _noop, run_side: Calla
                             adapter=adapter)
             stack.callback(m.close)
             mats[side] = m
+        if check_side is None and run_side is default_run_side:
+            check_side = default_check_side
+        side_opts = {}
+        for side in wanted:
+            m = mats[side]
+            cmd = side_command(opts, side)
+            side_opts[side] = RunOptions(scenario_path=opts.scenario_path, variant=var.name, python=m.python,
+                                         model=opts.model, tp=opts.tp, label=f"{label}-{side}",
+                                         evidence_root=opts.evidence_root, requests=opts.requests,
+                                         expect=expects[side], native=opts.native, command_line=cmd,
+                                         pythonpath_prepend=tuple(m.pythonpath_prepend))
+            if check_side is not None:  # every side's sites before the first server starts
+                check_side(side_opts[side])
         for side in wanted:
             m = mats[side]
             observe("side", {"side": side, "ref": m.ref.text, "description": m.description})
-            cmd = side_command(opts, side)
-            ro = RunOptions(scenario_path=opts.scenario_path, variant=var.name, python=m.python, model=opts.model, tp=opts.tp,
-                            label=f"{label}-{side}", evidence_root=opts.evidence_root, requests=opts.requests,
-                            expect=expects[side], native=opts.native, command_line=cmd,
-                            pythonpath_prepend=tuple(m.pythonpath_prepend))
+            ro = side_opts[side]
+            cmd = ro.command_line
             res = run_side(ro, observe)
             results.append(side_result(side, m, expects[side], res, var, cmd))
     wall = time.time() - t0

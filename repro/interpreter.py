@@ -29,13 +29,25 @@ def _default_package() -> str:
     return get_adapter().ref_location.package
 
 
+_IMPORTS_OK: set = set()  # (interpreter, package, PYTHONPATH) that imported once in this process
+
+
 def can_import(python: str, package: str, timeout_s: float = IMPORT_CHECK_TIMEOUT_S) -> bool:
-    """True iff ``python -c "import <package>"`` exits 0 within ``timeout_s`` seconds (run in a subprocess)."""
+    """True iff ``python -c "import <package>"`` exits 0 within ``timeout_s`` seconds (run in a subprocess).
+
+    A success is remembered for this process (importing sglang takes ~5 s on 2 cores, and a verb that launches
+    several times — compare's sides, a hunt's servers — checks the same interpreter each time); a failure is not."""
+    # not realpath (a venv's python is a link); the inherited PYTHONPATH decides what imports, so it is in the key
+    key = (os.path.abspath(python) if os.path.sep in python else python, package, os.environ.get("PYTHONPATH", ""))
+    if key in _IMPORTS_OK:
+        return True
     try:
         r = subprocess.run([python, "-c", f"import {package}"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired):
         return False
+    if r.returncode == 0:
+        _IMPORTS_OK.add(key)
     return r.returncode == 0
 
 

@@ -8,6 +8,7 @@ marked ``interrupted`` when the run does not finish. It renders nothing: progres
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 import shutil
 import sys
@@ -22,7 +23,8 @@ from repro.detect import DetectContext, default_detectors
 from repro import nemeses
 from repro.driver import TOKEN_ID_RANGE, AbortPlan, BurstDriver, DriverState, make_prompts
 from repro.scenario import Scenario, Variant, compile_plan, load_scenario, PLAN_ENV
-from repro.verdict import DEADLOCKED, INCONCLUSIVE, InjectionCheck, Verdict, exit_code_for, judge_completion
+from repro.verdict import (DEADLOCKED, EXIT_INTERNAL, EXIT_USAGE, INCONCLUSIVE, InjectionCheck, Verdict, exit_code_for,
+                           interrupt_exit_code, judge_completion)
 
 ARM_FILE_NAME = ev.Layout.ARM.name
 POLL_S = 0.2
@@ -96,14 +98,47 @@ class Prepared:
 
 
 def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: Optional[Sequence[str]] = None) -> Prepared:
-    """Validate inputs, create the evidence folder and compile the plan. Launches nothing.
+    """Validate inputs, check every site (:func:`repro.sites.check_before_launch`), create the evidence folder and
+    compile the plan. Launches nothing. Every verb that launches a server passes here (run, serve, demo, compare,
+    hunt, reproduce, PD stacks, ``--hosts``), so a site that cannot exist is refused before any folder or server.
 
     Args:
         variants: load the injections of all these variants into one plan (a session that drives them in turn);
             default: only ``opts.variant``. Injection ids must be unique across them.
     Raises:
+        UnresolvedSitesError: an injection none of whose sites exists in the server's interpreter (a RunError).
         RunError: bad scenario/variant/override or interpreter (message names the fix).
     """
+    d = _decide(opts, variants)
+    scenario, variant, loaded, adapter, python, on_testbed, spec = d
+    ev_root = Path(opts.evidence_root)
+    try:
+        evd = ev.EvidenceDir(ev_root, scenario.name, opts.label or label_default or variant.name)
+    except ev.EvidenceError as e:
+        _remove_owned(adapter, spec)
+        raise RunError(str(e)) from None
+    arm_file = evd.path / ARM_FILE_NAME
+    plan = session_plan(adapter, scenario, loaded, evd.injector_dir, arm_file)
+    evd.plan.write(plan)
+    shutil.copyfile(opts.scenario_path, evd.scenario.path)
+    spec = dataclasses.replace(spec, env={**spec.env, PLAN_ENV: str(evd.plan.path.resolve())})
+    return Prepared(scenario, variant, evd, plan, spec, adapter, python, on_testbed, arm_file)
+
+
+def check_launch(opts: RunOptions, variants: Optional[Sequence[str]] = None) -> None:
+    """What :func:`prepare` checks (inputs, interpreter, every site), without writing anything: for a verb that
+    runs several launches in turn (``compare``'s two sides, ``demo``'s two variants) to refuse before the first.
+
+    Raises:
+        UnresolvedSitesError, RunError: as :func:`prepare`.
+    """
+    d = _decide(opts, variants)
+    _remove_owned(d[3], d[6])
+
+
+def _decide(opts: RunOptions, variants: Optional[Sequence[str]]) -> tuple:
+    """prepare's checks and the launch spec (without the plan's path): (scenario, variant, loaded variants, adapter,
+    python, on_testbed, spec). Writes no evidence; the testbed profile may make a storage folder (``_remove_owned``)."""
     from repro import testbed
     from repro.interpreter import InterpreterError, choose_python
     from repro.scenario import ScenarioError
@@ -154,37 +189,37 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
         src = "--model" if opts.model else f"{opts.scenario_path}: server.model"
         raise RunError(f"{src} {model}: no such folder; pass the path of a model folder (or a hub id like org/name)")
 
-    # every injection must have a site that can exist in this interpreter, before any folder or server exists
-    # (issue 29 item 3; the launch-time check in Session.start still decides what this cheap source check cannot)
-    from repro.site_precheck import missing_sites
-
-    gone = missing_sites(python, [(v.name, inj.id, list(inj.site)) for v in loaded for inj in v.injections])
-    if gone:
-        raise UnresolvedSitesError(f"{opts.scenario_path}: " + " | ".join(gone) + f" — in {python}; nothing was launched "
-                                   f"(`repro sites {opts.scenario_path}` lists every alternative; fix the site or pass "
-                                   "--python of the release that has it)")
-    ev_root = Path(opts.evidence_root)
-    try:
-        evd = ev.EvidenceDir(ev_root, scenario.name, opts.label or label_default or variant.name)
-    except ev.EvidenceError as e:
-        raise RunError(str(e)) from None
-    arm_file = evd.path / ARM_FILE_NAME
-    plan = session_plan(adapter, scenario, loaded, evd.injector_dir, arm_file)
-    evd.plan.write(plan)
-    shutil.copyfile(opts.scenario_path, evd.scenario.path)
-
     args = list(scenario.server.args)
     env = dict(scenario.server.env)
     prepend = [str(resources.injectors_dir()), *opts.pythonpath_prepend]  # a clone's injectors/ or the wheel's copy
     env.update(opts.extra_env)
-    env[PLAN_ENV] = str(evd.plan.path.resolve())
     spec = LaunchSpec(python=python, model=model, tp_size=tp, port=0, nccl_port=0, args=args, env=env, pythonpath_prepend=prepend)
     if on_testbed:
         extra_args, extra_env, tb_prepend = adapter.testbed_profile(spec, args)
         spec = dataclasses.replace(
             spec, args=[*args, *extra_args], env={**env, **extra_env}, pythonpath_prepend=[*prepend, *tb_prepend]
         )
-    return Prepared(scenario, variant, evd, plan, spec, adapter, python, on_testbed, arm_file)
+    # every injection must have a site that can exist in the server's interpreter, on the server's PYTHONPATH,
+    # before any folder or server exists (issue 29 item 3): the resolver `repro sites` runs, reading sources only;
+    # what it cannot decide, Session.start's check decides once the server's injector has patched it
+    from repro.sites import SitesUnresolved, check_before_launch
+
+    try:
+        check_before_launch(scenario, opts.scenario_path, [v.name for v in loaded], python,
+                            env=adapter.launch_env(spec, dict(os.environ)))
+    except SitesUnresolved as e:
+        _remove_owned(adapter, spec)
+        raise UnresolvedSitesError(str(e)) from None
+    return scenario, variant, loaded, adapter, python, on_testbed, spec
+
+
+def _remove_owned(adapter: Any, spec: Any) -> None:
+    """Remove the folders a launch spec made for its server (the testbed's HiCache storage) when it never launches."""
+    try:
+        for d in adapter.owned_dirs(spec.env):
+            shutil.rmtree(d, ignore_errors=True)
+    except Exception:
+        pass
 
 
 def session_plan(adapter: Any, scenario: Scenario, variants: Sequence[Variant], injector_dir: Path, arm_file: Path) -> dict:
@@ -345,9 +380,17 @@ class Outcome:
     clean: bool = True  # the server is still usable for another variant (no hang, no crash, nothing outstanding)
     injector: Any = None  # the InjectorReport read when judging (repro.injection_records), passed on, not re-read
     ledger: Any = None  # the LedgerDiagnosis finish_evidence aligned (repro.ledger), for callers after it
-    exit_code: Optional[int] = None  # the process's exit code when it is not the verdict's (a refusal: 2)
+    exit_code: Optional[int] = None  # the process's exit code when it is not the verdict's (a refusal: 2, an
+    # interrupt: 130/143, an internal error: 1); read through outcome_exit_code, by verdict.json and the RunResult
     topology: Any = None  # the session that drove it (a RunEvidence): it writes the run folder; None: a single server's
 
+
+
+def outcome_exit_code(outcome: "Outcome", expect: Optional[str]) -> int:
+    """THE exit code of a run: ``outcome.exit_code`` when the run did not end in a verdict of its own (refused,
+    interrupted, internal error), else the verdict's (:func:`repro.verdict.exit_code_for`, honouring ``expect``).
+    verdict.json's ``exit_code`` and the RunResult's (what the CLI exits with) are both this value."""
+    return outcome.exit_code if outcome.exit_code is not None else exit_code_for(outcome.verdict.verdict, expect)
 
 
 class RunEvidence:
@@ -383,7 +426,7 @@ class RunEvidence:
             stacks_dir=evd.stacks_dir,
             command=opts.command_line or f"{self.command_prefix()} {shlex.quote(str(opts.scenario_path))} --variant {variant.name}"))
         evd.verdict.write(ev.verdict_record(
-            verdict, exit_code=outcome.exit_code if outcome.exit_code is not None else exit_code_for(verdict.verdict, opts.expect),
+            verdict, exit_code=outcome_exit_code(outcome, opts.expect),
             evidence=evd.path, scenario=p.scenario.name,
             variant=variant.name, variant_expects=variant.expect, expect=opts.expect, partial=interrupted,
             timings=outcome.timings, rank_pids=rank_pids,
@@ -563,11 +606,12 @@ class Session(RunEvidence):
         t0 = time.time()
         try:
             left = self.server.stop(grace_s=grace)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             # Ctrl-C/SIGTERM arrived during the teardown itself: finish it (the CLI ignores further signals now),
             # then let the caller report the interruption.
             left = self.server.stop(grace_s=grace)
             self.interrupted_in_teardown = True
+            self.teardown_exit_code = interrupt_exit_code(e)
         self.p.evidence.teardown.write({"left_running": [getattr(x, "pid", x) for x in left], "time": time.time(),
                                         "grace_s": grace, "wedged": self.wedged, "stop_s": round(time.time() - t0, 3)})
         self.server = None
@@ -833,14 +877,16 @@ def run_one(p: Prepared, opts: RunOptions, observe: Observer = _noop, session: A
     except UnresolvedSitesError as e:
         unresolved = e
         # the CLI exits 2 (bad input) for it: verdict.json says the same exit code (issue 29 item 3)
-        outcome = Outcome(Verdict(INCONCLUSIVE, f"not run: {e}"), clean=False, exit_code=2)
-    except KeyboardInterrupt:
+        outcome = Outcome(Verdict(INCONCLUSIVE, f"not run: {e}"), clean=False, exit_code=EXIT_USAGE)
+    except KeyboardInterrupt as e:
         interrupted = True
+        # the CLI exits 130 (Ctrl-C) or 143 (SIGTERM): verdict.json says the same
         outcome = Outcome(Verdict(INCONCLUSIVE, "interrupted by the user (Ctrl-C/SIGTERM) before a verdict; evidence is partial"),
-                          state=getattr(session, "interrupted_state", None), clean=False)
+                          state=getattr(session, "interrupted_state", None), clean=False, exit_code=interrupt_exit_code(e))
     finally:
-        if outcome is None:
-            outcome = Outcome(Verdict(INCONCLUSIVE, "internal error before a verdict (see the console)"), clean=False)
+        if outcome is None:  # an exception on its way out: the process ends with a traceback, exit 1
+            outcome = Outcome(Verdict(INCONCLUSIVE, "internal error before a verdict (see the console)"), clean=False,
+                              exit_code=EXIT_INTERNAL)
         if outcome.topology is None:  # the session writes its folder, also when it never drove
             outcome.topology = session
         outcome.timings["to_verdict_s"] = time.time() - t0
@@ -850,6 +896,10 @@ def run_one(p: Prepared, opts: RunOptions, observe: Observer = _noop, session: A
             session.stop()
             session.close_drivers()
             outcome.timings["total_s"] = time.time() - t0
+            if session.interrupted_in_teardown and not interrupted:
+                # the verdict was written before the signal came; the process now exits 130/143: say so there too
+                outcome.exit_code = getattr(session, "teardown_exit_code", None) or interrupt_exit_code(KeyboardInterrupt())
+                _rewrite_exit_code(evd, outcome.exit_code)
             interrupted = interrupted or session.interrupted_in_teardown
             evd.set_status("interrupted" if interrupted else "complete", timings=outcome.timings)
     if unresolved is not None:
@@ -859,9 +909,17 @@ def run_one(p: Prepared, opts: RunOptions, observe: Observer = _noop, session: A
     return outcome
 
 
+def _rewrite_exit_code(evd: ev.EvidenceDir, code: int) -> None:
+    """Set verdict.json's ``exit_code`` to ``code`` (atomically; nothing else changes); no-op when it is absent."""
+    rec = ev.read_json(evd.verdict.path)
+    if isinstance(rec, dict) and rec.get("exit_code") != code:
+        rec["exit_code"] = code
+        evd.verdict.write(rec)
+
+
 def _result(outcome: Outcome, expect: Optional[str], path: Path) -> RunResult:
     st = outcome.state
-    return RunResult(outcome.verdict, exit_code_for(outcome.verdict.verdict, expect), path, expect, outcome.analysis,
+    return RunResult(outcome.verdict, outcome_exit_code(outcome, expect), path, expect, outcome.analysis,
                      outcome.timings, st.ok if st else 0, st.total if st else 0, outcome.injector)
 
 

@@ -5,6 +5,11 @@ in a subprocess of the target interpreter, which imports each site's module (fal
 when the import itself fails, e.g. a CUDA-only dependency) and lists the nearest existing names (``difflib``) when
 something is missing. An injection is *satisfied* when one of its site alternatives resolves. Gate patterns that name
 functions absent in this version are warnings (e.g. a fix's bulk method in an unpatched release), not errors.
+
+One resolver, three users: ``repro sites`` (:func:`check_sites`, ``mode="import"``); every launch, before any folder
+or server (:func:`check_before_launch`, ``mode="source"``: the same resolver reading sources only, ~0.2 s, with the
+server's PYTHONPATH; refuses only what the source shows cannot exist); and the healthy server's check before the
+first burst (:func:`check_launched_sites`: the live injector's records, the resolver only for what is not patched).
 """
 
 from __future__ import annotations
@@ -113,23 +118,33 @@ def _run_preflight(python: str, request: dict, timeout_s: float, env: Optional[d
 
 
 def check_sites(scenario: Scenario, python: Union[str, Path], variant: Optional[str] = None,
-                timeout_s: float = PREFLIGHT_TIMEOUT_S, env: Optional[dict] = None) -> SitesReport:
+                timeout_s: float = PREFLIGHT_TIMEOUT_S, env: Optional[dict] = None, *,
+                variants: Optional[Sequence[str]] = None, mode: str = "import") -> SitesReport:
     """Resolve every site of ``variant`` (all variants when None) inside ``python``.
 
     Args:
         scenario: a validated scenario.
         python: the target interpreter (the one that runs the server).
         variant: a variant name, or None for all variants.
-        timeout_s: bound on the subprocess in seconds (importing sglang's scheduler takes ~15 s on 2 cores).
-        env: environment of the subprocess (default: this process's, without ``REPRO_PLAN``).
+        timeout_s: bound on the subprocess in seconds (importing sglang's scheduler takes ~12 s on 2 cores).
+        env: environment of the subprocess (default: this process's, without ``REPRO_PLAN``); give the server's
+            (``Adapter.launch_env``) so overlays and stand-ins on its PYTHONPATH count.
+        variants: these variants (names) instead of ``variant``.
+        mode: ``import`` (``repro sites``: each module imported, exact) or ``source`` (the check before a launch:
+            nothing imported, ~0.1 s plus the interpreter's start; sites the source cannot decide are
+            ``unverified``, gate patterns and action methods ``unchecked``).
     Returns:
         A SitesReport, one InjectionSites per injection in file order.
     Raises:
         ScenarioError: ``variant`` is not in the scenario (lists the known names).
         SitesPreflightError: the interpreter is missing, timed out, or crashed before answering.
     """
-    variants = scenario.variants if variant is None else [scenario.variant(variant)]
-    request = {"injections": []}
+    if variants is not None:
+        chosen = [scenario.variant(v) for v in dict.fromkeys(variants)]
+    else:
+        chosen = scenario.variants if variant is None else [scenario.variant(variant)]
+    variants = chosen
+    request: dict[str, Any] = {"mode": mode, "versions": _version_keys(scenario), "injections": []}
     keys = []
     for v in variants:
         for inj in v.injections:
@@ -166,6 +181,19 @@ def check_sites(scenario: Scenario, python: Union[str, Path], variant: Optional[
                     warnings.append(dead)
         results.append(InjectionSites(vname, inj.id, alts, tuple(warnings)))
     return SitesReport(scenario.name, str(python), answer.get("python", ""), answer.get("versions", {}), tuple(results))
+
+
+def _version_keys(scenario: Scenario) -> list[str]:
+    """The distributions whose versions the resolver reports: torch and the engine's (its adapter's ``ref_location``)."""
+    keys = ["torch", "sglang"]
+    try:
+        from repro.targets.registry import get_adapter
+
+        loc = get_adapter(scenario.server.adapter).ref_location
+        keys += [k for k in (loc.version_key, loc.package) if k and k not in keys]
+    except Exception:  # an unknown adapter is reported elsewhere
+        pass
+    return keys
 
 
 def _release_of(scenario: Scenario, versions: dict) -> Optional[str]:
@@ -250,3 +278,55 @@ def check_launched_sites(scenario: Scenario, variant_names: Sequence[str], injec
     msg = unresolved_message(report, set(names))
     if msg:
         raise SitesUnresolved(msg)
+
+
+PRELAUNCH_TIMEOUT_S = 60.0  # the check before a launch reads sources only (~0.1 s plus the interpreter's start)
+
+
+def check_before_launch(scenario: Scenario, scenario_path: Union[str, Path], variant_names: Sequence[str],
+                        python: str, env: Optional[dict] = None, timeout_s: float = PRELAUNCH_TIMEOUT_S) -> None:
+    """Before any server or evidence folder exists: refuse a plan with an injection none of whose sites can exist.
+
+    The same resolver as ``repro sites`` (:func:`check_sites`, the injector's ``repro_injector.resolve`` run in
+    the target interpreter), in its ``source`` mode: one subprocess that imports nothing of the engine and reads
+    the sites' modules from the source on the server's PYTHONPATH (``env``: overlays, worktrees and the testbed's
+    stand-ins count). An injection is refused only when **every** alternative is ``absent`` by its source; what the
+    source cannot decide (``unverified``) goes on to the check once the server is healthy
+    (:func:`check_launched_sites`, the live injector's own resolution), so a site that only resolves in the
+    running server is never refused here. When the resolver cannot run at all, nothing is refused either.
+
+    Args:
+        scenario: the validated scenario; scenario_path: its file (named in the message).
+        variant_names: the variants whose injections the plan loads.
+        python: the server's interpreter; env: the server's environment (``Adapter.launch_env``).
+        timeout_s: bound on the subprocess, seconds.
+    Raises:
+        SitesUnresolved: one line naming the scenario file, each refused injection's field
+            (``variants.<name>.injections.<id>.site``), every absent site with why and its nearest names.
+    """
+    try:
+        report = check_sites(scenario, python, timeout_s=timeout_s, env=env, variants=variant_names, mode="source")
+    except SitesPreflightError:
+        return  # the launch-time check still decides, with the server's own imports
+    parts = []
+    for inj in report.injections:
+        if not inj.alternatives or not all(a.status == "absent" for a in inj.alternatives):
+            continue
+        alts = []
+        for a in inj.alternatives:
+            near = f"; nearest: {', '.join(a.suggestions)}" if a.suggestions else ""
+            alts.append(f"{a.site} is absent ({a.detail}{near})")
+        parts.append(f"variants.{inj.variant}.injections.{inj.injection_id}.site: " + "; ".join(alts))
+    if not parts:
+        return
+    try:
+        from repro.targets.registry import get_adapter
+
+        loc = get_adapter(scenario.server.adapter).ref_location
+        pkg, version = loc.package, report.versions.get(loc.version_key or loc.package)
+    except Exception:  # an unknown adapter is refused before this check
+        pkg, version = "engine", None
+    raise SitesUnresolved(f"{scenario_path}: " + " | ".join(parts)
+                          + f" — in {python}'s {pkg} {version or '(version unknown)'}; nothing was launched "
+                          f"(`repro sites {scenario_path}` lists every alternative; fix the site or pass --python "
+                          "of the release that has it)")

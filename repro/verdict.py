@@ -31,6 +31,25 @@ DESYNCED = "DESYNCED"
 EXIT_CODES = {SUCCEEDED: 0, DEADLOCKED: 3, INCONCLUSIVE: 4, DESYNCED: 7}
 EXPECT_WORDS = {"deadlock": DEADLOCKED, "success": SUCCEEDED, "inconclusive": INCONCLUSIVE, "desync": DESYNCED}
 EXIT_MISMATCH = 5
+# exit codes a run ends with that are not a verdict's (verdict.json records them too: always the process's code)
+EXIT_INTERNAL = 1  # an internal error (a traceback) before a verdict
+EXIT_USAGE = 2  # bad input: refused (e.g. a site that resolves nowhere, found once the server was healthy)
+EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + 2
+EXIT_TERMINATED = 143  # SIGTERM: 128 + 15
+
+
+class Interrupted(KeyboardInterrupt):
+    """The KeyboardInterrupt the CLI's SIGINT/SIGTERM handler raises; ``exit_code`` is 128 + the signal number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__()
+        self.signum = int(signum)
+        self.exit_code = 128 + self.signum
+
+
+def interrupt_exit_code(exc: BaseException) -> int:
+    """The exit code after ``exc`` (a KeyboardInterrupt): 143 for SIGTERM, else 130 (a plain Ctrl-C)."""
+    return int(getattr(exc, "exit_code", EXIT_INTERRUPTED))
 
 IDLE_CPU_PERCENT = 10.0  # a blocked rank uses less than this share of one core
 

@@ -9,6 +9,7 @@ nearest names with ``difflib`` when something is missing. Stdlib only.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import json
@@ -99,41 +100,314 @@ def _names_in_module(module: Any) -> List[str]:
     return out
 
 
-def _static_index(path: str) -> Tuple[Dict[str, List[str]], List[str], Dict[str, List[str]]]:
-    """From source: class -> own attribute names, top-level names, class -> base names."""
+class _Index:
+    """What one source file defines, read with ``ast`` (nothing executed).
+
+    Attributes:
+        classes: class qualname -> own member names (methods, nested classes, assignments, also those assigned
+            later at module level as ``Class.name = ...``).
+        bases: class qualname -> base expressions (``object`` left out).
+        top: top-level names (defined, assigned or imported).
+        imports: name -> (absolute module, attribute) it is imported from (``from m import a as name``).
+        star: a name may be bound in a way this index cannot see (``import *``, ``globals()``, a loop at top level).
+        dynamic: classes whose members may be added at run time (a class decorator other than dataclass, a
+            ``setattr`` call at top level, statements in the class body this index does not read).
+    """
+
+    def __init__(self) -> None:
+        self.classes: Dict[str, List[str]] = {}
+        self.bases: Dict[str, List[str]] = {}
+        self.top: set = set()
+        self.imports: Dict[str, Tuple[str, str]] = {}
+        self.star = False
+        self.dynamic: set = set()
+        self.setattr_anywhere = False
+
+
+@functools.lru_cache(maxsize=512)
+def _static_index(path: str, modname: str = "") -> Optional[_Index]:
+    """Index ``path`` (the source of ``modname``, which resolves relative imports); None when it cannot be parsed."""
     import ast
 
-    with open(path, encoding="utf-8") as fh:
-        tree = ast.parse(fh.read(), filename=path)
-    classes: Dict[str, List[str]] = {}
-    bases: Dict[str, List[str]] = {}
-    top: List[str] = []
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), filename=path)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+    ix = _Index()
+    pkg = modname if path.endswith("__init__.py") else modname.rpartition(".")[0]
+    plain_decorators = ("dataclass", "dataclasses.dataclass", "final", "typing.final", "total_ordering",
+                        "functools.total_ordering")
+
+    def targets_of(node: Any) -> List[Any]:
+        return list(node.targets) if isinstance(node, ast.Assign) else [node.target]
 
     def visit_class(node: Any, prefix: str) -> None:
         q = prefix + node.name
         members: List[str] = []
-        for b in node.body:
-            if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                members.append(b.name)
-            elif isinstance(b, ast.ClassDef):
-                members.append(b.name)
-                visit_class(b, q + ".")
-            elif isinstance(b, ast.Assign):
-                members.extend(t.id for t in b.targets if isinstance(t, ast.Name))
-        classes[q] = members
-        bases[q] = [ast.unparse(x) for x in node.bases]
 
-    for node in tree.body:
+        def body(stmts: List[Any]) -> None:
+            for b in stmts:
+                if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    members.append(b.name)
+                elif isinstance(b, ast.ClassDef):
+                    members.append(b.name)
+                    visit_class(b, q + ".")
+                elif isinstance(b, (ast.Assign, ast.AnnAssign)):
+                    for t in targets_of(b):
+                        if isinstance(t, ast.Name):
+                            members.append(t.id)
+                        elif isinstance(t, (ast.Tuple, ast.List)):
+                            members.extend(e.id for e in t.elts if isinstance(e, ast.Name))
+                elif isinstance(b, (ast.If, ast.Try)):
+                    body(list(b.body) + list(b.orelse) + list(getattr(b, "finalbody", [])))
+                    for h in getattr(b, "handlers", []) or []:
+                        body(list(h.body))
+                elif isinstance(b, (ast.Expr, ast.Pass)):
+                    pass
+                else:  # a loop, a with, an exec in the class body: members this index cannot list
+                    ix.dynamic.add(q)
+
+        body(list(node.body))
+        ix.classes[q] = members
+        ix.bases[q] = [ast.unparse(x) for x in node.bases if ast.unparse(x) != "object"]
+        if any(ast.unparse(d).split("(", 1)[0] not in plain_decorators for d in node.decorator_list):
+            ix.dynamic.add(q)
+
+    def handle(node: Any) -> None:
         if isinstance(node, ast.ClassDef):
-            top.append(node.name)
+            ix.top.add(node.name)
             visit_class(node, "")
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            top.append(node.name)
-        elif isinstance(node, ast.Assign):
-            top.extend(t.id for t in node.targets if isinstance(t, ast.Name))
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            top.extend((a.asname or a.name).split(".")[0] for a in node.names)
-    return classes, top, bases
+            ix.top.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in targets_of(node):
+                if isinstance(t, ast.Name):
+                    ix.top.add(t.id)
+                    if t.id in ix.classes:  # Class = wrap(Class): the live class may have more members
+                        ix.dynamic.add(t.id)
+                elif isinstance(t, (ast.Tuple, ast.List)):
+                    ix.top.update(e.id for e in t.elts if isinstance(e, ast.Name))
+                elif isinstance(t, ast.Attribute):  # Class.name = ... after the class: a member all the same
+                    owner = ast.unparse(t.value)
+                    if owner in ix.classes:
+                        ix.classes[owner].append(t.attr)
+                    else:
+                        ix.dynamic.add(owner)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                ix.top.add((a.asname or a.name).split(".")[0])
+                if a.asname:
+                    ix.imports.setdefault(a.asname, (a.name, ""))
+        elif isinstance(node, ast.ImportFrom):
+            src = node.module or ""
+            if node.level:
+                parts = pkg.split(".") if pkg else []
+                base = parts[: len(parts) - (node.level - 1)] if node.level - 1 <= len(parts) else []
+                src = ".".join(base + ([node.module] if node.module else []))
+            for a in node.names:
+                if a.name == "*":
+                    ix.star = True
+                else:
+                    ix.top.add(a.asname or a.name)
+                    ix.imports.setdefault(a.asname or a.name, (src, a.name))
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):  # optional imports, version switches: every branch
+            for part in ("body", "orelse", "finalbody"):
+                for sub in getattr(node, part, []) or []:
+                    handle(sub)
+            for h in getattr(node, "handlers", []) or []:
+                for sub in h.body:
+                    handle(sub)
+        elif isinstance(node, ast.Expr):
+            if isinstance(node.value, ast.Call) and ast.unparse(node.value.func) in ("setattr", "builtins.setattr"):
+                ix.setattr_anywhere = True
+        elif isinstance(node, ast.Pass):
+            pass
+        else:  # anything else that could bind names at import time (a for loop, exec, del)
+            ix.star = True
+
+    for node in tree.body:
+        handle(node)
+    return ix
+
+
+@functools.lru_cache(maxsize=1024)
+def find_source(modname: str) -> Tuple[Optional[str], str]:
+    """Locate ``modname``'s source file on this interpreter's path WITHOUT importing it or its packages.
+
+    Returns:
+        ``(path, "source")`` (a ``.py`` file, or a package's ``__init__.py``), ``(None, "absent")`` when the
+        module definitely does not exist (its top-level package is unknown to every finder, or its parent
+        package's folders hold no such module and the parent's ``__init__.py`` does not touch ``__path__``), or
+        ``(None, "undecided")`` (a compiled or namespace module, a finder this cannot follow).
+    """
+    from importlib.machinery import BYTECODE_SUFFIXES, EXTENSION_SUFFIXES
+
+    parts = modname.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])  # a top-level name: no package is executed
+    except Exception:
+        return None, "undecided"
+    if spec is None:
+        return None, "absent"
+    origin: Optional[str] = spec.origin if spec.has_location else None
+    locations = list(spec.submodule_search_locations or [])
+    for i in range(1, len(parts)):
+        if not locations:  # a plain module has no submodules
+            return (None, "absent") if origin and origin.endswith(".py") else (None, "undecided")
+        name = parts[i]
+        found: Optional[str] = None
+        namespace: List[str] = []
+        for d in locations:
+            if os.path.isfile(os.path.join(d, name, "__init__.py")):
+                found = os.path.join(d, name, "__init__.py")
+                break
+            if os.path.isfile(os.path.join(d, name + ".py")):
+                found = os.path.join(d, name + ".py")
+                break
+            if any(os.path.exists(os.path.join(d, name + sfx)) for sfx in [*EXTENSION_SUFFIXES, *BYTECODE_SUFFIXES]):
+                return None, "undecided"  # compiled: no source to read
+            if os.path.isdir(os.path.join(d, name)):
+                namespace.append(os.path.join(d, name))
+        if found is None and not namespace:
+            text = ""
+            if origin and origin.endswith("__init__.py"):
+                try:
+                    with open(origin, encoding="utf-8") as fh:
+                        text = fh.read()
+                except (OSError, UnicodeDecodeError):
+                    return None, "undecided"
+            if any(k in text for k in ("__path__", "sys.modules", "__getattr__")):
+                return None, "undecided"  # a package that extends its path or makes submodules up at import
+            return None, "absent"
+        if found is not None:
+            origin = found
+            locations = [os.path.dirname(found)] if found.endswith("__init__.py") else []
+        else:  # a namespace package: every folder of that name counts
+            origin, locations = None, namespace
+    if origin and origin.endswith(".py") and os.path.exists(origin):
+        return origin, "source"
+    return None, "undecided"
+
+
+def _sibling_names(modname: str) -> List[str]:
+    """Modules beside ``modname`` in its parent package, found without importing anything."""
+    import pkgutil
+
+    parent, _, _ = modname.rpartition(".")
+    if not parent:
+        return []
+    path, state = find_source(parent)
+    if path is None or not path.endswith("__init__.py"):
+        return []
+    return [f"{parent}.{m.name}" for m in pkgutil.iter_modules([os.path.dirname(path)])]
+
+
+def _has_member(modname: str, cls: str, name: str, depth: int = 0) -> Optional[bool]:
+    """Does class ``cls`` of ``modname`` define or inherit ``name``, by its source? None when the source cannot tell
+    (a base this cannot follow, a class whose members are made at run time)."""
+    if depth > 8:
+        return None
+    path, state = find_source(modname)
+    if path is None:
+        return False if state == "absent" else None
+    ix = _static_index(path, modname)
+    if ix is None:
+        return None
+    if cls not in ix.classes:
+        head = cls.split(".", 1)[0]
+        if head in ix.imports:  # re-exported from elsewhere
+            mod, attr = ix.imports[head]
+            rest = cls.split(".", 1)[1:]
+            return _has_member(mod, ".".join([attr, *rest]), name, depth + 1) if attr else None
+        return None
+    if name in ix.classes[cls]:
+        return True
+    if cls in ix.dynamic or ix.setattr_anywhere:
+        return None
+    verdicts: List[Optional[bool]] = []
+    for b in ix.bases.get(cls, []):
+        head = b.split("[", 1)[0]
+        if head in ("Generic", "Protocol", "ABC", "typing.Generic", "typing.Protocol", "abc.ABC"):
+            continue
+        if head in ix.classes:
+            verdicts.append(_has_member(modname, head, name, depth + 1))
+        elif head.split(".", 1)[0] in ix.imports:
+            mod, attr = ix.imports[head.split(".", 1)[0]]
+            rest = head.split(".", 1)[1:]
+            if attr:
+                verdicts.append(_has_member(mod, ".".join([attr, *rest]), name, depth + 1))
+            elif rest:  # import pkg.mod as m; class C(m.Base)
+                sub = rest[0].rsplit(".", 1)
+                verdicts.append(_has_member(".".join([mod, *sub[:-1]]), sub[-1], name, depth + 1))
+            else:
+                return None
+        else:
+            return None  # a base this check cannot follow (a call, a builtin, a name made at run time)
+    if any(v is True for v in verdicts):
+        return True
+    return None if any(v is None for v in verdicts) else False
+
+
+def check_site_source(site: str, import_error: str = "") -> Dict[str, Any]:
+    """Resolve one site from the source of its module, importing nothing (the preflight before a launch, and
+    :func:`check_site`'s fallback when the module's import fails). Never raises.
+
+    A site is ``absent`` only when the source shows it cannot exist: the module is missing, or the owner class is
+    defined there and neither it nor any base (followed through the sources) has the name, or the module defines
+    no such top-level name. What the source cannot decide (a compiled module, a base that is a call, members made
+    at run time) is ``unverified``; the launched server's injector decides it.
+
+    Returns:
+        ``{site, status, detail, suggestions, static: True}`` as :func:`check_site`.
+    """
+    res: Dict[str, Any] = {"site": site, "status": "error", "detail": "", "suggestions": [], "static": True}
+    failed = f" (import failed: {import_error})" if import_error else ""
+    try:
+        modname, parts = split_site(site)
+    except ValueError as e:
+        res["detail"] = str(e)
+        return res
+    try:
+        path, state = find_source(modname)
+        if state == "absent":
+            res.update(status="absent", detail=f"module {modname} does not exist in this installation",
+                       suggestions=_suggest(modname, _sibling_names(modname)))
+            return res
+        ix = _static_index(path, modname) if path else None
+        if ix is None:
+            res.update(status="unverified", detail=f"the source of {modname} is not readable here{failed}")
+            return res
+        qual = ".".join(parts)
+        owner, name = ".".join(parts[:-1]), parts[-1]
+        near = _suggest(qual, sorted(ix.top) + [f"{c}.{m}" for c, ms in ix.classes.items() for m in ms])
+        if not owner:
+            if name in ix.top:
+                res.update(status="resolved", detail=f"found in {path}{failed}")
+            elif ix.star or "__getattr__" in ix.top:  # a module __getattr__ (PEP 562) makes names up at run time
+                res.update(status="unverified", detail=f"{path} may bind {name!r} at import{failed}")
+            else:
+                res.update(status="absent", detail=f"{qual} is not defined in {path}{failed}", suggestions=near)
+            return res
+        if owner in ix.classes or parts[0] in ix.imports:
+            has = _has_member(modname, owner, name)
+            if has is True:
+                res.update(status="resolved", detail=f"found in source{failed}")
+            elif has is False:
+                res.update(status="absent", detail=f"{owner} defines no {name!r} and none of its base classes does "
+                                                   f"({path}){failed}", suggestions=near)
+            else:
+                res.update(status="unverified", detail=f"{owner} exists but {name!r} is not in its source (an "
+                                                       f"inherited or run-time member?){failed}")
+            return res
+        if parts[0] in ix.top or ix.star:
+            res.update(status="unverified", detail=f"{parts[0]} in {path} is not a class this can read{failed}")
+        else:
+            res.update(status="absent", detail=f"class {owner} is not defined in {path}{failed}", suggestions=near)
+        return res
+    except Exception as e:  # a check that cannot decide never blocks
+        res.update(status="unverified", detail=f"source check failed: {type(e).__name__}: {e}")
+        return res
 
 
 def _suggest(wanted: str, candidates: List[str], n: int = 5) -> List[str]:
@@ -194,22 +468,7 @@ def check_site(site: str) -> Dict[str, Any]:
         if not origin or not origin.endswith(".py") or not os.path.exists(origin):
             res["detail"] = f"import of {modname} failed ({import_err}) and its source is not readable"
             return res
-        res["static"] = True
-        classes, top, bases = _static_index(origin)
-        qual = ".".join(parts)
-        owner, name = ".".join(parts[:-1]), parts[-1]
-        if (not owner and name in top) or (owner in classes and name in classes[owner]):
-            res["status"] = "resolved"
-            res["detail"] = f"found in source (import failed: {import_err})"
-        elif owner in classes:
-            res["status"] = "unverified"
-            res["detail"] = (f"{owner} exists but defines no {name!r} itself (bases: {', '.join(bases[owner]) or 'none'}); "
-                             f"import failed: {import_err}")
-        else:
-            res["status"] = "absent"
-            res["detail"] = f"{qual} not found in {origin} (import failed: {import_err})"
-            res["suggestions"] = _suggest(qual, top + [f"{c}.{m}" for c, ms in classes.items() for m in ms])
-        return res
+        return check_site_source(site, import_err)
     try:
         t = resolve_in_module(module, site)
         res["status"] = "resolved"
@@ -255,22 +514,37 @@ def _version(dist: str) -> Optional[str]:
 
 
 def preflight(request: Dict[str, Any]) -> Dict[str, Any]:
-    """Answer a ``repro sites`` request.
+    """Answer a ``repro sites`` request, or the check before a launch (``"mode": "source"``).
 
     Args:
-        request: ``{"injections": [{"id", "alternatives": [site...], "patterns": [frame pattern...],
-            "method": str|None}]}``.
+        request: ``{"mode": "import" | "source", "versions": [distribution...], "injections": [{"id",
+            "alternatives": [site...], "patterns": [frame pattern...], "method": str|None}]}``. ``import``
+            (default): each site's module is imported (:func:`check_site`, exact; importing sglang's scheduler
+            takes ~12 s on 2 cores). ``source``: nothing is imported (:func:`check_site_source`, ~0.1 s); gate
+            patterns and action methods are then not checked (``unchecked``).
     Returns:
-        ``{"python", "versions": {torch, sglang}, "injections": [{"id", "alternatives": [check_site...],
-        "patterns": [check_pattern...], "method": check_method|None}]}``.
+        ``{"python", "executable", "mode", "versions": {dist: version|None}, "injections": [{"id",
+        "alternatives": [check_site...], "patterns": [check_pattern...], "method": check_method|None}]}``.
     """
+    source = request.get("mode") == "source"
+    dists = list(request.get("versions") or []) or ["torch", "sglang"]
     out: Dict[str, Any] = {
         "python": sys.version.split()[0],
         "executable": sys.executable,
-        "versions": {"torch": _version("torch"), "sglang": _version("sglang")},
+        "mode": "source" if source else "import",
+        "versions": {d: _version(d) for d in dists},
         "injections": [],
     }
+    unchecked = {"status": "unchecked", "detail": "not checked before launch (source mode)", "suggestions": []}
     for inj in request.get("injections", []):
+        if source:
+            out["injections"].append({
+                "id": inj.get("id"),
+                "alternatives": [check_site_source(s) for s in inj.get("alternatives", [])],
+                "patterns": [{"pattern": p, **unchecked} for p in inj.get("patterns", [])],
+                "method": None,
+            })
+            continue
         alts = [check_site(s) for s in inj.get("alternatives", [])]
         method = None
         if inj.get("method"):
