@@ -432,7 +432,10 @@ def alternate(a: argparse.Namespace, root: Path) -> None:
     path = tmp / "alt.toml"
     path.write_text(text.replace("budget_s = 90", "budget_s = 600"))
     p = runner.prepare(runner.RunOptions(scenario_path=path, variant="control", evidence_root=root, label="alternate"))
-    p.plan["ledger"]["bench_alternate_s"] = a.window_s
+    knob = getattr(a, "knob", "bench_alternate_s")  # benchmarks/digest_overhead.py: bench_digest_alternate_s
+    if knob == "bench_digest_alternate_s" and not (p.plan["ledger"].get("digest") or {}).get("enabled"):
+        raise SystemExit("the scenario's plan has no state digest (no probe file for this release, or digest = false)")
+    p.plan["ledger"][knob] = a.window_s
     p.evidence.plan.write(p.plan)
     s = runner.Session(p, detectors=[RankDeathDetector(), StallDetector()])
     try:
@@ -440,7 +443,7 @@ def alternate(a: argparse.Namespace, root: Path) -> None:
         failed = s.start()
         if failed:
             raise SystemExit(f"start: {failed.reason}")
-        _emit({"healthy_s": round(time.time() - t0, 1), "window_s": a.window_s})
+        _emit({"healthy_s": round(time.time() - t0, 1), "window_s": a.window_s, "alternating": knob})
         d = EvidenceDir(p.evidence.root, p.scenario.name, "alt-warmup")
         out = s.drive(p.scenario.variant("control"), d)
         _emit({"warmup": True, "verdict": out.verdict.verdict, "burst_s": out.timings["burst_s"]})
@@ -458,7 +461,7 @@ def alternate(a: argparse.Namespace, root: Path) -> None:
                    "box_cpu_s": dict(zip(("user", "system", "idle", "steal"), st))})
         time.sleep(0.5)  # the last records reach disk (the writer's period is 0.15 s)
         rates = _alternate_rates(p.evidence.injector_dir, a.window_s, bursts)
-        summary: dict = {"bursts": a.bursts, "window_s": a.window_s}
+        summary: dict = {"bursts": a.bursts, "window_s": a.window_s, "alternating": knob}
         for rk, rows in sorted(rates.items()):
             rows = [r for r in rows if r["on"] and r["off"]]
             per = [(len(r["on"]) / sum(r["on"])) / (len(r["off"]) / sum(r["off"])) for r in rows]
