@@ -17,7 +17,8 @@ A run with no ledger, with the digest off in its plan (``[ledger] digest = false
 file is **skipped** with a reason (never failed); a ledger from before the digest reads "no digest recorded" (never
 "equal"). A release that has a probe file but recorded no digest on some rank is a failure. On a shared server a
 run folder holds a copy of the whole session's injector folder, so fires count from the run's ``session.json``
-(written when the run began) and the burst window is the run's own.
+(written when the run began) and the burst window is the run's own. A PD server's folder (``servers/<role>/``) is
+checked on its own ledgers, with its run folder's ``requests.jsonl`` and ``session.json``.
 
 Cost: one read of each ledger file (collective records and state lines), bounded by the ledger's own rotation;
 the check of a run folder is timed (``RunCheck.seconds``).
@@ -34,6 +35,7 @@ from typing import Any, Iterable, Optional
 from repro import evidence as ev
 from repro.injection_records import read_injector_dir
 from repro.ledger import load_ledgers, rank_pids_of
+from repro.pd import SERVERS_DIR
 from repro.state_digest import RankState, StateStatus, diagnose_state, read_rank_states
 from repro.verdict import SUCCEEDED
 
@@ -65,11 +67,21 @@ class RunCheck:
             f" [{self.seconds:.2f} s]"
 
 
+def _run_of(folder: ev.EvidenceDir) -> ev.EvidenceDir:
+    """The run folder a PD server's ``servers/<role>/`` belongs to (its ``requests.jsonl``, ``session.json``);
+    ``folder`` itself otherwise."""
+    top = folder.path.parent.parent
+    if folder.path.parent.name == SERVERS_DIR and (top / ev.Layout.VERDICT.name).is_file():
+        return ev.EvidenceDir.open(top)
+    return folder
+
+
 def _fires_during(folder: ev.EvidenceDir) -> list[str]:
     """``id on rank r`` of every fire of this run (a shared server's run: from its ``session.json`` on)."""
     if not folder.injector_dir.is_dir():
         return []
-    t0 = folder.session.path.stat().st_mtime if folder.session.exists() else None
+    run = _run_of(folder)
+    t0 = run.session.path.stat().st_mtime if run.session.exists() else None
     rep = read_injector_dir(folder.injector_dir)
     return sorted({f"`{f.injection_id}` on rank {f.rank}" for f in rep.fires() if t0 is None or f.time >= t0 - 0.5})
 
@@ -191,7 +203,7 @@ def _check(path: Path) -> RunCheck:
 
 def _burst_window(folder: ev.EvidenceDir) -> Optional[tuple[float, float]]:
     try:
-        lines = folder.requests.read(missing_ok=True) or []
+        lines = _run_of(folder).requests.read(missing_ok=True) or []
     except ev.EvidenceFileError:
         return None
     ts = [float(x["t"]) for x in lines if isinstance(x, dict) and isinstance(x.get("t"), (int, float))]

@@ -76,9 +76,14 @@ def _state(s: _Sched, tick: int, moves_at: tuple[int, ...], diverge: bool) -> No
 def make_run(root: Path, *, moves_at: tuple[int, ...] = (6, 7), diverge: bool = False, broken_rank: Optional[int] = None,
              digest: bool = True, digest_in_plan: bool = True, states: bool = True, ledger: bool = True,
              verdict: str = SUCCEEDED, fired_at: Optional[float] = None, session: bool = False,
-             release: str = "0.5.23") -> Path:
-    """One run folder of a TP=2 server (pids 10, 11) as the runner leaves it."""
-    evd = ev.EvidenceDir(root, "s", "control")
+             release: str = "0.5.23", at: Optional[Path] = None, requests: bool = True) -> Path:
+    """One run folder of a TP=2 server (pids 10, 11) as the runner leaves it (``at``: that folder, e.g. a PD
+    server's ``servers/<role>/``, which has no ``requests.jsonl`` of its own: ``requests=False``)."""
+    if at is not None:
+        (at / ev.Layout.INJECTOR.name).mkdir(parents=True)
+        evd = ev.EvidenceDir.open(at)
+    else:
+        evd = ev.EvidenceDir(root, "s", "control")
     if session:
         evd.session.write({"session": str(root / "session"), "rank_pids": {"0": 10, "1": 11}})
     plan: dict = {"arm_file": str(evd.path / "ARM"), "out_dir": str(evd.injector_dir), "injections": [],
@@ -87,8 +92,9 @@ def make_run(root: Path, *, moves_at: tuple[int, ...] = (6, 7), diverge: bool = 
         plan["ledger"]["digest"] = {"enabled": digest, "package": "sglang", "releases": {"0.5.23": PROBES}}
     evd.plan.write(plan)
     evd.env.write({"sglang": release})
-    evd.requests.write([{"t": T0 + BURST[0], "request": 0, "event": "sent"},
-                        {"t": T0 + BURST[1], "request": 0, "event": "done"}])
+    if requests:
+        evd.requests.write([{"t": T0 + BURST[0], "request": 0, "event": "sent"},
+                            {"t": T0 + BURST[1], "request": 0, "event": "done"}])
     for rank, pid in ((0, 10), (1, 11)):
         if not ledger:
             continue
@@ -183,6 +189,15 @@ def test_on_a_shared_server_a_fire_of_an_earlier_run_does_not_make_this_one_uncl
     # the session's fire log is copied into every run folder; this run began when its session.json was written
     c = check_run(make_run(tmp_path, session=True, fired_at=T0 + 6))  # T0 is long before session.json's mtime
     assert c.outcome == Outcome.OK, (c.reason, c.problems)
+
+
+def test_a_pd_servers_folder_is_checked_on_its_own_ledgers_within_its_run_folders_burst(tmp_path: Path):
+    run = make_run(tmp_path)
+    role = make_run(tmp_path, moves_at=(2, 3), at=run / "servers" / "prefill", requests=False)
+    c = check_run(role)
+    assert c.outcome == Outcome.FAILED and c.problems[0] == \
+        f"{role}: no probe value changed on rank 0 during the burst (ticks 5–8)"  # the run's burst, not the ledger's
+    assert state_check.run_folders([tmp_path], 0.0, set()) == [run.resolve(), role.resolve()]
 
 
 def test_run_folders_finds_each_new_verdict_once(tmp_path: Path):
