@@ -185,6 +185,7 @@ def _check(path: Path) -> RunCheck:
         for p in sorted(names - have - set(s.errors)):
             problems.append(f"{path}: probe `{p}` never recorded on rank {r} (recorded on another rank)")
     window = _burst_window(folder)
+    moved = []
     for r, s in sorted(states.items()):
         ticks = burst_ticks(leds[r], *window) if window else None
         if ticks is None:
@@ -193,12 +194,13 @@ def _check(path: Path) -> RunCheck:
             n, where = changes_within(s, *ticks), f"during the burst (ticks {ticks[0]}–{ticks[1]})"
         if n == 0:
             problems.append(f"{path}: no probe value changed on rank {r} {where}")
+        moved.append(f"rank {r}: {n} {where}")
     if problems:
         return RunCheck(path, Outcome.FAILED, st.summary, problems)
     absent = sorted(p for p in st.probes_compared if all(p not in got for got in st.resolved.values()))
     return RunCheck(path, Outcome.OK, f"{len(st.probes_compared)} probes compared, ticks "
-                    f"{st.compared[0] if st.compared else '?'}–{st.compared[1] if st.compared else '?'}"
-                    + (f"; absent on this server: {', '.join(absent)}" if absent else ""))
+                    f"{st.compared[0] if st.compared else '?'}–{st.compared[1] if st.compared else '?'}; value changes "
+                    + ", ".join(moved) + (f"; absent on this server: {', '.join(absent)}" if absent else ""))
 
 
 def _burst_window(folder: ev.EvidenceDir) -> Optional[tuple[float, float]]:
