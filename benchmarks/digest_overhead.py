@@ -22,7 +22,9 @@ ledger-only on ONE real server (the CPU testbed's smoke server, ``control`` burs
 digest only at ticks that start in even windows, the ledger records in both, every tick's start is logged. The
 method, the step classification and the summary are ``benchmarks/ledger_proof.py alternate``'s (its ``on`` arm is
 digest + ledger, ``off`` ledger only; ``hot_path_ms`` per step there is the digest's evaluation plus the ticking
-thread's ledger writes). Starts a real server: run it under the shared lock. ≈ one start-up + bursts × ~8 s.
+thread's ledger writes). Starts a real server: run it under the shared lock. ≈ one start-up + bursts × ~8 s on a
+quiet box (21–27 s per burst with both cores busy). ``--summarize EVIDENCE_DIR``: the same summary from the files of
+an earlier ``--alternate --evidence-dir EVIDENCE_DIR`` (one an outer timeout cut short: its bursts so far).
 """
 
 from __future__ import annotations
@@ -118,7 +120,26 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--evidence-dir", default="")
+    ap.add_argument("--summarize", default="", metavar="EVIDENCE_DIR",
+                    help="the --alternate summary from an earlier run's --evidence-dir (e.g. one cut short by a timeout)")
     args = ap.parse_args()
+    if args.summarize:
+        sys.path.insert(0, str(REPO))
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        import ledger_proof
+
+        root = Path(args.summarize)
+        session = next(root.glob("*/*-alternate"))
+        bursts = []
+        for d in sorted(root.glob("*/*-alt-[0-9]*"), key=lambda d: int(d.name.rsplit("-", 1)[1])):
+            ev = [json.loads(x) for x in (d / "requests.jsonl").read_text().splitlines() if x.strip()]
+            ts = [e["t"] for e in ev if e.get("event") in ("sent", "done")]
+            if ts:  # a burst the timeout cut counts up to its last answer
+                bursts.append((d.name.rsplit("-", 1)[1], min(ts), max(ts)))
+        window_s = json.loads((session / "plan.json").read_text())["ledger"]["bench_digest_alternate_s"]
+        print(json.dumps({"summary": ledger_proof.alternate_summary(session / "injector", window_s, bursts,
+                                                                    "bench_digest_alternate_s")}))
+        return
     if args.alternate:
         import signal
 
