@@ -76,7 +76,8 @@ def _state(s: _Sched, tick: int, moves_at: tuple[int, ...], diverge: bool) -> No
 def make_run(root: Path, *, moves_at: tuple[int, ...] = (6, 7), diverge: bool = False, broken_rank: Optional[int] = None,
              digest: bool = True, digest_in_plan: bool = True, states: bool = True, ledger: bool = True,
              verdict: str = SUCCEEDED, fired_at: Optional[float] = None, session: bool = False,
-             release: str = "0.5.23", at: Optional[Path] = None, requests: bool = True) -> Path:
+             release: str = "0.5.23", at: Optional[Path] = None, requests: bool = True,
+             rank1_probes: Optional[list] = None) -> Path:
     """One run folder of a TP=2 server (pids 10, 11) as the runner leaves it (``at``: that folder, e.g. a PD
     server's ``servers/<role>/``, which has no ``requests.jsonl`` of its own: ``requests=False``)."""
     if at is not None:
@@ -98,7 +99,8 @@ def make_run(root: Path, *, moves_at: tuple[int, ...] = (6, 7), diverge: bool = 
     for rank, pid in ((0, 10), (1, 11)):
         if not ledger:
             continue
-        d = _digest.Digest({"probes": PROBES, "ring": 100}, str(evd.injector_dir), pid)
+        probes = rank1_probes if rank == 1 and rank1_probes is not None else PROBES
+        d = _digest.Digest({"probes": probes, "ring": 100}, str(evd.injector_dir), pid)
         s = _Sched(rank, broken_rank)
         lines = [{"e": "header", "pid": pid, "rank": rank, "part": 0, "dropped": 0, "max_records": 1000, "time": T0},
                  {"e": "group", "g": "1", "name": "1", "ranks": [0, 1], "backend": "gloo", "label": "tp/cpu"}]
@@ -141,6 +143,13 @@ def test_a_probe_that_did_not_resolve_on_one_rank_fails_naming_that_probe_and_ra
     assert c.outcome == Outcome.FAILED
     assert f"{run}: probe `extra` did not resolve on rank 1: RuntimeError: no such pool on this rank" in c.problems
     assert not any("rank 0" in p for p in c.problems)  # rank 0 resolved it
+
+
+def test_a_probe_one_rank_never_recorded_fails_naming_that_probe_and_rank(tmp_path: Path):
+    run = make_run(tmp_path, rank1_probes=PROBES[:2])  # rank 1's probe list lacks `extra`
+    c = check_run(run)
+    assert c.outcome == Outcome.FAILED
+    assert f"{run}: probe `extra` never recorded on rank 1 (recorded on another rank)" in c.problems
 
 
 def test_a_burst_that_moved_no_probe_fails_on_every_rank(tmp_path: Path):
