@@ -15,6 +15,16 @@ microseconds. Ledger lines are encoded but not written (the ledger's writer does
 the ring file is written (to a temp folder).
 
 Usage: ``python benchmarks/digest_overhead.py [--ticks 5000] [--sizes 8,1000]`` (stdlib + the injector + tomllib).
+
+``--alternate [--bursts 20] [--window-s 1.0] [--requests 16] [--max-new-tokens 64]``: instead, digest on vs
+ledger-only on ONE real server (the CPU testbed's smoke server, ``control`` bursts), alternating every
+``--window-s`` wall seconds inside every burst: the injector's benchmark-only ``bench_digest_alternate_s`` takes the
+digest only at ticks that start in even windows, the ledger records in both, every tick's start is logged. The
+method, the step classification and the summary are ``benchmarks/ledger_proof.py alternate``'s (its ``on`` arm is
+digest + ledger, ``off`` ledger only; ``hot_path_ms`` per step there is the digest's evaluation plus the ticking
+thread's ledger writes). Starts a real server: run it under the shared lock. ≈ one start-up + bursts × ~8 s on a
+quiet box (21–27 s per burst with both cores busy). ``--summarize EVIDENCE_DIR``: the same summary from the files of
+an earlier ``--alternate --evidence-dir EVIDENCE_DIR`` (one an outer timeout cut short: its bursts so far).
 """
 
 from __future__ import annotations
@@ -104,7 +114,48 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ticks", type=int, default=5000)
     ap.add_argument("--sizes", default="8,1000")
+    ap.add_argument("--alternate", action="store_true", help="digest on vs ledger-only on one real server (docstring)")
+    ap.add_argument("--bursts", type=int, default=20)
+    ap.add_argument("--window-s", type=float, default=1.0)
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--evidence-dir", default="")
+    ap.add_argument("--summarize", default="", metavar="EVIDENCE_DIR",
+                    help="the --alternate summary from an earlier run's --evidence-dir (e.g. one cut short by a timeout)")
     args = ap.parse_args()
+    if args.summarize:
+        sys.path.insert(0, str(REPO))
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        import ledger_proof
+
+        root = Path(args.summarize)
+        session = next(root.glob("*/*-alternate"))
+        bursts = []
+        for d in sorted(root.glob("*/*-alt-[0-9]*"), key=lambda d: int(d.name.rsplit("-", 1)[1])):
+            ev = [json.loads(x) for x in (d / "requests.jsonl").read_text().splitlines() if x.strip()]
+            ts = [e["t"] for e in ev if e.get("event") in ("sent", "done")]
+            if ts:  # a burst the timeout cut counts up to its last answer
+                bursts.append((d.name.rsplit("-", 1)[1], min(ts), max(ts)))
+        window_s = json.loads((session / "plan.json").read_text())["ledger"]["bench_digest_alternate_s"]
+        print(json.dumps({"summary": ledger_proof.alternate_summary(session / "injector", window_s, bursts,
+                                                                    "bench_digest_alternate_s")}))
+        return
+    if args.alternate:
+        import signal
+
+        sys.path.insert(0, str(REPO))
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        import ledger_proof
+
+        def _term(signum, frame):  # SIGTERM (an outer `timeout`) tears the server down like Ctrl-C
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, _term)
+        args.knob = "bench_digest_alternate_s"
+        root = Path(args.evidence_dir) if args.evidence_dir else Path(tempfile.mkdtemp(prefix="repro-bench-digest-"))
+        ledger_proof.alternate(args, root)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(x) for x in args.sizes.split(",")):
             for moving in (False, True):

@@ -411,6 +411,46 @@ def _alternate_rates(injector_dir: Path, window_s: float, bursts: list) -> dict:
     return out
 
 
+def alternate_summary(injector_dir: Path, window_s: float, bursts: list, knob: str = "bench_alternate_s") -> dict:
+    """The ``alternate`` summary (printed as one JSON line per rank's bursts, returned as the summary) from one
+    server's ``ticks-<pid>.txt`` and ``bursts`` [(label, t_first, t_last)] (see :func:`_alternate_rates`)."""
+    a = argparse.Namespace(bursts=len(bursts), window_s=window_s)
+    rates = _alternate_rates(injector_dir, a.window_s, bursts)
+    summary: dict = {"bursts": a.bursts, "window_s": a.window_s, "alternating": knob}
+    for rk, rows in sorted(rates.items()):
+        rows = [r for r in rows if r["on"] and r["off"]]
+        per = [(len(r["on"]) / sum(r["on"])) / (len(r["off"]) / sum(r["off"])) for r in rows]
+        on = [x for r in rows for x in r["on"]]
+        off = [x for r in rows for x in r["off"]]
+        _emit({"rank": rk, "per_burst": [{"burst": r["burst"], "on_steps": len(r["on"]), "on_s": round(sum(r["on"]), 3),
+                                          "off_steps": len(r["off"]), "off_s": round(sum(r["off"]), 3)} for r in rows]})
+        if not on or not off:
+            continue
+        q = lambda xs, f: sorted(xs)[int(f * (len(xs) - 1))]  # noqa: E731
+        parts = {}
+        for arm in ("on", "off"):  # per step, milliseconds: where a step's time went, by arm
+            ps = [x for r in rows for x in r[arm + "_parts"]]
+            if ps:
+                n = len(ps)
+                parts[arm] = {"main_thread_cpu_ms": round(1000 * sum(x[0] for x in ps) / n, 3),
+                              "hot_path_ms": round(1000 * sum(x[1] for x in ps) / n, 4),
+                              "writer_cpu_ms": round(1000 * sum(x[2] for x in ps) / n, 4),
+                              "writer_wakes_per_step": round(sum(x[3] for x in ps) / n, 4)}
+                if len(ps[0]) >= 6:
+                    parts[arm].update(gc_ms=round(1000 * sum(x[4] for x in ps) / n, 4),
+                                      full_gcs_per_100_steps=round(100 * sum(x[5] for x in ps) / n, 3))
+        summary[f"rank{rk}"] = {
+            "steps": [len(on), len(off)], "on_steps_per_s": round(len(on) / sum(on), 3),
+            "off_steps_per_s": round(len(off) / sum(off), 3),
+            "pooled_ratio_on_off": round((len(on) / sum(on)) / (len(off) / sum(off)), 4),
+            "median_step_ms": [round(1000 * statistics.median(on), 2), round(1000 * statistics.median(off), 2)],
+            "median_step_ratio_off_on": round(statistics.median(off) / statistics.median(on), 4),
+            "p90_step_ms": [round(1000 * q(on, 0.9), 1), round(1000 * q(off, 0.9), 1)],
+            "per_burst_ratio_median": round(statistics.median(per), 4), "per_burst_ratio_min": round(min(per), 4),
+            "per_burst_ratio_max": round(max(per), 4), **_log_ratio_ci(per), "per_step": parts}
+    return summary
+
+
 def alternate(a: argparse.Namespace, root: Path) -> None:
     """ONE smoke server with the ledger on, recording only in even windows of ``--window-s`` wall seconds
     (``bench_alternate_s``): on and off alternate every window inside every burst, on the same server, so the
@@ -432,7 +472,10 @@ def alternate(a: argparse.Namespace, root: Path) -> None:
     path = tmp / "alt.toml"
     path.write_text(text.replace("budget_s = 90", "budget_s = 600"))
     p = runner.prepare(runner.RunOptions(scenario_path=path, variant="control", evidence_root=root, label="alternate"))
-    p.plan["ledger"]["bench_alternate_s"] = a.window_s
+    knob = getattr(a, "knob", "bench_alternate_s")  # benchmarks/digest_overhead.py: bench_digest_alternate_s
+    if knob == "bench_digest_alternate_s" and not (p.plan["ledger"].get("digest") or {}).get("enabled"):
+        raise SystemExit("the scenario's plan has no state digest (no probe file for this release, or digest = false)")
+    p.plan["ledger"][knob] = a.window_s
     p.evidence.plan.write(p.plan)
     s = runner.Session(p, detectors=[RankDeathDetector(), StallDetector()])
     try:
@@ -440,7 +483,7 @@ def alternate(a: argparse.Namespace, root: Path) -> None:
         failed = s.start()
         if failed:
             raise SystemExit(f"start: {failed.reason}")
-        _emit({"healthy_s": round(time.time() - t0, 1), "window_s": a.window_s})
+        _emit({"healthy_s": round(time.time() - t0, 1), "window_s": a.window_s, "alternating": knob})
         d = EvidenceDir(p.evidence.root, p.scenario.name, "alt-warmup")
         out = s.drive(p.scenario.variant("control"), d)
         _emit({"warmup": True, "verdict": out.verdict.verdict, "burst_s": out.timings["burst_s"]})
@@ -457,40 +500,7 @@ def alternate(a: argparse.Namespace, root: Path) -> None:
                    "tokens_per_s": round(a.requests * a.max_new_tokens / out.timings["burst_s"], 1),
                    "box_cpu_s": dict(zip(("user", "system", "idle", "steal"), st))})
         time.sleep(0.5)  # the last records reach disk (the writer's period is 0.15 s)
-        rates = _alternate_rates(p.evidence.injector_dir, a.window_s, bursts)
-        summary: dict = {"bursts": a.bursts, "window_s": a.window_s}
-        for rk, rows in sorted(rates.items()):
-            rows = [r for r in rows if r["on"] and r["off"]]
-            per = [(len(r["on"]) / sum(r["on"])) / (len(r["off"]) / sum(r["off"])) for r in rows]
-            on = [x for r in rows for x in r["on"]]
-            off = [x for r in rows for x in r["off"]]
-            _emit({"rank": rk, "per_burst": [{"burst": r["burst"], "on_steps": len(r["on"]), "on_s": round(sum(r["on"]), 3),
-                                              "off_steps": len(r["off"]), "off_s": round(sum(r["off"]), 3)} for r in rows]})
-            if not on or not off:
-                continue
-            q = lambda xs, f: sorted(xs)[int(f * (len(xs) - 1))]  # noqa: E731
-            parts = {}
-            for arm in ("on", "off"):  # per step, milliseconds: where a step's time went, by arm
-                ps = [x for r in rows for x in r[arm + "_parts"]]
-                if ps:
-                    n = len(ps)
-                    parts[arm] = {"main_thread_cpu_ms": round(1000 * sum(x[0] for x in ps) / n, 3),
-                                  "hot_path_ms": round(1000 * sum(x[1] for x in ps) / n, 4),
-                                  "writer_cpu_ms": round(1000 * sum(x[2] for x in ps) / n, 4),
-                                  "writer_wakes_per_step": round(sum(x[3] for x in ps) / n, 4)}
-                    if len(ps[0]) >= 6:
-                        parts[arm].update(gc_ms=round(1000 * sum(x[4] for x in ps) / n, 4),
-                                          full_gcs_per_100_steps=round(100 * sum(x[5] for x in ps) / n, 3))
-            summary[f"rank{rk}"] = {
-                "steps": [len(on), len(off)], "on_steps_per_s": round(len(on) / sum(on), 3),
-                "off_steps_per_s": round(len(off) / sum(off), 3),
-                "pooled_ratio_on_off": round((len(on) / sum(on)) / (len(off) / sum(off)), 4),
-                "median_step_ms": [round(1000 * statistics.median(on), 2), round(1000 * statistics.median(off), 2)],
-                "median_step_ratio_off_on": round(statistics.median(off) / statistics.median(on), 4),
-                "p90_step_ms": [round(1000 * q(on, 0.9), 1), round(1000 * q(off, 0.9), 1)],
-                "per_burst_ratio_median": round(statistics.median(per), 4), "per_burst_ratio_min": round(min(per), 4),
-                "per_burst_ratio_max": round(max(per), 4), **_log_ratio_ci(per), "per_step": parts}
-        _emit({"summary": summary})
+        _emit({"summary": alternate_summary(p.evidence.injector_dir, a.window_s, bursts, knob)})
     finally:
         s.stop()
         s.close_drivers()

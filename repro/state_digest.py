@@ -202,7 +202,8 @@ class StateDivergence:
 
 
 def diagnose_state(ledgers: Mapping[int, Any], kinds: Optional[Mapping[str, str]] = None,
-                   collective_tick: Optional[int] = None) -> StateDivergence:
+                   collective_tick: Optional[int] = None,
+                   states: Optional[Mapping[int, RankState]] = None) -> StateDivergence:
     """Compare the ranks' state digests tick by tick (module docstring).
 
     Args:
@@ -211,8 +212,9 @@ def diagnose_state(ledgers: Mapping[int, Any], kinds: Optional[Mapping[str, str]
             named by neither is lockstep.
         collective_tick: the tick of the first divergent collective (``repro.ledger.align``), for
             ``ticks_before_collective``.
+        states: :func:`read_rank_states` of ``ledgers`` when the caller already read them (not read again).
     """
-    states = read_rank_states(ledgers)
+    states = dict(states) if states is not None else read_rank_states(ledgers)
     kinds = {**{k: v for s in states.values() for k, v in s.kinds.items()}, **dict(kinds or {})}
     recorded = {r: s for r, s in states.items() if s.first_full() is not None}
     if not recorded or len(recorded) < len(states) or len(states) < 2:

@@ -14,6 +14,8 @@ import pytest
 
 pytest_plugins = ["sglang_fixtures"]  # tests/ is on sys.path (pytest's rootdir-conftest import); see that module
 
+import state_check  # noqa: E402  (tests/state_check.py: the lockstep state check of clean real runs, issue 32)
+
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -67,9 +69,75 @@ def left_running(since: float) -> list[tuple[int, float, str]]:
     return out
 
 
+_STATE_SEEN: set = set()  # run folders the state check has read (each once per session)
+_STATE_CHECKS: list = []  # every state_check.RunCheck of this session, for the summary
+
+
+def _evidence_roots(config) -> list[Path]:
+    """Where a test's runs put their evidence: the session's temp folder (tmp_path, mktemp, --evidence-dir under
+    them) and ``evidence/`` under the repository and the current folder (the CLI's default)."""
+    roots = [REPO / "evidence", Path.cwd() / "evidence"]
+    factory = getattr(config, "_tmp_path_factory", None)
+    if factory is not None:
+        try:
+            roots.insert(0, Path(factory.getbasetemp()))
+        except OSError:
+            pass
+    return list(dict.fromkeys(r.resolve() for r in roots))
+
+
+def _state_check_new_runs(config) -> list:
+    checks = [state_check.check_run(d) for d in state_check.run_folders(_evidence_roots(config), _SESSION_T0, _STATE_SEEN)]
+    _STATE_CHECKS.extend(checks)
+    return checks
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """After a real-server test (marks in ``state_check.REAL_SERVER_MARKS``) passed: every run folder that appeared
+    since the last check is held to the lockstep state rules (tests/state_check.py); a clean run that breaks one
+    fails this test, naming the folder, the probe and the rank. What was skipped and why goes into the test's report
+    (a "lockstep state check" section, ``user_properties``) and the session's summary."""
+    real = any(item.get_closest_marker(m) for m in state_check.REAL_SERVER_MARKS)
+    try:
+        result = yield
+    except BaseException:
+        if real:  # the test failed on its own: its runs are not held to the state rules (nor blamed on the next test)
+            state_check.run_folders(_evidence_roots(item.config), _SESSION_T0, _STATE_SEEN)
+        raise
+    if not real:
+        return result
+    checks = _state_check_new_runs(item.config)
+    if checks:
+        item.add_report_section("call", "lockstep state check", "\n".join(c.line() for c in checks))
+        item.user_properties += [("state_check", c.line()) for c in checks]
+    bad = [p for c in checks if c.outcome == state_check.Outcome.FAILED for p in c.problems]
+    if bad:
+        pytest.fail("clean run(s) broke the lockstep state rules (issue 32; tests/state_check.py):\n" + "\n".join(bad),
+                    pytrace=False)
+    return result
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Runs no test's check read (made in a fixture's teardown) are checked once more at the end; a broken rule
+    fails the session (exit 1) and is named in the summary."""
+    if not any(i.get_closest_marker(m) for i in session.items for m in state_check.REAL_SERVER_MARKS):
+        return  # no real-server test in this session: nothing to sweep
+    late = _state_check_new_runs(session.config)
+    if any(c.outcome == state_check.Outcome.FAILED for c in late) and session.exitstatus == 0:
+        session.exitstatus = 1
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Name every process this test session started that is still running (with its CPU): a leaked server or a
-    spinning rank slows every later stage of CI (`scripts/test.sh` runs them one after another on the same box)."""
+    spinning rank slows every later stage of CI (`scripts/test.sh` runs them one after another on the same box).
+    Then the lockstep state check's word on every run folder it read (clean runs held to it, skipped ones and why)."""
+    if _STATE_CHECKS:
+        terminalreporter.section("lockstep state check of clean runs (tests/state_check.py)")
+        for c in _STATE_CHECKS:
+            terminalreporter.write_line(c.line())
+            for p in c.problems:
+                terminalreporter.write_line(f"    {p}")
     left = left_running(_SESSION_T0)
     if left:
         terminalreporter.section("processes started by this session and still running")

@@ -187,19 +187,6 @@ def test_old_verdict_json_without_state_divergence_still_reads(tmp_path: Path):
     assert new.to_json()["state_divergence"]["tick"] == 4
 
 
-def test_the_conftest_check_flags_a_clean_run_whose_state_diverged_and_ignores_runs_without_a_digest():
-    from sglang_fixtures import state_problems
-
-    ok = {"verdict": "ALL REQUESTS SUCCEEDED", "variant_expects": "success",
-          "state_divergence": {"status": "equal", "skipped": {}, "changes": {"0": 3, "1": 3}}}
-    assert state_problems(ok) == []
-    assert state_problems({**ok, "state_divergence": None}) == []  # older evidence, or no probe file
-    bad = {**ok, "state_divergence": {"status": "diverged", "summary": "at tick 4", "skipped": {"x": "rank 0: E"},
-                                      "changes": {"0": 0, "1": 2}}}
-    assert len(state_problems(bad)) == 3
-    assert state_problems({**bad, "verdict": "DEADLOCKED"}) == []  # only clean runs are held to it
-
-
 def test_repro_analyze_of_a_ledger_folder_leads_with_the_first_divergent_state(tmp_path: Path):
     import os
     import subprocess

@@ -97,3 +97,71 @@ def test_a_clean_job_records_equal_state_every_probe_resolved_and_changes_seen(t
     assert set(st.skipped) == {"broken"}
     ring = [json.loads(l) for f in out.glob("digest-*.jsonl") for l in f.read_text().splitlines()]
     assert ring and all(r["probe"] == "waiting_queue.rids" for r in ring)
+
+
+DIGEST_ALT_PROG = r'''
+import json, os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+from repro_injector import _runtime
+rt = _runtime.activate()
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+import tickmod
+s = tickmod.Scheduler()
+t = torch.ones(2)
+t0, starts = time.time(), []
+while time.time() - t0 < 1.2:  # a tick every ~10 ms; the probe's value moves every tick
+    s.n += 1
+    starts.append(time.time())
+    s.get_next_batch_to_run()
+    dist.all_reduce(t)
+    time.sleep(0.01)
+time.sleep(0.4)
+rt.ledger.log_tick()
+rt.ledger.drain()
+recs = [json.loads(l) for f in os.listdir(rt.out_dir) if f.startswith("ledger-")
+        for l in open(os.path.join(rt.out_dir, f))]
+print(json.dumps({"ticks": rt.ledger.tick, "starts": starts,
+                  "state_ticks": [r["tick"] for r in recs if r.get("e") == "state"],
+                  "enters": sum(1 for r in recs if r.get("e") == "enter"),
+                  "tick_lines": len(open(os.path.join(rt.out_dir, "ticks-%d.txt" % os.getpid())).read().split())}))
+'''
+
+
+def test_benchmark_digest_alternation_digests_only_in_even_windows_and_records_every_collective(torch_python: str,
+                                                                                               tmp_path: Path):
+    """``bench_digest_alternate_s`` (benchmarks/digest_overhead.py ``alternate`` only): the state digest is taken
+    only at ticks that start in even windows of that many wall seconds; the ledger records every collective in both
+    and every tick's start is logged (``ticks-<pid>.txt``)."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (tmp_path / "tickmod.py").write_text("class Scheduler:\n    n = 0\n    def get_next_batch_to_run(self):\n"
+                                         "        return None\n")
+    w = 0.2
+    plan = {"version": 1, "scenario": "gloo", "variant": "v", "out_dir": str(out_dir), "arm_file": str(tmp_path / "arm"),
+            "injections": [], "ledger": {"enabled": True, "max_records": 10000, "coordinators": [],
+                                         "tick_function": "tickmod:Scheduler.get_next_batch_to_run",
+                                         "bench_digest_alternate_s": w,
+                                         "digest": {"enabled": True, "probes": [{"name": "n", "path": "n"}]}}}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "REPRO_PLAN")}
+    env.update(PYTHONPATH=str(INJECTORS), REPRO_PLAN=str(tmp_path / "plan.json"), OMP_NUM_THREADS="1")
+    p = subprocess.Popen([torch_python, "-c", DIGEST_ALT_PROG, str(tmp_path / "init")], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        so, se = p.communicate(timeout=WAIT_S)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    assert p.returncode == 0, se[-2000:]
+    out = json.loads(so.strip().splitlines()[-1])
+    n = out["ticks"]
+    assert n > 30 and out["enters"] == n and out["tick_lines"] == 8 * n  # every collective, every tick's start
+    starts = out["starts"]
+    # the wrapper reads the clock just after the program's ``starts`` stamp: skip ticks within 20 ms of an edge
+    odd = [k for k in range(1, n + 1) if int(starts[k - 1] / w) & 1 and int((starts[k - 1] + 0.02) / w) & 1]
+    even = [k for k in range(1, n + 1) if not int(starts[k - 1] / w) & 1 and not int((starts[k - 1] + 0.02) / w) & 1]
+    assert odd and even
+    assert not set(odd) & set(out["state_ticks"])  # no digest in an odd window
+    assert set(even) <= set(out["state_ticks"])  # the value moved every tick: a state line at every even tick

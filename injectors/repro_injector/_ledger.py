@@ -255,13 +255,18 @@ class Ledger:
         # wall seconds (int(t / w) even) and passes every collective straight through in odd ones, so one server
         # measures ledger on and off interleaved. The ranks' files then disagree at every window edge: never a proof.
         self.alternate_s = float(spec.get("bench_alternate_s") or 0.0)
+        # Benchmarks only (benchmarks/digest_overhead.py ``alternate``): > 0 evaluates the state digest only in even
+        # windows of this many wall seconds (the ledger records in both), so one server measures digest on against
+        # ledger-only interleaved; every tick's start goes to ticks-<pid>.txt as with ``bench_alternate_s``. The
+        # ranks' digests then skip values at window edges: the digest is not for diagnosis in such a run.
+        self.digest_alternate_s = float(spec.get("bench_digest_alternate_s") or 0.0)
         self._ticks: List[tuple] = []  # log_tick's rows not yet in ticks-<pid>.txt (alternate_s only)
         self.hot_s = 0.0  # alternate_s only: time spent in the wrappers' own code (perf_counter), all threads
         self.writer_cpu_s = 0.0  # alternate_s only: the writer thread's CPU after its wake-ups
         self.gc_s = 0.0  # alternate_s only: time in the garbage collector (gc.callbacks), all threads
         self.gc_full = 0  # alternate_s only: full (generation 2) collections
         self._gc_t0 = 0.0
-        if self.alternate_s:
+        if self.alternate_s or self.digest_alternate_s:
             import gc
 
             gc.callbacks.append(self._gc_event)
@@ -349,20 +354,25 @@ class Ledger:
 
         def repro_tick(*args: Any, **kwargs: Any) -> Any:
             led.tick += 1
-            if led.alternate_s:
+            if led.alternate_s or led.digest_alternate_s:
                 led.log_tick()
             dg = led.digest
+            if dg is not None and led.digest_alternate_s and int(_wall() / led.digest_alternate_s) & 1:
+                dg = None  # benchmarks only: an odd window, ledger-only
             if dg is not None and args:  # the lockstep state at this tick's start (the receiver: the Scheduler)
+                d0 = _pc() if led.digest_alternate_s else 0.0
                 try:
                     for line in dg.tick(led.tick, args[0]):
                         led.q.append(("s", line))
                 except Exception as e:
                     led.digest = None
                     led.rt.error("ledger: state digest disabled", e)
+                if led.digest_alternate_s:
+                    led.hot_s += _pc() - d0
             if led.q:  # the same tick on every rank of the group: the writes' delays overlap (module docstring)
                 h0 = _pc()
                 led.write_now()
-                if led.alternate_s:
+                if led.alternate_s or led.digest_alternate_s:
                     led.hot_s += _pc() - h0
             return orig(*args, **kwargs)
 
@@ -841,13 +851,14 @@ class Ledger:
                 while self.q and not self._bypass_due() and _wall() - self.last_write < SELF_WRITE_S:
                     _sleep(WRITER_PERIOD_S)
                     self.wakes += 1
-                c0 = time.thread_time() if self.alternate_s else 0.0
+                bench = self.alternate_s or self.digest_alternate_s
+                c0 = time.thread_time() if bench else 0.0
                 if self.pending:
                     self.flush_pending()
                 if self.q:
                     self.drain()
                     self.writer_drains += 1
-                if self.alternate_s:
+                if bench:
                     self.writer_cpu_s += time.thread_time() - c0
             except Exception as e:
                 self.idle = False
