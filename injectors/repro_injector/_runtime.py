@@ -447,6 +447,7 @@ class Runtime:
         self.ledger: Any = None  # _ledger.Ledger when the plan enables it
         self._fires: Any = None
         self._thread: Optional[threading.Thread] = None
+        self.forked_from: Optional[int] = None  # parent's pid when this process is a fork of an injected one
 
     # ---- records ----------------------------------------------------------------------------------------------
 
@@ -551,6 +552,7 @@ class Runtime:
                 "scenario": self.plan.get("scenario"),
                 "variant": self.plan.get("variant"),
                 "plan": self.plan_path,
+                "forked_from": self.forked_from,
                 "sites": {s.id: s.record() for s in self.sites},
                 "faulthandler": {"signal": self.fh_signal, "file": getattr(self.fh_file, "name", None)},
                 "time": _wall(),
@@ -847,8 +849,12 @@ class Runtime:
     def after_fork(self) -> None:
         """In a forked child: new pid, new files, new thread; counts and arming state carry over."""
         self.pid = os.getpid()
+        self.forked_from = os.getppid()
         self.start = _proc_start()
         self._fires = None
+        for f in sys.meta_path:  # an import the parent's other threads were in does not go on here
+            if isinstance(f, _HookFinder):
+                f.busy = set()
         self._io_lock = threading.RLock()
         self._arm_lock = threading.Lock()
         try:
@@ -943,6 +949,13 @@ def activate() -> Optional[Runtime]:
         atexit.register(rt.flush)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=rt.after_fork)
+            from . import _fork
+
+            if _fork.wanted():  # opt-in (off by default): sglang's ranks forked from the launcher, see _fork
+                try:
+                    _fork.install(rt)  # registered after rt.after_fork: the runtime is re-made first in a child
+                except Exception as e:
+                    rt.error("installing the fork-ranks switch failed", e)
         return rt
 
 
