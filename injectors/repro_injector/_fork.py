@@ -29,7 +29,7 @@ In every process forked after the switch (``os.register_at_fork``), before the r
 Around each such fork the parent holds the injector's record lock and the ledger's writer lock (``before`` hook,
 released in both processes after it), so no injector thread is inside a file write when the process is copied.
 The ``fork_point`` event (launcher's ``fires-<pid>.jsonl``, first ``MAX_FORK_EVENTS`` forks) lists the parent's Python
-threads (``threading.enumerate``) and native threads (``/proc/self/task/*/comm``) at that moment.
+threads (``threading.enumerate``) and native threads (``/proc/self/task``: tid, name, state, wchan) at that moment.
 """
 
 from __future__ import annotations
@@ -54,14 +54,19 @@ def wanted(env: Optional[Dict[str, str]] = None) -> bool:
 
 
 def _native_threads() -> List[str]:
+    """``tid:comm:state:wchan`` of every thread of this process (``/proc/self/task``), Python's or not."""
     out = []
     try:
         for tid in sorted(os.listdir("/proc/self/task"), key=int):
-            try:
-                with open(f"/proc/self/task/{tid}/comm", encoding="utf-8", errors="replace") as fh:
-                    out.append(f"{tid}:{fh.read().strip()}")
-            except OSError:
-                pass
+            parts = [tid]
+            for name in ("comm", "stat", "wchan"):
+                try:
+                    with open(f"/proc/self/task/{tid}/{name}", encoding="utf-8", errors="replace") as fh:
+                        v = fh.read().strip()
+                except OSError:
+                    v = "?"
+                parts.append(v.rsplit(")", 1)[-1].split()[0] if name == "stat" and ")" in v else v)
+            out.append(":".join(parts))
     except OSError:
         pass
     return out
