@@ -62,11 +62,15 @@ def test_opt_in_forks_the_rank_which_gets_its_own_records_and_live_injector_thre
     assert rank["wrappers"] == 1 and rank["step"] == 3
     assert {"repro-injector", "repro-ledger"} <= set(rank["threads"])
     assert "launcher-side-thread" not in rank["threads"]
+    # spawn's one resource tracker, the parent's, also serves the forked rank (no tracker of the rank's own)
+    assert [ppid for _pid, ppid in rank["trackers"]] == [parent["pid"]]
     # its own marker (pid, parent), its own fires log with the armed event its polling thread wrote, its own ledger
     assert rank["armed_seen"] is True and rank["ledger_written"] is True
     rep = read_injector_dir(out)
     markers = {m.pid: m for m in rep.markers}
-    assert set(markers) == {parent["pid"], rank["pid"]}
+    assert {parent["pid"], rank["pid"]} <= set(markers)
+    others = set(markers) - {parent["pid"], rank["pid"]}  # the resource tracker, an interpreter of its own
+    assert [p for p, _pp in rank["trackers"]] == sorted(others)
     assert markers[rank["pid"]].sites["noop"].patched
     raw = json.loads((out / f"loaded-{rank['pid']}.json").read_text())
     assert raw["forked_from"] == parent["pid"]
@@ -96,6 +100,8 @@ def test_start_method_is_left_alone_without_the_opt_in_or_outside_sglangs_spawn_
     assert parent["start_method"] == want
     assert rank["pid"] == parent["child"] and rank["start_method"] == want
     assert rank["ledger_written"] is True  # a spawned rank has its records too (its own interpreter's injector)
+    if want == "spawn":
+        assert [ppid for _pid, ppid in rank["trackers"]] == [parent["pid"]]  # what the fork path must match
     assert not any(e["event"] == "start_method" for e in _events(tmp_path / "out", parent["pid"])
                    if (tmp_path / "out" / f"fires-{parent['pid']}.jsonl").exists())
 

@@ -22,6 +22,8 @@ In every process forked after the switch (``os.register_at_fork``), before the r
 
 - the default start method is set back to ``"spawn"``, as multiprocessing's spawn ``prepare()`` does in a spawned
   child, so a rank's own ``mp.Process`` children are spawned as before;
+- the launcher's resource tracker (started at the switch, as spawn starts it at the first ``Process.start``) is the
+  rank's, as it is a spawned rank's: one tracker in the tree, not one per rank;
 - Python signal handlers the launcher installed after interpreter start (sglang's ``launch_phase_sigquit_handler``
   for SIGQUIT) are put back to what they were at interpreter start, which is what a spawned child has;
 - the injector's own state is re-made by ``Runtime.after_fork`` (new pid files, writer threads, faulthandler file).
@@ -111,8 +113,11 @@ def install(rt: Any) -> None:
             why = _refusal(f)
             if why is None:
                 _state["switched"] = True
-                rt.event("start_method", requested="spawn", used="fork", caller=f"{ENGINE_MODULE}:{ENGINE_CALLER}")
-                return orig("fork", force=force)
+                res = orig("fork", force=force)
+                tracker = _start_resource_tracker(rt)
+                rt.event("start_method", requested="spawn", used="fork", caller=f"{ENGINE_MODULE}:{ENGINE_CALLER}",
+                         resource_tracker=tracker)
+                return res
             rt.error(why)
             rt.event("fork_ranks_refused", reason=why)
         return orig(method, force=force)
@@ -121,6 +126,21 @@ def install(rt: Any) -> None:
     multiprocessing.set_start_method = repro_set_start_method
     os.register_at_fork(before=lambda: _before(rt), after_in_parent=_after_parent,
                         after_in_child=lambda: _after_child(rt))
+
+
+def _start_resource_tracker(rt: Any) -> Optional[int]:
+    """Start multiprocessing's resource tracker in the launcher now, as the first spawn would
+    (``popen_spawn_posix`` calls ``resource_tracker.getfd()``): the forked ranks inherit its fd and share it, so the
+    tree keeps spawn's one tracker instead of one per rank that registers a semaphore or shared memory (measured
+    on the testbed: two). Returns the tracker's pid."""
+    try:
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+        return getattr(resource_tracker._resource_tracker, "_pid", None)
+    except Exception as e:
+        rt.error("starting the resource tracker before forking the ranks", e)
+        return None
 
 
 def _before(rt: Any) -> None:
@@ -165,6 +185,13 @@ def _after_child(rt: Any) -> None:
         return
     _release()  # the child's copies of the held locks (after_fork replaced the runtime's; these are the old ones)
     _state["forks"] = 0
+    try:  # a spawned child has the tracker's fd but not its pid (it is not the tracker's parent)
+        from multiprocessing import resource_tracker
+
+        if getattr(resource_tracker._resource_tracker, "_fd", None) is not None:
+            resource_tracker._resource_tracker._pid = None
+    except Exception:
+        pass
     orig = _state["orig"]
     try:
         orig("spawn", force=True)

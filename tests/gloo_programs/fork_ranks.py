@@ -12,7 +12,8 @@ and starts one ``mp.Process`` (the rank) with the default context. A daemon thre
 (like the launcher's other threads).
 
 The rank writes ``RESULT_DIR/rank.json``: its pid and parent, ``mp.get_start_method()``, whether SIGQUIT's handler is
-the default, how many injector wrappers ``Worker.step`` carries (1 = patched once), its Python threads; then it
+the default, how many injector wrappers ``Worker.step`` carries (1 = patched once), its Python threads, the
+resource trackers (pid, parent) of the parent and of itself once it created a shared-memory segment; then it
 writes ``ARM_FILE`` (the plan's) and waits (≤ 10 s each) until its own ``fires-<pid>.jsonl`` has an ``armed`` event
 (the injector's polling thread runs in it) and, after one gloo all_reduce (world size 1), until its own
 ``ledger-<pid>.jsonl`` has the collective's ``exit`` line without this program draining anything (the ledger's
@@ -54,6 +55,22 @@ def _wait_for(path: Path, needle: str, timeout_s: float = 10.0) -> bool:
     return False
 
 
+def _trackers(parents: set) -> list:
+    """[pid, ppid] of the multiprocessing resource trackers whose parent is in ``parents``."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes()
+            ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"resource_tracker" in cmd and ppid in parents:
+            out.append([int(d), ppid])
+    return out
+
+
 def rank(result_dir: str, arm_file: str, out_dir: str) -> None:
     res: dict = {"pid": os.getpid(), "ppid": os.getppid(), "start_method": mp.get_start_method(allow_none=True),
                  "sigquit_default": signal.getsignal(signal.SIGQUIT) == signal.SIG_DFL,
@@ -64,6 +81,12 @@ def rank(result_dir: str, arm_file: str, out_dir: str) -> None:
         step = step.__wrapped__
     res["wrappers"] = depth
     res["step"] = fork_target.Worker().step(3)
+    from multiprocessing import shared_memory
+
+    shm = shared_memory.SharedMemory(create=True, size=64)  # registers with a resource tracker (starts one if none)
+    res["trackers"] = _trackers({os.getppid(), os.getpid()})
+    shm.close()
+    shm.unlink()
     out = Path(out_dir)
     Path(arm_file).write_text("noop\n")
     res["armed_seen"] = _wait_for(out / f"fires-{os.getpid()}.jsonl", '"event": "armed"')
