@@ -4,11 +4,11 @@ One :class:`Runtime` per process, created by ``activate()`` only when ``REPRO_PL
 contract is ``repro.scenario.compile_plan``; this package never imports ``repro``). Records (read by
 ``repro.injection_records``) go to the plan's ``out_dir``:
 
-- ``loaded-<pid>.json``: written at activation and rewritten atomically when something changes (rank first seen,
+- ``loaded-<pid>.json``: written at activation (and in a forked child) and rewritten atomically when something changes (rank first seen,
   a site patched, the process title set by sglang): ``pid``, ``create_time`` (epoch seconds computed like psutil:
   boot time + ``/proc/self/stat`` starttime / CLK_TCK), ``start_ticks``, ``argv``, ``proctitle``, ``rank``,
   ``sites`` {injection id: {resolved, patched, error, alternatives_tried}}, ``python``/``torch``/``sglang``,
-  ``scenario``, ``variant``, ``faulthandler``, ``time``.
+  ``scenario``, ``variant``, ``faulthandler``, ``time``, ``forked_from`` (the parent's pid in a forked child, else null).
 - ``fires-<pid>.jsonl``, one JSON object per line, flushed per line; every line has ``event``, ``time``, ``pid``,
   ``rank``: ``armed`` / ``disarmed`` (``ids``, ``arm_seq``; ``armed`` also ``arm_file_mtime``); ``counts``
   (``arm_seq``, ``armed``, ``counts`` = {id: {entered, matched, fired, first_/last_entered, first_/last_matched,
