@@ -15,7 +15,9 @@ contract is ``repro.scenario.compile_plan``; this package never imports ``repro`
   first_/last_fired, entered_before_poll}}); ``fire`` (``id``, ``arm_seq``, ``n``, ``action``, ``caller``,
   ``stack``), written before the action runs; ``seen`` (observe mode: ``id``, ``caller``, ``line``, ``stack``,
   ``loops``; see ``Runtime.record_caller``); ``fire_done`` (``id``, ``duration_s``, ``error``); ``error`` (``id``,
-  ``message``).
+  ``message``). With the ``REPRO_FORK_RANKS=1`` opt-in (``_fork``): ``start_method`` / ``fork_ranks_refused`` and
+  ``fork_point`` (threads at each fork) in the launcher's log, ``forked_rank`` (``parent``, ``signals_restored``) in
+  each forked rank's.
 - ``errors.log``: one line per exception inside the injector (also one line on stderr).
 - ``faulthandler-<pid>.txt``: all threads' stacks each time the plan's ``faulthandler_signal`` arrives (chained to a
   previous Python handler only; never to SIG_DFL, which would terminate the process).
