@@ -8,6 +8,7 @@ marked ``interrupted`` when the run does not finish. It renders nothing: progres
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 import shutil
 import sys
@@ -163,6 +164,13 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
         raise UnresolvedSitesError(f"{opts.scenario_path}: " + " | ".join(gone) + f" — in {python}; nothing was launched "
                                    f"(`repro sites {opts.scenario_path}` lists every alternative; fix the site or pass "
                                    "--python of the release that has it)")
+    from repro.launcher import LaunchError, check_fork_ranks
+
+    try:  # REPRO_FORK_RANKS, before any folder exists (the CPU testbed's profile adds --device cpu)
+        check_fork_ranks({**os.environ, **scenario.server.env, **opts.extra_env},
+                         ["--device", "cpu"] if on_testbed else list(scenario.server.args))
+    except LaunchError as e:
+        raise RunError(str(e)) from None
     ev_root = Path(opts.evidence_root)
     try:
         evd = ev.EvidenceDir(ev_root, scenario.name, opts.label or label_default or variant.name)
@@ -184,6 +192,10 @@ def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: 
         spec = dataclasses.replace(
             spec, args=[*args, *extra_args], env={**env, **extra_env}, pythonpath_prepend=[*prepend, *tb_prepend]
         )
+    try:  # the fork-ranks opt-in off a CPU device: bad input, before any server exists (the launcher checks again)
+        check_fork_ranks({**os.environ, **spec.env}, spec.args)
+    except LaunchError as e:
+        raise RunError(str(e)) from None
     return Prepared(scenario, variant, evd, plan, spec, adapter, python, on_testbed, arm_file)
 
 
