@@ -19,11 +19,18 @@ installed wheel; a pattern that never matched is reported as missing, never gues
 - ``healthy``: ``GET /health`` answers 200;
 - ``warmup_done``: the launcher's warm-up request came back ("The server is fired up").
 
+``--fork-ranks on|off|alternate`` (default ``off``): launch with ``REPRO_FORK_RANKS=1`` (the injector makes
+sglang fork its ranks from the launcher instead of spawning them, ``injectors/repro_injector/_fork.py``), without it,
+or both in one run: ``alternate`` makes ``--repeats`` pairs, off/on in turn (on/off in the next pair), so both
+settings see the same box. With the opt-in the launcher's ``fork_point`` events (Python and native threads alive
+at each fork) are copied into the launch's row (``--json``).
+
 Usage::
 
-    python benchmarks/startup_phases.py --repeats 3 [--json out.json] [--extra-args "--skip-server-warmup"]
+    python benchmarks/startup_phases.py --repeats 3 [--fork-ranks alternate] [--json out.json] [--extra-args "--skip-server-warmup"]
 
-Prints one row per launch and the median / min / max per phase; the numbers go to benchmarks/RESULTS.md.
+Prints one row per launch and the median / min / max per phase (one table per setting); the numbers go to
+benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -53,12 +60,27 @@ PHASES = [  # (name, pattern on a log line); order = the order they are printed 
 ]
 
 
-def one_launch(tmp: Path, extra_args: list[str], timeout_s: float) -> dict:
-    """Launch, stamp the phases, stop. Returns ``{phase: seconds from Popen}`` plus ``stop_s``."""
+def _fork_points(injector_dir: Path) -> list[dict]:
+    """The ``fork_point`` events of the launch's injector folder (the launcher's threads at each fork)."""
+    out = []
+    for f in sorted(injector_dir.glob("fires-*.jsonl")):
+        for ln in f.read_text().splitlines():
+            if '"fork_point"' in ln:
+                e = json.loads(ln)
+                out.append({"n": e["n"], "python_threads": [t["name"] for t in e["python_threads"]],
+                            "native_threads": e["native_threads"]})
+    return out
+
+
+def one_launch(tmp: Path, extra_args: list[str], timeout_s: float, fork_ranks: bool = False) -> dict:
+    """Launch (with ``REPRO_FORK_RANKS=1`` when ``fork_ranks``), stamp the phases, stop. Returns ``{phase: seconds
+    from Popen}`` plus ``stop_s`` and, with ``fork_ranks``, ``fork_points``."""
     from repro.launcher import start_server
     from repro.runner import RunOptions, prepare
 
-    p = prepare(RunOptions(scenario_path=SMOKE, variant="control", evidence_root=tmp, label="startup-bench"))
+    env = {"REPRO_FORK_RANKS": "1" if fork_ranks else "0"}
+    p = prepare(RunOptions(scenario_path=SMOKE, variant="control", evidence_root=tmp, label="startup-bench",
+                           extra_env=env))
     spec = p.spec
     if extra_args:
         from dataclasses import replace
@@ -109,6 +131,8 @@ def one_launch(tmp: Path, extra_args: list[str], timeout_s: float) -> dict:
         stamps["stop_s"] = round(time.monotonic() - ts, 2)
         if left:
             print(f"WARNING: left running: {left}", file=sys.stderr)
+    if fork_ranks:
+        stamps["fork_points"] = _fork_points(p.evidence.injector_dir)
     return stamps
 
 
@@ -118,25 +142,38 @@ def main() -> int:
     ap.add_argument("--timeout-s", type=float, default=600.0)
     ap.add_argument("--extra-args", default="", help="server arguments appended to the scenario's (one string)")
     ap.add_argument("--json", type=Path, default=None, help="write every launch's stamps here")
+    ap.add_argument("--fork-ranks", choices=("off", "on", "alternate"), default="off",
+                    help="REPRO_FORK_RANKS=1 (fork sglang's ranks) off, on, or alternate off/on pairs in one run")
     a = ap.parse_args()
+    if a.repeats < 1:
+        print(f"--repeats {a.repeats}: expected 1 or more", file=sys.stderr)
+        return 2
     extra = shlex.split(a.extra_args)
+    if a.fork_ranks == "alternate":  # pairs, the order flipped each pair: off,on, on,off, off,on ...
+        plan = [x for i in range(a.repeats) for x in ((False, True) if i % 2 == 0 else (True, False))]
+    else:
+        plan = [a.fork_ranks == "on"] * a.repeats
     runs = []
     with tempfile.TemporaryDirectory(prefix="startup-bench-") as d:
-        for i in range(a.repeats):
-            s = one_launch(Path(d) / f"r{i}", extra, a.timeout_s)
+        for i, fork in enumerate(plan):
+            s = one_launch(Path(d) / f"r{i}", extra, a.timeout_s, fork_ranks=fork)
+            s["fork_ranks"] = fork
             runs.append(s)
-            print(json.dumps({"launch": i + 1, **s}), flush=True)
+            print(json.dumps({"launch": i + 1, **{k: v for k, v in s.items() if k != "fork_points"}}), flush=True)
     names = ["launcher_args", "ranks_spawned", "rank_first_line", "dist_init_end", "load_weight_end", "kv_pool",
              "uvicorn", "warmup_done", "healthy", "health_probe_s", "stop_s"]
-    print(f"\n| phase (s from Popen) | median | min | max | n |\n|---|---|---|---|---|")
-    for n in names:
-        vals = [r[n] for r in runs if n in r]
-        if not vals:
-            print(f"| {n} | missing | | | 0 |")
-            continue
-        print(f"| {n} | {statistics.median(vals):.1f} | {min(vals):.1f} | {max(vals):.1f} | {len(vals)} |")
+    for fork in sorted({r["fork_ranks"] for r in runs}):
+        sel = [r for r in runs if r["fork_ranks"] == fork]
+        print(f"\nREPRO_FORK_RANKS={'1' if fork else '0'}")
+        print(f"| phase (s from Popen) | median | min | max | n |\n|---|---|---|---|---|")
+        for n in names:
+            vals = [r[n] for r in sel if n in r]
+            if not vals:
+                print(f"| {n} | missing | | | 0 |")
+                continue
+            print(f"| {n} | {statistics.median(vals):.1f} | {min(vals):.1f} | {max(vals):.1f} | {len(vals)} |")
     if a.json:
-        a.json.write_text(json.dumps({"extra_args": extra, "runs": runs}, indent=1))
+        a.json.write_text(json.dumps({"extra_args": extra, "fork_ranks": a.fork_ranks, "runs": runs}, indent=1))
     return 0
 
 

@@ -25,7 +25,7 @@ import requests
 
 from repro import procs as _procs
 from repro.procs import ProcInfo
-from repro.targets.base import Adapter, LaunchSpec
+from repro.targets.base import Adapter, LaunchSpec, flag_value
 
 LOG_TAIL_LINES = 30
 
@@ -294,6 +294,26 @@ class Server:
         self.stop()
 
 
+FORK_RANKS_ENV = "REPRO_FORK_RANKS"  # read by the injector in the launcher (injectors/repro_injector/_fork.py)
+
+
+def check_fork_ranks(env: dict[str, str], args: list[str]) -> None:
+    """Check the fork-ranks opt-in before a launch: ``REPRO_FORK_RANKS`` unset, ``0`` or ``1``, and ``1`` only with
+    ``--device cpu`` in the server's ``args`` (the injector forks SGLang's ranks instead of spawning them; after
+    CUDA/NCCL initialisation that is unsafe, so a GPU launch must keep spawn).
+
+    Raises:
+        LaunchError: another value, or ``1`` without ``--device cpu`` (the message names the fix).
+    """
+    v = env.get(FORK_RANKS_ENV, "")
+    if v not in ("", "0", "1"):
+        raise LaunchError(f"{FORK_RANKS_ENV}={v!r}: expected 1 (fork the ranks) or 0 / unset (spawn them, the default)")
+    if v == "1" and flag_value(args, "--device") != "cpu":
+        raise LaunchError(f"{FORK_RANKS_ENV}=1 is for CPU servers only (this launch has --device "
+                          f"{flag_value(args, '--device')!r}): forking ranks after CUDA/NCCL initialisation is unsafe; "
+                          f"unset {FORK_RANKS_ENV}")
+
+
 def start_server(adapter: Adapter, spec: LaunchSpec, log_path: Path) -> Server:
     """Start ``spec`` through ``adapter`` in a new session, stdout+stderr appended to ``log_path``.
 
@@ -305,7 +325,8 @@ def start_server(adapter: Adapter, spec: LaunchSpec, log_path: Path) -> Server:
         The :class:`Server` (``server.spec`` has the concrete ports).
     Raises:
         LaunchError: a given port is in use (names the port and ``--port`` / ``--nccl-port``), the interpreter
-            does not exist, or the process could not be started.
+            does not exist, the fork-ranks opt-in is malformed or asked for off a CPU device
+            (:func:`check_fork_ranks`), or the process could not be started.
     """
     if not Path(spec.python).exists() and shutil.which(spec.python) is None:
         raise LaunchError(
@@ -323,6 +344,7 @@ def start_server(adapter: Adapter, spec: LaunchSpec, log_path: Path) -> Server:
 
     command = adapter.launch_command(spec)
     env = adapter.launch_env(spec, dict(os.environ))
+    check_fork_ranks(env, spec.args)
     # a per-launch secret every process of the tree inherits: `repro cleanup` signals a recorded pid only when its
     # /proc/<pid>/environ carries it (a hand-written processes.json cannot name it for an unrelated process)
     env[_procs.LAUNCH_TOKEN_ENV] = secrets.token_hex(16)

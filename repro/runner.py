@@ -199,6 +199,13 @@ def _decide(opts: RunOptions, variants: Optional[Sequence[str]]) -> tuple:
         spec = dataclasses.replace(
             spec, args=[*args, *extra_args], env={**env, **extra_env}, pythonpath_prepend=[*prepend, *tb_prepend]
         )
+    from repro.launcher import LaunchError, check_fork_ranks
+
+    try:  # the fork-ranks opt-in off a CPU device: bad input, before any server exists (the launcher checks again)
+        check_fork_ranks({**os.environ, **spec.env}, spec.args)
+    except LaunchError as e:
+        _remove_owned(adapter, spec)
+        raise RunError(str(e)) from None
     # every injection must have a site that can exist in the server's interpreter, on the server's PYTHONPATH,
     # before any folder or server exists (issue 29 item 3): the resolver `repro sites` runs, reading sources only;
     # what it cannot decide, Session.start's check decides once the server's injector has patched it

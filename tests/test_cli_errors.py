@@ -246,3 +246,15 @@ def test_analyze_markdown_under_a_file_says_it_is_a_file(tmp_path):
     dumps = sorted(str(p) for p in (REPO / "tests" / "fixtures" / "stacks").glob("gloo3_faulthandler_rank*.txt"))
     code, out = _run("analyze", *dumps, "--markdown", str(f / "x.md"))
     assert code == 2 and "is a file, not a folder" in out and "does not exist" not in out, out
+
+
+@pytest.mark.parametrize("value,msg", [("yes", "REPRO_FORK_RANKS='yes': expected 1"),
+                                       ("1", "REPRO_FORK_RANKS=1 is for CPU servers only")])
+def test_fork_ranks_opt_in_off_a_cpu_server_or_malformed_is_refused_before_launch(tmp_path, monkeypatch, value, msg):
+    """REPRO_FORK_RANKS (fork sglang's ranks, CPU testbed only): a bad value, or 1 for a server without --device cpu
+    (here: not the testbed's interpreter, so no CPU profile), is bad input: exit 2, no launch."""
+    py = _fake_python(tmp_path)
+    monkeypatch.setenv("REPRO_FORK_RANKS", value)
+    code, out = _run("run", str(SMOKE), "--python", str(py), "--model", str(tmp_path), "--evidence-dir", str(tmp_path / "ev"))
+    assert code == 2 and msg in out, out
+    assert _no_run_folder(tmp_path / "ev")

@@ -312,3 +312,19 @@ def test_stop_removes_the_shm_files_its_sigkilled_tree_made_and_keeps_older_and_
         server.stop(grace_s=0.5)
         for f in (old, new, foreign):
             f.unlink(missing_ok=True)
+
+
+def test_fork_ranks_opt_in_is_checked_before_a_launch():
+    """REPRO_FORK_RANKS (the injector's fork-ranks opt-in): 0/1/unset only, and 1 only for a CPU server."""
+    from repro.launcher import check_fork_ranks
+
+    cpu = ["--device", "cpu"]
+    for env in ({}, {"REPRO_FORK_RANKS": "0"}, {"REPRO_FORK_RANKS": "1"}):
+        check_fork_ranks(env, cpu)
+    check_fork_ranks({"REPRO_FORK_RANKS": "0"}, ["--device", "cuda"])
+    with pytest.raises(LaunchError, match=r"REPRO_FORK_RANKS=1 is for CPU servers only .*'cuda'.*unset REPRO_FORK_RANKS"):
+        check_fork_ranks({"REPRO_FORK_RANKS": "1"}, ["--device", "cuda"])
+    with pytest.raises(LaunchError, match=r"REPRO_FORK_RANKS=1 is for CPU servers only .*None"):
+        check_fork_ranks({"REPRO_FORK_RANKS": "1"}, [])
+    with pytest.raises(LaunchError, match=r"REPRO_FORK_RANKS='yes': expected 1 .* or 0 / unset"):
+        check_fork_ranks({"REPRO_FORK_RANKS": "yes"}, cpu)

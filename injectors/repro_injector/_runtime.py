@@ -4,18 +4,20 @@ One :class:`Runtime` per process, created by ``activate()`` only when ``REPRO_PL
 contract is ``repro.scenario.compile_plan``; this package never imports ``repro``). Records (read by
 ``repro.injection_records``) go to the plan's ``out_dir``:
 
-- ``loaded-<pid>.json``: written at activation and rewritten atomically when something changes (rank first seen,
+- ``loaded-<pid>.json``: written at activation (and in a forked child) and rewritten atomically when something changes (rank first seen,
   a site patched, the process title set by sglang): ``pid``, ``create_time`` (epoch seconds computed like psutil:
   boot time + ``/proc/self/stat`` starttime / CLK_TCK), ``start_ticks``, ``argv``, ``proctitle``, ``rank``,
   ``sites`` {injection id: {resolved, patched, error, alternatives_tried}}, ``python``/``torch``/``sglang``,
-  ``scenario``, ``variant``, ``faulthandler``, ``time``.
+  ``scenario``, ``variant``, ``faulthandler``, ``time``, ``forked_from`` (the parent's pid in a forked child, else null).
 - ``fires-<pid>.jsonl``, one JSON object per line, flushed per line; every line has ``event``, ``time``, ``pid``,
   ``rank``: ``armed`` / ``disarmed`` (``ids``, ``arm_seq``; ``armed`` also ``arm_file_mtime``); ``counts``
   (``arm_seq``, ``armed``, ``counts`` = {id: {entered, matched, fired, first_/last_entered, first_/last_matched,
   first_/last_fired, entered_before_poll}}); ``fire`` (``id``, ``arm_seq``, ``n``, ``action``, ``caller``,
   ``stack``), written before the action runs; ``seen`` (observe mode: ``id``, ``caller``, ``line``, ``stack``,
   ``loops``; see ``Runtime.record_caller``); ``fire_done`` (``id``, ``duration_s``, ``error``); ``error`` (``id``,
-  ``message``).
+  ``message``). With the ``REPRO_FORK_RANKS=1`` opt-in (``_fork``): ``start_method`` / ``fork_ranks_refused`` and
+  ``fork_point`` (threads at each fork) in the launcher's log, ``forked_rank`` (``parent``, ``signals_restored``) in
+  each forked rank's.
 - ``errors.log``: one line per exception inside the injector (also one line on stderr).
 - ``faulthandler-<pid>.txt``: all threads' stacks each time the plan's ``faulthandler_signal`` arrives (chained to a
   previous Python handler only; never to SIG_DFL, which would terminate the process).
@@ -447,6 +449,7 @@ class Runtime:
         self.ledger: Any = None  # _ledger.Ledger when the plan enables it
         self._fires: Any = None
         self._thread: Optional[threading.Thread] = None
+        self.forked_from: Optional[int] = None  # parent's pid when this process is a fork of an injected one
 
     # ---- records ----------------------------------------------------------------------------------------------
 
@@ -551,6 +554,7 @@ class Runtime:
                 "scenario": self.plan.get("scenario"),
                 "variant": self.plan.get("variant"),
                 "plan": self.plan_path,
+                "forked_from": self.forked_from,
                 "sites": {s.id: s.record() for s in self.sites},
                 "faulthandler": {"signal": self.fh_signal, "file": getattr(self.fh_file, "name", None)},
                 "time": _wall(),
@@ -847,8 +851,12 @@ class Runtime:
     def after_fork(self) -> None:
         """In a forked child: new pid, new files, new thread; counts and arming state carry over."""
         self.pid = os.getpid()
+        self.forked_from = os.getppid()
         self.start = _proc_start()
         self._fires = None
+        for f in sys.meta_path:  # an import the parent's other threads were in does not go on here
+            if isinstance(f, _HookFinder):
+                f.busy = set()
         self._io_lock = threading.RLock()
         self._arm_lock = threading.Lock()
         try:
@@ -943,6 +951,13 @@ def activate() -> Optional[Runtime]:
         atexit.register(rt.flush)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=rt.after_fork)
+            from . import _fork
+
+            if _fork.wanted():  # opt-in (off by default): sglang's ranks forked from the launcher, see _fork
+                try:
+                    _fork.install(rt)  # registered after rt.after_fork: the runtime is re-made first in a child
+                except Exception as e:
+                    rt.error("installing the fork-ranks switch failed", e)
         return rt
 
 
