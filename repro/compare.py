@@ -459,8 +459,9 @@ def materialize(ref: Ref, python: Optional[str], choose: Optional[Callable[[Opti
 
     lc = _loc(ref_location)
     pkg = lc.package
+    rel_what = ""
     if ref.release is not None:  # the release's own interpreter; --python does not apply to this side
-        from repro.releases import ReleaseError, release_python
+        from repro.releases import ReleaseError, describe_python, release_python
 
         try:
             rel_py = release_python(ref.release, adapter)
@@ -468,9 +469,9 @@ def materialize(ref: Ref, python: Optional[str], choose: Optional[Callable[[Opti
             raise CompareError(f"REF {ref.text!r}: {e}") from None
         python = rel_py
         choose = lambda p: rel_py  # noqa: E731
+        rel_what = f"{describe_python(rel_py) or f'{pkg} {ref.release} release'} ({rel_py})"
         if ref.kind == "release":
-            return Materialized(ref, rel_py, (), f"{pkg} {ref.release} release ({rel_py})",
-                                str(package_location(rel_py, loc=lc)))
+            return Materialized(ref, rel_py, (), rel_what, str(package_location(rel_py, loc=lc)))
     if ref.kind == "installed":
         py = choose(python)
         return Materialized(ref, python, (), f"installed {pkg} of {py}", str(package_location(py, loc=lc)))
@@ -496,7 +497,7 @@ def materialize(ref: Ref, python: Optional[str], choose: Optional[Callable[[Opti
         loc = package_location(py, loc=lc)
         check_patch_applies(pf, loc.parent, strip, lc)
         root = make_overlay(loc, pf, text, strip, tmp_parent, lc)
-        what = f"{pkg} {ref.release} release ({py})" if ref.release else f"installed {pkg} of {py}"
+        what = rel_what if ref.release else f"installed {pkg} of {py}"
         m = Materialized(ref, python, (str(root),), f"{what} + {pf.name} (overlay)", str(root / pkg), [root])
         m._closers.append(lambda: shutil.rmtree(root, ignore_errors=True))
         return m
@@ -976,7 +977,7 @@ def comparison_markdown(result: CompareResult, opts: CompareOptions, scenario: s
     lines += ["", "## Versions", ""]
     for s in sides:
         v = s.versions
-        keys = (engine_key or _loc(None).version_key, "torch", "python", "target_python", "platform")
+        keys = (engine_key or _loc(None).version_key, "testbed", "torch", "python", "target_python", "platform")
         lines.append(f"- {s.side}: " + ", ".join(f"{k} {v[k]}" for k in keys if v.get(k)) + f"; code: {_md(s.description)}")
     lines += ["", "## Reproduce", "", "Both sides:", "", "```", compare_command(opts), "```", ""]
     for s in sides:

@@ -60,8 +60,16 @@ def test_a_release_that_is_not_set_up_is_one_line_naming_how_to_set_it_up(cache:
         rel.release_python("0.5.18")
     msg = str(e.value)
     assert "\n" not in msg and "sglang 0.5.18 is not set up" in msg
-    assert "only 0.5.23 has a testbed recipe today" in msg and "pip install 'sglang==0.5.18'" in msg
-    assert "'torch==2.13.0'" in msg  # the release's own pins
+    assert msg.endswith("set it up with: bash scripts/cpu_testbed/setup.sh --release 0.5.18")  # its recipe
+    with pytest.raises(rel.ReleaseError) as e:  # an overlay on 0.5.18: set up the base first, in the same line
+        rel.release_python("0.5.20")
+    assert str(e.value).endswith("bash scripts/cpu_testbed/setup.sh --release 0.5.18 && "
+                                 "bash scripts/cpu_testbed/setup.sh --release 0.5.20")
+    with pytest.raises(rel.ReleaseError) as e:  # no recipe: the command by hand, with the release's own pins
+        rel.release_python("0.5.16")
+    msg = str(e.value)
+    assert "\n" not in msg and "sglang 0.5.16 is not set up" in msg and "have a testbed recipe today" in msg
+    assert "pip install 'sglang==0.5.16'" in msg and "'torch==2.11.0'" in msg
     with pytest.raises(rel.ReleaseError) as e:
         rel.release_python("0.5.23")
     assert "set it up with: bash scripts/cpu_testbed/setup.sh" in str(e.value)
@@ -108,7 +116,7 @@ def test_compare_cli_on_a_release_not_set_up_exits_2_with_one_line(tmp_path: Pat
                        timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "sglang 0.5.18 is not set up" in lines[0] and "only 0.5.23 has a testbed recipe" in lines[0]
+    assert len(lines) == 1 and "sglang 0.5.18 is not set up" in lines[0] and "set it up with: bash scripts/cpu_testbed/setup.sh --release 0.5.18" in lines[0]
     assert not (tmp_path / "ev").exists() or not any((tmp_path / "ev").rglob("*"))
 
 
@@ -122,7 +130,7 @@ def test_every_engine_verb_takes_release_and_refuses_one_not_set_up_in_one_line(
     r = CliRunner().invoke(app, args + ["--release", "0.5.18"])
     text = r.output + (getattr(r, "stderr", "") if getattr(r, "stderr_bytes", None) is not None else "")
     assert r.exit_code == 2, text
-    assert "sglang 0.5.18 is not set up" in text and "only 0.5.23 has a testbed recipe today" in text
+    assert "sglang 0.5.18 is not set up" in text and "set it up with: bash scripts/cpu_testbed/setup.sh --release 0.5.18" in text.replace("\n", " ")
     r = CliRunner().invoke(app, args + ["--release", "0.5.23", "--python", sys.executable])
     assert r.exit_code == 2 and "not both" in r.output
 

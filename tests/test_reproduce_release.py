@@ -94,7 +94,7 @@ def test_reproduce_cli_on_a_release_not_set_up_says_which_why_and_the_setup_comm
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, r.stderr
     assert "sglang 0.5.18: the dump's" in lines[0] and "sglang 0.5.18 is not set up" in lines[0]
-    assert "only 0.5.23 has a testbed recipe today" in lines[0] and "--release V" in lines[0]
+    assert "set it up with: bash scripts/cpu_testbed/setup.sh --release 0.5.18" in lines[0] and "--release V" in lines[0]
     assert not (tmp_path / "out" / "reproduce.toml").exists()
 
 

@@ -571,6 +571,7 @@ class AdapterBase:
 
     # ---- releases (``repro.releases``): ``release:V`` REFs, ``--release``, reproduce's inference, bisect -------
     releases_file: Optional[Path] = None  # the per-release data beside the adapter (None: no release index)
+    default_release: Optional[str] = None  # the release its plain testbed set-up command installs (None: no releases)
 
     def release_testbed_dir(self, version: str) -> Path:
         """The folder where release ``version`` of this engine is set up (``venv/bin/python`` + ``.setup-stamp``):

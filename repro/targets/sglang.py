@@ -253,6 +253,7 @@ class SGLangAdapter(AdapterBase):
         return router_workers(url, timeout_s)
 
     releases_file = Path(__file__).resolve().parent / "releases" / "sglang.toml"
+    default_release = testbed.SGLANG_VERSION  # `bash scripts/cpu_testbed/setup.sh` alone sets it up
 
     def release_testbed_dir(self, version: str) -> Path:
         """The CPU testbed's folder for the release it is written for (``repro.testbed.testbed_dir``, honouring
