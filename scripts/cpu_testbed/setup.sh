@@ -69,13 +69,14 @@ t0=$(date +%s)
 fail() { echo "setup.sh: ERROR: $*" >&2; exit 1; }
 elapsed() { echo $(( $(date +%s) - t0 )); }
 
+EXT_STAMP=1  # the torch extensions this testbed builds at set-up, in its own folder (below)
 want_stamp() {  # (0.5.23's stamp line is unchanged from before releases had recipes: its testbed stays reused)
   if [ "$PD" = 1 ]; then
-    printf 'sglang=%s torch=%s mooncake=%s router=%s boot=%s\n' "$release" "$TORCH" "$MOONCAKE_VERSION" \
-      "$ROUTER_VERSION" "$(sha256sum "$boot_src" | cut -c1-16)"
+    printf 'sglang=%s torch=%s mooncake=%s router=%s boot=%s ext=%s\n' "$release" "$TORCH" "$MOONCAKE_VERSION" \
+      "$ROUTER_VERSION" "$(sha256sum "$boot_src" | cut -c1-16)" "$EXT_STAMP"
   else
-    printf 'sglang=%s kind=%s base=%s recipe=%s boot=%s stub=%s\n' "$release" "$KIND" "$BASE" "$RECIPE_HASH" \
-      "$(sha256sum "$boot_src" | cut -c1-16)" "$(cat "$here"/stub/sgl_kernel/*.py | sha256sum | cut -c1-16)"
+    printf 'sglang=%s kind=%s base=%s recipe=%s boot=%s stub=%s ext=%s\n' "$release" "$KIND" "$BASE" "$RECIPE_HASH" \
+      "$(sha256sum "$boot_src" | cut -c1-16)" "$(cat "$here"/stub/sgl_kernel/*.py | sha256sum | cut -c1-16)" "$EXT_STAMP"
   fi
 }
 
@@ -117,8 +118,10 @@ EOF
 }
 
 # ---- packages (reused when the pinned versions are already there) -------------------------------------------------
+installed=0    # 1 once this run installed packages: testbed.json then records this run's seconds as the install's
 pip_logged() {  # pip_logged LOG WHAT PIP-ARGS...: pip install with a progress line every 15 s; fails naming the package
   local log="$1" what="$2"; shift 2
+  installed=1
   local tp; tp=$(date +%s)
   : >"$log"
   (  # progress: the venv's size and pip's last line (full log: $log); on TERM its sleep ends too
@@ -273,14 +276,46 @@ PYEOF
   fail "the testbed venv cannot import torch/sglang $release in CPU mode (output above); re-run with --force to reinstall"
 fi
 echo "  $out"
+# ---- torch extensions sglang compiles at first use, built now in this testbed's own folder -------------------------
+# HiCache hashes token pages with a C++ extension that sglang JIT-compiles on first use (torch.utils.cpp_extension.load,
+# mem_cache/cpp_utils/native_hash.py in 0.5.18 and 0.5.23). In the shared ~/.cache/torch_extensions/<py>_<cuda>/ two
+# releases with the same CUDA tag rebuild it in turn, and a server stopped mid-build leaves torch's lock file behind:
+# every later HiCache server then waits on it forever in its warm-up (never healthy). The adapter's testbed profile
+# points TORCH_EXTENSIONS_DIR at "$dir/torch_extensions" when that folder exists; it is built here, once.
+ext_dir="$dir/torch_extensions"
+mkdir -p "$ext_dir"
+echo "  building the torch extensions sglang $release compiles at first use, in $ext_dir ..."
+if ! ext_out=$(TORCH_EXTENSIONS_DIR="$ext_dir" SGLANG_USE_CPU_ENGINE=1 PYTHONPATH="$here/stub" "$py" -W ignore -c '
+import importlib.util
+if importlib.util.find_spec("sglang.srt.mem_cache.cpp_utils.native_hash") is None:
+    print("none to build (no sglang.srt.mem_cache.cpp_utils.native_hash)")
+else:
+    from sglang.srt.mem_cache.cpp_utils.native_hash import _load_native_hash_module
+    print("built:", _load_native_hash_module().__file__)
+' 2>&1); then
+  echo "$ext_out" | tail -8 >&2
+  fail "building sglang's HiCache hash extension failed (output above; needs a C++ compiler and OpenSSL headers: apt-get install g++ libssl-dev)"
+fi
+echo "  $(echo "$ext_out" | tail -1)"
+
 # What ran and what it cost: read by repro (env.json, COMPARISON.md, REPORT.md name the release and its kind).
 gb=$(du -sk "$dir" 2>/dev/null | awk '{printf "%.2f", $1 / 1048576}')
-"$py" - "$dir/testbed.json" "$release" "$KIND" "$BASE" "$py" "$(elapsed)" "$gb" "$(echo "$out" | tail -1)" <<'PYEOF' || fail "cannot write $dir/testbed.json"
-import json, sys, time
-path, release, kind, base, py, secs, gb, check = sys.argv[1:9]
-json.dump({"engine": "sglang", "release": release, "kind": kind, "base": base or None, "python": py,
-           "setup_s": int(secs), "gb": float(gb), "import_check": check,
-           "set_up_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, open(path, "w"), indent=1)
+"$py" - "$dir/testbed.json" "$release" "$KIND" "$BASE" "$py" "$(elapsed)" "$gb" "$(echo "$out" | tail -1)" "$installed" <<'PYEOF' || fail "cannot write $dir/testbed.json"
+import json, os, sys, time
+path, release, kind, base, py, secs, gb, check, installed = sys.argv[1:10]
+old = {}
+if os.path.isfile(path):
+    try:
+        old = json.load(open(path))
+    except ValueError:
+        pass
+now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+rec = {"engine": "sglang", "release": release, "kind": kind, "base": base or None, "python": py,
+       "setup_s": int(secs), "gb": float(gb), "import_check": check, "set_up_at": now,
+       # the run that installed the packages (a re-run that reuses them keeps these)
+       "install_run_s": int(secs) if installed == "1" else old.get("install_run_s"),
+       "installed_at": now if installed == "1" else old.get("installed_at")}
+json.dump(rec, open(path, "w"), indent=1)
 PYEOF
 printf '%s\n%s\n' "$(want_stamp)" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$stamp"
 echo "CPU testbed of sglang $release ($KIND${BASE:+ over $BASE}) ready at $dir in $(elapsed) s, ${gb} GB (python: $py)"
