@@ -46,14 +46,16 @@ def test_mirror_copies_only_what_each_hosts_ledger_gained_and_follows_a_rotation
     for k in (0, 1):
         assert (m.dir / f"ledger-{k}.jsonl").read_bytes() == (dirs[k] / "ledger-4242.jsonl").read_bytes()
     assert m.fetch() == 0  # nothing new: nothing copied
-    a.tick()
+    a.tick()  # the old part gains records the mirror has not copied yet ...
     src = dirs[0] / "ledger-4242.jsonl"
-    os.rename(src, str(src) + ".1")  # the injector's rotation: the old part renamed, a new part opened
+    # ... then the injector's rotation (repro_injector._ledger: os.replace(path(0), path(1))): the old part renamed
+    # to ledger-<pid>.1.jsonl, a new part opened
+    os.rename(src, dirs[0] / "ledger-4242.1.jsonl")
     a2 = Led(dirs[0], 0, part=1)
     a2.seq, a2.t = dict(a.seq), a.t
     a2.tick()
     m.fetch()
-    whole = (dirs[0] / "ledger-4242.jsonl.1").read_bytes() + src.read_bytes()
+    whole = (dirs[0] / "ledger-4242.1.jsonl").read_bytes() + src.read_bytes()
     assert (m.dir / "ledger-0.jsonl").read_bytes() == whole
 
 
