@@ -211,7 +211,7 @@ class _HostRankWatch:
         for h in hosts:
             r = next(r for r in self.procs.values() if r.host == h)
             try:
-                raw = r.runner.get(str(Path(r.injector_dir).parent / "server.log"), timeout_s=10.0)
+                raw = r.runner.get(str(Layout.SERVER_LOG.at(Path(r.injector_dir).parent)), timeout_s=10.0)
             except Exception:  # noqa: BLE001 - an unreachable host: no reason, the death still counts
                 raw = None
             if raw is not None:

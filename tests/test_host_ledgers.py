@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from repro import evidence as ev
 from repro.detect import DetectContext
 from repro.hosts import HostSpec, RemoteRank, Runner
 from repro.host_ledgers import HostLedgerMirror, HostsLedgerProofDetector
@@ -64,8 +65,6 @@ def test_proof_on_the_mirror_decides_a_deadlock_across_hosts(tmp_path: Path, mon
     a, b = _ledgers_on_hosts(tmp_path, dirs, monkeypatch)
     m = HostLedgerMirror(ranks, tmp_path / "mirror")
     m.fetch()
-    from repro import evidence as ev
-
     run = ev.EvidenceDir(tmp_path / "ev", "s", "v")
     det = HostsLedgerProofDetector(ranks)
     det.capture = lambda ctx: (_ for _ in ()).throw(OSError("no py-spy here"))  # the verdict must not need stacks
@@ -80,7 +79,7 @@ def test_proof_on_the_mirror_decides_a_deadlock_across_hosts(tmp_path: Path, mon
         d = det.poll(ctx)
         assert d is not None and d.decided and d.verdict.verdict == "DEADLOCKED", d
         assert d.verdict.proof["kind"] == "missing_partner" and d.verdict.reason.startswith("Ledger proof of a deadlock")
-        assert "capture_error" in d.record and json.dumps(d.evidence["proof.json"])
+        assert "capture_error" in d.record and json.dumps(d.evidence[ev.Layout.PROOF])
     finally:
         forget_followers()
 
@@ -91,7 +90,6 @@ def test_a_rank_killed_on_its_host_is_named_with_its_host_pid_and_reason(tmp_pat
     import subprocess
     import time
 
-    from repro import evidence as ev
     from repro.host_ledgers import hosts_rank_death_detector
 
     procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
@@ -117,7 +115,7 @@ def test_a_rank_killed_on_its_host_is_named_with_its_host_pid_and_reason(tmp_pat
         assert d is not None and d.decided and d.verdict.verdict == "INCONCLUSIVE", d
         assert d.verdict.reason.startswith(f"rank 1 (pid {procs[1].pid}) died: on host h1: "), d.verdict.reason
         assert "boom" in d.verdict.reason and "rank(s) 0 still running" in d.verdict.reason
-        assert d.evidence["rank_deaths.json"][0]["rank"] == 1 and m.dead[1] >= t0
+        assert d.evidence[ev.Layout.RANK_DEATHS][0]["rank"] == 1 and m.dead[1] >= t0
     finally:
         for p in procs:
             p.kill()
@@ -128,7 +126,6 @@ def test_a_dead_rank_of_a_hosts_run_is_never_said_to_wait_in_its_ledger_evidence
     """ledger.json / the report's ledger sentence of a ``--hosts`` run (its mirror, ledger-<rank>.jsonl) mark the
     ranks rank_deaths.json names as dead, as a local run's do: rank 1 killed on h1 'never did: it died', not 'waits'
     (found on the real rig: the killed rank's REPORT.md said 'rank 1 never did and waits in broadcast')."""
-    from repro import evidence as ev
     from repro.remote_run import _ledger_evidence_from
 
     mirror = tmp_path / "mirror"
