@@ -817,7 +817,7 @@ def _honesty(caps: Sequence[RankCapture], states: Sequence[RankState]):
     return inputs, formats, missing, conf, why
 
 
-# An engine's idle tick (its FrameRules: request_broadcast_*, idle_loop_callers; SGLang's in repro/targets/sglang.py):
+# An engine's idle tick (its FrameRules: request_broadcast_*, idle_loop_callers; SGLang's in repro/targets/sglang/adapter.py):
 # the ranks that already passed their idle sleep wait in the request broadcast for the rank still sleeping.
 
 

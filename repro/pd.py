@@ -1,7 +1,7 @@
 """Multi-server runs (PD disaggregation: prefill + decode + router): one stack, one session, evidence per server.
 
 A scenario whose ``[server] topology`` is not ``single`` runs every role of the adapter's
-:class:`~repro.targets.base.Topology` (SGLang ``pd``: ``repro.targets.sglang_pd``). This module gives the runner
+:class:`~repro.targets.base.Topology` (SGLang ``pd``: ``repro.targets.sglang.pd``). This module gives the runner
 what it needs for that, in the single-server shapes it already uses:
 
 - :class:`Stack`: every role started by :func:`repro.launcher.start_server` (one process group each), healthy when

@@ -1,10 +1,10 @@
 """The per-tick lockstep state digest: named probes on the tick function's receiver, written into the ledger.
 
 Enabled by the plan's ``ledger.digest`` (``{"enabled": bool, "package": "sglang", "releases": {version: [{"name",
-"path", "kind"}]}, "ring": int}``, compiled by the harness from the engine's per-release probe files,
-``repro/targets/state_probes/``; the list of the release installed here is used, none when it has no file). Evaluated by the
-ticking thread at the start of every scheduler tick (``_ledger.Ledger``'s tick wrapper), before the tick runs; no
-collective, no lock the engine holds, never raises into the engine.
+"path", "kind"}]}, "ring": int}``, compiled by the harness from the engine's per-release data files,
+``repro/targets/<engine>/releases/<V>.toml`` ``[state]``; the list of the release installed here is used, none when
+it has none). Evaluated by the ticking thread at the start of every scheduler tick (``_ledger.Ledger``'s tick
+wrapper), before the tick runs; no collective, no lock the engine holds, never raises into the engine.
 
 Path syntax (parsed here, never ``eval``'d): ``a.b.c`` attribute chains, ``m()`` zero-argument method calls,
 ``len(path)``, and ``path[*].x.y``: the set of ``x.y`` of the members of a list (or of a dict's keys), recorded as
