@@ -46,6 +46,7 @@ import threading
 import traceback
 from typing import Any, Callable, Dict, List, Optional
 
+from . import files as _files
 from . import gate as _gate
 from ._hooks import _HookFinder
 from ._proc import _dist, _monotonic, _proc_start, _proctitle, _sleep, _wall
@@ -108,7 +109,7 @@ class Runtime:
         except Exception:
             pass
         try:
-            with open(self._path("errors.log"), "a", encoding="utf-8") as fh:
+            with open(self._path(_files.ERRORS_LOG), "a", encoding="utf-8") as fh:
                 fh.write(f"{_wall():.3f} pid={os.getpid()} rank={self.rank} {line}\n")
                 if exc is not None:
                     fh.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
@@ -123,7 +124,7 @@ class Runtime:
             data = json.dumps(rec, default=repr) + "\n"
             with self._io_lock:
                 if self._fires is None:
-                    self._fires = open(self._path(f"fires-{self.pid}.jsonl"), "a", encoding="utf-8")
+                    self._fires = open(self._path(_files.fire_log(self.pid)), "a", encoding="utf-8")
                 self._fires.write(data)
                 self._fires.flush()
         except Exception as e:  # never raise into the target
@@ -204,8 +205,8 @@ class Runtime:
                 "time": _wall(),
             }
             rec.update(self._versions())
-            path = self._path(f"loaded-{self.pid}.json")
-            tmp = f"{path}.tmp"
+            path = self._path(_files.loaded_marker(self.pid))
+            tmp = path + _files.TMP_SUFFIX
             try:
                 with open(tmp, "w", encoding="utf-8") as fh:
                     json.dump(rec, fh, indent=1, default=repr)
@@ -484,7 +485,7 @@ class Runtime:
         if not isinstance(sig, int) or not hasattr(faulthandler, "register"):
             self.error(f"plan faulthandler_signal {name!r} is not a signal on this platform (expected e.g. 'SIGUSR2')")
             return
-        self.fh_file = open(self._path(f"faulthandler-{self.pid}.txt"), "a", encoding="utf-8")
+        self.fh_file = open(self._path(_files.faulthandler_file(self.pid)), "a", encoding="utf-8")
         # chain only to a real previous handler: chaining to SIG_DFL re-raises the signal's default action, which
         # for SIGUSR1/2 terminates the process (measured) - a capture must never kill a rank.
         prev = signal.getsignal(sig)
