@@ -1,6 +1,6 @@
 """Per-tick cost of the lockstep state digest (``injectors/repro_injector/_digest.py``), in the ticking thread.
 
-The probes are sglang 0.5.23's file (``repro/targets/state_probes/sglang-0.5.23.toml``), evaluated on a
+The probes are sglang 0.5.23's file (``[state]`` of ``repro/targets/sglang/releases/0.5.23.toml``), evaluated on a
 Scheduler-shaped object (no SGLang: pools with ``available_size()``, a tree cache with ``evictable_size()`` /
 ``protected_size()``, a HiCache controller with a host pool and the in-flight dicts, ``waiting_queue`` of Req
 objects with a 32-hex ``rid``, ``running_batch.reqs``). Two cases per waiting-queue size:
@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO / "injectors"))
 
 from repro_injector._digest import Digest  # noqa: E402
 
-PROBE_FILE = REPO / "repro" / "targets" / "state_probes" / "sglang-0.5.23.toml"
+PROBE_FILE = REPO / "repro" / "targets" / "sglang" / "releases" / "0.5.23.toml"
 
 
 class _Pool:
@@ -90,7 +90,7 @@ def scheduler(waiting: int) -> _NS:
 
 
 def measure(waiting: int, ticks: int, moving: bool, out_dir: str) -> dict:
-    probes = tomllib.loads(PROBE_FILE.read_text())["probe"]
+    probes = tomllib.loads(PROBE_FILE.read_text())["state"]["probe"]
     d = Digest({"probes": probes, "ring": 2000}, out_dir, 1)
     s = scheduler(waiting)
     d.tick(0, s)  # the full first digest

@@ -16,7 +16,6 @@ give the same verdict, that verdict's code (``repro.verdict.EXIT_CODES``: 0 succ
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -132,15 +131,15 @@ def ref_for(version: str, suffix: str) -> str:
 
 
 def default_runner(opts: BisectOptions, adapter: Any = None) -> Runner:
-    """A runner that runs one release REF with the real harness (``repro.compare.materialize`` + ``repro.runner.run``)."""
+    """A runner that runs one release REF with the real harness (``repro.refs.materialize`` + ``repro.runner.run``)."""
 
     def run_one(version: str, ref_text: str, evidence_root: Path) -> tuple[str, Path, str]:
-        from repro.compare import CompareError, materialize, parse_ref
+        from repro.refs import RefError, materialize, parse_ref
         from repro.runner import RunError, RunOptions, run
 
         try:
             m = materialize(parse_ref(ref_text), None, ref_location=getattr(adapter, "ref_location", None), adapter=adapter)
-        except CompareError as e:
+        except RefError as e:
             raise BisectError(str(e)) from None
         try:
             ro = RunOptions(scenario_path=opts.scenario_path, variant=opts.variant, python=m.python, model=opts.model,
@@ -260,7 +259,7 @@ def bisect_markdown(res: BisectResult, opts: BisectOptions, scenario: str, varia
     for v in res.releases:
         s = steps.get(v)
         mark = " ← first change" if v == res.first_changed else ""
-        lines.append(f"| {v}{mark} | `{s.ref}` | {s.testbed or '-'} | {s.verdict} | {s.evidence}/REPORT.md |" if s else
+        lines.append(f"| {v}{mark} | `{s.ref}` | {s.testbed or '-'} | {s.verdict} | {ev.Layout.REPORT.at(s.evidence)} |" if s else
                      f"| {v} | | | not run | |")
     lines += ["", f"Run one step again: `repro run {opts.scenario_path} --variant {variant} --python "
               "<that release's interpreter>`, or compare two: `repro compare "
@@ -271,5 +270,6 @@ def bisect_markdown(res: BisectResult, opts: BisectOptions, scenario: str, varia
 def _write(res: BisectResult, opts: BisectOptions, scenario: str, variant: str, verdicts: dict[int, str]) -> None:
     if res.folder is None:
         return
-    (res.folder / "BISECT.md").write_text(bisect_markdown(res, opts, scenario, variant, verdicts), encoding="utf-8")
-    (res.folder / "bisect.json").write_text(json.dumps(res.to_json(), indent=2) + "\n", encoding="utf-8")
+    folder = ev.EvidenceDir.open(res.folder)
+    folder.bisect_md.write(bisect_markdown(res, opts, scenario, variant, verdicts))
+    folder.bisect_json.write(res.to_json())

@@ -1,8 +1,9 @@
 """Engine releases: the release index, ``release:V`` REFs, and which release a dump or a report came from (issue 34).
 
-The data is the adapter's (``Adapter.releases_file``: for SGLang ``repro/targets/releases/sglang.toml`` beside the
-adapter, naming its index ``sglang.json`` built from the wheels of 0.5.14-0.5.23 by
-``scripts/build_release_index.py``). This module is engine-neutral: it reads that data, never the engine.
+The data is the adapter's (``Adapter.releases_dir``, schema ``repro.targets.release_data``: for SGLang
+``repro/targets/sglang/releases/index.toml`` beside the adapter, naming its index ``index.json`` built from the wheels
+of 0.5.14-0.5.23 by ``scripts/build_release_index.py``, and one ``<V>.toml`` per release with its CPU compatibility).
+This module is engine-neutral: it reads that data, never the engine.
 
 - :class:`ReleaseIndex`: the releases in order, each one's tree-cache factory classes, and for every indexed module
   the functions (qualified names) with their ``[first_line, last_line]`` per release.
@@ -19,16 +20,12 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from repro.targets.release_data import ReleaseDataError, adapter_releases
 
 RELEASE_PREFIX = "release:"
 
@@ -80,7 +77,9 @@ class ReleaseIndex:
         modules: source path in the package (``sglang/srt/mem_cache/hiradix_cache.py``) → qualified name →
             ``[[first_line, last_line, release_mask], ...]``.
         patterns: regular expressions whose first group is a version named in a report.
-        testbeds: version → its recipe table (``recipe = "cpu_testbed"``).
+        testbeds: version → its recipe (``{"recipe": "cpu_testbed", "kind": "venv" | "overlay", "base": V or None}``,
+            from the release file's ``[cpu]``).
+        testbed_default: the release the plain testbed command sets up (``index.toml``'s ``testbed_default``).
     """
 
     engine: str
@@ -88,6 +87,7 @@ class ReleaseIndex:
     modules: dict[str, dict[str, list[list[int]]]]
     patterns: tuple[str, ...] = ()
     testbeds: dict[str, dict] = field(default_factory=dict)
+    testbed_default: str = ""
 
     def versions(self) -> list[str]:
         """The versions in release order."""
@@ -164,25 +164,32 @@ def _adapter(adapter: Any) -> Any:
 
 
 @lru_cache(maxsize=8)
-def _load(path: str, engine: str) -> ReleaseIndex:
-    data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    raw = json.loads((Path(path).parent / data["index"]).read_text(encoding="utf-8"))
-    rels = tuple(Release(r["version"], r.get("wheel", ""), tuple(r.get("requires", ())), tuple(r.get("factory_builds", ())),
-                         tuple(r.get("factory_bases", ()))) for r in raw["releases"])
-    return ReleaseIndex(engine, rels, raw["modules"], tuple(data.get("version_patterns", ())), dict(data.get("testbeds", {})))
+def _load_json(path: str) -> dict:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
 def load_index(adapter: Any = None) -> ReleaseIndex:
-    """The adapter's release index (default: the default adapter's), read once per process.
+    """The adapter's release index (default: the default adapter's): its ``releases_dir``'s ``index.toml``, the
+    JSON index it names (read once per process) and every release file's setup recipe.
 
     Raises:
-        ReleaseError: the adapter has no release data (the message names the adapter).
+        ReleaseError: the adapter has no release index, or its release data fails the schema (one line naming the
+            file and the field).
     """
     a = _adapter(adapter)
-    f = getattr(a, "releases_file", None)
-    if f is None or not Path(f).is_file():
-        raise ReleaseError(f"the {a.name} adapter has no release index; releases (release:V, --release) are known for sglang only")
-    return _load(str(f), a.name)
+    try:
+        data = adapter_releases(a)
+    except ReleaseDataError as e:
+        raise ReleaseError(str(e)) from None
+    if data is None or data.index_json is None:
+        raise ReleaseError(f"the {a.name} adapter has no release index (no index.toml naming one in its releases_dir; "
+                           "docs/adapters.md, 'Per-release data'): release:V and --release need one")
+    raw = _load_json(str(data.index_json))
+    rels = tuple(Release(r["version"], r.get("wheel", ""), tuple(r.get("requires", ())), tuple(r.get("factory_builds", ())),
+                         tuple(r.get("factory_bases", ()))) for r in raw["releases"])
+    beds = {v: {"recipe": r.cpu.recipe, "kind": r.cpu.kind, "base": r.cpu.base or None}
+            for v, r in data.releases.items() if r.cpu is not None and r.cpu.recipe}
+    return ReleaseIndex(a.name, rels, raw["modules"], data.version_patterns, beds, data.testbed_default)
 
 
 def parse_release_ref(text: str) -> tuple[Optional[str], str]:
@@ -269,7 +276,7 @@ def release_setup(version: str, adapter: Any = None) -> ReleaseSetup:
     kind = str((rec or {}).get("kind") or table.get("kind") or "venv")
     base = (rec or {}).get("base") or table.get("base")
     if recipe:
-        cmd = a.testbed_setup_command() + ("" if version == _default_release(a) else f" --release {version}")
+        cmd = a.testbed_setup_command() + ("" if version == idx.testbed_default else f" --release {version}")
         if table.get("kind") == "overlay" and base and not release_setup(str(base), a).python:
             cmd = f"{a.testbed_setup_command()} --release {base} && {cmd}"
     else:
@@ -281,9 +288,6 @@ def release_setup(version: str, adapter: Any = None) -> ReleaseSetup:
     return ReleaseSetup(version, folder, py if ok else None, cmd, bool(recipe), kind, base)
 
 
-def _default_release(adapter: Any) -> Optional[str]:
-    """The release the adapter's plain testbed command sets up (``Adapter.default_release``), else None."""
-    return getattr(adapter, "default_release", None)
 
 
 def release_python(version: str, adapter: Any = None) -> str:

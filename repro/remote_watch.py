@@ -3,7 +3,7 @@
 A server spanning hosts (multi-node TP) that someone else runs has its ranks on other machines: the watch probes
 its URL from here as usual, but finds the ranks by listing each host's processes through that host's runner
 (``repro.hosts.Runner``: ssh or a command template) and reading their titles with the adapter's one title parser
-(sglang 0.5.23: ``sglang::scheduler_TP{k}``, see ``repro/targets/sglang.py``), and on a hang dumps every rank on
+(sglang 0.5.23: ``sglang::scheduler_TP{k}``, see ``repro/targets/sglang/adapter.py``), and on a hang dumps every rank on
 its own host (:class:`HostRanks` for ``repro.checker.check_stall``, the one stall check: ``repro.hosts.capture_remote``,
 py-spy there, all hosts at once, one deadline; the injector's faulthandler fallback when py-spy is unusable and the
 injector folder on that host is known). Evidence: ``stacks/rank<k>*.txt`` start with ``# host
@@ -145,7 +145,7 @@ class HostRanks:
 
 def write_hosts_record(evd: ev.EvidenceDir, ranks: dict[int, RemoteRank]) -> None:
     """``hosts.json`` of a watch hang: each rank's host, how it is reached and its pid as that host sees it."""
-    evd.write_json("hosts.json", {
+    evd.hosts_json.write({
         "ranks": {str(k): {"host": r.host, "pid": r.pid, "reach": r.runner.host.reach} for k, r in sorted(ranks.items())},
         "note": "pids are as each host sees them (its own PID namespace or machine)"})
 

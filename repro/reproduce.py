@@ -35,6 +35,7 @@ from typing import Any, Optional, Sequence
 
 from repro.analysis import (Analysis, _is_bootstrap, _is_noise, analyze, comm_layer, idle_kind, is_injector_frame,
                             is_ledger_frame, load_captures, select_thread)
+from repro.evidence import EvidenceDir, Layout
 from repro.readers.types import Frame, RankCapture
 
 if sys.version_info >= (3, 11):
@@ -450,7 +451,7 @@ def plan(analysis: Analysis, captures: Sequence[RankCapture], python: str, adapt
     Args:
         python: the target interpreter (frames are mapped to its engine's source).
         points: discovery's points (``repro.discover.discover(...).points``); empty: no root-cause candidates.
-        perturbations: the hunt catalogue's perturbations by name (``repro.hunt.load_catalogue(...).perturbations``).
+        perturbations: the hunt catalogue's perturbations by name (``repro.catalogue.load_catalogue(...).perturbations``).
     Raises:
         ReproduceInputError: the frames could not be mapped (interpreter failed).
     """
@@ -486,9 +487,9 @@ def plan(analysis: Analysis, captures: Sequence[RankCapture], python: str, adapt
 
 # ------------------------------------------------------------------------------------------------ scenario file
 def scenario_text(p: Plan, base: Any, source: str, model: str = "", release: str = "") -> str:
-    """A scenario file (``repro.hunt.scenario_toml``) with one variant per candidate and the base's server, or the
+    """A scenario file (``repro.scenario_toml.scenario_toml``) with one variant per candidate and the base's server, or the
     adapter's defaults plus the guessed flags when ``base`` is None; ``release``: which release and why (a comment)."""
-    from repro.hunt import scenario_toml
+    from repro.scenario_toml import scenario_toml
     from repro.scenario import Scenario
 
     if base is None:
@@ -575,7 +576,7 @@ def write_candidates(paths: Sequence[str], out_dir: Path, *, base_path: Optional
     perts: dict = {}
     if use_discovery:
         from repro.discover import DiscoverError, default_rules_path, discover
-        from repro.hunt import HuntError, catalogue_for, load_catalogue
+        from repro.catalogue import HuntError, catalogue_for, load_catalogue
 
         try:
             cat = load_catalogue(catalogue_for(adapter))
@@ -599,9 +600,8 @@ def write_candidates(paths: Sequence[str], out_dir: Path, *, base_path: Optional
     if model and base is not None:
         base = base.model_copy(update={"server": base.server.model_copy(update={"model": model})})
     out_dir.mkdir(parents=True, exist_ok=True)
-    f = out_dir / "reproduce.toml"
     text = scenario_text(p, base, ", ".join(str(x) for x in paths), model or "", choice.reason)
-    f.write_text(text, encoding="utf-8")
+    f = EvidenceDir.open(out_dir).reproduce_scenario.write(text)
     try:
         load_scenario(f)
     except ScenarioError as e:  # a bug here, not the user's: say so with the file
@@ -674,7 +674,7 @@ def keep_winner(w: Written, tried: Sequence[Tried], out_dir: Path) -> Optional[P
     Raises:
         ReproduceInputError: the kept file does not validate (a bug here; the message names the file).
     """
-    from repro.hunt import scenario_toml
+    from repro.scenario_toml import scenario_toml
     from repro.scenario import ScenarioError, load_scenario
 
     win = next((t for t in tried if t.outcome == REPRODUCED), None)
@@ -682,12 +682,13 @@ def keep_winner(w: Written, tried: Sequence[Tried], out_dir: Path) -> Optional[P
     if c is None:
         return None
     base = load_scenario(w.scenario_file)
-    f = out_dir / "reproducer.toml"
+    kept = EvidenceDir.open(out_dir).reproducer
+    f = kept.path
     comment = (f"Kept by `repro reproduce`: candidate {c.name} ({c.kind}) hung with the dumps' signature.\n"
                + "".join(f"server guess: {x}\n" for x in w.plan.server_says)
                + f"Run: repro run {f} --expect deadlock")
-    f.write_text(scenario_toml(base, base.name, c.description, [(c.name, "deadlock", c.description, c.injections)],
-                               comment=comment), encoding="utf-8")
+    kept.write(scenario_toml(base, base.name, c.description, [(c.name, "deadlock", c.description, c.injections)],
+                             comment=comment))
     try:
         load_scenario(f)
     except ScenarioError as e:
@@ -727,7 +728,7 @@ def reproduction_markdown(w: Written, tried: Sequence[Tried], source: str, secon
     for t in tried:
         c = kinds.get(t.candidate)
         lines.append(f"| `{t.candidate}` | {c.kind if c else ''} | {c.description if c else ''} | {t.verdict} | "
-                     f"{t.outcome}{(' — ' + t.error) if t.error else ''} | {t.evidence}/REPORT.md |")
+                     f"{t.outcome}{(' — ' + t.error) if t.error else ''} | {Layout.REPORT.at(t.evidence)} |")
     others = [t for t in tried if t.outcome == DIFFERENT_HANG and t is not best and t.signature is not None]
     for t in others:  # every other hang, side by side with the original
         lines += ["", f"## {DIFFERENT_HANG}: `{t.candidate}`", "", f"| original | {t.candidate} |", "|---|---|"]
@@ -738,7 +739,7 @@ def reproduction_markdown(w: Written, tried: Sequence[Tried], source: str, secon
         lines += ["", "## What was guessed", ""] + [f"- server: {s}" for s in w.plan.server_says] + \
                  [f"- {s}" for s in w.plan.needs_base] + [f"- version drift: {d}" for d in w.plan.drift]
     if best:
-        kept = w.scenario_file.parent / "reproducer.toml"
+        kept = Layout.REPRODUCER.at(w.scenario_file.parent)
         lines += ["", "## Keep it", "", f"Scenario: `{w.scenario_file}`, variant `{best.candidate}`"
                   + (f" (alone: `{kept}`)" if best.outcome == REPRODUCED else "") + ".", "",
                   f"Run again: `repro run {w.scenario_file} --variant {best.candidate}` (expects DEADLOCKED).", "",

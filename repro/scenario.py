@@ -264,7 +264,7 @@ Action = Union[ExtraCollective, Skip, ReturnValue, Delay, Observe, State]
 
 class LedgerTable(_Strict):
     """The ``[ledger]`` table: ``enabled`` records every collective; ``digest`` adds the per-tick lockstep state
-    digest (the engine release's probe file, ``repro/targets/state_probes/``). ``ledger = true|false`` still parses."""
+    digest (the engine release's probes: ``[state]`` of ``repro/targets/<engine>/releases/<V>.toml``). ``ledger = true|false`` still parses."""
 
     enabled: bool = True
     digest: bool = True
@@ -475,7 +475,7 @@ def compile_plan(
         injector_profile: the adapter's ``InjectorProfile.to_plan()`` (``coordinators``, ``alias_prefixes``,
             ``comm_module_prefixes``), merged into the plan's ``ledger``; None: the injector's own fallbacks.
         faulthandler_signal: signal name on which every process dumps all threads' stacks (py-spy fallback).
-        state_probes: the engine's lockstep state probes per release (``repro.state_probes.plan_probes``:
+        state_probes: the engine's lockstep state probes per release (``Adapter.state_probe_plan()``:
             ``{"package", "releases": {version: [probe, ...]}}``), merged into the plan's ``ledger.digest``; the
             injector uses the installed release's list. None or no release: no digest.
     Returns:

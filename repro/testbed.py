@@ -22,9 +22,14 @@ from pathlib import Path
 from typing import Optional
 
 from repro import resources
+from repro.targets.release_data import load_releases
 
-SGLANG_VERSION = "0.5.23"
-TORCH_VERSION = "2.14.1"
+# The release the testbed sets up and its torch pin: SGLang's release data (``repro/targets/sglang/releases/``:
+# ``index.toml`` ``testbed_default``, that release's ``[cpu] torch``); setup.sh pins the same (a fast test checks it).
+RELEASES_DIR = Path(__file__).resolve().parent / "targets" / "sglang" / "releases"
+_DATA = load_releases(RELEASES_DIR)
+SGLANG_VERSION = _DATA.testbed_default
+TORCH_VERSION = _DATA.releases[SGLANG_VERSION].cpu.torch  # type: ignore[union-attr]
 TESTBED_DIR_ENV = "REPRO_TESTBED_DIR"
 COMPAT_ENV = "REPRO_TESTBED_COMPAT"
 COMPAT_DIR_ENV = "REPRO_TESTBED_COMPAT_DIR"

@@ -1,4 +1,4 @@
-"""Build repro/targets/releases/sglang.json (the SGLang release index, read by repro.releases) from downloaded wheels.
+"""Build repro/targets/sglang/releases/index.json (the SGLang release index, read by repro.releases) from downloaded wheels.
 
 Usage: python scripts/build_release_index.py [WHEEL_DIR]   (default ~/.cache/tp-deadlock-repro/wheels, filled with
 ``pip download --no-deps sglang==V -d WHEEL_DIR``). Standard library only; the wheels are read, never imported.
@@ -26,7 +26,7 @@ PREFIXES = ("sglang/srt/managers/", "sglang/srt/mem_cache/", "sglang/srt/disaggr
             "sglang/srt/distributed/", "sglang/srt/utils/", "sglang/srt/model_executor/")
 FACTORY = "sglang/srt/mem_cache/registry.py"
 CACHE_PACKAGE = "sglang.srt.mem_cache"  # the factory's tree caches come from here
-OUT = Path(__file__).resolve().parent.parent / "repro" / "targets" / "releases" / "sglang.json"
+OUT = Path(__file__).resolve().parent.parent / "repro" / "targets" / "sglang" / "releases" / "index.json"
 
 
 def functions(tree):

@@ -17,7 +17,7 @@ from repro.pd import RoleRun, Stack, injection_roles, rank_name
 from repro.scenario import load_scenario
 from repro.targets.base import AdapterBase, LaunchSpec, ServerRole
 from repro.targets.sglang import SGLangAdapter
-from repro.targets.sglang_pd import pd_topology, router_args, workers_ready
+from repro.targets.sglang.pd import pd_topology, router_args, workers_ready
 
 REPO = Path(__file__).resolve().parent.parent
 DISAGG = REPO / "scenarios" / "sglang" / "disagg_bootstrap_divergence.toml"
@@ -62,7 +62,7 @@ def test_router_is_ready_only_when_it_lists_both_servers_healthy():
 def test_each_router_gets_its_own_metrics_port_so_two_stacks_can_share_a_machine():
     from repro.targets.base import LaunchSpec
     from repro.targets.sglang import SGLangAdapter
-    from repro.targets.sglang_pd import SGLangRouterAdapter
+    from repro.targets.sglang.pd import SGLangRouterAdapter
 
     a = SGLangRouterAdapter(SGLangAdapter())
     cmd = a.launch_command(LaunchSpec(model="", tp_size=1, python="py", port=31000, nccl_port=31001,
@@ -244,7 +244,7 @@ class RankedFakeAdapter(FakeAdapter):
         return {i: p.pid for i, p in enumerate(kids)}
 
     def router_workers(self, url, timeout_s=2.0):
-        from repro.targets.sglang_pd import router_workers
+        from repro.targets.sglang.pd import router_workers
 
         return router_workers(url, timeout_s)
 

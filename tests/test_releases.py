@@ -207,9 +207,9 @@ def test_the_0_5_18_state_probes_name_methods_that_0_5_18_has() -> None:
     is a function of the 0.5.18 source (release index), and the tick function is 0.5.18's."""
     import re
 
-    from repro.state_probes import probe_sets
+    from repro.targets.sglang import SGLangAdapter
 
-    ps = probe_sets("sglang")["0.5.18"]
+    ps = SGLangAdapter().release_data().probe_sets()["0.5.18"]
     idx = rel.load_index("sglang")
     bit = 1 << idx.versions().index("0.5.18")
 

@@ -168,7 +168,7 @@ def test_format_detection(dumps_dir):
 @pytest.mark.parametrize(
     "title,rank",
     [("sglang::scheduler_TP3", 3), ("sglang::scheduler_DP1_TP2", 2), ("sglang::scheduler_PP1_TP0", 0),
-     # plain sglang::scheduler is a TP=1 server's only rank (one title parser, the adapter's: repro/targets/sglang.py)
+     # plain sglang::scheduler is a TP=1 server's only rank (one title parser, the adapter's: repro/targets/sglang/adapter.py)
      ("sglang::scheduler", 0), ("sglang::detokenizer", None), ("python desync.py 0 3", None)],
 )
 def test_rank_from_title(title, rank):

@@ -18,14 +18,18 @@ from repro import evidence as ev  # noqa: E402
 from repro.ledger import diagnose, load_ledgers  # noqa: E402
 from repro.scenario import Scenario, compile_plan  # noqa: E402
 from repro.state_digest import StateStatus, diagnose_state  # noqa: E402
-from repro.state_probes import PROBES_DIR, ProbeFileError, load_probe_file, plan_probes, probe_sets  # noqa: E402
+from repro.targets.release_data import ReleaseDataError, load_release_file  # noqa: E402
 from repro.targets.sglang import SGLangAdapter  # noqa: E402
 
 
 # ---- probe files -------------------------------------------------------------------------------------------------
 
+def _probe_sets():
+    return SGLangAdapter().release_data().probe_sets()
+
+
 def test_sglang_0_5_23_probe_file_names_the_lockstep_state_of_design_section_11():
-    ps = probe_sets("sglang")["0.5.23"]
+    ps = _probe_sets()["0.5.23"]
     paths = {p.name: (p.path, p.kind) for p in ps.probe}
     assert paths["req_to_token_pool.available"] == ("req_to_token_pool.available_size()", "lockstep")
     assert paths["token_to_kv_pool_allocator.available"][0] == "token_to_kv_pool_allocator.available_size()"
@@ -43,7 +47,8 @@ def test_sglang_0_5_23_probe_file_names_the_lockstep_state_of_design_section_11(
 def test_the_plan_carries_every_release_probe_list_and_a_digest_off_switch(tmp_path: Path):
     base = {"name": "s", "variants": [{"name": "v", "expect": "success", "injections": []}]}
     probes = SGLangAdapter().state_probe_plan()
-    assert probes == plan_probes("sglang") and "0.5.23" in probes["releases"] and probes["package"] == "sglang"
+    assert probes == SGLangAdapter().release_data().plan_probes("sglang")
+    assert {"0.5.23", "0.5.18"} <= set(probes["releases"]) and probes["package"] == "sglang"
     plan = compile_plan(Scenario.model_validate(base), Scenario.model_validate(base).variants[0], tmp_path, tmp_path / "a",
                         state_probes=probes)
     assert plan["ledger"]["enabled"] and plan["ledger"]["digest"]["enabled"]
@@ -58,16 +63,16 @@ def test_the_plan_carries_every_release_probe_list_and_a_digest_off_switch(tmp_p
 
 @pytest.mark.parametrize("path", ["__import__('os').system('x')", "a.b(1)", "len(a[*].rid)", "a[0].rid", "a;b", "a.b()()"])
 def test_probe_paths_outside_the_restricted_syntax_are_refused_by_both_parsers(tmp_path: Path, path: str):
-    f = tmp_path / "sglang-9.toml"
-    f.write_text(f'engine = "sglang"\nrelease = "9"\n[[probe]]\nname = "x"\npath = {json.dumps(path)}\n')
-    with pytest.raises(ProbeFileError, match=r"sglang-9.toml: probe.0.path: .*never free Python"):
-        load_probe_file(f)
+    f = tmp_path / "9.toml"
+    f.write_text(f'engine = "sglang"\nrelease = "9"\n[state]\n[[state.probe]]\nname = "x"\npath = {json.dumps(path)}\n')
+    with pytest.raises(ReleaseDataError, match=r"9.toml: state.probe.0.path: .*never free Python"):
+        load_release_file(f)
     with pytest.raises(_digest.ProbeSyntaxError):
         _digest.parse_path(path)
 
 
-def test_probes_dir_is_inside_the_package():
-    assert PROBES_DIR.is_relative_to(Path(__file__).resolve().parent.parent / "repro")
+def test_the_release_data_is_inside_the_adapter_package():
+    assert SGLangAdapter.releases_dir == Path(__file__).resolve().parent.parent / "repro" / "targets" / "sglang" / "releases"
 
 
 # ---- the injector's digest ---------------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """The per-tick lockstep state digest: named probes on the tick function's receiver, written into the ledger.
 
 Enabled by the plan's ``ledger.digest`` (``{"enabled": bool, "package": "sglang", "releases": {version: [{"name",
-"path", "kind"}]}, "ring": int}``, compiled by the harness from the engine's per-release probe files,
-``repro/targets/state_probes/``; the list of the release installed here is used, none when it has no file). Evaluated by the
-ticking thread at the start of every scheduler tick (``_ledger.Ledger``'s tick wrapper), before the tick runs; no
-collective, no lock the engine holds, never raises into the engine.
+"path", "kind"}]}, "ring": int}``, compiled by the harness from the engine's per-release data files,
+``repro/targets/<engine>/releases/<V>.toml`` ``[state]``; the list of the release installed here is used, none when
+it has none). Evaluated by the ticking thread at the start of every scheduler tick (``_ledger.Ledger``'s tick
+wrapper), before the tick runs; no collective, no lock the engine holds, never raises into the engine.
 
 Path syntax (parsed here, never ``eval``'d): ``a.b.c`` attribute chains, ``m()`` zero-argument method calls,
 ``len(path)``, and ``path[*].x.y``: the set of ``x.y`` of the members of a list (or of a dict's keys), recorded as
@@ -33,6 +33,8 @@ import operator
 import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
+
+from . import files as _files
 
 _SEG = r"[A-Za-z_][A-Za-z0-9_]*(?:\(\))?"
 PATH_RE = re.compile(rf"^(?P<len>len\()?(?P<head>{_SEG}(?:\.{_SEG})*)(?:\[\*\](?P<each>(?:\.[A-Za-z_][A-Za-z0-9_]*)+))?(?(len)\))$")
@@ -219,7 +221,7 @@ class Digest:
         return json.dumps(rec, default=repr, separators=(",", ":"))
 
     def _path(self, part: int) -> str:
-        return os.path.join(self.out_dir, f"digest-{self.pid}.jsonl" if part == 0 else f"digest-{self.pid}.{part}.jsonl")
+        return os.path.join(self.out_dir, _files.digest_file(self.pid, part))
 
     def _ring(self, tick: int, members: List[Tuple[str, List[str]]]) -> None:
         if self.fh is None:

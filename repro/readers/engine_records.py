@@ -1,7 +1,7 @@
 """Reader of an engine's own state dumps in its log: per-rank records, with no Python stack needed.
 
 What the lines look like is the adapter's data (:class:`repro.targets.base.EngineDumpRules`; SGLang's in
-``repro/targets/sglang_dumps.py``); this module names no engine. Two shapes:
+``repro/targets/sglang/dumps.py``); this module names no engine. Two shapes:
 
 - a **block**: a header line whose log prefix names the rank (``[<time> TP1] Scheduler debug info:``; the prefix is
   read by :func:`repro.readers.prefixes.clean_line`, as for stack dumps), then figure lines without a prefix until a

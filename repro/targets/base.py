@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
 
 from repro.procs import ProcInfo
+from repro.targets.release_data import EngineReleases, adapter_releases
 
 
 @dataclass(frozen=True)
@@ -503,9 +504,24 @@ class AdapterBase:
         return dict(sorted(out.items()))
 
     def state_probe_plan(self) -> Optional[dict[str, Any]]:
-        """The plan's lockstep state probes per release (``repro.state_probes.plan_probes``); None: this engine
-        declares none (no digest)."""
-        return None
+        """The plan's lockstep state probes per release: every release file's ``[state]`` in :attr:`releases_dir`
+        (``EngineReleases.plan_probes``; the injector picks the installed release's list). None: this engine
+        declares none (no digest).
+
+        Raises:
+            ReleaseDataError: a release file fails its schema (names the file and the field).
+        """
+        data = self.release_data()
+        return None if data is None else data.plan_probes(self.ref_location.package or self.name)
+
+    def release_data(self) -> Optional["EngineReleases"]:
+        """This engine's per-release data (:attr:`releases_dir`: the release index, CPU compatibility, site
+        alternatives and state probes per release), or None when it has none.
+
+        Raises:
+            ReleaseDataError: a file fails its schema (names the file and the field).
+        """
+        return adapter_releases(self)
 
     def tick_function_for(self, args: Sequence[str]) -> str:
         """The per-tick function (the same for every ``args`` unless the engine overrides this)."""
@@ -570,8 +586,9 @@ class AdapterBase:
         return testbed.setup_command()
 
     # ---- releases (``repro.releases``): ``release:V`` REFs, ``--release``, reproduce's inference, bisect -------
-    releases_file: Optional[Path] = None  # the per-release data beside the adapter (None: no release index)
-    default_release: Optional[str] = None  # the release its plain testbed set-up command installs (None: no releases)
+    # The per-release data beside the adapter (``repro/targets/<engine>/releases/``: ``index.toml`` + ``<V>.toml``,
+    # schema in ``repro.targets.release_data``); None: this engine has none (no index, no probes, no CPU data).
+    releases_dir: Optional[Path] = None
 
     def release_testbed_dir(self, version: str) -> Path:
         """The folder where release ``version`` of this engine is set up (``venv/bin/python`` + ``.setup-stamp``):

@@ -3,7 +3,7 @@
 #
 #   bash scripts/cpu_testbed/setup.sh [--release V] [--dir DIR] [--python PYTHON] [--force]
 #
-# V: the sglang release (default 0.5.23). Its recipe is data: [testbeds."V"] of repro/targets/releases/sglang.toml,
+# V: the sglang release (default 0.5.23). Its recipe is data: [cpu] of repro/targets/sglang/releases/V.toml,
 # read by release_recipe.py (kind "venv": a venv of its own; kind "overlay": the release's own wheel over the venv
 # of an older release with the same torch pin, which must be set up first). DIR defaults to $REPRO_TESTBED_DIR for
 # 0.5.23, else ${XDG_CACHE_HOME:-~/.cache}/tp-deadlock-repro/testbed/sglang-<V>
@@ -45,14 +45,14 @@ while [ $# -gt 0 ]; do
 done
 
 # ---- the release's recipe (data beside the adapter) ---------------------------------------------------------------
-releases_toml="${REPRO_RELEASES_TOML:-}"
-if [ -z "$releases_toml" ]; then
-  for c in "$here/../../repro/targets/releases/sglang.toml" "$here/../../targets/releases/sglang.toml"; do  # clone | wheel
-    [ -f "$c" ] && { releases_toml="$c"; break; }
+releases_dir="${REPRO_RELEASES_DIR:-}"
+if [ -z "$releases_dir" ]; then
+  for c in "$here/../../repro/targets/sglang/releases" "$here/../../targets/sglang/releases"; do  # clone | wheel
+    [ -d "$c" ] && { releases_dir="$c"; break; }
   done
 fi
 recipe_py="python3"; command -v "$recipe_py" >/dev/null 2>&1 || recipe_py="$base_python"
-recipe_out="$("$recipe_py" "$here/release_recipe.py" "${releases_toml:-<no release data: set REPRO_RELEASES_TOML>}" "$release" 2>&1)" \
+recipe_out="$("$recipe_py" "$here/release_recipe.py" "${releases_dir:-<no release data: set REPRO_RELEASES_DIR>}" "$release" 2>&1)" \
   || { echo "setup.sh: $recipe_out" >&2; exit 2; }
 eval "$recipe_out"   # KIND TORCH TORCH_BUILD SKIP_DEPS BASE PD RECIPE_HASH
 if [ -z "$dir" ]; then

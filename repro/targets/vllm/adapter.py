@@ -114,6 +114,7 @@ class VLLMAdapter(AdapterBase):
     watch_defaults = WatchDefaults(title_match=WORKER_TITLE_PREFIX, title_example="VLLM::Worker_TP<k>",
                                    health_timeout_s=10.0, metrics_path="/metrics")
     title_namespace = TITLE_NAMESPACE
+    releases_dir = Path(__file__).resolve().parent / "releases"  # the testbed release's CPU data (no index, no probes)
 
     @property
     def hunt_catalogue(self) -> Path:  # type: ignore[override]

@@ -211,6 +211,17 @@ def _patch_mooncake_conn(mod) -> None:
     _note(mod.__name__, "MooncakeKVSender.supports_host_tensor_indices=False")
 
 
+# The items of this layer by name: what a release's data file lists under ``[cpu] compat``
+# (``repro/targets/sglang/releases/<V>.toml``; tests/test_release_data.py checks the names) -> the hooked module(s).
+ITEMS: dict[str, tuple[str, ...]] = {
+    "host_pool_plain_alloc": ("sglang.srt.mem_cache.pool_host.common",),                      # (a)
+    "kvcacheio_direct_ops": ("sglang.srt.mem_cache.pool_host.mha",),                          # (b)
+    "cpu_stream_synchronize": ("torch",),                                                     # (c)
+    "storage_query_after_pass": ("sglang.srt.managers.scheduler", "sglang.srt.managers.cache_controller",
+                                 "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller"),  # (d)
+    "mooncake_no_host_tensor_indices": ("sglang.srt.disaggregation.mooncake.conn",),          # (e)
+}
+
 HOOKS: dict[str, Callable] = {
     "sglang.srt.disaggregation.mooncake.conn": _patch_mooncake_conn,
     "sglang.srt.mem_cache.pool_host.common": _patch_pool_host_common,

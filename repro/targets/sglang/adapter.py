@@ -26,8 +26,7 @@ from typing import Any, Optional, Sequence
 
 from repro import testbed
 from repro.procs import ProcInfo
-from repro.state_probes import plan_probes
-from repro.targets.sglang_dumps import SGLANG_DUMP_RULES
+from repro.targets.sglang.dumps import SGLANG_DUMP_RULES
 from repro.targets.base import (
     AdapterBase,
     CommRule,
@@ -201,7 +200,7 @@ class SGLangAdapter(AdapterBase):
         "decode": "sglang.srt.disaggregation.decode:SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run",
     }
     frame_rules = FRAME_RULES
-    engine_dump_rules = SGLANG_DUMP_RULES  # its watchdog blocks, consensus checker and leak lines (sglang_dumps.py)
+    engine_dump_rules = SGLANG_DUMP_RULES  # its watchdog blocks, consensus checker and leak lines (dumps.py)
     injector_profile = INJECTOR_PROFILE
     ref_location = RefLocation(package="sglang", checkout_subdir="python", version_key="sglang")
 
@@ -231,7 +230,7 @@ class SGLangAdapter(AdapterBase):
 
     def topology(self, server: Any) -> "Topology":
         """``server.topology``: ``single`` (one server of ``tp_size`` ranks) or ``pd`` (prefill of ``tp_size`` ranks,
-        decode, router: ``repro.targets.sglang_pd.pd_topology``).
+        decode, router: ``repro.targets.sglang.pd.pd_topology``).
 
         Raises:
             ValueError: another topology name (the message lists the known ones).
@@ -239,21 +238,20 @@ class SGLangAdapter(AdapterBase):
         name = getattr(server, "topology", "single") or "single"
         if name == "single":
             return super().topology(server)
-        from repro.targets.sglang_pd import PD_TOPOLOGY, pd_topology
+        from repro.targets.sglang.pd import PD_TOPOLOGY, pd_topology
 
         if name == PD_TOPOLOGY:
             return pd_topology(server)
         raise ValueError(f"server.topology {name!r} is not known to the sglang adapter; expected 'single' or 'pd'")
 
     def router_workers(self, url: str, timeout_s: float = 2.0) -> Optional[list]:
-        """The workers of an SGLang router at ``url`` (``GET /workers``; ``repro.targets.sglang_pd.router_workers``),
+        """The workers of an SGLang router at ``url`` (``GET /workers``; ``repro.targets.sglang.pd.router_workers``),
         else None: ``repro watch`` on a PD router finds the ranks of every worker this way."""
-        from repro.targets.sglang_pd import router_workers
+        from repro.targets.sglang.pd import router_workers
 
         return router_workers(url, timeout_s)
 
-    releases_file = Path(__file__).resolve().parent / "releases" / "sglang.toml"
-    default_release = testbed.SGLANG_VERSION  # `bash scripts/cpu_testbed/setup.sh` alone sets it up
+    releases_dir = Path(__file__).resolve().parent / "releases"
 
     def release_testbed_dir(self, version: str) -> Path:
         """The CPU testbed's folder for the release it is written for (``repro.testbed.testbed_dir``, honouring
@@ -262,30 +260,25 @@ class SGLangAdapter(AdapterBase):
             return testbed.testbed_dir()
         return super().release_testbed_dir(version)
 
-    def state_probe_plan(self) -> Optional[dict[str, Any]]:
-        """Every release's probe file in ``repro/targets/state_probes/sglang-*.toml`` (the injector uses the
-        installed release's; sglang 0.5.23 has one)."""
-        return plan_probes("sglang")
-
     def tick_function_for(self, args: Sequence[str]) -> str:
         """The per-tick function for a server started with ``args`` (``--disaggregation-mode`` picks the loop)."""
         mode = flag_value(args, "--disaggregation-mode")
         return self.disagg_tick_functions.get(mode or "", self.tick_function)
 
     def role_adapter(self, role: Any) -> Any:
-        """The router role's adapter is sglang-router's (``repro.targets.sglang_pd.SGLangRouterAdapter``)."""
+        """The router role's adapter is sglang-router's (``repro.targets.sglang.pd.SGLangRouterAdapter``)."""
         if getattr(role, "kind", "engine") != "engine":
-            from repro.targets.sglang_pd import SGLangRouterAdapter
+            from repro.targets.sglang.pd import SGLangRouterAdapter
 
             return SGLangRouterAdapter(self)
         return self
 
     def wire_roles(self, roles: Sequence[Any], specs: dict, port: Any) -> dict:
         """PD: the prefill server gets a bootstrap port (``--disaggregation-bootstrap-port``, unless given), the
-        router the prefill URL + bootstrap port and the decode URL (``repro.targets.sglang_pd.router_args``)."""
+        router the prefill URL + bootstrap port and the decode URL (``repro.targets.sglang.pd.router_args``)."""
         import dataclasses
 
-        from repro.targets.sglang_pd import BOOTSTRAP_FLAG, MODE_FLAG, router_args
+        from repro.targets.sglang.pd import BOOTSTRAP_FLAG, MODE_FLAG, router_args
 
         out = dict(specs)
         prefill_url = decode_url = ""
@@ -313,7 +306,7 @@ class SGLangAdapter(AdapterBase):
 
     def stack_ready(self, router_url: str, engine_urls: Sequence[str]) -> tuple[bool, str]:
         """The router's ``GET /workers`` lists every engine server healthy (it answers /health before that)."""
-        from repro.targets.sglang_pd import router_workers, workers_ready
+        from repro.targets.sglang.pd import router_workers, workers_ready
 
         workers = router_workers(router_url)
         return workers_ready({"workers": workers} if workers is not None else None, engine_urls)
