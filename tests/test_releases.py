@@ -197,7 +197,46 @@ def test_the_seeds_fix_for_0_5_18_applies_as_release_plus_patch_on_the_wheels_fi
         text = sched.read_text()
         assert text.count("bulk_check_prefetch_progress(") == 1 and "prefetch_progress_map.get(req.rid, True)" in text
         assert text.index("bulk_check_prefetch_progress(") < text.index("for req in self.waiting_queue:\n            if self.enable_lora")
+        # before the early return a rank-local batch_is_full takes, and that sticky flag cleared on an empty batch
+        assert text.index("bulk_check_prefetch_progress(") < text.index("running_batch.batch_is_full or len(self.waiting_queue) == 0")
+        assert "if running_batch.is_empty():\n" in text
         assert "def bulk_check_prefetch_progress(self, req_ids: list) -> dict:" in hi.read_text()
+    finally:
+        m.close()
+
+
+WHEEL_0_5_20 = WHEEL_0_5_18.with_name("sglang-0.5.20-cp311-cp311-manylinux_2_34_x86_64.whl")
+PATCH_0_5_20 = REPO / "scenarios" / "sglang" / "patches" / "sglang-0.5.20-30760-bulk-prefetch.patch"
+
+
+@pytest.mark.skipif(not WHEEL_0_5_20.is_file(), reason=f"the sglang 0.5.20 wheel is not cached at {WHEEL_0_5_20} (pip download --no-deps sglang==0.5.20)")
+def test_the_fix_for_0_5_20_applies_as_release_plus_patch_on_the_wheels_files(cache: Path, tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """release:0.5.20+patch:our 0.5.20 port, on the wheel's own scheduler.py and base_prefix_cache.py: patched,
+    compiles, the pre-pass comes before the loop and the early return, the loop reads the map."""
+    import py_compile
+    import zipfile
+
+    _set_up(cache, "0.5.20")
+    site = tmp_path / "site"
+    z = zipfile.ZipFile(WHEEL_0_5_20)
+    for rel_path in ("sglang/srt/managers/scheduler.py", "sglang/srt/mem_cache/base_prefix_cache.py"):
+        f = site / rel_path
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(z.read(rel_path))
+    for d in [site / "sglang", *(p for p in (site / "sglang").rglob("*") if p.is_dir())]:
+        (d / "__init__.py").touch()
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    m = materialize(parse_ref(f"release:0.5.20+patch:{PATCH_0_5_20}"), None, tmp_parent=tmp_path)
+    try:
+        root = Path(m.pythonpath_prepend[0]) / "sglang" / "srt"
+        sched, base = root / "managers" / "scheduler.py", root / "mem_cache" / "base_prefix_cache.py"
+        for f in (sched, base):
+            py_compile.compile(str(f), cfile=str(tmp_path / (f.name + "c")), doraise=True)
+        text = sched.read_text()
+        assert text.count("bulk_check_prefetch_progress(") == 1 and "prefetch_done_by_handle.get(" in text
+        assert text.index("bulk_check_prefetch_progress(") < text.index("running_batch.batch_is_full or len(self.waiting_queue) == 0")
+        assert "def bulk_check_prefetch_progress(" in base.read_text()
     finally:
         m.close()
 
