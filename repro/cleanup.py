@@ -163,7 +163,7 @@ def _remove_leftover_files(folder: Path) -> list[str]:
     logs = sorted(folder.glob("**/" + Layout.SERVER_LOG.name)) if folder.is_dir() else []
     for log in logs:
         for a in all_adapters().values():
-            for f in getattr(a, "leftover_files", lambda _p: [])(log):
+            for f in a.leftover_files(log):
                 try:
                     f.unlink()
                     removed.append(str(f))

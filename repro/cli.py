@@ -416,7 +416,7 @@ def demo(
     try:
         resources.scenarios_dir()  # a broken install: its own error, naming the fix
         demo_adapter = get_adapter(DEFAULT_ADAPTER)
-        if getattr(demo_adapter, "demo_scenario", None) is None:
+        if demo_adapter.demo_scenario is None:
             raise ScenarioError(f"adapter {DEFAULT_ADAPTER!r} has no demo scenario (Adapter.demo_scenario)")
         path = Path(demo_adapter.demo_scenario)
         scen = load_scenario(path)

@@ -235,12 +235,13 @@ def session_plan(adapter: Any, scenario: Scenario, variants: Sequence[Variant], 
     The engine's part comes from the adapter: the ledger's tick function is ``adapter.tick_function_for`` the
     server's args (a ``--disaggregation-mode prefill`` server counts ticks with its own loop's function) and
     ``adapter.injector_profile`` (coordinator classes, alias and communication-module prefixes) goes into the
-    plan's ``ledger`` for the injector (which never imports the harness).
+    plan's ``ledger`` for the injector (which never imports the harness), its fork-ranks caller into ``fork_ranks``.
     """
     plan = compile_plan(scenario, variants[0], injector_dir, arm_file,
                         tick_function=adapter.tick_function_for(scenario.server.args),
                         injector_profile=adapter.injector_profile.to_plan(),
-                        state_probes=getattr(adapter, "state_probe_plan", lambda: None)())
+                        state_probes=adapter.state_probe_plan(),
+                        fork_ranks=adapter.injector_profile.fork_plan())
     for extra in variants[1:]:
         plan["injections"] += compile_plan(scenario, extra, injector_dir, arm_file)["injections"]
     plan["variant"] = ",".join(v.name for v in variants)

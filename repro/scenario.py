@@ -463,6 +463,7 @@ def compile_plan(
     injector_profile: Optional[dict[str, Any]] = None,
     faulthandler_signal: str = "SIGUSR2",
     state_probes: Optional[dict[str, Any]] = None,
+    fork_ranks: Optional[dict[str, str]] = None,
 ) -> dict[str, Any]:
     """Compile one variant into the plain-JSON plan read by ``injectors/repro_injector``.
 
@@ -478,10 +479,12 @@ def compile_plan(
         state_probes: the engine's lockstep state probes per release (``Adapter.state_probe_plan()``:
             ``{"package", "releases": {version: [probe, ...]}}``), merged into the plan's ``ledger.digest``; the
             injector uses the installed release's list. None or no release: no digest.
+        fork_ranks: the adapter's ``InjectorProfile.fork_plan()`` (``{"caller", "device"}``): which launcher call the
+            injector may switch from spawn to fork under ``REPRO_FORK_RANKS=1``; None / {}: never.
     Returns:
         A dict with keys ``version``, ``scenario``, ``variant``, ``out_dir``, ``arm_file``, ``arm_poll_s``,
         ``injections`` (list of ``{id, site: {alternatives, aliases}, gate, action}``), ``ledger``,
-        ``faulthandler_signal``.
+        ``faulthandler_signal``, ``fork_ranks``.
     """
     injections = []
     for inj in variant.injections:
@@ -510,4 +513,5 @@ def compile_plan(
                        "ring": 2000, **(state_probes or {})},
         },
         "faulthandler_signal": faulthandler_signal,
+        "fork_ranks": dict(fork_ranks or {}),
     }

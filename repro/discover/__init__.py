@@ -46,25 +46,28 @@ class DiscoverError(Exception):
 
 
 # ------------------------------------------------------------------------------------------------------ rules
-def default_rules_path(adapter: Optional[str] = None, catalogue: Optional[Path] = None) -> Path:
-    """The rules file of an engine (``adapter``: a registered name; None = the registry's default): the adapter's
+def default_rules_path(adapter: Any, catalogue: Optional[Path] = None) -> Path:
+    """The rules file of the run's engine (``adapter``: its adapter, or a registered name): the adapter's
     ``discover_rules`` when it has one, else ``discover_rules.toml`` next to ``catalogue`` (default: the adapter's
-    hunt catalogue)."""
-    try:
-        from repro.targets.registry import get_adapter
+    hunt catalogue).
 
-        a = get_adapter(adapter)
-        p = getattr(a, "discover_rules", None)
-        if p:
-            return Path(p)
-        if catalogue is None and getattr(a, "hunt_catalogue", None):
-            catalogue = Path(a.hunt_catalogue)
-    except Exception:  # an unknown adapter falls back to the catalogue's folder
-        pass
+    Raises:
+        DiscoverError: neither the adapter nor ``catalogue`` says where the rules are (names the adapter).
+    """
+    a = adapter
+    if isinstance(adapter, str):
+        from repro.targets.registry import UnknownAdapterError, get_adapter
+
+        try:
+            a = get_adapter(adapter)
+        except UnknownAdapterError as e:
+            raise DiscoverError(str(e)) from None
+    if a.discover_rules:
+        return Path(a.discover_rules)
+    if catalogue is None and a.hunt_catalogue:
+        catalogue = Path(a.hunt_catalogue)
     if catalogue is None:
-        from repro import resources
-
-        catalogue = resources.hunt_catalogue()
+        raise DiscoverError(f"the {a.name} adapter has no discover rules and no hunt catalogue; pass --rules FILE")
     return Path(catalogue).parent / RULES_NAME
 
 

@@ -45,13 +45,12 @@ def identify_title(title: str) -> Optional[TitleInfo]:
                          reason=f"title {t[:60]!r} ({name})")
     word = t.split(" ", 1)[0]
     for name, a in adapters.items():
-        wd = getattr(a, "watch_defaults", None)
-        prefix = getattr(wd, "title_match", "") if wd is not None else ""
+        prefix = a.watch_defaults.title_match
         if prefix and word.startswith(prefix):
             return TitleInfo(engine=name, role="rank",
                              reason=f"title {word!r} is a {name} rank process but names no rank")
     for name, a in adapters.items():
-        ns = getattr(a, "title_namespace", "")
+        ns = a.title_namespace
         if ns and word.startswith(ns):
             return TitleInfo(engine=name, role="not-rank",
                              reason=f"{word!r} is a {name} process that is not a rank (no collective runs there)")
