@@ -1086,7 +1086,7 @@ def discover(
     """
     python = _release_python(release, python)
     from repro.discover import DiscoverError, default_rules_path, discover as run_discover, points_toml
-    from repro.hunt import DEFAULT_CATALOGUE, HuntError, load_catalogue
+    from repro.catalogue import DEFAULT_CATALOGUE, HuntError, load_catalogue
     from repro.interpreter import InterpreterError, choose_python
     from repro.scenario import ScenarioError, load_scenario
 
@@ -1314,7 +1314,7 @@ def hunt_merge(
 ) -> None:
     """Join the folders of a sharded hunt into one HUNT.md + hunt.jsonl (every trial in plan order; missing shards
     named). Exit codes: 0 merged, 2 folders that are not shards of one plan."""
-    from repro.hunt_merge import MergeError, merge_shards
+    from repro.hunt.merge import MergeError, merge_shards
 
     try:
         folder = merge_shards(shards, out_dir, evidence_dir)

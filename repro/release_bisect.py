@@ -130,15 +130,15 @@ def ref_for(version: str, suffix: str) -> str:
 
 
 def default_runner(opts: BisectOptions, adapter: Any = None) -> Runner:
-    """A runner that runs one release REF with the real harness (``repro.compare.materialize`` + ``repro.runner.run``)."""
+    """A runner that runs one release REF with the real harness (``repro.refs.materialize`` + ``repro.runner.run``)."""
 
     def run_one(version: str, ref_text: str, evidence_root: Path) -> tuple[str, Path, str]:
-        from repro.compare import CompareError, materialize, parse_ref
+        from repro.refs import RefError, materialize, parse_ref
         from repro.runner import RunError, RunOptions, run
 
         try:
             m = materialize(parse_ref(ref_text), None, ref_location=getattr(adapter, "ref_location", None), adapter=adapter)
-        except CompareError as e:
+        except RefError as e:
             raise BisectError(str(e)) from None
         try:
             ro = RunOptions(scenario_path=opts.scenario_path, variant=opts.variant, python=m.python, model=opts.model,

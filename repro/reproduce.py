@@ -450,7 +450,7 @@ def plan(analysis: Analysis, captures: Sequence[RankCapture], python: str, adapt
     Args:
         python: the target interpreter (frames are mapped to its engine's source).
         points: discovery's points (``repro.discover.discover(...).points``); empty: no root-cause candidates.
-        perturbations: the hunt catalogue's perturbations by name (``repro.hunt.load_catalogue(...).perturbations``).
+        perturbations: the hunt catalogue's perturbations by name (``repro.catalogue.load_catalogue(...).perturbations``).
     Raises:
         ReproduceInputError: the frames could not be mapped (interpreter failed).
     """
@@ -486,9 +486,9 @@ def plan(analysis: Analysis, captures: Sequence[RankCapture], python: str, adapt
 
 # ------------------------------------------------------------------------------------------------ scenario file
 def scenario_text(p: Plan, base: Any, source: str, model: str = "", release: str = "") -> str:
-    """A scenario file (``repro.hunt.scenario_toml``) with one variant per candidate and the base's server, or the
+    """A scenario file (``repro.scenario_toml.scenario_toml``) with one variant per candidate and the base's server, or the
     adapter's defaults plus the guessed flags when ``base`` is None; ``release``: which release and why (a comment)."""
-    from repro.hunt import scenario_toml
+    from repro.scenario_toml import scenario_toml
     from repro.scenario import Scenario
 
     if base is None:
@@ -575,7 +575,7 @@ def write_candidates(paths: Sequence[str], out_dir: Path, *, base_path: Optional
     perts: dict = {}
     if use_discovery:
         from repro.discover import DiscoverError, default_rules_path, discover
-        from repro.hunt import HuntError, catalogue_for, load_catalogue
+        from repro.catalogue import HuntError, catalogue_for, load_catalogue
 
         try:
             cat = load_catalogue(catalogue_for(adapter))
@@ -674,7 +674,7 @@ def keep_winner(w: Written, tried: Sequence[Tried], out_dir: Path) -> Optional[P
     Raises:
         ReproduceInputError: the kept file does not validate (a bug here; the message names the file).
     """
-    from repro.hunt import scenario_toml
+    from repro.scenario_toml import scenario_toml
     from repro.scenario import ScenarioError, load_scenario
 
     win = next((t for t in tried if t.outcome == REPRODUCED), None)

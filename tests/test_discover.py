@@ -18,6 +18,7 @@ import pytest
 
 from repro import discover as D
 from repro import hunt as H
+from repro.hunt import loop as HL
 
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "scenarios" / "sglang" / "discover_rules.toml"
@@ -358,11 +359,11 @@ def test_hunt_discover_without_hand_points_hunts_the_discovered_rows_and_judges_
 
     from repro.verdict import DEADLOCKED
 
-    monkeypatch.setattr(H, "SETTLE_S", 0.0)
+    monkeypatch.setattr(HL, "SETTLE_S", 0.0)
     _write_fake(tmp_path)
     rules = _rules(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the scan's interpreter finds the fake engine with find_spec
-    monkeypatch.setattr(H, "_discovery_python", lambda opts: sys.executable)
+    monkeypatch.setattr(HL, "_discovery_python", lambda opts: sys.executable)
     monkeypatch.setenv("REPRO_DISCOVER_CACHE", "off")
     # the fake engine imports torch, which this interpreter may lack: the patchability preflight (tested on the
     # real testbed below) would leave its sites out; the stand-in runner patches nothing anyway
@@ -386,7 +387,7 @@ def test_hunt_discover_without_hand_points_hunts_the_discovered_rows_and_judges_
     fr.Session = Session
     res = H.hunt(H.HuntOptions(scenario_path=REPO / "scenarios" / "sglang" / "hicache_prefetch_30760.toml",
                                evidence_root=tmp_path / "ev", discover=True, hand_points=False, discover_rules=rules,
-                               perturbations=("zero_once",), ranks=(0,)), runner=fr)
+                               perturbations=("zero_once",), ranks=(0,)), runs=fr)
     # only the loop's row of the in-loop point (its out-of-loop sighting belongs to the other point) and the paged pool
     assert sorted((r.caller, r.loop_var) for r in res.rows) == [(admit, "req"), (mystery, None)]
     assert all(r.point.startswith("d.") for r in res.rows)
@@ -410,7 +411,7 @@ def test_a_desynced_trial_gets_its_section_a_scenario_expecting_desync_and_a_nam
     from repro.scenario import load_scenario
     from repro.verdict import DESYNCED
 
-    res = H.hunt(_opts(tmp_path), runner=FakeRunner({"-zero_once-r0": DESYNCED}))
+    res = H.hunt(_opts(tmp_path), runs=FakeRunner({"-zero_once-r0": DESYNCED}))
     des = [r for r in res.results if r.verdict == DESYNCED]
     assert des and all(r.scenario_file for r in des)
     assert load_scenario(des[0].scenario_file).variants[0].expect == "desync"
@@ -418,7 +419,7 @@ def test_a_desynced_trial_gets_its_section_a_scenario_expecting_desync_and_a_nam
     assert "## Desyncs (the collective ledgers show" in md
     assert H.rank_key(des[0]) < H.rank_key(next(r for r in res.results if r.verdict != DESYNCED))
     # the desync record's call-site frames name the collective like a deadlock's stacks do
-    from repro.discover.hunting import desync_diagnosis
+    from repro.hunt.classify import desync_diagnosis
 
     cat = H.load_catalogue(H.DEFAULT_CATALOGUE)
     rec = {"0": {"rank": 0, "op": "broadcast", "site": ["m:Scheduler.recv_requests"]},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import types
 from pathlib import Path
 from typing import Any, Optional
@@ -13,6 +14,7 @@ import pytest
 
 from repro import evidence as ev
 from repro import hunt as H
+from repro.hunt import loop as HL
 from repro import runner as real_runner
 from repro.driver import DriverState
 from repro.scenario import compile_plan, load_scenario
@@ -26,7 +28,7 @@ GNAR = "sglang.srt.managers.scheduler:Scheduler.get_num_allocatable_reqs"
 
 @pytest.fixture(autouse=True)
 def _no_settle(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(H, "SETTLE_S", 0.0)  # the stand-in server never crashes late unless a test says so
+    monkeypatch.setattr(HL, "SETTLE_S", 0.0)  # the stand-in server never crashes late unless a test says so
 
 
 def _seen(point: str, stack: list[str], loops: list[list[str]], rank: Optional[int] = 0) -> dict:
@@ -310,7 +312,7 @@ def _lines(folder: Path) -> list[dict]:
 
 def test_hunt_streams_every_trial_restarts_only_after_a_hang_and_writes_a_scenario_per_deadlock(tmp_path: Path) -> None:
     fr = FakeRunner({"-zero_once-r0": DEADLOCKED})
-    res = H.hunt(_opts(tmp_path), runner=fr)
+    res = H.hunt(_opts(tmp_path), runs=fr)
     # 2 rows × 2 perturbations × 2 ranks
     assert len(res.rows) == 2 and len(res.results) == 8
     assert fr.driven[0] == "baseline" and len(fr.driven) == 9
@@ -335,7 +337,7 @@ def test_hunt_streams_every_trial_restarts_only_after_a_hang_and_writes_a_scenar
 def test_interrupted_hunt_keeps_what_it_found_and_stops_the_server(tmp_path: Path) -> None:
     fr = FakeRunner({"-zero_once-r0": DEADLOCKED}, interrupt_at="t003")
     with pytest.raises(KeyboardInterrupt):
-        H.hunt(_opts(tmp_path), runner=fr)
+        H.hunt(_opts(tmp_path), runs=fr)
     (folder,) = [p for p in (tmp_path / "ev" / "hicache_prefetch_30760").iterdir() if p.name.endswith("-hunt")]
     trials = [x for x in _lines(folder) if x["event"] == "trial"]
     assert [t["verdict"] for t in trials] == [DEADLOCKED, SUCCEEDED]
@@ -349,9 +351,9 @@ def test_interrupted_hunt_keeps_what_it_found_and_stops_the_server(tmp_path: Pat
 def test_budget_end_marks_the_rest_not_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fr = FakeRunner({})
     clock = iter([0.0] + [0.0] * 6 + [10_000.0] * 100)
-    real_time = H.time.time
-    monkeypatch.setattr(H._Clock, "elapsed", property(lambda self: next(clock, 10_000.0)))
-    res = H.hunt(_opts(tmp_path, budget_min=1.0), runner=fr)
+    real_time = time.time
+    monkeypatch.setattr(H.Clock, "elapsed", property(lambda self: next(clock, 10_000.0)))
+    res = H.hunt(_opts(tmp_path, budget_min=1.0), runs=fr)
     assert res.budget_exhausted
     assert any(r.verdict == H.NOT_RUN for r in res.results) and any(r.verdict == SUCCEEDED for r in res.results)
     assert all(not s.running for s in fr.sessions)
@@ -363,7 +365,7 @@ def test_sites_option_needs_a_sites_table_in_the_catalogue(tmp_path: Path) -> No
     cat.write_text('[perturbations.z]\naction = { kind = "skip" }\n[[points]]\nname = "get_num_allocatable_reqs"\n'
                    'site = "m:C.f"\nperturbations = ["z"]\n')
     with pytest.raises(H.HuntError, match=r"--sites: .* has no \[sites.apis\] table"):
-        H.hunt(_opts(tmp_path, sites=True, catalogue_path=cat), runner=FakeRunner({}))
+        H.hunt(_opts(tmp_path, sites=True, catalogue_path=cat), runs=FakeRunner({}))
 
 
 def test_site_rows_are_collective_call_sites_seen_during_the_burst_with_skip_and_extra() -> None:
@@ -404,17 +406,17 @@ def test_site_rows_are_collective_call_sites_seen_during_the_burst_with_skip_and
 def test_bad_options_fail_before_anything_starts(tmp_path: Path) -> None:
     fr = FakeRunner({})
     with pytest.raises(H.HuntError, match="no decision point 'nope'"):
-        H.hunt(H.HuntOptions(scenario_path=BASE, evidence_root=tmp_path, only=("nope",)), runner=fr)
+        H.hunt(H.HuntOptions(scenario_path=BASE, evidence_root=tmp_path, only=("nope",)), runs=fr)
     with pytest.raises(H.HuntError, match=r"--rank \[5\]: the base scenario's TP size is 2"):
-        H.hunt(H.HuntOptions(scenario_path=BASE, evidence_root=tmp_path, ranks=(5,)), runner=fr)
+        H.hunt(H.HuntOptions(scenario_path=BASE, evidence_root=tmp_path, ranks=(5,)), runs=fr)
     with pytest.raises(H.HuntError, match="scenario file not found"):
-        H.hunt(H.HuntOptions(scenario_path=tmp_path / "x.toml", evidence_root=tmp_path), runner=fr)
+        H.hunt(H.HuntOptions(scenario_path=tmp_path / "x.toml", evidence_root=tmp_path), runs=fr)
     assert fr.sessions == []
 
 
 def test_a_hang_in_the_last_trial_does_not_restart_the_server(tmp_path: Path) -> None:
     fr = FakeRunner({"t008-": DEADLOCKED})
-    res = H.hunt(_opts(tmp_path), runner=fr)
+    res = H.hunt(_opts(tmp_path), runs=fr)
     assert [r.verdict for r in res.results].count(DEADLOCKED) == 1 and res.results[-1].verdict == DEADLOCKED
     assert fr.sessions[1].starts == 1 and not fr.sessions[1].running
 
@@ -456,7 +458,7 @@ def test_a_desync_gloo_caught_is_a_crash_in_the_forward_not_a_success() -> None:
 
 def test_confirm_reruns_only_new_scheduling_findings_and_lists_them_as_findings(tmp_path: Path) -> None:
     fr = FakeRunner({"t001-": DEADLOCKED, "t002-": "NEW"})
-    res = H.hunt(_opts(tmp_path, confirm=True), runner=fr)
+    res = H.hunt(_opts(tmp_path, confirm=True), runs=fr)
     known, new = res.results[0], res.results[1]
     assert known.diagnosis.known == "sglang#30760" and known.confirmed is None  # known issues are not re-run
     assert new.diagnosis.family == H.FAMILY_SCHED and new.diagnosis.known is None and new.confirmed is True
@@ -467,9 +469,9 @@ def test_confirm_reruns_only_new_scheduling_findings_and_lists_them_as_findings(
 
 
 def test_a_server_that_dies_right_after_a_clean_burst_is_blamed_on_that_trial_and_restarted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(H, "SETTLE_S", 0.0)
+    monkeypatch.setattr(HL, "SETTLE_S", 0.0)
     fr = FakeRunner({}, die_after="t002-")
-    res = H.hunt(_opts(tmp_path), runner=fr)
+    res = H.hunt(_opts(tmp_path), runs=fr)
     r2 = res.results[1]
     assert r2.verdict == INCONCLUSIVE and "server died within 0 s after the burst" in r2.reason
     assert "inconclusive (server died" in r2.hazard
@@ -479,9 +481,9 @@ def test_a_server_that_dies_right_after_a_clean_burst_is_blamed_on_that_trial_an
 def test_a_server_that_dies_between_trials_is_blamed_on_the_trial_before_not_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # measured: a perturbed idle-path read made a rank raise seconds after a clean burst; the next trial then met
     # "connection refused" on every request and was reported INCONCLUSIVE for something it did not do
-    monkeypatch.setattr(H, "SETTLE_S", 0.0)
+    monkeypatch.setattr(HL, "SETTLE_S", 0.0)
     fr = FakeRunner({}, die_after="t002-", die_later=True)
-    res = H.hunt(_opts(tmp_path), runner=fr)
+    res = H.hunt(_opts(tmp_path), runs=fr)
     r2, r3 = res.results[1], res.results[2]
     assert r2.verdict == INCONCLUSIVE and "server died" in r2.reason and "before the next trial" in r2.reason
     assert "delayed crash" in r2.hazard
@@ -519,7 +521,7 @@ def test_sites_matching_nothing_is_an_error_naming_the_call_sites_seen(tmp_path:
     rec = L.Record(0, "1", 1, "broadcast", api="torch.distributed.broadcast", site=site, t_enter=_time.time() + 60)
     monkeypatch.setattr(L, "load_ledgers", lambda *a, **k: {0: types.SimpleNamespace(records=[rec])})
     with pytest.raises(H.HuntError) as e:
-        H.hunt(_opts(tmp_path, sites=True, sites_matching=("*check_hicache_events",)), runner=FakeRunner({}))
+        H.hunt(_opts(tmp_path, sites=True, sites_matching=("*check_hicache_events",)), runs=FakeRunner({}))
     msg = str(e.value)
     assert "no collective call site of the baseline burst matched --sites-matching *check_hicache_events" in msg
     assert "broadcast_pyobj ← SchedulerRequestReceiver.recv_requests" in msg and "Baseline evidence:" in msg
@@ -537,7 +539,7 @@ def test_bad_options_fail_before_any_folder_or_server(tmp_path: Path, kw: dict, 
     if "perturbations" in kw:
         opts = dataclasses.replace(opts, perturbations=kw["perturbations"])
     with pytest.raises(H.HuntError) as e:
-        H.hunt(opts, runner=fr)
+        H.hunt(opts, runs=fr)
     assert says in str(e.value)
     assert not (tmp_path / "ev").exists() and fr.sessions == []
 
@@ -545,7 +547,7 @@ def test_bad_options_fail_before_any_folder_or_server(tmp_path: Path, kw: dict, 
 def test_an_evidence_dir_that_is_a_file_is_a_hunt_error(tmp_path: Path) -> None:
     (tmp_path / "ev").write_text("not a folder")
     with pytest.raises(H.HuntError, match="cannot create the evidence folder"):
-        H.hunt(_opts(tmp_path), runner=FakeRunner({}))
+        H.hunt(_opts(tmp_path), runs=FakeRunner({}))
 
 
 def test_a_failed_hunt_says_so_in_hunt_md(tmp_path: Path, monkeypatch) -> None:
@@ -553,7 +555,7 @@ def test_a_failed_hunt_says_so_in_hunt_md(tmp_path: Path, monkeypatch) -> None:
 
     monkeypatch.setattr(L, "load_ledgers", lambda *a, **k: {})
     with pytest.raises(H.HuntError):
-        H.hunt(_opts(tmp_path, sites=True, sites_matching=("nomatch*",)), runner=FakeRunner({}))
+        H.hunt(_opts(tmp_path, sites=True, sites_matching=("nomatch*",)), runs=FakeRunner({}))
     (folder,) = [d for d in (tmp_path / "ev" / "hicache_prefetch_30760").iterdir() if d.name.endswith("-hunt")]
     md = (folder / "HUNT.md").read_text()
     assert "**status**: failed" in md and "**error**: no collective call site" in md
@@ -561,9 +563,9 @@ def test_a_failed_hunt_says_so_in_hunt_md(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_no_trial_server_is_started_when_the_baseline_used_up_the_budget(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(H._Clock, "remaining", property(lambda self: 0.0))
+    monkeypatch.setattr(H.Clock, "remaining", property(lambda self: 0.0))
     fr = FakeRunner({})
-    res = H.hunt(_opts(tmp_path), runner=fr)
+    res = H.hunt(_opts(tmp_path), runs=fr)
     assert len(fr.sessions) == 1  # the baseline's only
     assert res.results and all(r.verdict == H.NOT_RUN for r in res.results) and res.budget_exhausted
 
@@ -619,7 +621,7 @@ def test_the_quiet_baseline_runs_through_the_one_run_loop_and_writes_a_verdict(t
     """The baseline is driven by runner.run_one like every run: its folder (the one the hunt reports) holds a
     verdict.json of the run's shape and REPORT.md; its server is stopped after the burst, before any trial."""
     fr = QuietBaselineRunner({})
-    res = H.hunt(_opts(tmp_path), runner=fr)
+    res = H.hunt(_opts(tmp_path), runs=fr)
     bd = ev.EvidenceDir.open(res.baseline)
     rec = bd.verdict.read()
     assert isinstance(rec, ev.VerdictRecord)
@@ -655,7 +657,7 @@ def test_an_unhealthy_baseline_raises_with_its_evidence_and_its_verdict_written(
 
     fr.Session.start, fr.Session.drive = start, drive
     with pytest.raises(H.HuntError) as ei:
-        H.hunt(_opts(tmp_path), runner=fr)
+        H.hunt(_opts(tmp_path), runs=fr)
     msg = str(ei.value)
     (bd,) = [p for p in (tmp_path / "ev" / "hicache_prefetch_30760").iterdir() if p.name.endswith("-hunt-baseline")]
     want = {"start": f"baseline server: server failed to start: boom (evidence: {bd})",

@@ -303,6 +303,7 @@ def test_a_bad_workload_field_is_one_error_naming_file_and_field(tmp_path):
 import types  # noqa: E402
 
 from repro import hunt as H  # noqa: E402
+from repro.hunt import loop as HL  # noqa: E402
 from repro import runner as real_runner  # noqa: E402
 from repro.driver import DriverState  # noqa: E402
 from repro.verdict import DEADLOCKED, Verdict  # noqa: E402
@@ -352,9 +353,9 @@ def _wopts(tmp_path: Path, **kw: Any) -> H.HuntOptions:
 
 
 def test_each_workload_runs_clean_first_then_trials_under_it_and_groups_share_servers(tmp_path, monkeypatch):
-    monkeypatch.setattr(H, "SETTLE_S", 0.0)
+    monkeypatch.setattr(HL, "SETTLE_S", 0.0)
     fr = WorkloadRunner({}, deadlock_clean="mixed")
-    res = H.hunt(_wopts(tmp_path, workloads=("mass_abort", "mixed", "memory_pressure"), configs=("schedule_fcfs",)), runner=fr)
+    res = H.hunt(_wopts(tmp_path, workloads=("mass_abort", "mixed", "memory_pressure"), configs=("schedule_fcfs",)), runs=fr)
     m = json.loads((res.folder / "matrix.json").read_text())
     assert [(g["config"], g["workloads"]) for g in m["groups"]] == [
         ("base", ["quiet", "mass_abort", "mixed"]), ("base", ["memory_pressure"]),
@@ -388,9 +389,9 @@ def test_each_workload_runs_clean_first_then_trials_under_it_and_groups_share_se
 
 
 def test_a_trial_deadlock_under_a_workload_writes_a_scenario_with_that_workload(tmp_path, monkeypatch):
-    monkeypatch.setattr(H, "SETTLE_S", 0.0)
+    monkeypatch.setattr(HL, "SETTLE_S", 0.0)
     fr = WorkloadRunner({"-wclient_abort": DEADLOCKED})
-    res = H.hunt(_wopts(tmp_path, workloads=("client_abort",)), runner=fr)
+    res = H.hunt(_wopts(tmp_path, workloads=("client_abort",)), runs=fr)
     dl = [r for r in res.results if r.verdict == DEADLOCKED]
     assert len(dl) == 1 and dl[0].trial.workload == "client_abort"
     sc = load_scenario(dl[0].scenario_file)
@@ -398,10 +399,10 @@ def test_a_trial_deadlock_under_a_workload_writes_a_scenario_with_that_workload(
 
 
 def test_an_interrupted_matrix_says_so_and_stops_every_server(tmp_path, monkeypatch):
-    monkeypatch.setattr(H, "SETTLE_S", 0.0)
+    monkeypatch.setattr(HL, "SETTLE_S", 0.0)
     fr = WorkloadRunner({}, interrupt_at="baseline-mixed")
     with pytest.raises(KeyboardInterrupt):
-        H.hunt(_wopts(tmp_path, workloads=("mixed",), configs=("no_radix",)), runner=fr)
+        H.hunt(_wopts(tmp_path, workloads=("mixed",), configs=("no_radix",)), runs=fr)
     assert all(not s.running for s in fr.sessions)
     top = next((tmp_path / "ev").glob("*/*-hunt-matrix"))
     assert json.loads((top / "matrix.json").read_text())["status"] == "interrupted"
@@ -410,24 +411,24 @@ def test_an_interrupted_matrix_says_so_and_stops_every_server(tmp_path, monkeypa
 def test_unknown_workload_or_config_is_refused_before_any_launch(tmp_path):
     fr = WorkloadRunner({})
     with pytest.raises(H.HuntError, match="no workload 'nope'"):
-        H.hunt(_wopts(tmp_path, workloads=("nope",)), runner=fr)
+        H.hunt(_wopts(tmp_path, workloads=("nope",)), runs=fr)
     with pytest.raises(H.HuntError, match="no configuration 'nah'"):
-        H.hunt(_wopts(tmp_path, configs=("nah",)), runner=fr)
+        H.hunt(_wopts(tmp_path, configs=("nah",)), runs=fr)
     assert fr.sessions == []
 
 
 def test_clean_runs_past_the_budget_are_not_run_and_say_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(H, "SETTLE_S", 0.0)
+    monkeypatch.setattr(HL, "SETTLE_S", 0.0)
     fr = WorkloadRunner({})
-    real = H._Clock.remaining
+    real = H.Clock.remaining
     calls = {"n": 0}
 
     def remaining(self):
         calls["n"] += 1
         return real.fget(self) if calls["n"] <= 3 else 0.0
 
-    monkeypatch.setattr(H._Clock, "remaining", property(remaining))
-    res = H.hunt(_wopts(tmp_path, workloads=("mass_abort", "mixed"), clean_only=True), runner=fr)
+    monkeypatch.setattr(H.Clock, "remaining", property(remaining))
+    res = H.hunt(_wopts(tmp_path, workloads=("mass_abort", "mixed"), clean_only=True), runs=fr)
     m = json.loads((res.folder / "matrix.json").read_text())
     verdicts = [b["verdict"] for g in m["groups"] for b in g.get("baselines", [])]
     assert "NOT RUN" in verdicts and verdicts[0] == "ALL REQUESTS SUCCEEDED"

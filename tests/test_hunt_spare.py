@@ -24,11 +24,12 @@ import pytest
 
 from repro import evidence as ev
 from repro import hunt as H
+from repro.hunt import loop as HL
 from repro.runner import Prepared, Session
 from repro.scenario import load_scenario
 from repro.targets.base import LaunchSpec
 from repro.targets.sglang import SGLangAdapter
-from repro.verdict import DEADLOCKED, SUCCEEDED
+from repro.verdict import DEADLOCKED, SUCCEEDED, Verdict
 from test_hunt import BASE, FakeRunner, _lines
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(autouse=True)
 def _no_settle(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(H, "SETTLE_S", 0.0)
+    monkeypatch.setattr(HL, "SETTLE_S", 0.0)
 
 
 def _opts(tmp_path: Path, **kw) -> H.HuntOptions:
@@ -51,7 +52,7 @@ def _kind(name: str) -> str:
 # ------------------------------------------------------------------------------------- the hunt loop, stand-in runner
 def test_a_hang_swaps_to_the_spare_launched_in_the_background_and_never_restarts(tmp_path: Path) -> None:
     fr = FakeRunner({"-zero_once-r0": DEADLOCKED})  # 8 trials; t001 and t005 hang
-    res = H.hunt(_opts(tmp_path, spare=True), runner=fr)
+    res = H.hunt(_opts(tmp_path, spare=True), runs=fr)
     assert [r.verdict for r in res.results].count(DEADLOCKED) == 2 and len(res.results) == 8
     base_s, trial_s, spare_s = fr.sessions
     # trials t001 on the trial server, t002-t005 on the spare (swap after t001), t006-t008 back on the trial plan
@@ -76,7 +77,7 @@ def test_a_hang_swaps_to_the_spare_launched_in_the_background_and_never_restarts
 
 def test_no_spare_is_launched_when_no_trial_would_be_left_for_it(tmp_path: Path) -> None:
     fr = FakeRunner({"-zero_once-r0": DEADLOCKED})
-    res = H.hunt(_opts(tmp_path, spare=True, perturbations=("zero_once",), ranks=(0,)), runner=fr)  # 2 trials, both hang
+    res = H.hunt(_opts(tmp_path, spare=True, perturbations=("zero_once",), ranks=(0,)), runs=fr)  # 2 trials, both hang
     assert [r.verdict for r in res.results] == [DEADLOCKED, DEADLOCKED]
     _, trial_s, spare_s = fr.sessions
     assert trial_s.launches == 0 and spare_s.launches == 1  # after the swap to run t002 no trial is left for a spare
@@ -85,7 +86,7 @@ def test_no_spare_is_launched_when_no_trial_would_be_left_for_it(tmp_path: Path)
 
 def test_no_spare_restarts_the_hung_server_as_before(tmp_path: Path) -> None:
     fr = FakeRunner({"-zero_once-r0": DEADLOCKED})
-    res = H.hunt(_opts(tmp_path, spare=False), runner=fr)
+    res = H.hunt(_opts(tmp_path, spare=False), runs=fr)
     assert len(fr.sessions) == 2 and fr.sessions[1].starts == 3 and fr.sessions[1].launches == 0
     assert not any(x["event"] in ("spare", "restarts", "spare_session") for x in _lines(res.folder))
 
@@ -93,7 +94,7 @@ def test_no_spare_restarts_the_hung_server_as_before(tmp_path: Path) -> None:
 def test_an_interrupt_after_a_swap_stops_both_servers_and_keeps_the_trials(tmp_path: Path) -> None:
     fr = FakeRunner({"-zero_once-r0": DEADLOCKED}, interrupt_at="t003")
     with pytest.raises(KeyboardInterrupt):
-        H.hunt(_opts(tmp_path, spare=True), runner=fr)
+        H.hunt(_opts(tmp_path, spare=True), runs=fr)
     assert len(fr.sessions) == 3 and all(not s.running for s in fr.sessions)  # the active one and the spare starting
     (folder,) = [p for p in (tmp_path / "ev" / "hicache_prefetch_30760").iterdir() if p.name.endswith("-hunt")]
     assert [t["verdict"] for t in _lines(folder) if t["event"] == "trial"] == [DEADLOCKED, SUCCEEDED]
@@ -111,11 +112,11 @@ def test_a_spare_that_does_not_come_up_is_restarted_and_the_hunt_goes_on(tmp_pat
             super().start()
             if "hunt-spare" in self.p.evidence.path.name and not Failing.failed_once:
                 Failing.failed_once = True
-                return H.Verdict("INCONCLUSIVE", "server failed to start: exited with code 1")
+                return Verdict("INCONCLUSIVE", "server failed to start: exited with code 1")
             return None
 
     fr.Session = Failing
-    res = H.hunt(_opts(tmp_path, spare=True), runner=fr)
+    res = H.hunt(_opts(tmp_path, spare=True), runs=fr)
     assert len([r for r in res.results if r.verdict != H.NOT_RUN]) == 8
     restarts = next(x for x in _lines(res.folder) if x["event"] == "restarts")
     assert restarts["swaps"][0]["ok"] is False and restarts["plain_restarts"] >= 1
@@ -266,5 +267,5 @@ def test_a_hunts_teardown_does_not_wait_for_a_server_that_lingers_after_sigterm(
     assert time.time() - t0 < H.STOP_GRACE_S + 2.0 and not _alive(pid)  # not the 5 s it would take to exit
     # every session a hunt makes gets that grace (baseline, trial server, spare)
     fr = FakeRunner({"-zero_once-r0": DEADLOCKED})
-    H.hunt(_opts(tmp_path / "h"), runner=fr)
+    H.hunt(_opts(tmp_path / "h"), runs=fr)
     assert len(fr.sessions) == 3 and all(x.stop_grace_s == H.STOP_GRACE_S for x in fr.sessions)

@@ -42,7 +42,8 @@ import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from repro import hunt as H  # noqa: E402
-from repro.hunt_merge import MergeError, merge_shards  # noqa: E402
+from repro.hunt import loop as HL  # noqa: E402
+from repro.hunt.merge import MergeError, merge_shards  # noqa: E402
 from test_hunt import FakeRunner, _lines, _opts  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,7 +51,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(autouse=True)
 def _no_settle(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(H, "SETTLE_S", 0.0)
+    monkeypatch.setattr(HL, "SETTLE_S", 0.0)
 
 
 def _ids(results) -> list:
@@ -58,13 +59,13 @@ def _ids(results) -> list:
 
 
 def test_two_shards_merged_are_the_unsharded_plan(tmp_path: Path) -> None:
-    full = H.hunt(_opts(tmp_path / "full"), runner=FakeRunner({}))
+    full = H.hunt(_opts(tmp_path / "full"), runs=FakeRunner({}))
     assert len(full.results) == 8
     shards, runners = [], []
     for k in (1, 2):
         fr = FakeRunner({})
         runners.append(fr)
-        shards.append(H.hunt(_opts(tmp_path / f"s{k}", shard=(k, 2)), runner=fr))
+        shards.append(H.hunt(_opts(tmp_path / f"s{k}", shard=(k, 2)), runs=fr))
     # each shard ran only its own trials (the baseline first), together exactly the plan, none twice
     assert all(fr.driven[0] == "baseline" for fr in runners)
     assert sorted(_ids(shards[0].results) + _ids(shards[1].results)) == _ids(full.results)
@@ -100,7 +101,7 @@ def test_a_shard_with_no_trial_starts_no_server(tmp_path: Path) -> None:
     point = H.load_catalogue(H.catalogue_for("sglang")).point("get_num_allocatable_reqs")
     k = next(k for k in range(1, 65) if not shard_plan_keys([point], [0, 1], ("zero_once", "delay_once"), k, 64))
     fr = FakeRunner({})
-    res = H.hunt(_opts(tmp_path, shard=(k, 64)), runner=fr)
+    res = H.hunt(_opts(tmp_path, shard=(k, 64)), runs=fr)
     assert res.results == [] and fr.driven == [] and fr.sessions == []
 
 

@@ -326,7 +326,8 @@ def _fake_testbed(tmp_path: Path) -> tuple[Path, Path]:
 def test_compare_and_hunt_refs_locate_the_package_in_the_scenarios_adapters_testbed(tmp_path, monkeypatch):
     # repro compare / hunt --ref of a vLLM scenario: with no --python, `installed` and `patch:` are the package of
     # the scenario's adapter's testbed interpreter (the vLLM venv), not the default adapter's (SGLang's) testbed.
-    from repro import compare, hunt
+    from repro import compare
+    from repro.hunt import loop as hunt_loop
 
     py, pkg = _fake_testbed(tmp_path)
     ad = _EngineOnlyInItsTestbed(py)
@@ -338,7 +339,7 @@ def test_compare_and_hunt_refs_locate_the_package_in_the_scenarios_adapters_test
     (tmp_path / "fix.patch").write_text("--- a/reprofakeengine/__init__.py\n+++ b/reprofakeengine/__init__.py\n"
                                         "@@ -0,0 +1 @@\n+X = 1\n")
     monkeypatch.setattr(registry, "get_adapter", lambda name=None: ad)
-    m = hunt._materialize(f"patch:{tmp_path / 'fix.patch'}", None, "fake")
+    m = hunt_loop._materialize(f"patch:{tmp_path / 'fix.patch'}", None, "fake")
     try:
         assert m.pythonpath_prepend and (Path(m.pythonpath_prepend[0]) / "reprofakeengine" / "__init__.py").read_text() == "X = 1\n"
     finally:

@@ -273,7 +273,7 @@ class DiscoveredPoint:
 
     @property
     def loops(self) -> tuple[str, ...]:
-        """The catalogue point's ``loops`` (``repro.hunt.DecisionPoint``): empty keeps every row of the caller."""
+        """The catalogue point's ``loops`` (``repro.catalogue.DecisionPoint``): empty keeps every row of the caller."""
         return () if self.any_loop else (self.loop_var or "",)
 
 
@@ -519,7 +519,7 @@ def merge_catalogue(hand: Any, points: Sequence[DiscoveredPoint], rules: dict, *
     """The hunt catalogue with the discovered points added (hand entries win).
 
     Args:
-        hand: the hand ``repro.hunt.Catalogue`` (its perturbations, classification and known issues are always
+        hand: the hand ``repro.catalogue.Catalogue`` (its perturbations, classification and known issues are always
             kept: they say how to read a trial, not where to search).
         keep_hand_points: False drops the hand catalogue's ``[[points]]`` (discovery alone decides where to search).
     Returns:
@@ -528,14 +528,13 @@ def merge_catalogue(hand: Any, points: Sequence[DiscoveredPoint], rules: dict, *
     """
     import dataclasses
 
-    from repro.hunt import DecisionPoint, Perturbation
+    from repro.catalogue import DecisionPoint, Perturbation, glob_any
 
     perts = dict(hand.perturbations)
     for name, spec in (rules.get("perturbations") or {}).items():
         if name not in perts and isinstance(spec, dict) and isinstance(spec.get("action"), dict):
             perts[name] = Perturbation(name, dict(spec["action"]), str(spec.get("says", name)),
                                        bool(spec.get("by_construction", False)))
-    from repro.hunt import _glob_any
 
     kept = list(hand.points) if keep_hand_points else []
     names = {p.name for p in kept}
@@ -543,7 +542,7 @@ def merge_catalogue(hand: Any, points: Sequence[DiscoveredPoint], rules: dict, *
     def hand_covers(p: DiscoveredPoint) -> bool:
         # a hand point naming the site wins, unless its own callers filter leaves this caller out (the hand clock
         # points watch timeout paths only: a discovered clock read elsewhere is new)
-        return any(p.site in h.sites and (not h.callers or _glob_any((p.caller,), h.callers)) for h in kept)
+        return any(p.site in h.sites and (not h.callers or glob_any((p.caller,), h.callers)) for h in kept)
 
     added = []
     for p in points:

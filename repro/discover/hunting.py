@@ -39,13 +39,13 @@ class DiscoveryState:
 
 def prepare(cat: Any, python: str, *, rules_path: Optional[Path] = None, keep_hand_points: bool = True,
             adapter: Optional[str] = None) -> tuple[Any, DiscoveryState]:
-    """Run discovery in ``python`` and merge its points into ``cat`` (a ``repro.hunt.Catalogue``).
+    """Run discovery in ``python`` and merge its points into ``cat`` (a ``repro.catalogue.Catalogue``).
 
     Raises:
-        repro.hunt.HuntError: the rules file is bad or the scan failed (the message names the file / interpreter),
+        repro.catalogue.HuntError: the rules file is bad or the scan failed (the message names the file / interpreter),
             or discovery proposed nothing huntable while the hand points were dropped.
     """
-    from repro.hunt import HuntError
+    from repro.catalogue import HuntError
 
     path = Path(rules_path) if rules_path else default_rules_path(adapter, cat.path)
     try:
@@ -222,27 +222,6 @@ def finish(state: DiscoveryState, folder: Path, rows: Sequence[Any], results: Se
 def is_discovered(point: str) -> bool:
     """Is this a point name discovery made (``d.`` prefix)?"""
     return point.startswith(POINT_PREFIX)
-
-
-def desync_diagnosis(desync: dict, cat: Any) -> Any:
-    """A ``repro.hunt.Diagnosis`` for a DESYNCED trial from the ledger proof's desync record (``Desync.to_dict()``):
-    the collective is named by the catalogue from the records' call-site frames (innermost first), the family is
-    the model forward when a frame is one of its ``forward_frames``, and ``known`` as for a deadlock."""
-    from repro.hunt import FAMILY_FORWARD, FAMILY_SCHED, Diagnosis, _glob_any
-
-    recs = list((desync.get("records") or {}).values())
-    chains = [tuple(_short(x) for x in (r.get("site") or [])) for r in recs]
-    busy = [c for c in chains if c and not _glob_any(c, cat.idle_frames)]  # the idle request broadcast says nothing
-    chain = next((c for c in busy if not _glob_any(c, cat.forward_frames)), busy[0] if busy else (chains[0] if chains else ()))
-    fam = FAMILY_FORWARD if chain and _glob_any(chain, cat.forward_frames) else FAMILY_SCHED
-    name = next((n.name for n in cat.named if _glob_any(chain, n.frames)), "")
-    ops = "/".join(sorted({str(r.get("op")) for r in recs if r.get("op")}))
-    if not name:
-        name = f"{ops or 'collective'} #{desync.get('seq')} on {desync.get('label') or desync.get('group')}" + (
-            f" ← {' ← '.join(chain[:3])}" if chain else "")
-    known = next((k.issue for k in cat.known if k.frames and all(_glob_any(chain, (f,)) for f in k.frames)), None)
-    ranks = tuple(sorted(int(r.get("rank")) for r in recs if r.get("rank") is not None))
-    return Diagnosis(fam, name, ranks, {}, chain, known)
 
 
 def header_line(state: DiscoveryState, t: dict) -> str:

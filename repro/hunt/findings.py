@@ -1,6 +1,8 @@
-"""FINDING.md: a confirmed new deadlock or desync, written so a maintainer can file it upstream.
+"""What a hunt writes for what it found: each deadlocked or desynced trial's ready-to-run regression scenario
+(:func:`finding_scenario`), FINDING-<workload>.md for a workload that hung with no perturbation, and FINDING.md for a
+confirmed new deadlock or desync, written so a maintainer can file it upstream.
 
-Written by ``repro hunt --confirm`` for every trial whose scenario file, re-run on a fresh server, ended the same way
+FINDING.md is written by ``repro hunt --confirm`` for every trial whose scenario file, re-run on a fresh server, ended the same way
 (``TrialResult.confirmed``) in a scheduling/cache collective, not a known issue and not by construction. One file
 per finding, ``findings/<trial>/FINDING.md`` in the hunt folder: the hazard in one paragraph, why the value can
 differ across ranks in production (the rank-local state that feeds it: from the catalogue point's ``what`` and,
@@ -11,8 +13,18 @@ rank survived). Nothing is written when there is no finding; HUNT.md then says w
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Optional, Sequence
+
+from repro.catalogue import Catalogue, short_frame
+from repro.hunt.classify import Diagnosis, diagnose, hazard_statement
+from repro.hunt.options import HuntOptions
+from repro.hunt.plan import Trial, trial_seed
+from repro.hunt.report import rel_path
+from repro.hunt.workloads import workload_extra
+from repro.scenario_toml import scenario_toml
+from repro.verdict import DEADLOCKED, DESYNCED, SUCCEEDED
 
 _FIX = {
     "break": "take the decision once per tick from a value every rank agrees on (all_reduce MIN of the rank-local "
@@ -26,19 +38,6 @@ _FIX = {
 }
 
 
-def _short(q: str) -> str:
-    return q.split(":", 1)[-1]
-
-
-def _rel(p: Any, base: Path) -> str:
-    import os
-
-    try:
-        return os.path.relpath(Path(p).resolve(), base.resolve())
-    except (TypeError, ValueError):
-        return str(p)
-
-
 def finding_markdown(r: Any, cat: Any, base_path: Path, tolerated: Sequence[Any], candidates: Sequence[Any],
                      folder: Path) -> str:
     """The FINDING.md text of one confirmed trial ``r`` (a ``repro.hunt.TrialResult``)."""
@@ -50,7 +49,7 @@ def finding_markdown(r: Any, cat: Any, base_path: Path, tolerated: Sequence[Any]
     others = ", ".join(str(k) for k in sorted(set(range(max([*d.in_ranks, t.rank]) + 1)) - set(d.in_ranks))) if d else "?"
     lines = [f"# Finding: {point.name} {t.perturbation.says} on rank {t.rank} deadlocks the TP group", "",
              "## Hazard", "",
-             (f"In `{_short(t.row.caller)}` ({t.row.where}), the rank-local value of `{_short(point.sites[0])}` steers "
+             (f"In `{short_frame(t.row.caller)}` ({t.row.where}), the rank-local value of `{short_frame(point.sites[0])}` steers "
               f"control flow around a collective. When it {t.perturbation.says} on rank {t.rank} only, that rank "
               f"takes another path than its peers in the same scheduler tick: rank(s) "
               f"{', '.join(map(str, d.in_ranks)) if d else '?'} wait in {coll} and rank(s) {others} never issue it, "
@@ -62,12 +61,12 @@ def finding_markdown(r: Any, cat: Any, base_path: Path, tolerated: Sequence[Any]
     lines += ["- Nothing reduces it across the TP group before the decision: each rank reads its own pool/clock/queue, "
               "whose state depends on that rank's own timing (frees, transfers, polls).", "",
               "## Minimal scenario", "",
-              f"`{_rel(r.scenario_file, folder)}` (written by the hunt from `{base_path}`): `repro run` it; it expects "
+              f"`{rel_path(r.scenario_file, folder)}` (written by the hunt from `{base_path}`): `repro run` it; it expects "
               "DEADLOCKED, and a fix turns it into ALL REQUESTS SUCCEEDED. The perturbation fires once, on one rank, "
               "gated on the call stack (never on timing).", "",
               "## Evidence", "",
               f"- trial `{t.name}`: {r.verdict} in {r.to_verdict_s:.1f} s, fired {dict(r.fired)}: "
-              f"[{_rel(r.evidence, folder)}]({_rel(r.evidence, folder)}/REPORT.md)",
+              f"[{rel_path(r.evidence, folder)}]({rel_path(r.evidence, folder)}/REPORT.md)",
               "- reproduced from its scenario file on a fresh server (`--confirm`)."]
     if r.ledger:
         lines.append(f"- collective ledger: {r.ledger}")
@@ -83,8 +82,6 @@ def finding_markdown(r: Any, cat: Any, base_path: Path, tolerated: Sequence[Any]
 
 def write_findings(log: Any, cat: Any, base: Any, base_path: Path, disc: Optional[Any] = None) -> list[Path]:
     """One FINDING.md per confirmed finding of the hunt ``log`` (``repro.hunt.HuntLog``); returns their paths."""
-    from repro.verdict import SUCCEEDED
-
     out = []
     cands_by_point = {}
     if disc is not None:
@@ -107,3 +104,50 @@ def write_findings(log: Any, cat: Any, base: Any, base_path: Path, disc: Optiona
         log.event("finding", trial=r.trial.name, file=str(f))
         out.append(f)
     return out
+
+
+def finding_scenario(base: Any, base_path: Path, catalogue: Catalogue, trial: Trial, diag: Optional[Diagnosis],
+                     verdict: str = DEADLOCKED, extra: Optional[dict] = None) -> str:
+    """The ready-to-run regression scenario of one DEADLOCKED (or DESYNCED) trial (variant ``finding``, expect
+    deadlock / desync); ``extra``: the trial's workload (``abort`` / ``workload`` tables), so it runs under the same load."""
+    point = catalogue.point(trial.row.point)
+    inj = trial.injection(point.sites)
+    inj["id"] = f"{trial.row.point}-{trial.perturbation.name}"
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"hunt_{trial.row.point}_{trial.perturbation.name}_r{trial.rank}")
+    hazard = hazard_statement(trial, verdict, diag, 1, 1, base.server.tp_size)
+    comment = (f"Written by `repro hunt` from {base_path} (trial {trial.name}).\n{hazard}\n"
+               f"Run: repro run <this file>   (expects {verdict}; a fix makes it ALL REQUESTS SUCCEEDED)")
+    base = base.model_copy(update={"burst": base.burst.model_copy(update={"seed": trial_seed(base, trial)})})
+    return scenario_toml(base, name, f"repro hunt finding: {hazard}",
+                         [("finding", "desync" if verdict == DESYNCED else "deadlock", f"rank {trial.rank}: {point.name} {trial.perturbation.says} at {trial.row.where}"
+                           + (f" under workload {trial.workload}" if trial.workload else ""), [inj], extra or {})],
+                         mirrors=(diag.known if diag and diag.known else ""), comment=comment)
+
+
+def write_workload_finding(base: Any, opts: HuntOptions, cat: Catalogue, w: str, spec: Any, d: Any, hf: Path) -> Path:
+    """A clean workload that deadlocked or desynced: its scenario file (no injection) and FINDING-<workload>.md."""
+    v = d.outcome.verdict
+    diag = None
+    if v.verdict == DEADLOCKED and d.outcome.analysis is not None:
+        a = d.outcome.analysis
+        diag = diagnose(a.to_dict() if hasattr(a, "to_dict") else a, cat)
+    sc = hf / "scenarios" / f"workload-{w}.toml"
+    expect = "desync" if v.verdict == DESYNCED else "deadlock"
+    sc.write_text(scenario_toml(base, re.sub(r"[^A-Za-z0-9_.-]+", "_", f"hunt_workload_{w}"),
+                                f"repro hunt: the engine {v.verdict} under workload {w} with no perturbation",
+                                [("finding", expect, spec.says, [], workload_extra(spec))],
+                                comment=f"Written by `repro hunt` from {opts.scenario_path}: workload {w}, no injection.\n"
+                                        f"Run: repro run <this file>   (expects {v.verdict})"), encoding="utf-8")
+    f = hf / f"FINDING-{w}.md"
+    lines = [f"# {v.verdict} under workload `{w}`, with no perturbation", "",
+             f"**The load:** {spec.says}. Engine flags: `{' '.join(base.server.args)}`.", "",
+             f"**What happened:** {v.reason}", ""]
+    if diag is not None:
+        lines += [f"**Divergent collective:** {diag.collective} (family: {diag.family}; ranks in it: "
+                  f"{', '.join(map(str, diag.in_ranks)) or '?'})", ""]
+        lines += [f"- rank {k}: {where}" for k, where in sorted(diag.where.items())] + [""]
+    lines += [f"**Minimal scenario:** [`{rel_path(sc, hf)}`]({rel_path(sc, hf)}) (`repro run {sc}`).",
+              f"**Evidence:** [{rel_path(d.run_dir.path, hf)}]({rel_path(d.run_dir.path, hf)}/REPORT.md).", "",
+              "**Not yet confirmed** from the scenario file on a fresh server; re-run it before filing upstream."]
+    f.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return f

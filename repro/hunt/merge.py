@@ -12,6 +12,11 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from repro import evidence as ev
+from repro.catalogue import Perturbation
+from repro.diagnosis import CollectiveDiagnosis, CollectiveFamily, CrashKind
+from repro.hunt.plan import Row, Trial
+from repro.hunt.report import HuntLog
+from repro.hunt.results import TrialResult
 
 
 class MergeError(ValueError):
@@ -46,16 +51,13 @@ def _read(folder: Path) -> dict:
 
 
 def _result(d: dict, rows: Sequence[Any]) -> Any:
-    """A ``repro.hunt.TrialResult`` back from its ``hunt.jsonl`` line (``TrialResult.to_json``)."""
-    from repro import hunt as H
-    from repro.diagnosis import CollectiveDiagnosis, CollectiveFamily, CrashKind
-
+    """A :class:`repro.hunt.results.TrialResult` back from its ``hunt.jsonl`` line (``TrialResult.to_json``)."""
     row = next((r for r in rows if (r.point, r.caller, r.loop_frame, r.loop_var)
                 == (d["point"], d["caller"], d.get("loop_frame"), d.get("loop_var"))), None)
     if row is None:
-        row = H.Row(d["point"], d["caller"], d.get("loop_frame"), d.get("loop_var"))
-    pert = H.Perturbation(d["perturbation"], dict(d.get("action") or {}), "", bool(d.get("by_construction")))
-    trial = H.Trial(int(d["n"]), row, pert, int(d["rank"]), d.get("workload") or "")
+        row = Row(d["point"], d["caller"], d.get("loop_frame"), d.get("loop_var"))
+    pert = Perturbation(d["perturbation"], dict(d.get("action") or {}), "", bool(d.get("by_construction")))
+    trial = Trial(int(d["n"]), row, pert, int(d["rank"]), d.get("workload") or "")
     diag = None
     if d.get("diagnosis"):
         g = dict(d["diagnosis"])
@@ -64,18 +66,16 @@ def _result(d: dict, rows: Sequence[Any]) -> Any:
                                    tuple(g.get("chain") or ()), g.get("known"),
                                    CrashKind(g["crash"]) if g.get("crash") else None)
     ints = lambda m: {int(k): v for k, v in (m or {}).items()}  # noqa: E731
-    return H.TrialResult(trial, d["verdict"], d.get("reason", ""), float(d.get("to_verdict_s") or 0.0), diag,
-                         d.get("hazard", ""), Path(d["evidence"]) if d.get("evidence") else None,
-                         Path(d["scenario_file"]) if d.get("scenario_file") else None, ints(d.get("entered")),
-                         ints(d.get("matched")), ints(d.get("fired")), tuple(d.get("notes") or ()), d.get("confirmed"),
-                         d.get("ledger") or "")
+    return TrialResult(trial, d["verdict"], d.get("reason", ""), float(d.get("to_verdict_s") or 0.0), diag,
+                       d.get("hazard", ""), Path(d["evidence"]) if d.get("evidence") else None,
+                       Path(d["scenario_file"]) if d.get("scenario_file") else None, ints(d.get("entered")),
+                       ints(d.get("matched")), ints(d.get("fired")), tuple(d.get("notes") or ()), d.get("confirmed"),
+                       d.get("ledger") or "")
 
 
 def _row(r: dict) -> Any:
-    from repro import hunt as H
-
-    return H.Row(r["point"], r["caller"], r.get("loop_frame"), r.get("loop_var"), tuple(r.get("stack") or ()),
-                 tuple(r.get("ranks") or ()), tuple(r.get("gate_frames") or ()), int(r.get("max_depth") or 1))
+    return Row(r["point"], r["caller"], r.get("loop_frame"), r.get("loop_var"), tuple(r.get("stack") or ()),
+               tuple(r.get("ranks") or ()), tuple(r.get("gate_frames") or ()), int(r.get("max_depth") or 1))
 
 
 def merge_shards(folders: Sequence[Path], out_dir: Optional[Path] = None, evidence_root: Path = ev.DEFAULT_EVIDENCE_DIR) -> Path:
@@ -92,8 +92,6 @@ def merge_shards(folders: Sequence[Path], out_dir: Optional[Path] = None, eviden
         MergeError: a folder is no shard, shards of different N or the same K twice, plans that number the same
             trial differently (their baselines saw different rows), or ``out_dir`` already holds a HUNT.md.
     """
-    from repro import hunt as H
-
     if not folders:
         raise MergeError("no shard folder given; pass the folders `repro hunt --shard K/N` made")
     shards = [_read(f) for f in folders]
@@ -141,7 +139,7 @@ def merge_shards(folders: Sequence[Path], out_dir: Optional[Path] = None, eviden
         + (f"; MISSING shard(s) {', '.join(f'{k}/{n}' for k in missing)} (their trials are not in this report)" if missing else "")}
     if plans:
         header["trials_total"] = len(by_n)
-    log = H.HuntLog(folder, header)
+    log = HuntLog(folder, header)
     log.rows = rows
     for r in results:
         log.results.append(r)

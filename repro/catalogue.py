@@ -1,0 +1,219 @@
+"""The hunt catalogue: an engine adapter's rank-local decision points, the perturbations that apply to them, and how
+to classify the collective a perturbed run diverged in (data: ``scenarios/sglang/hunt_catalogue.toml``).
+
+Read by ``repro hunt`` (what to perturb), ``repro discover`` (discovered points join it) and ``repro reproduce``
+(the perturbations a root-cause candidate may use). Plain records and their loader only: no run, no report.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class HuntError(Exception):
+    """The hunt could not be prepared or its baseline failed; the message names the file/flag and the fix."""
+
+
+def catalogue_for(adapter_name: Optional[str] = None) -> Path:
+    """The hunt catalogue of an engine adapter (``repro.targets.registry``; default: the default adapter's)."""
+    from repro.targets.registry import get_adapter
+
+    path = getattr(get_adapter(adapter_name), "hunt_catalogue", None)
+    if path is None:
+        raise HuntError(f"adapter {adapter_name!r} has no hunt catalogue; pass --catalogue FILE")
+    return Path(path)
+
+
+DEFAULT_CATALOGUE = catalogue_for()  # the default adapter's: a clone's scenarios/ or the installed wheel's copy
+
+
+# ----------------------------------------------------------------------------------------------------- catalogue
+@dataclass(frozen=True)
+class Perturbation:
+    """A way to perturb a decision point once: ``action`` is a scenario injection action (``repro.scenario``).
+
+    ``by_construction``: the perturbation itself removes or adds a collective on one rank (skipping a function that
+    issues one, an extra collective): a deadlock then shows the engine does not tolerate it, not that the engine can
+    get there by itself; such deadlocks are never listed as findings or candidates.
+    """
+
+    name: str
+    action: dict
+    says: str
+    by_construction: bool = False
+
+
+@dataclass(frozen=True)
+class DecisionPoint:
+    """A rank-local decision point: ``sites`` (``module:Class.method`` alternatives), what its value means, the
+    perturbations that apply, and (for functions read everywhere, like clocks) caller globs that keep a row.
+
+    ``loops``: keep only rows whose direct caller runs the call inside a ``for`` loop over one of these targets
+    (``""`` = in no loop of the caller); empty keeps every row (discovered points name the loop their guard is in).
+    """
+
+    name: str
+    sites: tuple[str, ...]
+    what: str
+    perturbations: tuple[str, ...]
+    callers: tuple[str, ...] = ()
+    loops: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NamedCollective:
+    """A collective we can name: a blocked rank whose caller chain matches any of ``frames`` is in it."""
+
+    frames: tuple[str, ...]
+    name: str
+
+
+@dataclass(frozen=True)
+class KnownIssue:
+    """An upstream issue: a deadlock whose divergent chain matches all ``frames`` is that issue, not a finding."""
+
+    issue: str
+    frames: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SiteApi:
+    """How to perturb collectives the ledger names ``<prefix>.<method>`` (``--sites``).
+
+    ``owner``: where the API lives (``module:Class`` or a module); ``skip``: the skip action (e.g. hand back the
+    in-place input); ``extra_group``: attribute of ``self`` holding the group for an extra collective (None: no
+    extra, e.g. module functions have no ``self``).
+    """
+
+    prefix: str
+    owner: str
+    skip: dict
+    extra_group: Optional[str] = None
+
+    def site_of(self, api: str) -> Optional[str]:
+        """``GroupCoordinator.all_reduce`` → ``sglang…parallel_state:GroupCoordinator.all_reduce``; None if not ours."""
+        if not api.startswith(self.prefix + "."):
+            return None
+        method = api[len(self.prefix) + 1:]
+        return f"{self.owner}.{method}" if ":" in self.owner else f"{self.owner}:{method}"
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """The adapter's hunt catalogue (see ``scenarios/sglang/hunt_catalogue.toml``)."""
+
+    path: Path
+    points: tuple[DecisionPoint, ...]
+    perturbations: dict
+    forward_frames: tuple[str, ...] = ()
+    idle_frames: tuple[str, ...] = ()
+    named: tuple[NamedCollective, ...] = ()
+    known: tuple[KnownIssue, ...] = ()
+    crash_forward_functions: tuple[str, ...] = ()
+    site_apis: tuple[SiteApi, ...] = ()
+
+    def point(self, name: str) -> DecisionPoint:
+        for p in self.points:
+            if p.name == name:
+                return p
+        raise HuntError(f"{self.path}: no decision point {name!r}; known: {', '.join(p.name for p in self.points)}")
+
+
+def _tuple(v: Any) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    return (v,) if isinstance(v, str) else tuple(str(x) for x in v)
+
+
+def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
+    """Read and check a hunt catalogue TOML file.
+
+    Each perturbation's action is validated as a scenario action (``repro.scenario.Injection``), so a typo fails here,
+    before any launch.
+
+    Raises:
+        HuntError: missing file, bad TOML, or a bad field (named as ``points[i].field`` with what was expected).
+    """
+    from pydantic import ValidationError
+
+    from repro.scenario import Injection
+
+    p = Path(path)
+    if not p.is_file():
+        raise HuntError(f"{p}: hunt catalogue not found (expected a TOML file like scenarios/sglang/hunt_catalogue.toml)")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise HuntError(f"{p}: not valid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise HuntError(f"{p}: not a UTF-8 text file (binary?); pass a TOML file like scenarios/sglang/hunt_catalogue.toml") from None
+    perts: dict[str, Perturbation] = {}
+    for name, spec in (data.get("perturbations") or {}).items():
+        if not isinstance(spec, dict) or not isinstance(spec.get("action"), dict):
+            raise HuntError(f"{p}: perturbations.{name}: expected a table with an 'action' table, e.g. action = {{ kind = \"return_value\", value = 0 }}")
+        try:
+            Injection.model_validate({"id": "check", "site": "m:f", "action": spec["action"]})
+        except ValidationError as e:
+            raise HuntError(f"{p}: perturbations.{name}.action is not a valid injection action: {e.errors()[0]['msg']}") from None
+        perts[name] = Perturbation(name, dict(spec["action"]), str(spec.get("says", name)), bool(spec.get("by_construction", False)))
+    points = []
+    for i, spec in enumerate(data.get("points") or []):
+        where = f"{p}: points[{i}]"
+        if not isinstance(spec, dict) or not spec.get("name") or not spec.get("site"):
+            raise HuntError(f"{where}: expected 'name' and 'site' ('module:Class.method' or a list of alternatives)")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", spec["name"]):
+            raise HuntError(f"{where}.name: {spec['name']!r} must use letters, digits, '_', '.', '-' only")
+        unknown = [x for x in _tuple(spec.get("perturbations")) if x not in perts]
+        if unknown:
+            raise HuntError(f"{where}.perturbations: unknown {unknown}; defined: {sorted(perts)}")
+        try:
+            Injection.model_validate({"id": "check", "site": list(_tuple(spec["site"])), "action": {"kind": "none"}})
+        except ValidationError as e:
+            raise HuntError(f"{where}.site: {e.errors()[0]['msg']}") from None
+        points.append(DecisionPoint(spec["name"], _tuple(spec["site"]), str(spec.get("what", "")),
+                                    _tuple(spec.get("perturbations")), _tuple(spec.get("callers")), _tuple(spec.get("loops"))))
+    if not points:
+        raise HuntError(f"{p}: no [[points]]: the catalogue must list at least one decision point")
+    names = [x.name for x in points]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise HuntError(f"{p}: decision point names must be unique, repeated: {dup}")
+    cl = data.get("classify") or {}
+    named = tuple(NamedCollective(_tuple(n.get("frames")), str(n.get("name", ""))) for n in cl.get("named") or [])
+    known = tuple(KnownIssue(str(k.get("issue", "")), _tuple(k.get("frames"))) for k in data.get("known") or [])
+    apis = []
+    for prefix, spec in ((data.get("sites") or {}).get("apis") or {}).items():
+        if not isinstance(spec, dict) or not spec.get("owner") or not isinstance(spec.get("skip"), dict):
+            raise HuntError(f"{p}: sites.apis.{prefix}: expected owner = 'module:Class' and skip = {{ kind = \"skip\", … }}")
+        try:
+            Injection.model_validate({"id": "check", "site": "m:f", "action": spec["skip"]})
+        except ValidationError as e:
+            raise HuntError(f"{p}: sites.apis.{prefix}.skip is not a valid injection action: {e.errors()[0]['msg']}") from None
+        apis.append(SiteApi(prefix, str(spec["owner"]), dict(spec["skip"]), spec.get("extra_group")))
+    return Catalogue(p, tuple(points), perts, _tuple(cl.get("forward_frames")), _tuple(cl.get("idle_frames")), named, known,
+                     _tuple(cl.get("crash_forward_functions")), tuple(apis))
+
+
+def short_frame(frame: str) -> str:
+    """``module:Class.method`` → ``Class.method`` (a name without a module is returned as it is)."""
+    return frame.split(":", 1)[-1]
+
+
+def glob_any(names: Sequence[str], patterns: Sequence[str]) -> bool:
+    """Does any name match any glob? A pattern with ':' matches ``module:qual``; without, the part after ':'."""
+    for pat in patterns:
+        for n in names:
+            target = n if ":" in pat else short_frame(n)
+            if fnmatch.fnmatchcase(target, pat):
+                return True
+    return False
