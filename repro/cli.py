@@ -254,18 +254,25 @@ def _render_result(res, as_json: bool) -> None:
         out.print(f"expected {res.expected}: {'match' if res.exit_code == 0 else 'MISMATCH (exit 5)'}")
 
 
-def _release_python(release: Optional[str], python: Optional[str]) -> Optional[str]:
-    """``--release V``'s interpreter (``repro.releases.release_python``), else ``--python`` as given; both, an unknown
-    release or one not set up: one error line (exit 2) naming the fix."""
+def _release_python(release: Optional[str], python: Optional[str], scenario: Optional[Path]) -> Optional[str]:
+    """``--release V``'s interpreter (``repro.releases.release_python`` of the scenario's engine; ``scenario`` None:
+    the default adapter's, for ``repro demo``), else ``--python`` as given; both, an unknown release or one not set
+    up: one error line (exit 2) naming the fix. A scenario that does not load is left to the verb's own error."""
     if not release:
         return python
     from repro.releases import ReleaseError, release_python
+    from repro.scenario import ScenarioError, load_scenario
+    from repro.targets.registry import DEFAULT_ADAPTER
 
     if python:
         console.print(f"[red]error:[/] give --release {escape(release)} or --python {escape(python)}, not both", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_USAGE)
     try:
-        return release_python(release)
+        engine = load_scenario(scenario).server.adapter if scenario is not None else DEFAULT_ADAPTER
+    except ScenarioError:
+        return python
+    try:
+        return release_python(release, engine)
     except ReleaseError as e:
         console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_USAGE)
@@ -292,7 +299,7 @@ def run(
     Exit codes: 0 ALL REQUESTS SUCCEEDED, 3 DEADLOCKED, 4 INCONCLUSIVE, 2 bad input, 1 internal error;
     with --expect: 0 iff the verdict matches, else 5.
     """
-    python = _release_python(release, python)
+    python = _release_python(release, python, scenario)
     from repro.runner import RunError, RunOptions, run as run_scenario
 
     _check_expect(expect)
@@ -406,7 +413,7 @@ def demo(
     wheel's copy), so this works from any folder. Exit 0 iff both verdicts are the expected ones, else 5; 2 when
     the testbed is missing.
     """
-    python = _release_python(release, python)
+    python = _release_python(release, python, None)
     from repro import resources
     from repro.runner import RunError, RunOptions, run as run_scenario
     from repro.scenario import ScenarioError, load_scenario
@@ -473,7 +480,7 @@ def serve(
     Arm it with `repro arm EVIDENCE_DIR [INJECTION…]`, disarm with `repro disarm EVIDENCE_DIR`. With --json, stdout
     carries only JSON lines (flushed as written, for a script waiting on the URL).
     """
-    python = _release_python(release, python)
+    python = _release_python(release, python, scenario)
     from repro.runner import RunError, RunOptions, Session, UnresolvedSitesError, prepare
 
     _sigterm_to_interrupt()
@@ -638,6 +645,7 @@ def cleanup(
             console.print(f"[red]error:[/] {escape(r.message)}")
         else:
             out.print(escape(r.message) + where)
+            out.print(escape(f"engine: {r.engine} ({r.engine_from})"), style="dim", highlight=False)
     raise typer.Exit(exit_code(results))
 
 
@@ -654,7 +662,7 @@ def sites(
     Exit 0 when every injection has an alternative that resolves, 2 otherwise (missing names come with the nearest
     existing ones). Gate patterns naming functions absent in this version are warnings.
     """
-    python = _release_python(release, python)
+    python = _release_python(release, python, scenario)
     from repro.interpreter import InterpreterError, choose_python
     from repro.scenario import ScenarioError, load_scenario
     from repro.sites import SitesPreflightError, check_sites
@@ -665,13 +673,13 @@ def sites(
             sc.variant(variant)
         from repro.targets.registry import get_adapter
 
-        ad = get_adapter(sc.server.adapter)
-        py = choose_python(python, require_package=False, package=ad.ref_location.package or None, adapter=ad)
+        ad = get_adapter(sc.server.adapter)  # the run's engine, from the scenario
+        py = choose_python(python, ad, require_package=False)
     except (ScenarioError, InterpreterError) as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(EXIT_USAGE)
     try:
-        rep = check_sites(sc, py, variant)
+        rep = check_sites(sc, py, variant, adapter=ad)
     except SitesPreflightError as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(EXIT_INTERNAL)
@@ -787,6 +795,9 @@ def analyze(
         out.print(rich_escape(ledger_diag.divergence.summary), style="bold", highlight=False)
         return
     result = analyze_captures(caps)
+    from repro.readers.titles import dumps_engine
+
+    assumed = dumps_engine(c.title for c in caps)  # no scenario: which engine the dumps are read as
     # nothing readable from any rank (garbage, empty, binary files): shown, but it is bad input, not an analysis
     unreadable = ledger_diag is None and bool(result.ranks) and len(result.unknown_ranks) == len(result.ranks)
     if unreadable and engine is not None:  # a log with the engine's own dumps and no stack: those are the analysis
@@ -798,9 +809,8 @@ def analyze(
         markdown.write_text(head + result.to_markdown(caps))
     if as_json:
         extra = {"engine_dumps": engine.to_dict()} if engine is not None else {}
-        if ledger_diag is None and engine is None:
-            out.print_json(result.to_json())
-        elif ledger_diag is None:
+        extra["engine"] = assumed
+        if ledger_diag is None:
             out.print_json(data={**result.to_dict(), **extra})
         else:
             out.print_json(data={**result.to_dict(), "ledger": ledger_diag.to_dict(), **extra})
@@ -850,6 +860,7 @@ def analyze(
         table = rank_table(shown)
     out.print(table)
     out.print(rich_escape(result.summary), style="bold red" if result.diverged else "bold green", highlight=False)
+    out.print(rich_escape(f"engine: {assumed['name']} ({assumed['from']})"), highlight=False, style="dim")
     for line in result.input_lines():
         out.print(rich_escape(line), highlight=False, style="dim")
     from repro.analysis import MAX_LISTED_LINES
@@ -883,7 +894,7 @@ def watch(
     count: Optional[int] = typer.Option(None, "--count", help="stop after this many probe rounds"),
     native: bool = typer.Option(False, "--native", help="py-spy --native stacks (slower; retried without on failure)"),
     ledger_dir: Optional[Path] = typer.Option(None, "--ledger-dir", callback=_path_check("readdir"), help="the injector folder with the ranks' collective ledgers (repro serve's EVIDENCE/injector): a ledger proof declares a deadlock at once"),
-    adapter_name: Optional[str] = typer.Option(None, "--adapter", help="engine adapter whose titles, frame rules and API the watch uses (default sglang; an unknown name lists the known ones)"),
+    adapter_name: Optional[str] = typer.Option(None, "--adapter", help="engine adapter whose titles, frame rules and API the watch uses (default: the registry's default engine, said as assumed; an unknown name lists the known ones)"),
     hosts: Optional[Path] = typer.Option(None, "--hosts", callback=_HOSTS_FILE, help="JSON list of the hosts a multi-node server spans (ssh target or command template; scripts/multihost/README.md): its ranks are found and dumped on each host through that host's runner"),
 ) -> None:
     """Probe a live server's generate path; on a hang keep the evidence (stacks ×2, diagnosis, /metrics), then run --on-hang.
@@ -935,14 +946,17 @@ def watch(
 
             console.print(note({k: rich_escape(v) if isinstance(v, str) else v for k, v in rec.items()}), highlight=False)
 
-    from repro.targets.registry import UnknownAdapterError, get_adapter
+    from repro.targets.registry import UnknownAdapterError, get_adapter, known_adapters
 
     try:
-        adapter = get_adapter(adapter_name)
+        adapter = get_adapter(adapter_name) if adapter_name else None  # None: the default engine, assumed (said)
     except UnknownAdapterError as e:
         console.print(f"[red]error:[/] --adapter: {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_USAGE)
     watcher = Watcher(opts, log, adapter=adapter)
+    if watcher.adapter_assumed:
+        console.print(f"engine: {watcher.adapter.name} (assumed: no --adapter given; known: "
+                      f"{', '.join(known_adapters())})", highlight=False, soft_wrap=True)
 
     def on_signal(signum, frame):  # noqa: ARG001
         watcher.stop()
@@ -1084,20 +1098,22 @@ def discover(
     interpreter; nothing is launched): ranked candidates with their caller, rank-local source, guard and guarded
     collective. `repro hunt --discover` hunts them. Exit 0, 2 on bad input, 1 when the scan failed.
     """
-    python = _release_python(release, python)
+    python = _release_python(release, python, scenario)
     from repro.discover import DiscoverError, default_rules_path, discover as run_discover, points_toml
-    from repro.catalogue import DEFAULT_CATALOGUE, HuntError, load_catalogue
+    from repro.catalogue import HuntError, catalogue_for, load_catalogue
     from repro.interpreter import InterpreterError, choose_python
     from repro.scenario import ScenarioError, load_scenario
+    from repro.targets.registry import get_adapter
 
     try:
         sc = load_scenario(scenario)
-        py = choose_python(python)
-        cat = load_catalogue(DEFAULT_CATALOGUE)
-    except (ScenarioError, InterpreterError, HuntError) as e:
+        ad = get_adapter(sc.server.adapter)  # the run's engine, from the scenario
+        py = choose_python(python, ad)
+        cat = load_catalogue(catalogue_for(ad))
+        path = rules or default_rules_path(ad, cat.path)
+    except (ScenarioError, InterpreterError, HuntError, DiscoverError) as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(EXIT_USAGE)
-    path = rules or default_rules_path(sc.server.adapter, cat.path)
     try:
         d = run_discover(py, path, known_perturbations=list(cat.perturbations))
     except DiscoverError as e:
@@ -1211,7 +1227,7 @@ def hunt(
     forward deadlocked), 4 when the baseline burst reached none of the chosen decision points (nothing was perturbed),
     2 bad input or a failed baseline, 130 interrupted (results so far kept), 1 internal error.
     """
-    python = _release_python(release, python)
+    python = _release_python(release, python, scenario)
     from rich.markup import escape as rich_escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 

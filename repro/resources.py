@@ -116,7 +116,7 @@ def hunt_catalogue(engine: Optional[str] = None) -> Path:
     :func:`engine_file`)."""
     from repro.targets.registry import DEFAULT_ADAPTER, get_adapter
 
-    path = getattr(get_adapter(engine or DEFAULT_ADAPTER), "hunt_catalogue", None)
+    path = get_adapter(engine or DEFAULT_ADAPTER).hunt_catalogue
     return Path(path) if path else engine_file(engine or DEFAULT_ADAPTER, "hunt_catalogue.toml")
 
 

@@ -464,6 +464,7 @@ def compile_plan(
     faulthandler_signal: str = "SIGUSR2",
     state_probes: Optional[dict[str, Any]] = None,
     fork_ranks: Optional[dict[str, str]] = None,
+    engine: Optional[dict[str, str]] = None,
 ) -> dict[str, Any]:
     """Compile one variant into the plain-JSON plan read by ``injectors/repro_injector``.
 
@@ -481,10 +482,12 @@ def compile_plan(
             injector uses the installed release's list. None or no release: no digest.
         fork_ranks: the adapter's ``InjectorProfile.fork_plan()`` (``{"caller", "device"}``): which launcher call the
             injector may switch from spawn to fork under ``REPRO_FORK_RANKS=1``; None / {}: never.
+        engine: which engine the server runs (``repro.runner.engine_plan``: ``{"name", "package",
+            "distribution"}``): the injector records that package's version in its loaded markers.
     Returns:
         A dict with keys ``version``, ``scenario``, ``variant``, ``out_dir``, ``arm_file``, ``arm_poll_s``,
         ``injections`` (list of ``{id, site: {alternatives, aliases}, gate, action}``), ``ledger``,
-        ``faulthandler_signal``, ``fork_ranks``.
+        ``faulthandler_signal``, ``fork_ranks``, ``engine``.
     """
     injections = []
     for inj in variant.injections:
@@ -514,4 +517,5 @@ def compile_plan(
         },
         "faulthandler_signal": faulthandler_signal,
         "fork_ranks": dict(fork_ranks or {}),
+        "engine": dict(engine or {}),
     }
