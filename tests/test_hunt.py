@@ -332,6 +332,7 @@ def test_hunt_streams_every_trial_restarts_only_after_a_hang_and_writes_a_scenar
     assert [t["trial"] for t in trials] == [r.trial.name for r in res.results]
     md = (res.folder / "HUNT.md").read_text()
     assert "status**: complete; 8 trial(s) run of 8" in md
+    assert "- **engine**: sglang 0.5.23" in md  # the run's engine and the version its baseline's env.json names
     assert md.index("zero_once") < md.index("delay_once")  # deadlocks first
     assert "in `for req`" in md and "[scheduling/cache]" in md
 
