@@ -19,7 +19,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from repro.targets.registry import DEFAULT_ADAPTER
+from repro.targets import DEFAULT_ADAPTER, EXAMPLES_DIR
 
 
 class HuntError(Exception):
@@ -157,13 +157,13 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
 
     p = Path(path)
     if not p.is_file():
-        raise HuntError(f"{p}: hunt catalogue not found (expected a TOML file like scenarios/sglang/hunt_catalogue.toml)")
+        raise HuntError(f"{p}: hunt catalogue not found (expected a TOML file like {EXAMPLES_DIR}/hunt_catalogue.toml)")
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise HuntError(f"{p}: not valid TOML: {e}") from None
     except UnicodeDecodeError:
-        raise HuntError(f"{p}: not a UTF-8 text file (binary?); pass a TOML file like scenarios/sglang/hunt_catalogue.toml") from None
+        raise HuntError(f"{p}: not a UTF-8 text file (binary?); pass a TOML file like {EXAMPLES_DIR}/hunt_catalogue.toml") from None
     perts: dict[str, Perturbation] = {}
     for name, spec in (data.get("perturbations") or {}).items():
         if not isinstance(spec, dict) or not isinstance(spec.get("action"), dict):

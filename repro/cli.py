@@ -20,11 +20,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from repro import paths as _paths  # (analyze's argument is called paths)
+from repro.targets import DEFAULT_ADAPTER, EXAMPLES_DIR
 from repro.verdict import EXIT_INTERRUPTED, EXIT_TERMINATED, Interrupted  # SIGINT 130, SIGTERM 143: one definition
 
 app = typer.Typer(
     name="repro",
-    help="Reproduce, capture and explain tensor-parallel collective-desync deadlocks (SGLang).",
+    help=f"Reproduce, capture and explain tensor-parallel collective-desync deadlocks ({DEFAULT_ADAPTER} by default; "
+         "other engines through their adapters).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -280,9 +282,9 @@ def _release_python(release: Optional[str], python: Optional[str], scenario: Opt
 
 @app.command()
 def run(
-    scenario: Path = typer.Argument(..., callback=_scenario_arg, help="scenario TOML file or bundled name, e.g. scenarios/sglang/smoke_extra_allreduce.toml"),
+    scenario: Path = typer.Argument(..., callback=_scenario_arg, help=f"scenario TOML file or bundled name, e.g. {EXAMPLES_DIR}/smoke_extra_allreduce.toml"),
     variant: Optional[str] = typer.Option(None, "--variant", help="variant name (default: the first in the file)"),
-    python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: this one if it imports sglang, else the CPU testbed's)"),
+    python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: this one if it imports the scenario's engine, else that engine's CPU testbed)"),
     release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
     model: Optional[str] = typer.Option(None, "--model", help="model path (default: the scenario's, else the testbed's tiny model)"),
     tp: Optional[int] = typer.Option(None, "--tp", help="TP size (default: the scenario's)"),
@@ -340,7 +342,7 @@ def run(
 
 @app.command()
 def compare(
-    scenario: Path = typer.Argument(..., callback=_scenario_arg, help="scenario TOML file or bundled name, e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
+    scenario: Path = typer.Argument(..., callback=_scenario_arg, help=f"scenario TOML file or bundled name, e.g. {EXAMPLES_DIR}/hicache_prefetch_30760.toml"),
     before: str = typer.Option(..., "--before", help="REF of the code before the fix: installed | patch:FILE | git:PATH@REV | python:PATH | release:V[+patch:FILE]"),
     after: str = typer.Option(..., "--after", help="REF of the code after the fix (same forms as --before)"),
     variant: Optional[str] = typer.Option(None, "--variant", help="variant name (default: the first in the file)"),
@@ -402,7 +404,7 @@ DEMO_VARIANTS = ("extra_collective", "control")  # variants of smoke_extra_allre
 
 @app.command()
 def demo(
-    python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: as `repro run` picks it: this one if it imports sglang, else the CPU testbed's)"),
+    python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: as `repro run` picks it: this one if it imports the engine, else the CPU testbed's)"),
     release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
     evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", callback=_EVIDENCE_DIR, help="evidence root folder (default: evidence/ in the current folder)"),
     as_json: bool = typer.Option(False, "--json", help="print both results as one JSON object on stdout (no progress)"),
@@ -883,10 +885,10 @@ def watch(
     url: str = typer.Option(..., "--url", help="server base URL, e.g. http://127.0.0.1:30000"),
     interval: float = typer.Option(10.0, "--interval", help="seconds between probe rounds (start to start)"),
     probe_timeout: float = typer.Option(5.0, "--probe-timeout", help="seconds a 1-token generate probe may take"),
-    health_timeout: float = typer.Option(25.0, "--health-timeout", help="seconds a /health probe may take (above sglang's 20 s so its 503 is seen)"),
+    health_timeout: float = typer.Option(25.0, "--health-timeout", help="seconds a /health probe may take (above the engine's own /health timeout, 20 s for the default engine, so its 503 is seen)"),
     failures: int = typer.Option(3, "--failures", help="consecutive failed generate probes that declare a hang"),
     pid_root: Optional[int] = typer.Option(None, "--pid-root", help="find rank processes under this pid (the server's launcher)"),
-    match: Optional[str] = typer.Option(None, "--match", help="rank processes are those whose title contains this (e.g. sglang::scheduler)"),
+    match: Optional[str] = typer.Option(None, "--match", help="rank processes are those whose title contains this (default: the adapter's rank title, watch_defaults.title_match)"),
     evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", callback=_EVIDENCE_DIR, help="evidence root folder"),
     on_hang: Optional[str] = typer.Option(None, "--on-hang", help="shell command run AFTER the evidence is on disk, with REPRO_EVIDENCE_DIR set (e.g. a restart)"),
     on_hang_timeout: float = typer.Option(600.0, "--on-hang-timeout", help="seconds before the --on-hang command's process group is ended"),
@@ -1028,7 +1030,7 @@ def reproduce(
     evidence_dir: Optional[Path] = typer.Option(None, "--evidence-dir", callback=_EVIDENCE_DIR, help="evidence root for the candidate runs (default: OUT/evidence)"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
     release: Optional[str] = typer.Option(None, "--release", help="engine release to map and run on, e.g. 0.5.18 (default: what --report or the dumps say, else inferred from the frames)"),
-    report: Optional[List[Path]] = typer.Option(None, "--report", callback=_path_check("in", "a text file: a pasted `python3 -m sglang.check_env` block or a server log"), help="a pasted `python3 -m sglang.check_env` block or a server log naming the release (repeatable)"),
+    report: Optional[List[Path]] = typer.Option(None, "--report", callback=_path_check("in", "a text file: a pasted environment report (the engine's check_env output) or a server log"), help="a pasted environment report (the engine's check_env output) or a server log naming the release (repeatable)"),
 ) -> None:
     """Write a scenario whose variants make the dumps' divergence on purpose, then run them on one server and judge
     each against the dumps (with --no-run: only write it, launch nothing).
@@ -1086,10 +1088,10 @@ def reproduce(
 
 @app.command()
 def discover(
-    scenario: Path = typer.Argument(..., callback=_scenario_arg, help="base scenario (its server.adapter picks the rules), e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
+    scenario: Path = typer.Argument(..., callback=_scenario_arg, help=f"base scenario (its server.adapter picks the rules), e.g. {EXAMPLES_DIR}/hicache_prefetch_30760.toml"),
     python: Optional[str] = typer.Option(None, "--python", help="target interpreter whose engine source is scanned (default: as `repro run` picks it)"),
     release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
-    rules: Optional[Path] = typer.Option(None, "--rules", callback=_path_check("text", "a TOML rules file like scenarios/sglang/discover_rules.toml"), help="discovery rules TOML (default: the adapter's, scenarios/sglang/discover_rules.toml)"),
+    rules: Optional[Path] = typer.Option(None, "--rules", callback=_path_check("text", f"a TOML rules file like {EXAMPLES_DIR}/discover_rules.toml"), help=f"discovery rules TOML (default: the adapter's, {EXAMPLES_DIR}/discover_rules.toml)"),
     out_file: Optional[Path] = typer.Option(None, "--out", callback=_path_check("out", example="points.toml"), help="write the huntable candidates as hunt catalogue [[points]] TOML to this file"),
     limit: int = typer.Option(30, "--limit", help="candidates shown in the table (all are in --json)"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
@@ -1195,14 +1197,14 @@ def bisect(
 
 @app.command()
 def hunt(
-    scenario: Path = typer.Argument(..., callback=_scenario_arg, help="base scenario: its server and burst (variants ignored), e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
+    scenario: Path = typer.Argument(..., callback=_scenario_arg, help=f"base scenario: its server and burst (variants ignored), e.g. {EXAMPLES_DIR}/hicache_prefetch_30760.toml"),
     budget_min: float = typer.Option(30.0, "--budget-min", help="wall-clock budget in minutes; trials not started in time are reported NOT RUN"),
     only: Optional[List[str]] = typer.Option(None, "--only", help="decision point(s) to hunt (repeatable; default: the whole catalogue)"),
     perturbation: Optional[List[str]] = typer.Option(None, "--perturbation", help="perturbation(s) to try (repeatable; default: all that apply)"),
     rank: Optional[List[int]] = typer.Option(None, "--rank", help="rank(s) to perturb, one at a time (repeatable; default: every rank)"),
     sites: bool = typer.Option(False, "--sites", help="also skip once / add one extra collective at every collective call site the ledger saw in the baseline burst (each hangs by construction: a restart per trial)"),
-    sites_matching: Optional[List[str]] = typer.Option(None, "--sites-matching", help="with --sites: only call sites whose frames match this glob (repeatable), e.g. '*check_hicache_events'"),
-    catalogue: Optional[Path] = typer.Option(None, "--catalogue", callback=_path_check("text", "a hunt catalogue TOML like scenarios/sglang/hunt_catalogue.toml"), help="hunt catalogue TOML (default: scenarios/sglang/hunt_catalogue.toml)"),
+    sites_matching: Optional[List[str]] = typer.Option(None, "--sites-matching", help="with --sites: only call sites whose frames match this glob (repeatable), e.g. '*hicache*'"),
+    catalogue: Optional[Path] = typer.Option(None, "--catalogue", callback=_path_check("text", f"a hunt catalogue TOML like {EXAMPLES_DIR}/hunt_catalogue.toml"), help=f"hunt catalogue TOML (default: {EXAMPLES_DIR}/hunt_catalogue.toml)"),
     ref: str = typer.Option("installed", "--ref", help="code to hunt in: installed | patch:FILE | git:PATH@REV | python:PATH (as in compare)"),
     python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: as `repro run`)"),
     release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
@@ -1211,11 +1213,11 @@ def hunt(
     confirm: bool = typer.Option(False, "--confirm", help="re-run each new scheduling/cache finding from its scenario file on a fresh server"),
     discover_: bool = typer.Option(False, "--discover", help="also hunt the decision points `repro discover` proposes from the engine's source (hand catalogue entries win)"),
     no_hand: bool = typer.Option(False, "--no-hand-catalogue", help="with --discover: drop the hand catalogue's points (discovery alone decides where to search)"),
-    discover_rules: Optional[Path] = typer.Option(None, "--discover-rules", callback=_path_check("text", "a TOML rules file like scenarios/sglang/discover_rules.toml"), help="discovery rules TOML (default: the adapter's, scenarios/sglang/discover_rules.toml)"),
+    discover_rules: Optional[Path] = typer.Option(None, "--discover-rules", callback=_path_check("text", f"a TOML rules file like {EXAMPLES_DIR}/discover_rules.toml"), help=f"discovery rules TOML (default: the adapter's, {EXAMPLES_DIR}/discover_rules.toml)"),
     workload: Optional[List[str]] = typer.Option(None, "--workload", help="workload nemesis to hunt under (repeatable; 'all': every one of the workload file); each runs clean first"),
     config: Optional[List[str]] = typer.Option(None, "--config", help="server configuration of the workload file to hunt beside the base scenario's (repeatable), e.g. no_radix"),
     clean_only: bool = typer.Option(False, "--clean-only", help="with --workload/--config: only each workload's clean run on each server group (no trials)"),
-    workload_file: Optional[Path] = typer.Option(None, "--workload-file", callback=_path_check("text", "a workloads TOML like scenarios/sglang/hunt_workloads.toml"), help="workloads/configurations TOML (default: hunt_workloads.toml beside the catalogue)"),
+    workload_file: Optional[Path] = typer.Option(None, "--workload-file", callback=_path_check("text", f"a workloads TOML like {EXAMPLES_DIR}/hunt_workloads.toml"), help="workloads/configurations TOML (default: hunt_workloads.toml beside the catalogue)"),
     spare: bool = typer.Option(False, "--spare/--no-spare", help="keep a spare trial server starting in the background and swap to it after a hang (default: restart the hung server; on a 2-core CPU box the spare does not pay)"),
     shard: Optional[str] = typer.Option(None, "--shard", help="run only shard K of N of the trial plan (K/N, e.g. 2/4; split on point × perturbation × rank before the baseline); join the folders with `repro hunt-merge`"),
     as_json: bool = typer.Option(False, "--json", help="print the results as JSON on stdout"),

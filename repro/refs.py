@@ -102,7 +102,7 @@ def parse_ref(text: str) -> Ref:
     if kind == "git":
         path, at, rev = rest.rpartition("@")
         if not at or not path or not rev:
-            raise RefError(f"REF {t!r}: expected git:PATH@REV (e.g. git:~/sglang@v0.5.23), got no {'REV' if path else 'PATH'}")
+            raise RefError(f"REF {t!r}: expected git:PATH@REV (e.g. git:~/src/ENGINE@v1.2.3), got no {'REV' if path else 'PATH'}")
         return Ref("git", t, Path(path).expanduser(), rev)
     if not rest:
         raise RefError(f"REF {t!r}: expected {kind}:{'FILE' if kind == 'patch' else 'PATH'} after the colon")

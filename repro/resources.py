@@ -110,16 +110,6 @@ def engine_file(engine: str, name: str) -> Path:
     return root / engine / name
 
 
-def hunt_catalogue(engine: Optional[str] = None) -> Path:
-    """The hunt catalogue of ``engine``'s adapter (default: the registry's default adapter), as
-    :attr:`repro.targets.base.Adapter.hunt_catalogue` gives it. Never raises for a broken install (see
-    :func:`engine_file`)."""
-    from repro.targets.registry import DEFAULT_ADAPTER, get_adapter
-
-    path = get_adapter(engine or DEFAULT_ADAPTER).hunt_catalogue
-    return Path(path) if path else engine_file(engine or DEFAULT_ADAPTER, "hunt_catalogue.toml")
-
-
 def setup_script() -> Path:
     """``setup.sh`` of the CPU testbed (run it with bash)."""
     return testbed_files_dir() / "setup.sh"
@@ -183,7 +173,7 @@ def find_scenario(text: Union[str, Path]) -> Path:
         The file; or ``Path(text)`` unchanged when nothing matches (the scenario loader then says "not found").
     Raises:
         ResourceError: a bare name matches several bundled scenarios, none of them the default engine's
-            (``scenarios/<repro.targets.registry.DEFAULT_ADAPTER>/``, preferred) (the message lists them).
+            (``scenarios/<repro.targets.DEFAULT_ADAPTER>/``, preferred) (the message lists them).
     """
     p = find_data_file(text)
     if p.exists() or p.is_absolute() or len(p.parts) != 1:
@@ -196,7 +186,7 @@ def find_scenario(text: Union[str, Path]) -> Path:
     if len(found) > 1:
         # the default engine's scenario keeps its bare name (``smoke_extra_allreduce`` is SGLang's; vLLM's twin is
         # scenarios/vllm/smoke_extra_allreduce.toml, named by path)
-        from repro.targets.registry import DEFAULT_ADAPTER
+        from repro.targets import DEFAULT_ADAPTER
 
         default = [q for q in found if q.parent.name == DEFAULT_ADAPTER]
         if len(default) == 1:

@@ -20,7 +20,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from repro.nemeses import Workload
-from repro.targets.registry import DEFAULT_ADAPTER
+from repro.targets import DEFAULT_ADAPTER, EXAMPLES_DIR
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -322,7 +322,7 @@ class Scenario(_Strict):
 
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
-    mirrors: str = Field("", description="upstream issue/PR the scenario mirrors, e.g. 'sglang#30760'")
+    mirrors: str = Field("", description=f"upstream issue/PR the scenario mirrors, e.g. '{DEFAULT_ADAPTER}#30760'")
     server: ServerSpec = Field(default_factory=ServerSpec)
     burst: Burst = Field(default_factory=Burst)
     stall_s: float = Field(10.0, gt=0)
@@ -432,7 +432,7 @@ def load_scenario(path: Union[str, Path]) -> Scenario:
     """
     p = Path(path)
     if not p.is_file():
-        raise ScenarioError(f"{p}: scenario file not found (expected a .toml file, e.g. scenarios/sglang/smoke_extra_allreduce.toml)")
+        raise ScenarioError(f"{p}: scenario file not found (expected a .toml file, e.g. {EXAMPLES_DIR}/smoke_extra_allreduce.toml)")
     raw = p.read_bytes()
     try:
         text = raw.decode("utf-8-sig")  # a UTF-8 byte-order mark (Windows editors) is accepted

@@ -1150,8 +1150,8 @@ class Watcher:
         if outcome != OK:
             return {"path": o.metrics_path, "outcome": outcome, "error": err}
         if status != 200:
-            return {"path": o.metrics_path, "outcome": HTTP_ERROR, "status": status,
-                    "note": "sglang serves /metrics only with --enable-metrics"}
+            note = self.adapter.watch_defaults.metrics_note
+            return {"path": o.metrics_path, "outcome": HTTP_ERROR, "status": status, **({"note": note} if note else {})}
         info = {"path": o.metrics_path, "outcome": OK, "status": status, "bytes": len(resp.content),
                 "latency_s": round(lat, 3), "file": ev.Layout.METRICS.name}
         if evd is not None:

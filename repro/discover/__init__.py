@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from repro.targets import DEFAULT_ADAPTER, EXAMPLES_DIR
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -82,16 +84,16 @@ def load_rules(path: Path) -> dict:
     """
     p = Path(path)
     if not p.is_file():
-        raise DiscoverError(f"{p}: discovery rules not found (expected a TOML file like scenarios/sglang/{RULES_NAME})")
+        raise DiscoverError(f"{p}: discovery rules not found (expected a TOML file like {EXAMPLES_DIR}/{RULES_NAME})")
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise DiscoverError(f"{p}: not valid TOML: {e}") from None
     except UnicodeDecodeError:
         raise DiscoverError(f"{p}: not a UTF-8 text file (binary?); pass a TOML rules file like "
-                            f"scenarios/sglang/{RULES_NAME}") from None
+                            f"{EXAMPLES_DIR}/{RULES_NAME}") from None
     if not isinstance(data.get("package"), str) or not data["package"]:
-        raise DiscoverError(f"{p}: package: expected the engine's top-level package name, e.g. package = \"sglang\"")
+        raise DiscoverError(f"{p}: package: expected the engine's top-level package name, e.g. package = \"{DEFAULT_ADAPTER}\"")
     coll = data.get("collectives")
     if not isinstance(coll, dict) or not coll.get("torch_functions"):
         raise DiscoverError(f"{p}: collectives.torch_functions: expected a list of torch.distributed collective names")

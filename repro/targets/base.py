@@ -287,12 +287,14 @@ class WatchDefaults:
         title_example: a rank title for messages (``sglang::scheduler_TP<k>``).
         health_timeout_s: seconds a ``/health`` probe may take (above the engine's own health timeout).
         metrics_path: Prometheus endpoint kept raw in the evidence.
+        metrics_note: why that endpoint may not answer 200 (kept with the evidence when it does not), "" = none.
     """
 
     title_match: str
     title_example: str = ""
     health_timeout_s: float = 25.0
     metrics_path: str = "/metrics"
+    metrics_note: str = ""
 
 
 ServerKind = Literal["engine", "router"]

@@ -21,10 +21,10 @@ import threading
 from importlib import metadata
 from typing import Callable, Optional
 
+from repro.targets import DEFAULT_ADAPTER
 from repro.targets.base import Adapter, FrameRules, RankTitle
 
 ENTRY_POINT_GROUP = "repro.adapters"
-DEFAULT_ADAPTER = "sglang"
 
 AdapterFactory = Callable[[], Adapter]
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from repro.targets.sglang import testbed
+import repro.targets.sglang.testbed as testbed
 from repro.procs import ProcInfo
 from repro.targets.sglang.dumps import SGLANG_DUMP_RULES
 from repro.targets.base import (
@@ -230,7 +230,8 @@ class SGLangAdapter(AdapterBase):
         return self.hunt_catalogue.parent / "discover_rules.toml"
 
     watch_defaults = WatchDefaults(title_match=SCHEDULER_TITLE_PREFIX, title_example="sglang::scheduler_TP<k>",
-                                   health_timeout_s=25.0, metrics_path="/metrics")
+                                   health_timeout_s=25.0, metrics_path="/metrics",
+                                   metrics_note="sglang serves /metrics only with --enable-metrics")
     title_namespace = TITLE_NAMESPACE
 
     def topology(self, server: Any) -> "Topology":
