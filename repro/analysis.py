@@ -478,7 +478,7 @@ class Analysis(BaseModel):
                                                for k, n in self.formats.items()))
         for k, i in enumerate(self.inputs):
             if k == MAX_LISTED_LINES:
-                out.append(f"… and {len(self.inputs) - k} more inputs (each one is in analysis.json / --json)")
+                out.append(f"… and {len(self.inputs) - k} more inputs (each one is in {Layout.ANALYSIS.name} / --json)")
                 break
             where = i.get("file", "") + (f", block {i['block']}" if i.get("block") else "")
             who = f"pid {i['pid']} " if i.get("pid") is not None else ""
@@ -489,7 +489,7 @@ class Analysis(BaseModel):
                 out.append(f"skipped {where}: {who}{title}({i.get('reason', '')})")
         out += [f"missing: {m}" for m in self.missing[:MAX_LISTED_LINES]]
         if len(self.missing) > MAX_LISTED_LINES:
-            out.append(f"missing: … and {len(self.missing) - MAX_LISTED_LINES} more (each one is in analysis.json / --json)")
+            out.append(f"missing: … and {len(self.missing) - MAX_LISTED_LINES} more (each one is in {Layout.ANALYSIS.name} / --json)")
         if self.confidence:
             out.append(f"confidence: {self.confidence}" + (f" ({'; '.join(self.confidence_reasons)})"
                                                            if self.confidence_reasons else ""))

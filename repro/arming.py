@@ -135,7 +135,7 @@ def disarm(evidence: Union[str, Path]) -> Path:
 def _stack_roles(evidence: Union[str, Path]) -> list[dict]:
     """The engine roles of a multi-server folder's ``stack.json`` (written by ``repro.pd``), else []."""
     try:
-        rec = ev.read_json(Path(evidence) / "stack.json")
+        rec = ev.EvidenceDir.open(evidence).stack.read(missing_ok=True)
     except Exception:
         return []
     roles = rec.get("roles") if isinstance(rec, dict) else None

@@ -141,7 +141,8 @@ def _capture_one(rank: Optional[int], label: str, pid: int, out_dir: Path, *, ti
         else:
             errors.append(f"py-spy failed on pid {pid}: {err}")
     if refused and injector_dir is not None:
-        ok, text, err = faulthandler_dump(pid, injector_dir, signal_name=fallback_signal, timeout_s=timeout_s)
+        ok, text, err = faulthandler_dump(pid, injector_dir / Layout.faulthandler_file(pid), signal_name=fallback_signal,
+                                          timeout_s=timeout_s)
         if ok:
             dumps = parse_faulthandler(text, pid=pid, title=res["title"])
             header = f"Process {pid}: {res['title']}\n# faulthandler dump ({fallback_signal}); {errors[0]}\n"
@@ -238,7 +239,7 @@ def capture_pids(pids: Mapping[str, int], out_dir: Union[str, Path], *, timeout_
         )
         caps.append(cap)
         meta.append(cap.model_dump(exclude={"text", "threads"}))
-    (out / f"capture{tag}.json").write_text(json.dumps(
+    (out / Layout.capture_meta(tag)).write_text(json.dumps(
         {"py_spy": version, "window_s": round(wall, 4), "tag": tag, "processes": meta}, indent=2))
     return caps
 

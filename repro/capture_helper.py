@@ -28,11 +28,6 @@ PYSPY_MISSING_FIX = "install py-spy into the harness environment (pip install py
 _NO_ANSWER = "py-spy did not answer within"  # a timed-out run's error starts so (never tried again)
 
 
-def faulthandler_file(pid: int) -> str:
-    """The injector's faulthandler file name for ``pid`` (``repro.evidence.Layout.faulthandler_file``)."""
-    return f"faulthandler-{pid}.txt"
-
-
 def _classify_error(text: str) -> str:
     low = text.lower()
     if "permission denied" in low or "operation not permitted" in low or "eperm" in low or "ptrace" in low:
@@ -171,15 +166,16 @@ def _process_title(pid: int) -> str:
         return ""
 
 
-def faulthandler_dump(pid: int, injector_dir: Path, *, signal_name: str = "SIGUSR2",
+def faulthandler_dump(pid: int, fh_file: Path, *, signal_name: str = "SIGUSR2",
                       timeout_s: float = 5.0, settle_s: float = 0.15) -> tuple[bool, str, str]:
     """Ask ``pid`` for its in-process faulthandler dump and return ``(ok, text, error)``.
 
-    Sends ``signal_name`` only when ``<injector_dir>/faulthandler-<pid>.txt`` exists and /proc says the signal is
-    caught (an uncaught SIGUSR2 terminates the process); reads what was appended after the signal, waiting until
-    the file stops growing for ``settle_s`` seconds or ``timeout_s`` seconds pass.
+    Sends ``signal_name`` only when ``fh_file`` (the injector's ``faulthandler-<pid>.txt``,
+    ``repro.evidence.Layout.faulthandler_file``) exists and /proc says the signal is caught (an uncaught SIGUSR2
+    terminates the process); reads what was appended after the signal, waiting until the file stops growing for
+    ``settle_s`` seconds or ``timeout_s`` seconds pass.
     """
-    path = Path(injector_dir) / faulthandler_file(pid)
+    path = Path(fh_file)
     try:
         signum = int(getattr(_signal, signal_name))
     except (AttributeError, TypeError, ValueError):
@@ -252,7 +248,7 @@ def dump_one(pid: int, py_spy: str, fh_file: str, signal_name: str, timeout_s: f
         out["error"] = err[-600:]
         refused = "could not run py-spy" in err or _classify_error(err) == "ptrace"
         if refused and fh_file != "-":
-            fok, text, ferr = faulthandler_dump(pid, Path(fh_file).parent, signal_name=signal_name, timeout_s=timeout_s)
+            fok, text, ferr = faulthandler_dump(pid, Path(fh_file), signal_name=signal_name, timeout_s=timeout_s)
             if fok:
                 out["method"], out["faulthandler"] = "faulthandler", text
             else:

@@ -356,7 +356,7 @@ class RankDeathDetector:
         reason = self.watch.verdict_reason()
         record = {"rank_deaths": self.records()}
         return Detection(self.name, True, Verdict(INCONCLUSIVE, reason), None, reason, record,
-                         {ev.Layout.RANK_DEATHS.name: record["rank_deaths"]})
+                         {ev.Layout.RANK_DEATHS: record["rank_deaths"]})
 
     def records(self) -> list[dict]:
         """``rank_deaths.json``: one ``{rank, pid, reason, time}`` per rank found gone."""

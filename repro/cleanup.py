@@ -103,14 +103,14 @@ def cleanup_targets(folder: Path) -> list[Path]:
     and grandchildren (an evidence root holds scenario folders holding run folders). Symlinks (``latest``) are
     skipped."""
     folder = Path(folder)
-    if (folder / Layout.PROCESSES.name).is_file():
+    if Layout.PROCESSES.at(folder).is_file():
         return [folder]
     found: list[Path] = []
-    sess = read_json(folder / Layout.SESSION.name) if (folder / Layout.SESSION.name).is_file() else None
+    sess = read_json(Layout.SESSION.at(folder)) if Layout.SESSION.at(folder).is_file() else None
     if isinstance(sess, dict) and sess.get("session"):
         found.append(Path(sess["session"]))
-    if (folder / Layout.HUNT_JSONL.name).is_file():
-        for line in (folder / Layout.HUNT_JSONL.name).read_text(encoding="utf-8", errors="replace").splitlines():
+    if Layout.HUNT_JSONL.at(folder).is_file():
+        for line in Layout.HUNT_JSONL.at(folder).read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 rec = json.loads(line)
             except ValueError:
@@ -121,13 +121,13 @@ def cleanup_targets(folder: Path) -> list[Path]:
         for d in sorted(folder.iterdir()):
             if not d.is_dir() or d.is_symlink():
                 continue
-            if (d / Layout.PROCESSES.name).is_file():
+            if Layout.PROCESSES.at(d).is_file():
                 found.append(d)
                 continue
-            found.extend(sorted(g for g in d.iterdir() if g.is_dir() and not g.is_symlink() and (g / Layout.PROCESSES.name).is_file()))
+            found.extend(sorted(g for g in d.iterdir() if g.is_dir() and not g.is_symlink() and Layout.PROCESSES.at(g).is_file()))
     out: list[Path] = []
     for d in found:
-        if (d / Layout.PROCESSES.name).is_file() and d not in out:
+        if Layout.PROCESSES.at(d).is_file() and d not in out:
             out.append(d)
     return out
 
@@ -158,8 +158,8 @@ def _harness_alive(run: dict, mark: dict) -> Optional[int]:
 
 def _not_ours(folder: Path, procs: list[ProcInfo]) -> CleanupResult:
     live = [p for p in procs if _procs.alive(p)]
-    why = ("not launched by repro (no launched_by_repro mark in processes.json: e.g. a server `repro watch` observed, "
-           "or a folder written by an older harness)")
+    why = (f"not launched by repro (no launched_by_repro mark in {Layout.PROCESSES.name}: e.g. a server `repro watch` "
+           "observed, or a folder written by an older harness)")
     lst = ", ".join(f"pid {p.pid} ({p.title[:60]})" for p in live) or "none of them is running"
     return CleanupResult(folder, EXIT_USAGE, f"refused: {folder} records processes {why}; cleanup only ends trees the "
                          f"harness itself launched, --force does not change that; left alone: {lst}",
@@ -212,7 +212,7 @@ def _remove_leftover_files(folder: Path, adapters: list) -> list[str]:
 
 
 def _remove_owned_dirs(folder: Path, adapters: Optional[list] = None) -> list[str]:
-    owned = read_json(folder / Layout.OWNED_DIRS.name) if (folder / Layout.OWNED_DIRS.name).is_file() else None
+    owned = read_json(Layout.OWNED_DIRS.at(folder)) if Layout.OWNED_DIRS.at(folder).is_file() else None
     tmp = Path(tempfile.gettempdir())
     removed = _remove_leftover_files(folder, adapters if adapters is not None else _engines(folder)[0])
     for d in (Path(x) for x in (owned if isinstance(owned, list) else []) if isinstance(x, str)):
@@ -229,16 +229,17 @@ def _write_killed_report(folder: Path, run: dict, stopped: list[ProcInfo], when:
     reason = (f"the harness (pid {run.get('pid', '?')}) was killed before it finished; `repro cleanup` stopped the "
               f"server tree it left ({len(stopped)} processes) at {at}")
     notes = [f"`repro analyze {folder}` gives the ledger diagnosis and the rank states from what was recorded",
-             "server.log and requests.jsonl hold what happened up to the kill"]
-    write_json_atomic(folder / Layout.VERDICT.name, {"verdict": "INCONCLUSIVE", "reason": reason, "notes": notes, "exit_code": 4,
+             f"{Layout.SERVER_LOG.name} and {Layout.REQUESTS.name} hold what happened up to the kill"]
+    write_json_atomic(Layout.VERDICT.at(folder), {"verdict": "INCONCLUSIVE", "reason": reason, "notes": notes, "exit_code": 4,
                                                 "partial": True, "harness_killed": True, "cleaned_up_time": when,
                                                 "run_started_time": started, "evidence": str(folder)})
-    if not (folder / Layout.REPORT.name).exists():
-        write_text_atomic(folder / Layout.REPORT.name, "\n".join([
+    if not Layout.REPORT.at(folder).exists():
+        write_text_atomic(Layout.REPORT.at(folder), "\n".join([
             f"# INCONCLUSIVE — harness killed, cleaned up at {at}", "",
             reason + ".", "",
             f"- For the ledger diagnosis and where each rank was: `repro analyze {folder}`",
-            "- What happened up to the kill: `server.log`, `requests.jsonl` (when the burst had started).",
+            f"- What happened up to the kill: `{Layout.SERVER_LOG.name}`, `{Layout.REQUESTS.name}` (when the burst had "
+            "started).",
             f"- Stopped: {', '.join(f'pid {p.pid} ({p.title[:50]})' for p in stopped) or '(nothing was running)'}", ""]))
 
 
@@ -287,7 +288,7 @@ def cleanup_run(folder: Path, force: bool = False) -> CleanupResult:
 
 
 def _cleanup_run(folder: Path, force: bool, adapters: list) -> CleanupResult:
-    path = folder / Layout.PROCESSES.name
+    path = Layout.PROCESSES.at(folder)
     try:
         recorded = _procs.load_procs(path)
     except (OSError, ValueError) as e:
@@ -296,7 +297,7 @@ def _cleanup_run(folder: Path, force: bool, adapters: list) -> CleanupResult:
     mark = _procs.read_launch_mark(path)
     if mark is None:
         return _not_ours(folder, recorded)
-    run = read_json(folder / Layout.RUN.name) or {}
+    run = read_json(Layout.RUN.at(folder)) or {}
     if not isinstance(run, dict):
         run = {}
     harness = _harness_alive(run, mark)
@@ -314,9 +315,9 @@ def _cleanup_run(folder: Path, force: bool, adapters: list) -> CleanupResult:
     tokens = [t for t in (mark.get("tokens") or []) if isinstance(t, str) and t]
     foreign = [p for p in live if not _ours(p, tokens, mark)]
     if foreign:  # a forged or stale record: a live pid that is not of the launched tree is never signalled
-        why = ("its environment lacks the launch token recorded in processes.json" if tokens else
-               "processes.json carries no launch token (written by hand or by an older harness)")
-        return CleanupResult(folder, EXIT_USAGE, f"refused: {folder}/processes.json names live processes that repro did "
+        why = (f"its environment lacks the launch token recorded in {Layout.PROCESSES.name}" if tokens else
+               f"{Layout.PROCESSES.name} carries no launch token (written by hand or by an older harness)")
+        return CleanupResult(folder, EXIT_USAGE, f"refused: {Layout.PROCESSES.at(folder)} names live processes that repro did "
                              f"not launch for this run ({why}); nothing was stopped. End them yourself if they are yours: "
                              + ", ".join(f"pid {p.pid} ({p.title[:60]})" for p in foreign), refused=True,
                              left_alone=[(p, why) for p in foreign])
@@ -331,9 +332,9 @@ def _cleanup_run(folder: Path, force: bool, adapters: list) -> CleanupResult:
                                                                         default=float("inf")))]
     now = time.time()
     if live and run.get("status") == "running":
-        write_json_atomic(folder / Layout.RUN.name, {**run, "status": "cleaned-up", "cleaned_up_time": now,
+        write_json_atomic(Layout.RUN.at(folder), {**run, "status": "cleaned-up", "cleaned_up_time": now,
                                                 "note": "the harness ended without tearing down; `repro cleanup` stopped the server"})
-    if not (folder / Layout.VERDICT.name).exists() and run.get("status") in ("running", "cleaned-up"):
+    if not Layout.VERDICT.at(folder).exists() and run.get("status") in ("running", "cleaned-up"):
         _write_killed_report(folder, run, stopped, now)
     rm = f"; removed {', '.join(removed)}" if removed else ""
     if not live:
@@ -357,8 +358,8 @@ def cleanup(folder: Path, force: bool = False) -> list[CleanupResult]:
     targets = cleanup_targets(Path(folder))
     if not targets:
         p = Path(folder)
-        accepted = ("pass a run's evidence folder (it holds processes.json), a hunt folder, a hunt trial's folder, or an "
-                    "evidence root")
+        accepted = (f"pass a run's evidence folder (it holds {Layout.PROCESSES.name}), a hunt folder, a hunt trial's "
+                    "folder, or an evidence root")
         if p.exists() and not p.is_dir():
             what = "a file" if p.is_file() else kind(p.stat())
             raise CleanupError(f"{p} is {what}, not a folder: {accepted}")
@@ -366,7 +367,7 @@ def cleanup(folder: Path, force: bool = False) -> list[CleanupResult]:
             up = nearest_existing(p)
             why = f" ({up} is a file, not a folder)" if up.exists() and not up.is_dir() else ""
             raise CleanupError(f"{p} does not exist{why}: {accepted}")
-        raise CleanupError(f"{p / 'processes.json'} not found (nor a run folder under {p}): {accepted}")
+        raise CleanupError(f"{Layout.PROCESSES.at(p)} not found (nor a run folder under {p}): {accepted}")
     return [cleanup_run(t, force) for t in targets]
 
 

@@ -236,6 +236,8 @@ def _result_dict(res) -> dict:
 
 
 def _render_result(res, as_json: bool) -> None:
+    from repro.evidence import Layout
+
     if as_json:
         out.print_json(json.dumps(_result_dict(res)))
         return
@@ -251,7 +253,7 @@ def _render_result(res, as_json: bool) -> None:
                       escape(" ← ".join(getattr(r, "caller_chain", [])[:4])))
         out.print(t)
     out.print(f"requests: {res.requests_ok}/{res.requests_total} succeeded")
-    out.print(f"evidence: {res.evidence}  (REPORT.md)")
+    out.print(f"evidence: {res.evidence}  ({Layout.REPORT.name})")
     if res.expected:
         out.print(f"expected {res.expected}: {'match' if res.exit_code == 0 else 'MISMATCH (exit 5)'}")
 
@@ -365,6 +367,7 @@ def compare(
     starts), 1 internal error.
     """
     from repro.compare import CompareError, CompareOptions, dumps, run_compare
+    from repro.evidence import Layout
     from repro.runner import RunError
 
     _sigterm_to_interrupt()
@@ -394,8 +397,8 @@ def compare(
         out.print(f"       {s.reason}")
         for n in s.notes:
             out.print(f"       - {n}")
-        out.print(f"       evidence: {s.evidence}/REPORT.md")
-    out.print(f"comparison: {res.folder / 'COMPARISON.md'}  (wall time {res.wall_s:.0f} s)")
+        out.print(f"       evidence: {s.evidence / Layout.REPORT.name}")
+    out.print(f"comparison: {res.folder / Layout.COMPARISON.name}  (wall time {res.wall_s:.0f} s)")
     raise typer.Exit(res.exit_code)
 
 
@@ -417,6 +420,7 @@ def demo(
     """
     python = _release_python(release, python, None)
     from repro import resources
+    from repro.evidence import Layout
     from repro.runner import RunError, RunOptions, run as run_scenario
     from repro.scenario import ScenarioError, load_scenario
     from repro.targets.registry import DEFAULT_ADAPTER, get_adapter
@@ -461,7 +465,7 @@ def demo(
     for v, res in results:
         ok = res.exit_code == 0
         out.print(f"{v.name:20s} [{_verdict_style(res.verdict.verdict)}]{res.verdict.verdict}[/] "
-                  f"({'as expected' if ok else 'expected ' + v.expect}) → {res.evidence}/REPORT.md")
+                  f"({'as expected' if ok else 'expected ' + v.expect}) → {Path(res.evidence) / Layout.REPORT.name}")
     raise typer.Exit(code)
 
 
@@ -765,6 +769,7 @@ def analyze(
     from rich.markup import escape as rich_escape
 
     from repro.analysis import AnalyzeInputError, analyze as analyze_captures, load_captures
+    from repro.evidence import Layout
 
     from repro.ledger import diagnose_paths
     from repro.engine_dumps import read_engine_dumps
@@ -850,7 +855,7 @@ def analyze(
             table.add_row(*(rich_escape(c) for c in cells), style=style)
         if len(result.ranks) > len(shown):
             table.add_row("…", f"{len(result.ranks) - len(shown)} more ranks", "(every rank is in --json / "
-                          "analysis.json)", "", "", "", style="dim")
+                          f"{Layout.ANALYSIS.name})", "", "", "", style="dim")
         return table
 
     # at most MAX_TABLE_RANKS rows and MAX_TABLE_LINES lines as this terminal wraps them (a narrow one folds a row
@@ -980,6 +985,7 @@ def watch(
 
 def _reproduce_run(w, dumps, out_dir: Path, evidence_dir, python, model, tp, only, as_json: bool) -> None:
     """Run the written candidates, write REPRODUCTION.md, print the outcome and exit 10/11/12 (``repro.reproduce``)."""
+    from repro.evidence import EvidenceDir
     from repro.reproduce import ReproduceInputError, exit_code, keep_winner, reproduction_markdown, run_candidates
     from repro.runner import RunError
 
@@ -993,16 +999,16 @@ def _reproduce_run(w, dumps, out_dir: Path, evidence_dir, python, model, tp, onl
     except KeyboardInterrupt:
         raise typer.Exit(_interrupted_exit())
     src = ", ".join(str(d) for d in dumps)
-    md = out_dir / "REPRODUCTION.md"
+    md = EvidenceDir.open(out_dir).reproduction
     try:
         kept = keep_winner(w, tried, out_dir)
     except ReproduceInputError as e:
         console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         kept = None
-    md.write_text(reproduction_markdown(w, tried, src, time.monotonic() - t0), encoding="utf-8")
+    md.write(reproduction_markdown(w, tried, src, time.monotonic() - t0))
     code = exit_code(tried)
     if as_json:
-        out.print_json(json.dumps({**w.to_json(), "tried": [t.to_json() for t in tried], "reproduction": str(md),
+        out.print_json(json.dumps({**w.to_json(), "tried": [t.to_json() for t in tried], "reproduction": str(md.path),
                                    "kept": str(kept) if kept else None, "exit_code": code}, default=str))
         raise typer.Exit(code)
     for line in w.signature.lines():
@@ -1013,7 +1019,7 @@ def _reproduce_run(w, dumps, out_dir: Path, evidence_dir, python, model, tp, onl
             out.print("  reproduction: " + escape(line), highlight=False)
     if kept:
         out.print(f"scenario kept: {escape(str(kept))}", highlight=False)
-    out.print(f"REPRODUCTION.md written to {escape(str(md))}", highlight=False)
+    out.print(f"{md.member.name} written to {escape(str(md.path))}", highlight=False)
     raise typer.Exit(code)
 
 
@@ -1024,7 +1030,7 @@ def reproduce(
     python: Optional[str] = typer.Option(None, "--python", help="target interpreter whose engine source the frames are mapped to (default: as `repro run` picks it)"),
     model: Optional[str] = typer.Option(None, "--model", help="model path for the server"),
     tp: Optional[int] = typer.Option(None, "--tp", help="TP size (default: the number of ranks in the dumps)"),
-    out_dir: Path = typer.Option(Path("reproduce"), "--out", callback=_EVIDENCE_DIR, help="folder for reproduce.toml and REPRODUCTION.md"),
+    out_dir: Path = typer.Option(Path("reproduce"), "--out", callback=_EVIDENCE_DIR, help="folder for the scenario it writes and its report"),
     no_run: bool = typer.Option(False, "--no-run", help="only write the candidates (exit 0); launch nothing"),
     only: Optional[List[str]] = typer.Option(None, "--only", help="run only these candidates (repeatable)"),
     evidence_dir: Optional[Path] = typer.Option(None, "--evidence-dir", callback=_EVIDENCE_DIR, help="evidence root for the candidate runs (default: OUT/evidence)"),
@@ -1161,6 +1167,7 @@ def bisect(
     each step a `repro run` evidence folder, BISECT.md beside them. Exit 0 when found; 2 bad input (a REF that is
     not a release, a release not set up: one line naming the setup command); the shared verdict's code when both
     ends agree."""
+    from repro.evidence import EvidenceDir, Layout
     from repro.release_bisect import BisectError, BisectOptions, bisect as run_bisect
 
     _sigterm_to_interrupt()
@@ -1174,7 +1181,7 @@ def bisect(
             _rule(console, f"{data['release']}: {data['ref']}")
         elif event == "verdict":
             out.print(f"{data['release']}: [{_verdict_style(data['verdict'])}]{data['verdict']}[/]  "
-                      f"{escape(data['evidence'])}/REPORT.md", highlight=False)
+                      f"{escape(str(Path(data['evidence']) / Layout.REPORT.name))}", highlight=False)
 
     try:
         res = run_bisect(opts, observe=observe)
@@ -1182,7 +1189,7 @@ def bisect(
         console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_USAGE)
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]: server tree torn down; the steps so far are in BISECT.md")
+        console.print(f"[yellow]interrupted[/]: server tree torn down; the steps so far are in {Layout.BISECT_MD.name}")
         raise typer.Exit(_interrupted_exit())
     if as_json:
         out.print_json(json.dumps(res.to_json(), default=str))
@@ -1191,7 +1198,8 @@ def bisect(
         out.print(f"first change at [bold]{res.first_changed}[/] (last like --good: {res.last_same})")
     else:
         out.print(f"no change: both ends {res.steps[0].verdict if res.steps else '?'}")
-    out.print(f"BISECT.md written to {escape(str(res.folder / 'BISECT.md'))}", highlight=False)
+    md = EvidenceDir.open(res.folder).bisect_md
+    out.print(f"{md.member.name} written to {escape(str(md.path))}", highlight=False)
     raise typer.Exit(res.exit_code)
 
 
@@ -1253,6 +1261,8 @@ def hunt(
                        discover=discover_, hand_points=not no_hand, discover_rules=discover_rules,
                        workloads=tuple(workload or ()), configs=tuple(config or ()), workload_file=workload_file,
                        clean_only=clean_only, spare=spare, shard=shard_kn)
+    from repro.evidence import EvidenceDir, Layout
+
     prog = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[left]}"), console=console, transient=True, disable=as_json)
     state: dict = {"task": None, "folder": None}
@@ -1262,7 +1272,7 @@ def hunt(
             return
         if event == "hunt_folder":
             state["folder"] = data["folder"]
-            console.print(f"hunt folder: {data['folder']}  (HUNT.md, hunt.jsonl)")
+            console.print(f"hunt folder: {data['folder']}  ({Layout.HUNT_MD.name}, {Layout.HUNT_JSONL.name})")
         elif event == "baseline":
             state["task"] = prog.add_task("baseline burst (observe-only probes)", total=None, left="")
         elif event == "rows":
@@ -1287,14 +1297,12 @@ def hunt(
         raise typer.Exit(EXIT_USAGE)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: server tree torn down; results so far kept"
-                      + (f" in {state['folder']}/HUNT.md" if state["folder"] else ""))
+                      + (f" in {Path(state['folder']) / Layout.HUNT_MD.name}" if state["folder"] else ""))
         raise typer.Exit(_interrupted_exit())
-    from repro.evidence import Layout
-
     sched = [r for r in res.deadlocks if r.diagnosis and r.diagnosis.family == FAMILY_SCHED]
     if as_json:
         out.print_json(json.dumps({
-            "folder": str(res.folder), "hunt_md": str(res.folder / Layout.HUNT_MD.name), "baseline": str(res.baseline),
+            "folder": str(res.folder), "hunt_md": str(EvidenceDir.open(res.folder).hunt_md.path), "baseline": str(res.baseline),
             "wall_s": round(res.wall_s, 1), "budget_exhausted": res.budget_exhausted, "discovery": res.discovery,
             "rows": [{"point": r.point, "caller": r.caller, "loop_frame": r.loop_frame, "loop_var": r.loop_var,
                       "where": r.where, "ranks": list(r.ranks)} for r in res.rows],
@@ -1317,7 +1325,7 @@ def hunt(
                   + ("; budget ended early" if res.budget_exhausted else ""))
         if not res.rows:
             out.print("nothing was perturbed: the baseline burst reached none of the chosen decision points")
-        out.print(f"report: {res.folder / 'HUNT.md'}")
+        out.print(f"report: {EvidenceDir.open(res.folder).hunt_md.path}")
     if not res.rows:  # nothing exercised is not "nothing found"
         raise typer.Exit(EXIT_INCONCLUSIVE)
     raise typer.Exit(EXIT_DEADLOCKED if sched or getattr(res, "findings", None) else EXIT_SUCCESS)
@@ -1332,6 +1340,7 @@ def hunt_merge(
 ) -> None:
     """Join the folders of a sharded hunt into one HUNT.md + hunt.jsonl (every trial in plan order; missing shards
     named). Exit codes: 0 merged, 2 folders that are not shards of one plan."""
+    from repro.evidence import EvidenceDir
     from repro.hunt.merge import MergeError, merge_shards
 
     try:
@@ -1339,16 +1348,17 @@ def hunt_merge(
     except MergeError as e:
         console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(EXIT_USAGE)
-    lines = [json.loads(x) for x in (folder / "hunt.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
+    merged = EvidenceDir.open(folder)
+    lines = merged.hunt_jsonl.read()
     merge = next((x for x in lines if x.get("event") == "merge"), {})
     trials = [x for x in lines if x.get("event") == "trial"]
     if as_json:
-        out.print_json(json.dumps({"folder": str(folder), "hunt_md": str(folder / "HUNT.md"), "n": merge.get("n"),
+        out.print_json(json.dumps({"folder": str(folder), "hunt_md": str(merged.hunt_md.path), "n": merge.get("n"),
                                    "shards": merge.get("shards"), "missing": merge.get("missing"), "results": trials}))
     else:
         out.print(f"{len(trials)} trial(s) from {len(merge.get('shards') or {})} of {merge.get('n')} shard(s)"
                   + (f"; missing: {', '.join(map(str, merge['missing']))}" if merge.get("missing") else ""))
-        out.print(f"report: {folder / 'HUNT.md'}")
+        out.print(f"report: {merged.hunt_md.path}")
     raise typer.Exit(EXIT_SUCCESS)
 
 

@@ -432,7 +432,7 @@ def comparison_markdown(result: CompareResult, opts: CompareOptions, scenario: s
         ("healthy after", lambda s: _s(s.timings.get("healthy_s"))),
         ("last progress → verdict", lambda s: _s(s.timings.get("last_progress_to_verdict_s"))),
         ("requests ok / stalled", lambda s: f"{s.requests_ok} / {s.requests_total - s.requests_ok} of {s.requests_total}"),
-        ("evidence", lambda s: f"[{s.evidence.name}]({os.path.relpath(s.evidence / 'REPORT.md', folder)})"),
+        ("evidence", lambda s: f"[{s.evidence.name}]({os.path.relpath(ev.Layout.REPORT.at(s.evidence), folder)})"),
     ]
     for name, fn in rows:
         lines.append(f"| {name} | " + " | ".join(fn(s) for s in sides) + " |")

@@ -81,7 +81,7 @@ class Detection:
         analysis: a ``repro.analysis.Analysis`` to report (the deciding capture's, or the latest one).
         reason: one sentence (also when not decided: why it is not a deadlock yet).
         record: appended to the run folder's ``stalls.json`` (with ``detector``); None = nothing to record.
-        evidence: file name → JSON-able object written into the run folder.
+        evidence: store member (``repro.evidence.Layout.PROOF`` …) → JSON-able object written into the run folder.
     """
 
     detector: str
@@ -191,9 +191,9 @@ class ScopedDetector:
         det = self.inner.poll(sc)
         if det is None:
             return None
-        for name, obj in det.evidence.items():  # the server's own folder gets it too (its REPORT.md reads it)
+        for member, obj in det.evidence.items():  # the server's own folder gets it too (its REPORT.md reads it)
             try:
-                sc.run_dir.write_json(name, obj)
+                sc.run_dir.member(member).write(obj)
             except Exception:
                 pass
         if det.analysis is not None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence, Union
 
+from repro.evidence import Layout
 from repro.readers.engine_records import EngineReadResult, EngineRecord, read_engine_records
 
 MAX_FILE_BYTES = 512 * 1024 * 1024  # a log above this is not read for engine dumps (named in a warning)
@@ -168,7 +169,7 @@ def _files(paths: Iterable[Union[str, Path]]) -> list[Path]:
         if p.is_file():
             out.append(p)
         elif p.is_dir():
-            out += sorted(x for x in p.iterdir() if x.is_file() and (x.name == "server.log" or x.suffix == ".log"))
+            out += sorted(x for x in p.iterdir() if x.is_file() and (x.name == Layout.SERVER_LOG.name or x.suffix == ".log"))
     return list(dict.fromkeys(out))
 
 

@@ -27,12 +27,21 @@ Members (who writes each one; ``repro.runner`` unless said):
 ``proof.json``              the ledger proof of a deadlock (``repro.proof``); ``rank_deaths.json`` dead ranks
 ``session.json``            a run folder of a multi-variant session; ``serve.json`` a ``repro serve`` server
 ``injector/``               ``loaded-<pid>.json``, ``fires-<pid>.jsonl``, ``ledger-<pid>[.N].jsonl``,
-                            ``faulthandler-<pid>.txt``, ``errors.log`` (written by the injector)
+                            ``digest-<pid>[.N].jsonl``, ``faulthandler-<pid>.txt``, ``ticks-<pid>.txt``,
+                            ``errors.log`` (written by the injector, which names them in ``repro_injector/files.py``)
 ``stacks/``                 ``rank<k><tag>.txt`` / ``.json`` (``repro.capture``)
 watch folders               ``watch.json``, ``probes.jsonl``, ``hang.json``, ``metrics.txt``, ``on_hang.json``,
                             ``on_hang.log``
 compare folders             ``COMPARISON.md``, ``compare.json``
-hunt folders                ``HUNT.md``, ``hunt.jsonl``, ``scenarios/``
+hunt folders                ``HUNT.md``, ``hunt.jsonl``, ``matrix.json``, ``scenarios/`` (``baseline.toml``,
+                            ``trials.toml``, ``<trial>.toml``, ``workload-<w>.toml``), ``FINDING-<w>.md``,
+                            ``findings/<trial>/FINDING.md``, ``discovery/`` (``DISCOVERY.md``, ``discover.json``,
+                            ``catalogue.toml``, ``PRECISION.md``, ``tally.json``)
+reproduce folders           ``REPRODUCTION.md``, ``reproduce.toml``, ``reproducer.toml``
+bisect folders              ``BISECT.md``, ``bisect.json``
+``servers/<role>/``         a multi-server run (``repro.pd``): each engine server's own run folder; ``stack.json``
+``hosts/<host>/``           a run across hosts (``repro.remote_run``): each host's ``injector/`` and ``server.log``;
+                            ``hosts.json``, ``links.json``
 ==========================  ===================================================================================
 """
 
@@ -45,7 +54,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Generic, Optional, Type, TypeVar, Union
+from typing import Any, Generic, Optional, Type, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -243,6 +252,10 @@ class Member:
     what: str
     record: Optional[Type[BaseModel]] = None
 
+    def at(self, folder: Union[str, Path]) -> Path:
+        """This member's path in ``folder`` (an evidence folder that may not exist, or one opened elsewhere)."""
+        return Path(folder) / self.name
+
 
 class File(Generic[R]):
     """A :class:`Member` bound to one folder: ``path``, ``exists()``, typed ``read()`` and atomic ``write()``."""
@@ -316,6 +329,14 @@ class File(Generic[R]):
         return out
 
     # -- writing
+    def append(self, record: dict) -> Path:
+        """Append one JSON line to a ``jsonl`` member (a stream written as it happens: a reader skips a torn last
+        line). Not atomic, by design: what was appended before a kill stays."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, default=str) + "\n")
+        return self.path
+
     def write(self, data: Any) -> Path:
         """Write atomically: a record, or data of the record's shape (checked first), or text for a text member.
 
@@ -382,30 +403,88 @@ class Layout:
     COMPARE_JSON = _member("compare.json", "json", "the before/after comparison (JSON)")
     HUNT_MD = _member("HUNT.md", "text", "the hunt's findings (markdown)")
     HUNT_JSONL = _member("hunt.jsonl", "jsonl", "the hunt's events and trial results")
+    HOSTS_JSON = _member("hosts.json", "json", "the nodes of a run across hosts: rank -> host and pid there (repro.remote_run)")
+    LINKS = _member("links.json", "json", "each host's data link, as a run across hosts checked it (repro.remote_run)")
+    MATRIX = _member("matrix.json", "json", "the hunt matrix's server groups (repro.hunt.matrix)")
+    FINDING = _member("FINDING.md", "text", "a confirmed hunt finding, ready to file upstream (findings/<trial>/)")
+    HUNT_BASELINE = _member("baseline.toml", "text", "the hunt's observe-only baseline scenario (in scenarios/)")
+    HUNT_TRIALS = _member("trials.toml", "text", "the hunt's trial scenario, every trial a variant (in scenarios/)")
+    DISCOVERY_MD = _member("DISCOVERY.md", "text", "what discovery scanned and proposed (in discovery/)")
+    DISCOVERY_JSON = _member("discover.json", "json", "discovery's scan and candidates (in discovery/)")
+    DISCOVERY_POINTS = _member("catalogue.toml", "text", "the points discovery added, as hunt catalogue TOML (in discovery/)")
+    PRECISION = _member("PRECISION.md", "text", "discovery judged by the hunt (in discovery/)")
+    TALLY = _member("tally.json", "json", "discovery's points reached / fired / deadlocked in the hunt (in discovery/)")
+    REPRODUCTION = _member("REPRODUCTION.md", "text", "what `repro reproduce` found (markdown)")
+    REPRODUCE_SCENARIO = _member("reproduce.toml", "text", "the scenario `repro reproduce` wrote: one variant per candidate")
+    REPRODUCER = _member("reproducer.toml", "text", "the scenario of the candidate that reproduced the hang")
+    BISECT_MD = _member("BISECT.md", "text", "the release bisection (markdown)")
+    BISECT_JSON = _member("bisect.json", "json", "the release bisection (JSON)")
     INJECTOR = _member("injector", "dir", "the injector's records")
     STACKS = _member("stacks", "dir", "captured stacks")
     HUNT_SCENARIOS = _member("scenarios", "dir", "scenario files the hunt wrote")
-    # inside injector/ (written by injectors/repro_injector, read by repro.injection_records and repro.ledger)
+    SERVERS = _member("servers", "dir", "one evidence folder per engine server of a multi-server topology (repro.pd)")
+    HOSTS = _member("hosts", "dir", "one folder per host of a run across hosts: its injector records and log")
+    FINDINGS = _member("findings", "dir", "one folder per confirmed hunt finding (FINDING.md)")
+    DISCOVERY = _member("discovery", "dir", "what `repro hunt --discover` proposed and how it fared")
+    # inside injector/ (written by injectors/repro_injector, which names them in its files.py; read by
+    # repro.injection_records, repro.ledger and repro.state_digest; tests/test_store_names.py checks both agree)
     LOADED_GLOB = "loaded-*.json"
     FIRES_GLOB = "fires-*.jsonl"
+    FAULTHANDLER_GLOB = "faulthandler-*.txt"
+    LEDGER_GLOB = "ledger-*.jsonl"
     LEDGER_FILE_RE = re.compile(r"^ledger-(\d+)(?:\.(\d+))?\.jsonl$")
+    DIGEST_FILE_RE = re.compile(r"^digest-(\d+)(?:\.(\d+))?\.jsonl$")
     INJECTOR_ERRORS = "errors.log"
 
     @staticmethod
     def loaded_marker(pid: int) -> str:
+        """``loaded-<pid>.json``: the injector's loaded marker of process ``pid``."""
         return f"loaded-{pid}.json"
 
     @staticmethod
     def fire_log(pid: int) -> str:
+        """``fires-<pid>.jsonl``: the fire log of process ``pid``."""
         return f"fires-{pid}.jsonl"
 
     @staticmethod
     def ledger_file(pid: int, part: int = 0) -> str:
+        """``ledger-<pid>.jsonl`` (part 0) or ``ledger-<pid>.<part>.jsonl``: the collective ledger of ``pid``."""
         return f"ledger-{pid}.{part}.jsonl" if part else f"ledger-{pid}.jsonl"
 
     @staticmethod
+    def ledger_stem(key: Any) -> str:
+        """``ledger-<key>``: what a ledger file's name starts with (``key``: a pid, or a rank in a hosts' mirror)."""
+        return f"ledger-{key}"
+
+    @staticmethod
+    def digest_file(pid: int, part: int = 0) -> str:
+        """``digest-<pid>.jsonl`` (part 0) or ``digest-<pid>.<part>.jsonl``: the state digest's ring of ``pid``."""
+        return f"digest-{pid}.{part}.jsonl" if part else f"digest-{pid}.jsonl"
+
+    @staticmethod
     def faulthandler_file(pid: int) -> str:
+        """``faulthandler-<pid>.txt``: the in-process stack dumps of ``pid``."""
         return f"faulthandler-{pid}.txt"
+
+    @staticmethod
+    def ticks_file(pid: int) -> str:
+        """``ticks-<pid>.txt``: every scheduler tick's start (benchmarks only)."""
+        return f"ticks-{pid}.txt"
+
+    @staticmethod
+    def workload_finding(workload: str) -> str:
+        """``FINDING-<workload>.md``: a hunt workload that hung with no perturbation."""
+        return f"FINDING-{workload}.md"
+
+    @staticmethod
+    def workload_scenario(workload: str) -> str:
+        """``workload-<workload>.toml`` (in scenarios/): that workload's scenario, no injection."""
+        return f"workload-{workload}.toml"
+
+    @staticmethod
+    def trial_scenario(trial: str) -> str:
+        """``<trial>.toml`` (in scenarios/): a hunt trial's ready-to-run scenario."""
+        return f"{trial}.toml"
 
     @staticmethod
     def pid_of(name: str) -> Optional[int]:
@@ -417,6 +496,21 @@ class Layout:
     def stack_label(rank: int) -> str:
         """``rank0``: the stem of rank ``rank``'s files in ``stacks/`` (``repro.capture`` appends tag and suffix)."""
         return f"rank{rank}"
+
+    @staticmethod
+    def server_dir(folder: Union[str, Path], role: str) -> Path:
+        """``<folder>/servers/<role>/``: one engine server's folder of a multi-server run (``role`` may be a glob)."""
+        return Path(folder) / Layout.SERVERS.name / role
+
+    @staticmethod
+    def host_dir(folder: Union[str, Path], name: str) -> Path:
+        """``<folder>/hosts/<host>/``: one host's folder of a run across hosts."""
+        return Path(folder) / Layout.HOSTS.name / name
+
+    @staticmethod
+    def capture_meta(tag: str = "") -> str:
+        """``capture-1.json``: what capture ``tag`` did per process (in ``stacks/``; ``repro.capture``)."""
+        return f"capture{tag}.json"
 
     @staticmethod
     def stack_name(rank: int, tag: str = "", ext: str = "txt") -> str:
@@ -488,6 +582,10 @@ class EvidenceDir:
     def _f(self, member: Member) -> File:
         return File(self.path, member)
 
+    def member(self, member: Member) -> File:
+        """The file of any :class:`Layout` member in this folder (``evd.member(Layout.PROOF)`` is ``evd.proof``)."""
+        return File(self.path, member)
+
     # -- members (one property per file; the name lives in Layout)
     run = property(lambda self: self._f(Layout.RUN), doc="``run.json`` (:class:`RunStatus`)")
     verdict = property(lambda self: self._f(Layout.VERDICT), doc="``verdict.json`` (:class:`VerdictRecord`)")
@@ -521,6 +619,72 @@ class EvidenceDir:
     compare_json = property(lambda self: self._f(Layout.COMPARE_JSON), doc="``compare.json``")
     hunt_md = property(lambda self: self._f(Layout.HUNT_MD), doc="``HUNT.md``")
     hunt_jsonl = property(lambda self: self._f(Layout.HUNT_JSONL), doc="``hunt.jsonl``")
+    stack = property(lambda self: self._f(Layout.STACK), doc="``stack.json`` (``repro.pd``)")
+    hosts_json = property(lambda self: self._f(Layout.HOSTS_JSON), doc="``hosts.json`` (``repro.remote_run``)")
+    links = property(lambda self: self._f(Layout.LINKS), doc="``links.json`` (``repro.remote_run``)")
+    matrix = property(lambda self: self._f(Layout.MATRIX), doc="``matrix.json``")
+    finding = property(lambda self: self._f(Layout.FINDING), doc="``FINDING.md`` (of a ``findings/<trial>/`` folder)")
+    hunt_baseline = property(lambda self: self._f_in(Layout.HUNT_SCENARIOS, Layout.HUNT_BASELINE),
+                             doc="``scenarios/baseline.toml``")
+    hunt_trials = property(lambda self: self._f_in(Layout.HUNT_SCENARIOS, Layout.HUNT_TRIALS),
+                           doc="``scenarios/trials.toml``")
+    discovery_md = property(lambda self: self._f(Layout.DISCOVERY_MD), doc="``DISCOVERY.md`` (of ``discovery/``)")
+    discovery_json = property(lambda self: self._f(Layout.DISCOVERY_JSON), doc="``discover.json`` (of ``discovery/``)")
+    discovery_points = property(lambda self: self._f(Layout.DISCOVERY_POINTS), doc="``catalogue.toml`` (of ``discovery/``)")
+    precision = property(lambda self: self._f(Layout.PRECISION), doc="``PRECISION.md`` (of ``discovery/``)")
+    tally = property(lambda self: self._f(Layout.TALLY), doc="``tally.json`` (of ``discovery/``)")
+    reproduction = property(lambda self: self._f(Layout.REPRODUCTION), doc="``REPRODUCTION.md``")
+    reproduce_scenario = property(lambda self: self._f(Layout.REPRODUCE_SCENARIO), doc="``reproduce.toml``")
+    reproducer = property(lambda self: self._f(Layout.REPRODUCER), doc="``reproducer.toml``")
+    bisect_md = property(lambda self: self._f(Layout.BISECT_MD), doc="``BISECT.md``")
+    bisect_json = property(lambda self: self._f(Layout.BISECT_JSON), doc="``bisect.json``")
+
+    def _f_in(self, folder: Member, member: Member) -> File:
+        return File(self.path / folder.name, member)
+
+    def workload_finding(self, workload: str) -> File:
+        """``FINDING-<workload>.md`` of a hunt folder."""
+        return self._f(Member(Layout.workload_finding(workload), "text", f"workload {workload}'s finding (markdown)"))
+
+    def hunt_scenario(self, name: str) -> Path:
+        """``scenarios/<name>`` of a hunt folder (``Layout.trial_scenario`` / ``workload_scenario`` name the files)."""
+        return self.hunt_scenarios_dir / name
+
+    def sub(self, folder: Member, name: str = "", *, runs: bool = False) -> "EvidenceDir":
+        """A sub-folder of this one as an evidence folder of its own (created when missing): ``folder``'s
+        ``<name>/`` (``servers/<role>/``, ``hosts/<host>/``, ``findings/<trial>/``) or ``folder`` itself
+        (``discovery/``). With ``runs``, it gets ``injector/`` and ``stacks/`` as a run folder does."""
+        path = self.path / folder.name / name if name else self.path / folder.name
+        path.mkdir(parents=True, exist_ok=True)
+        if runs:
+            for sub in (Layout.INJECTOR.name, Layout.STACKS.name):
+                (path / sub).mkdir(exist_ok=True)
+        return EvidenceDir.open(path)
+
+    def server(self, role: str) -> "EvidenceDir":
+        """``servers/<role>/``: one engine server's run folder of a multi-server topology (``repro.pd``)."""
+        return self.sub(Layout.SERVERS, role, runs=True)
+
+    def server_path(self, role: str) -> Path:
+        """``servers/<role>/`` without creating it (``role`` may be a glob such as ``*``)."""
+        return Layout.server_dir(self.path, role)
+
+    def host(self, name: str) -> "EvidenceDir":
+        """``hosts/<host>/``: one host's copied injector records and server log (``repro.remote_run``)."""
+        return self.sub(Layout.HOSTS, name)
+
+    def host_path(self, name: str) -> Path:
+        """``hosts/<host>/`` without creating it."""
+        return Layout.host_dir(self.path, name)
+
+    @property
+    def discovery(self) -> "EvidenceDir":
+        """``discovery/`` of a hunt folder (created when missing)."""
+        return self.sub(Layout.DISCOVERY)
+
+    def finding_dir(self, trial: str) -> "EvidenceDir":
+        """``findings/<trial>/`` of a hunt folder (created when missing)."""
+        return self.sub(Layout.FINDINGS, trial)
 
     @property
     def injector_dir(self) -> Path:

@@ -22,20 +22,22 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from repro.evidence import Layout
 from repro.proof import LedgerProofDetector
 
 FETCH_EVERY_S = 1.0  # at most one remote call per host per this many seconds
 FETCH_MAX_BYTES = 4 << 20  # per rank per call (a mirror that fell behind catches up over several calls)
 
-# On a host: argv = injector_dir, max_bytes, then pid:offset:inode per rank. Prints one JSON object: pid → {data
+# On a host: argv = injector_dir, max_bytes, the current and the previous part's file name with ``{pid}`` in them
+# (``repro.evidence.Layout.ledger_file``), then pid:offset:inode per rank. Prints one JSON object: pid → {data
 # (base64 of the bytes from offset on), ino, off (the offset to ask next time)}. A file whose inode changed was
-# rotated: the rest of ``.1`` from offset, then the new part from 0.
+# rotated: the rest of the previous part from offset, then the new part from 0.
 _TAIL_PY = r'''
 import base64, json, os, sys
-d, cap, out = sys.argv[1], int(sys.argv[2]), {}
-for arg in sys.argv[3:]:
+d, cap, cur, prev, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], {}
+for arg in sys.argv[5:]:
     pid, off, ino = (int(x) for x in arg.split(":"))
-    path = os.path.join(d, "ledger-%d.jsonl" % pid)
+    path = os.path.join(d, cur.format(pid=pid))
     data = b""
     try:
         st = os.stat(path)
@@ -44,7 +46,7 @@ for arg in sys.argv[3:]:
         continue
     if ino and st.st_ino != ino:
         try:
-            with open(path + ".1", "rb") as f:
+            with open(os.path.join(d, prev.format(pid=pid)), "rb") as f:
                 f.seek(off); data = f.read(cap)
         except OSError:
             pass
@@ -52,7 +54,7 @@ for arg in sys.argv[3:]:
     with open(path, "rb") as f:
         f.seek(off); new = f.read(max(0, cap - len(data)))
     out[pid] = {"data": base64.b64encode(data + new).decode(), "ino": st.st_ino, "off": off + len(new)}
-for arg in sys.argv[3:]:  # alive: /proc/PID exists and is not a zombie
+for arg in sys.argv[5:]:  # alive: /proc/PID exists and is not a zombie
     pid = int(arg.split(":")[0])
     try:
         alive = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0] != "Z"
@@ -105,7 +107,8 @@ class HostLedgerMirror:
                 r0 = self.ranks[ks[0]]
                 args = [f"{self.ranks[k].pid}:{self.state[k][0]}:{self.state[k][1]}" for k in ks]
                 cmd = " ".join(shlex.quote(str(a)) for a in (r0.runner.host.python, "-", r0.injector_dir,
-                                                              FETCH_MAX_BYTES, *args))
+                                                              FETCH_MAX_BYTES, Layout.ledger_file("{pid}"),
+                                                              Layout.ledger_file("{pid}", 1), *args))
                 return lambda left: json.loads(r0.runner.run(cmd, input=_TAIL_PY.encode(), timeout_s=left).text)
 
             res = in_parallel({h: one(ks) for h, ks in by_host.items()}, deadline_s)
@@ -124,7 +127,7 @@ class HostLedgerMirror:
                         self.dead[k] = time.time()
                     data = base64.b64decode(x["data"])
                     if data:
-                        with open(self.dir / f"ledger-{k}.jsonl", "ab") as f:
+                        with open(self.dir / Layout.ledger_file(k), "ab") as f:
                             f.write(data)
                         n += len(data)
                     self.state[k] = (int(x["off"]), int(x["ino"]))
@@ -208,7 +211,7 @@ class _HostRankWatch:
         for h in hosts:
             r = next(r for r in self.procs.values() if r.host == h)
             try:
-                raw = r.runner.get(str(Path(r.injector_dir).parent / "server.log"), timeout_s=10.0)
+                raw = r.runner.get(str(Layout.SERVER_LOG.at(Path(r.injector_dir).parent)), timeout_s=10.0)
             except Exception:  # noqa: BLE001 - an unreachable host: no reason, the death still counts
                 raw = None
             if raw is not None:

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from repro.evidence import Layout
+
 SSH_UNREACHABLE_RC = 255  # what ssh exits with when it could not run the command at all
 DEFAULT_CONNECT_TIMEOUT_S = 5
 DEFAULT_WORKDIR = "/tmp/repro-remote"
@@ -356,7 +358,7 @@ def capture_remote(ranks: Sequence[RemoteRank], out_dir: Path, *, tag: str = "",
     per_call_s = max(1.0, deadline_s / 3)
 
     def one(r: RemoteRank) -> Callable[[float], Any]:
-        fh = f"{r.injector_dir}/faulthandler-{r.pid}.txt" if r.injector_dir else "-"
+        fh = f"{r.injector_dir}/{Layout.faulthandler_file(r.pid)}" if r.injector_dir else "-"
         cmd = " ".join(shlex.quote(a) for a in (r.runner.host.python, "-", str(r.pid), r.runner.host.py_spy, fh,
                                                 fallback_signal, f"{per_call_s:.1f}"))
         return lambda left: json.loads(r.runner.run(cmd, input=CAPTURE_HELPER.encode(), timeout_s=left).text)
@@ -365,7 +367,7 @@ def capture_remote(ranks: Sequence[RemoteRank], out_dir: Path, *, tag: str = "",
     caps, meta = [], []
     for r in order:
         ok, res = results[r.rank]
-        label = f"rank{r.rank}"
+        label = Layout.stack_label(r.rank)
         where = f"host {r.host} pid {r.pid}"
         if not ok:
             cap = RankCapture(rank=r.rank, pid=r.pid, label=label, ok=False, method="py-spy",
@@ -378,7 +380,7 @@ def capture_remote(ranks: Sequence[RemoteRank], out_dir: Path, *, tag: str = "",
                           duration_s=round(res["t1"] - res["t0"], 4))
             if res.get("json"):
                 dumps = parse_pyspy_json(res["json"])
-                (out_dir / f"{label}{tag}.json").write_text(res["json"])
+                (out_dir / Layout.stack_name(r.rank, tag, "json")).write_text(res["json"])
                 text = res.get("text") or ""
                 cap = RankCapture(ok=bool(dumps and dumps[0].threads), method="py-spy",
                                   error="" if dumps and dumps[0].threads else f"{where}: py-spy returned no threads",
@@ -394,10 +396,10 @@ def capture_remote(ranks: Sequence[RemoteRank], out_dir: Path, *, tag: str = "",
                 cap = RankCapture(ok=False, method="py-spy", error=f"{where}: {res.get('error', 'no dump')}", text="",
                                   threads=[], **common)
         if cap.text:
-            (out_dir / f"{label}{tag}.txt").write_text(f"# host {r.host} (pid {r.pid} as that host sees it)\n" + cap.text)
+            (out_dir / Layout.stack_name(r.rank, tag)).write_text(f"# host {r.host} (pid {r.pid} as that host sees it)\n" + cap.text)
         caps.append(cap)
         meta.append({**cap.model_dump(exclude={"text", "threads"}), "host": r.host})
-    (out_dir / f"capture{tag}.json").write_text(json.dumps({"tag": tag, "deadline_s": deadline_s, "processes": meta},
+    (out_dir / Layout.capture_meta(tag)).write_text(json.dumps({"tag": tag, "deadline_s": deadline_s, "processes": meta},
                                                            indent=2))
     return caps
 

@@ -325,7 +325,8 @@ def read_injector_dir(path: Union[str, Path]) -> InjectorReport:
     """
     p = Path(path)
     if not p.is_dir():
-        raise InjectorRecordsError(f"{p}: injector folder not found (expected the plan's out_dir with loaded-<pid>.json files)")
+        raise InjectorRecordsError(f"{p}: injector folder not found (expected the plan's out_dir with "
+                                   f"{Layout.loaded_marker('<pid>')} files)")
     markers = []
     for f in sorted(p.glob(Layout.LOADED_GLOB)):
         m = _read_marker(f)

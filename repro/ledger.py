@@ -203,8 +203,8 @@ def read_ledger_files(files: Sequence[Union[str, Path]]) -> RankLedger:
             elif e == "exit":
                 exits[(str(d.get("g")), int(d.get("seq", 0)))] = d
     if rank is None:
-        raise LedgerError(f"{', '.join(str(p) for p in paths)}: no header with a rank; expected a ledger-<pid>.jsonl "
-                          "written by the repro injector")
+        raise LedgerError(f"{', '.join(str(p) for p in paths)}: no header with a rank; expected a "
+                          f"{Layout.ledger_file('<pid>')} written by the repro injector")
     recs: list[Record] = []
     for k in order:
         d = enters[k]

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
+from repro.evidence import Layout
 from repro.ledger import GroupInfo, Record, _tuple
 from repro.state_follow import LiveState
 
@@ -202,7 +203,7 @@ class _Tail:
     """One rank's ledger, followed by handle: reads what was appended, follows the injector's rotation."""
 
     def __init__(self, directory: Path, pid: int, rf: RankFollow) -> None:
-        self.path = Path(directory) / f"ledger-{pid}.jsonl"
+        self.path = Path(directory) / Layout.ledger_file(pid)
         self.rf = rf
         self.fh = None
         self.ino: Optional[int] = None

@@ -32,7 +32,6 @@ from repro.diagnosis import md_cell
 from repro.targets.base import LaunchSpec, ServerRole
 from repro.verdict import DEADLOCKED, INCONCLUSIVE, SUCCEEDED, Verdict, exit_code_for
 
-SERVERS_DIR = "servers"
 WORKERS_POLL_S = 0.5
 
 
@@ -82,13 +81,6 @@ def injection_roles(scenario: Any) -> dict[str, Optional[str]]:
     return {i.id: getattr(i, "server", None) for v in scenario.variants for i in v.injections}
 
 
-def _role_folder(base: Path, name: str) -> ev.EvidenceDir:
-    d = Path(base) / SERVERS_DIR / name
-    for sub in (ev.Layout.INJECTOR.name, ev.Layout.STACKS.name):
-        (d / sub).mkdir(parents=True, exist_ok=True)
-    return ev.EvidenceDir.open(d)
-
-
 def prepare_roles(p: Any) -> list[RoleRun]:
     """The roles of ``p``'s topology, each with its own spec, folder, plan and arm file. Launches nothing.
 
@@ -111,7 +103,7 @@ def prepare_roles(p: Any) -> list[RoleRun]:
     out: list[RoleRun] = []
     base_env = {k: v for k, v in p.spec.env.items() if k != PLAN_ENV}
     for role in topo.roles:
-        folder = _role_folder(p.evidence.path, role.name)
+        folder = p.evidence.server(role.name)
         if role.kind != "engine":
             spec = LaunchSpec(python=p.spec.python, model=p.spec.model, tp_size=1, args=list(role.args),
                               env=dict(role.env))
@@ -121,7 +113,7 @@ def prepare_roles(p: Any) -> list[RoleRun]:
         if role.name == topo.engines()[0].name:
             tp = p.spec.tp_size  # the first engine server takes --tp / server.tp_size
         args = [*role.args, *p.scenario.server.args]
-        arm_file = folder.path / ev.Layout.ARM.name
+        arm_file = folder.arm.path
         plan = json.loads(json.dumps(p.plan))
         plan["out_dir"] = str(folder.injector_dir.resolve())
         plan["arm_file"] = str(arm_file.resolve())
@@ -367,8 +359,7 @@ class PDStallDetector:
         reasons = []
         for r in self.session.engine_roles():
             pids = self.session.role_pids.get(r.name, {})
-            stacks = Path(run_dir.path) / SERVERS_DIR / r.name / ev.Layout.STACKS.name
-            stacks.mkdir(parents=True, exist_ok=True)
+            stacks = run_dir.server(r.name).stacks_dir
             chk = check_stall(pids, stacks, list(range(r.spec.tp_size)), tag=tag, native=ctx.native,
                               injector_dir=r.folder.injector_dir, fallback_signal=r.plan.get("faulthandler_signal"))
             j = chk.judgement
@@ -438,7 +429,7 @@ def make_session_class():
             self.server = stack
             save_server_procs(p.evidence, stack)
             self.observe("wait_healthy", {"url": stack.url, "pid": stack.pid,
-                                          "log": str(p.evidence.path / SERVERS_DIR / "*" / "server.log"),
+                                          "log": str(ev.Layout.SERVER_LOG.at(p.evidence.server_path("*"))),
                                           "timeout_s": p.scenario.server.startup_timeout_s})
             try:
                 waited = stack.wait_healthy(p.scenario.server.startup_timeout_s, self.observe)
@@ -448,7 +439,7 @@ def make_session_class():
             finally:
                 save_server_procs(p.evidence, stack)
             self.healthy_s = time.time() - t0
-            p.evidence.write_json(ev.Layout.STACK.name, self.stack_record())
+            p.evidence.stack.write(self.stack_record())
             self.role_pids = stack.rank_pids_by_role()
             self.rank_pids = stack.rank_pids()
             for r in self.engine_roles():
@@ -456,7 +447,7 @@ def make_session_class():
                 want = list(range(r.spec.tp_size))
                 if got != want:
                     return Verdict(INCONCLUSIVE, f"expected {r.name} server ranks {want}, found {got} among its processes")
-            p.evidence.write_json(ev.Layout.STACK.name, self.stack_record())
+            p.evidence.stack.write(self.stack_record())
             self._check_role_sites()
             return None
 
@@ -543,7 +534,7 @@ def make_session_class():
                 for d in detector_set(r.plan)[:-1]:
                     scoped.append(ScopedDetector(d, r.name, self.role_pids.get(r.name, {}), r.folder.injector_dir,
                                                  r.plan or {}, r.folder.server_log.path,
-                                                 lambda run_dir, n=r.name: _role_folder(Path(run_dir.path), n)))
+                                                 lambda run_dir, n=r.name: run_dir.server(n)))
             # every server's rank death before any server's proof (a crash is not a deadlock), then the stall rule
             scoped.sort(key=lambda d: 0 if d.name == "rank-death" else 1)
             return scoped + [self._stall]
@@ -633,9 +624,9 @@ def _snapshot_role(src: ev.EvidenceDir, dst: ev.EvidenceDir) -> None:
 
     try:
         shutil.copytree(src.injector_dir, dst.injector_dir, dirs_exist_ok=True)
-        for name in ("server.log", "plan.json"):
-            if (src.path / name).exists():
-                shutil.copyfile(src.path / name, dst.path / name)
+        for member in (ev.Layout.SERVER_LOG, ev.Layout.PLAN):
+            if src.member(member).exists():
+                shutil.copyfile(src.member(member).path, dst.member(member).path)
     except OSError:
         pass
 
@@ -658,14 +649,11 @@ def after_abort(evd: ev.EvidenceDir, servers: dict, top_n: int = 6) -> Optional[
     t_end = 0.0  # the burst's last event: a shared stack's ledger goes on with the next variants
     n = 0
     try:
-        for line in (Path(evd.path) / "requests.jsonl").read_text(encoding="utf-8").splitlines():
-            if not line.strip():
-                continue
-            rec = json.loads(line)
+        for rec in evd.requests.read():
             t_end = max(t_end, float(rec.get("t") or 0.0))
             if rec.get("event") == "abort":
                 t_abort, n = float(rec["t"]), len(rec.get("requests") or [])
-    except (OSError, ValueError, KeyError):
+    except (ev.EvidenceFileError, ValueError, KeyError, TypeError):
         return None
     if t_abort is None:
         return None
@@ -705,7 +693,8 @@ def finish_pd_evidence(p: Any, opts: Any, variant: Any, evd: ev.EvidenceDir, out
     """Per server: ``servers/<role>/`` of ``evd`` gets that server's analysis, ledger, env, REPORT.md and
     verdict.json (``repro.runner.finish_evidence`` on the server's own records). Then the run folder's REPORT.md is
     the report of the server that diverged (else the first engine server), with a "Servers" section, and its
-    verdict.json the run's verdict with ``servers`` (role → verdict, ranks, pids, folder) and ``diverged_server``."""
+    verdict.json the run's verdict with ``servers`` (role → verdict, ranks, pids, folder) and ``diverged_server``:
+    each file written once, by ``finish_evidence`` (``Outcome.report_sections`` / ``verdict_fields``)."""
     from repro.runner import Outcome, finish_evidence
 
     info = outcome.pd
@@ -714,7 +703,7 @@ def finish_pd_evidence(p: Any, opts: Any, variant: Any, evd: ev.EvidenceDir, out
     rows = []
     for name, x in info["roles"].items():
         r = roles[name]
-        folder = ev.EvidenceDir.open(_role_folder(evd.path, name).path)
+        folder = evd.server(name)
         if Path(folder.path).resolve() != Path(r.folder.path).resolve():  # a variant's folder on a shared stack
             _snapshot_role(r.folder, folder)
         p_r = dataclasses.replace(p, evidence=r.folder, spec=r.spec, plan=r.plan, arm_file=r.arm_file)
@@ -735,9 +724,6 @@ def finish_pd_evidence(p: Any, opts: Any, variant: Any, evd: ev.EvidenceDir, out
             shutil.copytree(r.folder.injector_dir, evd.injector_dir, dirs_exist_ok=True)
     except OSError:
         pass
-    o_top = Outcome(outcome.verdict, x["analysis"] or outcome.analysis, outcome.state, outcome.timings, outcome.clean,
-                    x["injector"])
-    finish_evidence(p_top, opts, x["variant"], evd, o_top, x["pids"], interrupted)
     lines = ["", "## Servers", ""]
     if diverged:
         lines.append(f"**The {diverged} server diverged**; the diagnosis above is its ranks'. "
@@ -749,7 +735,7 @@ def finish_pd_evidence(p: Any, opts: Any, variant: Any, evd: ev.EvidenceDir, out
         ranks = ", ".join(f"{rank_name(n, k)} ({pid})" for k, pid in sorted(xx["pids"].items())) or "none found"
         reason = md_cell(xx["verdict"].reason)[:300]
         lines.append(f"| {n} | {rr.spec.tp_size} | {ranks} | {xx['verdict'].verdict} | {reason} | "
-                     f"`{folder.path.relative_to(evd.path)}/REPORT.md` |")
+                     f"`{folder.report.path.relative_to(evd.path)}` |")
     after = after_abort(evd, {n: (roles[n].folder.injector_dir, xx["pids"]) for n, _, xx, _ in rows})
     if after:
         lines += ["", "## After the mass abort", "",
@@ -767,20 +753,11 @@ def finish_pd_evidence(p: Any, opts: Any, variant: Any, evd: ev.EvidenceDir, out
     stack = session.server
     if stack is not None and getattr(stack, "healthy_s", None):
         lines += ["", "Start-up: " + ", ".join(f"{k} healthy after {v:.1f} s" for k, v in stack.healthy_s.items()) + "."]
-    report = evd.report.path
-    try:
-        text = report.read_text(encoding="utf-8")
-        ev.write_text_atomic(report, text.rstrip("\n") + "\n" + "\n".join(lines) + "\n")
-    except OSError:
-        pass
-    vpath = evd.verdict.path
-    try:
-        v = json.loads(vpath.read_text(encoding="utf-8"))
-        v["diverged_server"] = diverged
-        v["servers"] = {n: {"verdict": xx["verdict"].verdict, "reason": xx["verdict"].reason, "tp_size": rr.spec.tp_size,
-                            "rank_pids": {str(k): pid for k, pid in xx["pids"].items()},
-                            "ranks": [rank_name(n, k) for k in sorted(xx["pids"])],
-                            "evidence": str(folder.path)} for n, rr, xx, folder in rows}
-        ev.write_json_atomic(vpath, v)
-    except (OSError, ValueError):
-        pass
+    fields = {"diverged_server": diverged,
+              "servers": {n: {"verdict": xx["verdict"].verdict, "reason": xx["verdict"].reason, "tp_size": rr.spec.tp_size,
+                              "rank_pids": {str(k): pid for k, pid in xx["pids"].items()},
+                              "ranks": [rank_name(n, k) for k in sorted(xx["pids"])],
+                              "evidence": str(folder.path)} for n, rr, xx, folder in rows}}
+    o_top = Outcome(outcome.verdict, x["analysis"] or outcome.analysis, outcome.state, outcome.timings, outcome.clean,
+                    x["injector"], report_sections=tuple(lines), verdict_fields=fields)
+    finish_evidence(p_top, opts, x["variant"], evd, o_top, x["pids"], interrupted)

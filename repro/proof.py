@@ -38,6 +38,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from repro.evidence import Layout
 from repro.ledger import Record, short_name
 from repro.ledger_follow import LiveAlignment, Slot
 from repro.verdict import DEADLOCKED, DESYNCED, Verdict, combine_with_ledger
@@ -600,7 +601,7 @@ class LedgerProofDetector:
             return
         self.rank_pids = dict(ctx.rank_pids)
         self.since = ctx.t_burst or _t.time()
-        self.server_log = Path(ctx.injector_dir).parent / "server.log"
+        self.server_log = Layout.SERVER_LOG.at(Path(ctx.injector_dir).parent)
         try:  # a crash's message counts only if this burst's server wrote it (a hunt session's log is appended)
             self.log_start = self.server_log.stat().st_size
         except OSError:
@@ -662,7 +663,7 @@ class LedgerProofDetector:
         v = Verdict(DEADLOCKED, proof.summary, tuple(proof.note_lines()), proof=proof.to_dict())
         record = {"detector": self.name, "deadlocked": True, "reason": proof.summary, "time": t_dec,
                   "proof_latency_s": round(self.timings["proof_latency_s"], 3), **cap}
-        return Detection(self.name, True, v, analysis, proof.summary, record, {"proof.json": proof.to_dict()})
+        return Detection(self.name, True, v, analysis, proof.summary, record, {Layout.PROOF: proof.to_dict()})
 
     def capture(self, ctx: Any) -> Any:
         """The stacks of every rank once the proof holds (``stacks/rank<k>-proof.txt``), for the report: a

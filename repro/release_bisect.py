@@ -16,7 +16,6 @@ give the same verdict, that verdict's code (``repro.verdict.EXIT_CODES``: 0 succ
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -250,7 +249,7 @@ def bisect_markdown(res: BisectResult, opts: BisectOptions, scenario: str, varia
     for v in res.releases:
         s = steps.get(v)
         mark = " ← first change" if v == res.first_changed else ""
-        lines.append(f"| {v}{mark} | `{s.ref}` | {s.verdict} | {s.evidence}/REPORT.md |" if s else
+        lines.append(f"| {v}{mark} | `{s.ref}` | {s.verdict} | {ev.Layout.REPORT.at(s.evidence)} |" if s else
                      f"| {v} | | not run | |")
     lines += ["", f"Run one step again: `repro run {opts.scenario_path} --variant {variant} --python "
               "<that release's interpreter>`, or compare two: `repro compare "
@@ -261,5 +260,6 @@ def bisect_markdown(res: BisectResult, opts: BisectOptions, scenario: str, varia
 def _write(res: BisectResult, opts: BisectOptions, scenario: str, variant: str, verdicts: dict[int, str]) -> None:
     if res.folder is None:
         return
-    (res.folder / "BISECT.md").write_text(bisect_markdown(res, opts, scenario, variant, verdicts), encoding="utf-8")
-    (res.folder / "bisect.json").write_text(json.dumps(res.to_json(), indent=2) + "\n", encoding="utf-8")
+    folder = ev.EvidenceDir.open(res.folder)
+    folder.bisect_md.write(bisect_markdown(res, opts, scenario, variant, verdicts))
+    folder.bisect_json.write(res.to_json())

@@ -271,7 +271,12 @@ class MultiHostSession(Session):
     # ---- paths -------------------------------------------------------------------------------------------------
     @staticmethod
     def injector_dir(n: Node) -> str:
-        return f"{n.workdir}/injector"
+        return f"{n.workdir}/{ev.Layout.INJECTOR.name}"
+
+    @staticmethod
+    def log_path(n: Node) -> str:
+        """The node's server log on its host (``<workdir>/server.log``)."""
+        return f"{n.workdir}/{ev.Layout.SERVER_LOG.name}"
 
     @staticmethod
     def arm_path(n: Node) -> str:
@@ -282,9 +287,9 @@ class MultiHostSession(Session):
         n0 = self.nodes[0]
         return f"http://{n0.host.http_address or n0.host.address}:{n0.http_port}"
 
-    def host_dir(self, n: Node) -> Path:
+    def host_dir(self, n: Node) -> ev.EvidenceDir:
         """``hosts/<host>/`` of the folder being written (the current drive's run folder, the session's at stop)."""
-        return self.run_dir.path / "hosts" / n.name
+        return self.run_dir.host(n.name)
 
     # ---- start -------------------------------------------------------------------------------------------------
     def start(self) -> Optional[Verdict]:
@@ -322,24 +327,24 @@ class MultiHostSession(Session):
             n.runner.run(_q("mkdir", "-p", self.injector_dir(n)))
             n.runner.put_tree(Path(local_prepend), f"{n.workdir}/injectors")
             plan = dict(p.plan, out_dir=self.injector_dir(n), arm_file=self.arm_path(n))
-            n.runner.put(json.dumps(plan, indent=2).encode(), f"{n.workdir}/plan.json")
+            n.runner.put(json.dumps(plan, indent=2).encode(), f"{n.workdir}/{ev.Layout.PLAN.name}")
             n.runner.put(arm_bytes, self.arm_path(n))
             extra_args, extra_env = adapter.multinode(len(self.nodes), n.host.node_rank, dist_addr,  # type: ignore[misc]
                                                       n.host.address, n.host.ifname)
             prepend = [f"{n.workdir}/injectors" if x == local_prepend else x for x in p.spec.pythonpath_prepend]
             spec = dataclasses.replace(p.spec, host="0.0.0.0", port=n.http_port, nccl_port=ports[n.name][1],
                                        args=[*p.spec.args, *extra_args],
-                                       env={**p.spec.env, **extra_env, PLAN_ENV: f"{n.workdir}/plan.json"},
+                                       env={**p.spec.env, **extra_env, PLAN_ENV: f"{n.workdir}/{ev.Layout.PLAN.name}"},
                                        pythonpath_prepend=prepend)
             env = adapter.launch_env(spec, {})
             argv = adapter.launch_command(spec)
             self.observe("node_launch", {"host": n.name, "argv": argv})
-            n.root_pid = self.start_node(n, argv, env, f"{n.workdir}/server.log")
+            n.root_pid = self.start_node(n, argv, env, self.log_path(n))
             self.started = True
         self._save_launch()
         timeout_s = p.scenario.server.startup_timeout_s
         self.observe("wait_healthy", {"url": self.url, "timeout_s": timeout_s,
-                                      "pid": f"{n0.name}:{n0.root_pid}", "log": f"{n0.name}:{n0.workdir}/server.log"})
+                                      "pid": f"{n0.name}:{n0.root_pid}", "log": f"{n0.name}:{self.log_path(n0)}"})
         deadline = time.time() + timeout_s
         last_watch = 0.0
         while True:
@@ -394,15 +399,15 @@ class MultiHostSession(Session):
         parts = []
         for n in self.nodes:
             try:
-                t = n.runner.run(f"tail -n {lines} {shlex.quote(n.workdir + '/server.log')}", check=False).text
+                t = n.runner.run(f"tail -n {lines} {shlex.quote(self.log_path(n))}", check=False).text
             except HostError as e:
                 t = f"(log not readable: {e})"
-            parts.append(f"[{n.name} server.log]\n{t.strip()}")
+            parts.append(f"[{n.name} {ev.Layout.SERVER_LOG.name}]\n{t.strip()}")
         return "\n".join(parts)
 
     def _save_launch(self, evd: Optional[ev.EvidenceDir] = None) -> None:
         """``hosts.json`` (nodes, rank → host and pid there) of ``evd`` (default: the session's folder)."""
-        (evd or self.p.evidence).write_json("hosts.json", {
+        (evd or self.p.evidence).hosts_json.write({
             "nodes": [{"host": n.name, "node_rank": n.host.node_rank, "reach": n.host.reach, "address": n.host.address,
                        "workdir": n.workdir, "root_pid": n.root_pid, "http_port": n.http_port} for n in self.nodes],
             "dist_init_addr": f"{self.nodes[0].host.address}:{self.dist_port}",
@@ -442,8 +447,8 @@ class MultiHostSession(Session):
             hosts[n.name] = {"host": {**dataclasses.asdict(n.host), "ssh_options": list(n.host.ssh_options)},
                              "root_pid": n.root_pid, "root_start_ticks": ticks, "workdir": n.workdir,
                              "processes": [{"pid": pid, "cmdline": t} for pid, t in procs]}
-        self.p.evidence.write_json(ev.Layout.PROCESSES.name, {**launch_mark(None, root_pid=0, tokens=[self.launch_token]), "hosts": hosts,
-                                                              "processes": []})
+        self.p.evidence.processes.write({**launch_mark(None, root_pid=0, tokens=[self.launch_token]), "hosts": hosts,
+                                         "processes": []})
 
     # ---- arm ---------------------------------------------------------------------------------------------------
     def _armed_count(self, r: RemoteRank) -> int:
@@ -491,7 +496,7 @@ class MultiHostSession(Session):
             calls[n.name] = (lambda left, n=n, cmd=cmd: json.loads(n.runner.run(cmd, input=_LINK_PY.encode(), timeout_s=left).text))
         res = in_parallel(calls, 15.0)
         faults = []
-        self.run_dir.write_json("links.json", {k: (v[1] if v[0] else f"error: {v[1]}") for k, v in res.items()})
+        self.run_dir.links.write({k: (v[1] if v[0] else f"error: {v[1]}") for k, v in res.items()})
         for n in self.nodes:
             ok, r = res[n.name]
             if not ok:
@@ -590,7 +595,7 @@ class MultiHostSession(Session):
     def evidence_versions(self, p: Any, outcome: Any) -> dict:
         from repro.runner import collect_versions
 
-        h0_inj = self.host_dir(self.nodes[0]) / "injector"
+        h0_inj = self.run_dir.host_path(self.nodes[0].name) / ev.Layout.INJECTOR.name
         return collect_versions(h0_inj if h0_inj.is_dir() else self.run_dir.injector_dir, p.python, p.adapter)
 
     def verdict_fields(self) -> dict:
@@ -612,7 +617,7 @@ class MultiHostSession(Session):
         merged: dict[str, dict] = {}
         for n in self.nodes:
             mine = {k: r.pid for k, r in self.ranks.items() if r.host == n.name}
-            d = self.host_dir(n) / "injector"
+            d = self.run_dir.host_path(n.name) / ev.Layout.INJECTOR.name
             if not mine or not d.is_dir():
                 continue
             lo, ar, checks, _ = injection_checks(d, variant, mine)
@@ -633,12 +638,12 @@ class MultiHostSession(Session):
         def one(n: Node) -> Callable[[float], list[str]]:
             def go(left: float) -> list[str]:
                 d = self.host_dir(n)
-                got = n.runner.get_tree(self.injector_dir(n), d / "injector", timeout_s=left)
+                got = n.runner.get_tree(self.injector_dir(n), d.injector_dir, timeout_s=left)
                 if not final_only:
-                    log = n.runner.get(f"{n.workdir}/server.log", timeout_s=left)
+                    log = n.runner.get(self.log_path(n), timeout_s=left)
                     if log is not None:
-                        (d / "server.log").write_bytes(log)
-                        got.append("server.log")
+                        d.server_log.path.write_bytes(log)
+                        got.append(d.server_log.member.name)
                 return got
             return go
         res = in_parallel({n.name: one(n) for n in self.nodes if n.root_pid}, 60.0)
@@ -648,10 +653,10 @@ class MultiHostSession(Session):
         """The folder's ``server.log``: every host's copied log (``hosts/<host>/server.log``), host by host."""
         logs = []
         for n in self.nodes:
-            f = self.host_dir(n) / "server.log"
+            f = ev.Layout.SERVER_LOG.at(self.run_dir.host_path(n.name))
             if f.exists():
                 logs.append(f"===== host {n.name} (node rank {n.host.node_rank}) =====\n" + f.read_text(errors="replace"))
-        self.run_dir.server_log.path.write_text("\n".join(logs))
+        self.run_dir.server_log.write("\n".join(logs))
 
     def stop(self) -> dict[str, list]:
         """Node 0's group SIGTERM first, then every node's group SIGKILL after ``STOP_GRACE_S``; gather the logs and
@@ -800,8 +805,8 @@ def cleanup_hosts(hosts: dict, tokens: Sequence[str] = ()) -> tuple[int, str]:
     """
     tokens = [t for t in tokens if isinstance(t, str) and t]
     if not tokens:
-        return 2, ("refused: processes.json names host sessions but carries no launch token (written by hand or by an "
-                   "older harness); nothing was signalled or removed on any host. End them yourself if they are yours: "
+        return 2, (f"refused: {ev.Layout.PROCESSES.name} names host sessions but carries no launch token (written by hand "
+                   "or by an older harness); nothing was signalled or removed on any host. End them yourself if they are yours: "
                    + ", ".join(f"{name}: session {rec.get('root_pid')}" for name, rec in hosts.items()))
     rc, lines = 0, []
     for name, rec in hosts.items():

@@ -145,7 +145,7 @@ class HostRanks:
 
 def write_hosts_record(evd: ev.EvidenceDir, ranks: dict[int, RemoteRank]) -> None:
     """``hosts.json`` of a watch hang: each rank's host, how it is reached and its pid as that host sees it."""
-    evd.write_json("hosts.json", {
+    evd.hosts_json.write({
         "ranks": {str(k): {"host": r.host, "pid": r.pid, "reach": r.runner.host.reach} for k, r in sorted(ranks.items())},
         "note": "pids are as each host sees them (its own PID namespace or machine)"})
 

@@ -93,6 +93,7 @@ class ReportInput:
         command: the exact command to reproduce; ledger: ``repro.ledger.LedgerDiagnosis`` (None: no ledger).
         timeline: file name of the timeline picture in the folder when one was written, else None.
         stacks_dir: the folder's ``stacks/`` (raw dumps embedded collapsed).
+        sections: markdown lines the report ends with (a multi-server run's "Servers" section, ``repro.pd``).
     """
 
     scenario: str
@@ -113,6 +114,7 @@ class ReportInput:
     versions: Mapping[str, Any] = field(default_factory=dict)
     ledger: Any = None
     timeline: Optional[str] = None
+    sections: Sequence[str] = ()
 
 
 def render_report(r: ReportInput) -> str:
@@ -137,6 +139,10 @@ def render_report(r: ReportInput) -> str:
     lines += ["## Versions", ""] + [f"- {k}: `{v}`" for k, v in r.versions.items()] + [""]
     lines += ["## Reproduce", "", "```", r.command, "```", ""]
     lines += ["## Raw stacks", ""] + stacks_details(r.stacks_dir)
+    if r.sections:  # after the raw stacks, as one paragraph apart
+        while lines and lines[-1] == "":
+            lines.pop()
+        lines += list(r.sections)
     return "\n".join(lines) + "\n"
 
 

@@ -35,6 +35,7 @@ from typing import Any, Optional, Sequence
 
 from repro.analysis import (Analysis, _is_bootstrap, _is_noise, analyze, comm_layer, idle_kind, is_injector_frame,
                             is_ledger_frame, load_captures, select_thread)
+from repro.evidence import EvidenceDir, Layout
 from repro.readers.types import Frame, RankCapture
 
 if sys.version_info >= (3, 11):
@@ -608,9 +609,8 @@ def write_candidates(paths: Sequence[str], out_dir: Path, *, base_path: Optional
     if model and base is not None:
         base = base.model_copy(update={"server": base.server.model_copy(update={"model": model})})
     out_dir.mkdir(parents=True, exist_ok=True)
-    f = out_dir / "reproduce.toml"
     text = scenario_text(p, base, ", ".join(str(x) for x in paths), model or "", choice.reason)
-    f.write_text(text, encoding="utf-8")
+    f = EvidenceDir.open(out_dir).reproduce_scenario.write(text)
     try:
         load_scenario(f)
     except ScenarioError as e:  # a bug here, not the user's: say so with the file
@@ -691,12 +691,13 @@ def keep_winner(w: Written, tried: Sequence[Tried], out_dir: Path) -> Optional[P
     if c is None:
         return None
     base = load_scenario(w.scenario_file)
-    f = out_dir / "reproducer.toml"
+    kept = EvidenceDir.open(out_dir).reproducer
+    f = kept.path
     comment = (f"Kept by `repro reproduce`: candidate {c.name} ({c.kind}) hung with the dumps' signature.\n"
                + "".join(f"server guess: {x}\n" for x in w.plan.server_says)
                + f"Run: repro run {f} --expect deadlock")
-    f.write_text(scenario_toml(base, base.name, c.description, [(c.name, "deadlock", c.description, c.injections)],
-                               comment=comment), encoding="utf-8")
+    kept.write(scenario_toml(base, base.name, c.description, [(c.name, "deadlock", c.description, c.injections)],
+                             comment=comment))
     try:
         load_scenario(f)
     except ScenarioError as e:
@@ -736,7 +737,7 @@ def reproduction_markdown(w: Written, tried: Sequence[Tried], source: str, secon
     for t in tried:
         c = kinds.get(t.candidate)
         lines.append(f"| `{t.candidate}` | {c.kind if c else ''} | {c.description if c else ''} | {t.verdict} | "
-                     f"{t.outcome}{(' — ' + t.error) if t.error else ''} | {t.evidence}/REPORT.md |")
+                     f"{t.outcome}{(' — ' + t.error) if t.error else ''} | {Layout.REPORT.at(t.evidence)} |")
     others = [t for t in tried if t.outcome == DIFFERENT_HANG and t is not best and t.signature is not None]
     for t in others:  # every other hang, side by side with the original
         lines += ["", f"## {DIFFERENT_HANG}: `{t.candidate}`", "", f"| original | {t.candidate} |", "|---|---|"]
@@ -747,7 +748,7 @@ def reproduction_markdown(w: Written, tried: Sequence[Tried], source: str, secon
         lines += ["", "## What was guessed", ""] + [f"- server: {s}" for s in w.plan.server_says] + \
                  [f"- {s}" for s in w.plan.needs_base] + [f"- version drift: {d}" for d in w.plan.drift]
     if best:
-        kept = w.scenario_file.parent / "reproducer.toml"
+        kept = Layout.REPRODUCER.at(w.scenario_file.parent)
         lines += ["", "## Keep it", "", f"Scenario: `{w.scenario_file}`, variant `{best.candidate}`"
                   + (f" (alone: `{kept}`)" if best.outcome == REPRODUCED else "") + ".", "",
                   f"Run again: `repro run {w.scenario_file} --variant {best.candidate}` (expects DEADLOCKED).", "",

@@ -407,6 +407,8 @@ class Outcome:
     exit_code: Optional[int] = None  # the process's exit code when it is not the verdict's (a refusal: 2, an
     # interrupt: 130/143, an internal error: 1); read through outcome_exit_code, by verdict.json and the RunResult
     topology: Any = None  # the session that drove it (a RunEvidence): it writes the run folder; None: a single server's
+    report_sections: tuple = ()  # markdown lines REPORT.md ends with (repro.pd: its "Servers" section)
+    verdict_fields: dict = field(default_factory=dict)  # more fields of verdict.json (repro.pd: servers, diverged_server)
 
 
 
@@ -447,7 +449,7 @@ class RunEvidence:
             has_injections=bool(variant.injections), verdict=verdict, analysis=analysis, requests=outcome.state,
             ranks=sorted(rank_pids) or list(range(p.spec.tp_size)), checks=checks, timings=dict(outcome.timings),
             versions=versions, ledger=ledger_diag, timeline=ev.Layout.TIMELINE.name if evd.timeline.exists() else None,
-            stacks_dir=evd.stacks_dir,
+            stacks_dir=evd.stacks_dir, sections=tuple(outcome.report_sections),
             command=opts.command_line or f"{self.command_prefix()} {shlex.quote(str(opts.scenario_path))} --variant {variant.name}"))
         evd.verdict.write(ev.verdict_record(
             verdict, exit_code=outcome_exit_code(outcome, opts.expect),
@@ -455,7 +457,7 @@ class RunEvidence:
             variant=variant.name, variant_expects=variant.expect, expect=opts.expect, partial=interrupted,
             timings=outcome.timings, rank_pids=rank_pids,
             state_divergence=ledger_diag.state.to_dict() if ledger_diag is not None and ledger_diag.state is not None else None,
-            **self.verdict_fields()))
+            **self.verdict_fields(), **outcome.verdict_fields))
 
     # ---- the parts a topology may override ---------------------------------------------------------------------
     def ledger_evidence(self, evd: ev.EvidenceDir, rank_pids: dict[int, int]) -> Any:
@@ -756,8 +758,8 @@ class Session(RunEvidence):
             if det.record is not None:
                 stall_history.append({**det.record, "detector": det.detector} if det.detector != "stall" else det.record)
                 run_dir.stalls.write(stall_history)
-            for name, obj in det.evidence.items():
-                run_dir.write_json(name, obj)
+            for member, obj in det.evidence.items():
+                run_dir.member(member).write(obj)
             if det.decided and det.verdict is not None:
                 deciding = det.analysis
                 timings["last_progress_to_verdict_s"] = time.time() - (st.last_progress_t or t_burst)
@@ -1170,9 +1172,9 @@ def snapshot_session(p: Prepared, run_dir: ev.EvidenceDir) -> None:
     """Copy the session's injector records and server log into a run folder (self-contained evidence)."""
     shutil.copytree(p.evidence.injector_dir, run_dir.injector_dir, dirs_exist_ok=True)
     for member in (ev.Layout.SERVER_LOG, ev.Layout.PLAN, ev.Layout.SCENARIO, ev.Layout.PROCESSES):
-        src = p.evidence.file(member.name)
+        src = p.evidence.member(member).path
         if src.exists():
-            shutil.copyfile(src, run_dir.file(member.name))
+            shutil.copyfile(src, run_dir.member(member).path)
 
 
 PORT_RACE_ATTEMPTS = 3
@@ -1226,7 +1228,7 @@ def _ledger_evidence(evd: ev.EvidenceDir, rank_pids: dict[int, int], *, ledger_d
     if isinstance(deaths, list) and deaths:  # repro.checker.RankDeathDetector: never say a dead rank "waits"
         diag.mark_dead({int(d["rank"]): f"pid {d['pid']}: {d['reason']}" for d in deaths if isinstance(d, dict)})
     evd.ledger.write({**diag.to_dict(), **(extra or {})})
-    proof = ev.read_json(evd.path / "proof.json")  # repro.proof.LedgerProofDetector's, when it proved the deadlock
+    proof = evd.proof.read(missing_ok=True)  # repro.proof.LedgerProofDetector's, when it proved the deadlock
     evd.timeline.write(render_timeline(diag.ledgers, diag.divergence, proof=proof if isinstance(proof, dict) else None))
     return diag
 

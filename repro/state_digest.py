@@ -18,12 +18,11 @@ equal. It never changes a verdict or an exit code.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-DIGEST_RE = re.compile(r"^digest-(\d+)(?:\.(\d+))?\.jsonl$")
+from repro.evidence import Layout
 
 
 class StateStatus:
@@ -99,7 +98,7 @@ def _read_lines(files: Sequence[str]) -> tuple[list[tuple[int, bool, dict]], dic
 
 def _read_ring(folder: Path, pid: int) -> dict[str, list[tuple[int, list[str]]]]:
     out: dict[str, list[tuple[int, list[str]]]] = {}
-    for name in (f"digest-{pid}.1.jsonl", f"digest-{pid}.jsonl"):
+    for name in (Layout.digest_file(pid, 1), Layout.digest_file(pid)):
         p = folder / name
         if not p.is_file():
             continue

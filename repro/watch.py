@@ -461,7 +461,7 @@ class Discovery:
         from repro.checker import LocalRanks, RankGroup
 
         if self.servers:
-            return [RankGroup(n, LocalRanks(pids), Path(base) / "servers" / n / ev.Layout.STACKS.name,
+            return [RankGroup(n, LocalRanks(pids), ev.Layout.server_dir(base, n) / ev.Layout.STACKS.name,
                               list(range(max(pids) + 1)) if pids else []) for n, pids in self.servers.items()]
         where = self.where if self.where is not None else LocalRanks(self.rank_pids)
         return [RankGroup(None, where, Path(stacks_dir), list(range(max(self.rank_pids) + 1)))]
@@ -1063,7 +1063,8 @@ class Watcher:
         if disc.servers:
             hang_json["diverged_server"] = diverged
             hang_json["servers"] = {
-                n: {"rank_pids": {str(k): v for k, v in pids.items()}, "stacks": f"servers/{n}/stacks",
+                n: {"rank_pids": {str(k): v for k, v in pids.items()},
+                    "stacks": str(ev.Layout.server_dir("", n) / ev.Layout.STACKS.name),
                     **({"deadlocked": per_server[n].judgement.deadlocked, "reason": per_server[n].judgement.reason,
                         "summary": per_server[n].second_analysis.summary} if n in per_server else
                        {"deadlocked": None, "reason": "not captured"})}
@@ -1074,8 +1075,8 @@ class Watcher:
                 writes.append((ev.Layout.ANALYSIS.name, lambda: evd.analysis.write(a2.to_dict())))
                 writes.append((ev.Layout.ANALYSIS_FIRST.name, lambda: evd.analysis_first.write(a1.to_dict())))
             for n, c in per_server.items():  # each server's own analysis next to its stacks
-                writes.append((f"servers/{n}/{ev.Layout.ANALYSIS.name}", lambda n=n, c=c: ev.write_json_atomic(
-                    evd.path / "servers" / n / ev.Layout.ANALYSIS.name, c.second_analysis.to_dict())))
+                writes.append((str(ev.Layout.server_dir("", n) / ev.Layout.ANALYSIS.name), lambda n=n, c=c:
+                               evd.sub(ev.Layout.SERVERS, n).analysis.write(c.second_analysis.to_dict())))
             writes.append((ev.Layout.HANG.name, lambda: evd.hang.write(hang_json)))
             writes.append((ev.Layout.REPORT.name, lambda: evd.report.write(watch_report(
                 o, hang_json, a2, list(self.history), disc, report_stacks))))
@@ -1158,7 +1159,7 @@ class Watcher:
             try:
                 evd.metrics.write(resp.content.decode("utf-8", errors="replace"))
             except OSError as e:
-                errors.append(f"{evd.file('metrics.txt')}: {e.strerror or e}")
+                errors.append(f"{evd.metrics.path}: {e.strerror or e}")
                 self._log("evidence_error", path=str(evd.metrics.path), error=str(e))
                 info["file"] = None
         return info
@@ -1277,16 +1278,17 @@ def watch_report(opts: WatchOptions, hang: dict, analysis: Any, history: Sequenc
         lines.append(f"- TP{k}: pid {pid} `{titles.get(pid, '')[:80]}`")
     m = hang.get("metrics") or {}
     lines += ["", "## Metrics", "",
-              (f"Raw `{m['path']}` kept in `metrics.txt` ({m.get('bytes')} bytes)." if m.get("file")
+              (f"Raw `{m['path']}` kept in `{ev.Layout.METRICS.name}` ({m.get('bytes')} bytes)." if m.get("file")
                else f"`{m.get('path')}` not kept: {m.get('error') or m.get('note') or m.get('status')}"), ""]
     lines += ["## Next", "",
               (f"`{opts.on_hang}` runs after this folder is complete (`REPRO_EVIDENCE_DIR` = this folder); its exit "
-               "status and output are in `on_hang.json` / `on_hang.log`." if opts.on_hang else "No --on-hang command."),
+               f"status and output are in `{ev.Layout.ON_HANG.name}` / `{ev.Layout.ON_HANG_LOG.name}`." if opts.on_hang
+               else "No --on-hang command."),
               "", "Re-analyse: `repro analyze " + shlex.quote(str(stacks_dir.parent)) + "`", ""]
     lines += ["## Raw stacks", ""]
     if servers:
         for n in servers:
-            lines += [f"### {n} server", ""] + stacks_details(stacks_dir.parent.parent / n / "stacks")
+            lines += [f"### {n} server", ""] + stacks_details(stacks_dir.parent.parent / n / ev.Layout.STACKS.name)
     else:
         lines += stacks_details(stacks_dir)
     return "\n".join(lines) + "\n"

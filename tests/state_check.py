@@ -35,7 +35,6 @@ from typing import Any, Iterable, Optional
 from repro import evidence as ev
 from repro.injection_records import read_injector_dir
 from repro.ledger import load_ledgers, rank_pids_of
-from repro.pd import SERVERS_DIR
 from repro.state_digest import RankState, StateStatus, diagnose_state, read_rank_states
 from repro.verdict import SUCCEEDED
 
@@ -71,7 +70,7 @@ def _run_of(folder: ev.EvidenceDir) -> ev.EvidenceDir:
     """The run folder a PD server's ``servers/<role>/`` belongs to (its ``requests.jsonl``, ``session.json``);
     ``folder`` itself otherwise."""
     top = folder.path.parent.parent
-    if folder.path.parent.name == SERVERS_DIR and (top / ev.Layout.VERDICT.name).is_file():
+    if folder.path.parent.name == ev.Layout.SERVERS.name and (top / ev.Layout.VERDICT.name).is_file():
         return ev.EvidenceDir.open(top)
     return folder
 

@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from repro import evidence as ev
 from repro.detect import DetectContext
 from repro.hosts import HostSpec, RemoteRank, Runner
 from repro.host_ledgers import HostLedgerMirror, HostsLedgerProofDetector
@@ -46,14 +47,16 @@ def test_mirror_copies_only_what_each_hosts_ledger_gained_and_follows_a_rotation
     for k in (0, 1):
         assert (m.dir / f"ledger-{k}.jsonl").read_bytes() == (dirs[k] / "ledger-4242.jsonl").read_bytes()
     assert m.fetch() == 0  # nothing new: nothing copied
-    a.tick()
+    a.tick()  # the old part gains records the mirror has not copied yet ...
     src = dirs[0] / "ledger-4242.jsonl"
-    os.rename(src, str(src) + ".1")  # the injector's rotation: the old part renamed, a new part opened
+    # ... then the injector's rotation (repro_injector._ledger: os.replace(path(0), path(1))): the old part renamed
+    # to ledger-<pid>.1.jsonl, a new part opened
+    os.rename(src, dirs[0] / "ledger-4242.1.jsonl")
     a2 = Led(dirs[0], 0, part=1)
     a2.seq, a2.t = dict(a.seq), a.t
     a2.tick()
     m.fetch()
-    whole = (dirs[0] / "ledger-4242.jsonl.1").read_bytes() + src.read_bytes()
+    whole = (dirs[0] / "ledger-4242.1.jsonl").read_bytes() + src.read_bytes()
     assert (m.dir / "ledger-0.jsonl").read_bytes() == whole
 
 
@@ -62,8 +65,6 @@ def test_proof_on_the_mirror_decides_a_deadlock_across_hosts(tmp_path: Path, mon
     a, b = _ledgers_on_hosts(tmp_path, dirs, monkeypatch)
     m = HostLedgerMirror(ranks, tmp_path / "mirror")
     m.fetch()
-    from repro import evidence as ev
-
     run = ev.EvidenceDir(tmp_path / "ev", "s", "v")
     det = HostsLedgerProofDetector(ranks)
     det.capture = lambda ctx: (_ for _ in ()).throw(OSError("no py-spy here"))  # the verdict must not need stacks
@@ -78,7 +79,7 @@ def test_proof_on_the_mirror_decides_a_deadlock_across_hosts(tmp_path: Path, mon
         d = det.poll(ctx)
         assert d is not None and d.decided and d.verdict.verdict == "DEADLOCKED", d
         assert d.verdict.proof["kind"] == "missing_partner" and d.verdict.reason.startswith("Ledger proof of a deadlock")
-        assert "capture_error" in d.record and json.dumps(d.evidence["proof.json"])
+        assert "capture_error" in d.record and json.dumps(d.evidence[ev.Layout.PROOF])
     finally:
         forget_followers()
 
@@ -89,7 +90,6 @@ def test_a_rank_killed_on_its_host_is_named_with_its_host_pid_and_reason(tmp_pat
     import subprocess
     import time
 
-    from repro import evidence as ev
     from repro.host_ledgers import hosts_rank_death_detector
 
     procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
@@ -115,7 +115,7 @@ def test_a_rank_killed_on_its_host_is_named_with_its_host_pid_and_reason(tmp_pat
         assert d is not None and d.decided and d.verdict.verdict == "INCONCLUSIVE", d
         assert d.verdict.reason.startswith(f"rank 1 (pid {procs[1].pid}) died: on host h1: "), d.verdict.reason
         assert "boom" in d.verdict.reason and "rank(s) 0 still running" in d.verdict.reason
-        assert d.evidence["rank_deaths.json"][0]["rank"] == 1 and m.dead[1] >= t0
+        assert d.evidence[ev.Layout.RANK_DEATHS][0]["rank"] == 1 and m.dead[1] >= t0
     finally:
         for p in procs:
             p.kill()
@@ -126,7 +126,6 @@ def test_a_dead_rank_of_a_hosts_run_is_never_said_to_wait_in_its_ledger_evidence
     """ledger.json / the report's ledger sentence of a ``--hosts`` run (its mirror, ledger-<rank>.jsonl) mark the
     ranks rank_deaths.json names as dead, as a local run's do: rank 1 killed on h1 'never did: it died', not 'waits'
     (found on the real rig: the killed rank's REPORT.md said 'rank 1 never did and waits in broadcast')."""
-    from repro import evidence as ev
     from repro.remote_run import _ledger_evidence_from
 
     mirror = tmp_path / "mirror"

@@ -34,6 +34,8 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from . import files as _files
+
 _SEG = r"[A-Za-z_][A-Za-z0-9_]*(?:\(\))?"
 PATH_RE = re.compile(rf"^(?P<len>len\()?(?P<head>{_SEG}(?:\.{_SEG})*)(?:\[\*\](?P<each>(?:\.[A-Za-z_][A-Za-z0-9_]*)+))?(?(len)\))$")
 KINDS = ("lockstep", "local", "info")
@@ -219,7 +221,7 @@ class Digest:
         return json.dumps(rec, default=repr, separators=(",", ":"))
 
     def _path(self, part: int) -> str:
-        return os.path.join(self.out_dir, f"digest-{self.pid}.jsonl" if part == 0 else f"digest-{self.pid}.{part}.jsonl")
+        return os.path.join(self.out_dir, _files.digest_file(self.pid, part))
 
     def _ring(self, tick: int, members: List[Tuple[str, List[str]]]) -> None:
         if self.fh is None:

@@ -83,6 +83,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
+from . import files as _files
 from . import gate as _gate
 
 FLUSH_INTERVAL_S = 0.05  # the calling thread writes the queue itself at a collective's entry once it is this old
@@ -471,7 +472,7 @@ class Ledger:
 
     def flush_ticks(self) -> None:
         try:
-            with open(os.path.join(self.rt.out_dir, f"ticks-{os.getpid()}.txt"), "a") as fh:
+            with open(os.path.join(self.rt.out_dir, _files.ticks_file(os.getpid())), "a") as fh:
                 fh.write("".join(" ".join(repr(x) for x in row) + "\n" for row in self._ticks))
         except Exception as e:
             self.rt.error("ledger tick log", e)
@@ -702,8 +703,7 @@ class Ledger:
 
     def path(self, part: int = 0) -> str:
         """``<out_dir>/ledger-<pid>.jsonl`` (current part) or ``ledger-<pid>.1.jsonl`` (previous part)."""
-        base = f"ledger-{self.rt.pid}"
-        return os.path.join(self.rt.out_dir, f"{base}.jsonl" if part == 0 else f"{base}.{part}.jsonl")
+        return os.path.join(self.rt.out_dir, _files.ledger_file(self.rt.pid, part))
 
     def _open(self) -> None:
         if self.rank is None:  # a state digest line can come before this process's first collective

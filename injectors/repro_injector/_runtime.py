@@ -1,4 +1,5 @@
-"""The injector's runtime: plan, post-import hooks, patched sites, arming, actions and records.
+"""The injector's runtime: plan, patching, arming and records (one injection's gate and actions: ``_site``; the
+post-import hook: ``_hooks``; this process's clocks and facts: ``_proc``).
 
 One :class:`Runtime` per process, created by ``activate()`` only when ``REPRO_PLAN`` names a plan file (the plan
 contract is ``repro.scenario.compile_plan``; this package never imports ``repro``). Records (read by
@@ -31,25 +32,26 @@ noticed it: ranks poll the file independently, up to ``arm_poll_s`` apart.
 
 The injector's frames in a py-spy dump: ``repro_injected[<patched site qualname>]`` (e.g.
 ``repro_injected[Scheduler.run_batch]``: the wrapper's code object carries the site's name), ``Site.run``,
-``Site._collective`` (file ``repro_injector/_runtime.py``); the ledger's wrappers read ``repro_ledger[<api>]`` and
+``Site._collective`` (file ``repro_injector/_site.py``; the wrapper's is ``_runtime.py``); the ledger's wrappers read ``repro_ledger[<api>]`` and
 ``repro_tick[<tick function>]`` (file ``repro_injector/_ledger.py``).
 """
 
 from __future__ import annotations
 
-import copy
 import faulthandler
 import json
 import os
 import signal
 import sys
 import threading
-import time
 import traceback
-from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
+from . import files as _files
 from . import gate as _gate
+from ._hooks import _HookFinder
+from ._proc import _dist, _monotonic, _proc_start, _proctitle, _sleep, _wall
+from ._site import Counts, Site
 from .resolve import Target, resolve_in_module, split_site
 
 PLAN_ENV = "REPRO_PLAN"
@@ -57,366 +59,9 @@ SUPPORTED_PLAN_VERSIONS = (1,)
 COUNTS_INTERVAL_S = 0.2
 TITLE_INTERVAL_S = 1.0
 
-# The injector's own clock and sleep: saved before any scenario can patch ``time`` functions.
-_monotonic = time.monotonic
-_wall = time.time
-_sleep = time.sleep
-
 
 class PlanError(ValueError):
     """The plan file is missing or malformed (message names the file and the key)."""
-
-
-def _proc_start() -> Dict[str, Any]:
-    """``start_ticks`` from /proc/self/stat and ``create_time`` as psutil computes it (boot time + ticks/CLK_TCK)."""
-    out: Dict[str, Any] = {"start_ticks": None, "create_time": None}
-    try:
-        with open("/proc/self/stat", "rb") as fh:
-            stat = fh.read().decode("ascii", "replace")
-        ticks = int(stat.rsplit(")", 1)[1].split()[19])
-        out["start_ticks"] = ticks
-        btime = None
-        with open("/proc/stat", "rb") as fh:
-            for line in fh:
-                if line.startswith(b"btime"):
-                    btime = float(line.split()[1])
-                    break
-        if btime is not None:
-            out["create_time"] = btime + ticks / os.sysconf("SC_CLK_TCK")
-    except Exception:
-        pass
-    if out["create_time"] is None:
-        out["create_time"] = _wall()
-    return out
-
-
-def _proctitle() -> str:
-    try:
-        with open("/proc/self/cmdline", "rb") as fh:
-            raw = fh.read()
-        return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
-    except Exception:
-        return " ".join(sys.argv)
-
-
-def _attr_path(obj: Any, path: str) -> Any:
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _module_group(spec: str) -> Any:
-    """The group a ``module:attr.path`` (a module global, e.g. vLLM's ``parallel_state:_TP``) or
-    ``module:getter()`` (called with no arguments, e.g. ``parallel_state:get_tp_group()``) names; the module is
-    imported if this process has not yet."""
-    import importlib
-
-    mod_name, _, path = spec.partition(":")
-    obj: Any = sys.modules.get(mod_name) or importlib.import_module(mod_name)
-    call = path.endswith("()")
-    obj = _attr_path(obj, path[:-2] if call else path)
-    return obj() if call else obj
-
-
-def _dist() -> Any:
-    """``torch.distributed`` if this process already imported it and it is initialized, else None."""
-    d = sys.modules.get("torch.distributed")
-    try:
-        if d is not None and d.is_available() and d.is_initialized():
-            return d
-    except Exception:
-        return None
-    return None
-
-
-class Counts:
-    """Per injection, per arming: entered / matched / fired and first/last times (epoch seconds)."""
-
-    __slots__ = ("entered", "matched", "fired", "first_entered", "last_entered", "first_matched", "last_matched",
-                 "first_fired", "last_fired", "entered_before_poll")
-
-    def __init__(self) -> None:
-        self.entered = self.matched = self.fired = 0
-        self.entered_before_poll = 0  # calls between the arm file's write (mtime) and this process noticing it
-        self.first_entered = self.last_entered = self.first_matched = self.last_matched = None
-        self.first_fired = self.last_fired = None
-
-    def as_dict(self) -> Dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__slots__}
-
-
-class Site:
-    """One injection of the plan in this process: its gate, action, occurrence counters and patch state."""
-
-    def __init__(self, rt: "Runtime", spec: Dict[str, Any]) -> None:
-        self.rt = rt
-        self.id: str = spec["id"]
-        site = spec.get("site") or {}
-        self.alternatives: List[str] = list(site.get("alternatives") or [])
-        self.aliases: List[str] = list(site.get("aliases") or [])
-        g = spec.get("gate") or {}
-        self.gate = _gate.gate_from_plan(g)
-        self.ranks = frozenset(int(r) for r in (g.get("ranks") or []))
-        self.rank_group: Optional[str] = g.get("rank_group") or None
-        occ = g.get("occurrence") or {}
-        self.mode: str = occ.get("mode", "first")
-        self.nth: int = int(occ.get("nth", 1))
-        self.max_fires: int = int(occ.get("max_fires", 0))
-        self.action: Dict[str, Any] = spec.get("action") or {"kind": "none"}
-        self.kind: str = self.action.get("kind", "none")
-        self.counts = Counts()
-        # observe mode (action none + record_callers): one ``seen`` event per distinct (caller code, offset)
-        self.record_callers: bool = self.kind == "none" and bool(self.action.get("record_callers"))
-        self.seen_keys: set = set()
-        self.recent: Deque[float] = deque(maxlen=256)  # times of calls made while disarmed (arm-window accounting)
-        self.lock = threading.Lock()
-        self.patched: Optional[Target] = None
-        self.wrapper: Optional[Callable] = None
-        self.original: Optional[Callable] = None
-        self.error: Optional[str] = None
-        self.tried: Dict[str, Dict[str, Any]] = {s: {"site": s, "status": "pending", "error": None} for s in self.alternatives}
-        self.held: List[Tuple[Any, Any, int]] = []  # state action: (pool, slots taken, ledger tick when taken)
-
-    def record(self) -> Dict[str, Any]:
-        """The loaded marker's entry for this injection. An alternative whose module this process never imported
-        stays ``pending`` (e.g. the HiRadixCache alternative on sglang >= 0.5.21, or any site in the detokenizer)."""
-        return {
-            "resolved": self.patched.site if self.patched else None,
-            "patched": self.patched is not None,
-            "error": self.error,
-            "alternatives_tried": [dict(v) for v in self.tried.values()],
-        }
-
-    # ---- gate -------------------------------------------------------------------------------------------------
-
-    def _rank_ok(self, self_obj: Any) -> bool:
-        if not self.ranks:
-            return True
-        d = _dist()
-        if d is None:
-            return False
-        if self.rank_group:
-            if self_obj is None:
-                raise RuntimeError(f"gate.rank_group {self.rank_group!r} needs a method site (no self)")
-            r = d.get_rank(_attr_path(self_obj, self.rank_group))
-        else:
-            r = d.get_rank()
-        return r in self.ranks
-
-    def enter(self, self_obj: Any, caller: Any) -> bool:
-        """Count the call and evaluate the gate and occurrence (one lock round). True = fire now."""
-        now = _wall()
-        ok = False
-        fire = False
-        try:
-            ok = (not self.ranks or self._rank_ok(self_obj)) and self.gate.check(caller)
-        finally:
-            with self.lock:
-                c = self.counts
-                c.entered += 1
-                if c.first_entered is None:
-                    c.first_entered = now
-                c.last_entered = now
-                if ok:
-                    fire = self._matched(c, now)
-            self.rt.dirty = True
-        if ok and self.record_callers:
-            self.rt.record_caller(self, caller)
-        return fire
-
-    def _matched(self, c: Counts, now: float) -> bool:
-        c.matched += 1
-        if c.first_matched is None:
-            c.first_matched = now
-        c.last_matched = now
-        if self.kind == "none":
-            return False
-        if self.max_fires and c.fired >= self.max_fires:
-            return False
-        if self.mode == "first":
-            fire = c.matched == 1
-        elif self.mode == "nth":
-            fire = c.matched == self.nth
-        else:
-            fire = True
-        if fire:
-            c.fired += 1
-            if c.first_fired is None:
-                c.first_fired = now
-            c.last_fired = now
-        return fire
-
-    # ---- action -----------------------------------------------------------------------------------------------
-
-    def _collective(self, self_obj: Any) -> None:
-        import torch
-        import torch.distributed as dist
-
-        a = self.action
-        from_module = ":" in (a.get("group") or "")  # "module:attr.path" or "module:getter()": a module's group
-        if self_obj is None and not from_module:
-            raise RuntimeError(f"{self.id}: extra_collective needs a method site (group/method are read from self), "
-                               "or a group given as 'module:attribute' / 'module:getter()'")
-        t0 = torch.ones(1, dtype=torch.int32)
-        if a.get("method"):
-            fn = _attr_path(self_obj, a["method"])
-            try:
-                import inspect
-
-                nparams = len([p for p in inspect.signature(fn).parameters.values()
-                               if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
-            except (TypeError, ValueError):
-                nparams = 1
-            red = getattr(dist.ReduceOp, a.get("reduce_op") or "MAX")
-            fn(t0, red) if nparams >= 2 else fn(t0)
-            return
-        g = _module_group(a["group"]) if from_module else _attr_path(self_obj, a["group"])
-        if not isinstance(g, dist.ProcessGroup) and hasattr(g, "cpu_group"):
-            g = g.cpu_group  # an sglang GroupCoordinator: use its gloo group
-        backend = str(dist.get_backend(g)).lower()
-        t = t0
-        if "gloo" not in backend and ("nccl" in backend or "cuda" in backend) and torch.cuda.is_available():
-            t = t0.to(torch.device("cuda", torch.cuda.current_device()))
-        op = a.get("op", "all_reduce")
-        if op == "all_reduce":
-            dist.all_reduce(t, op=getattr(dist.ReduceOp, a.get("reduce_op") or "SUM"), group=g)
-        elif op == "broadcast":
-            dist.broadcast(t, src=dist.get_global_rank(g, 0), group=g)
-        elif op == "barrier":
-            dist.barrier(group=g)
-        elif op == "all_gather":
-            outs = [torch.zeros_like(t) for _ in range(dist.get_world_size(g))]
-            dist.all_gather(outs, t, group=g)
-        else:
-            raise ValueError(f"{self.id}: unknown collective op {op!r}")
-
-    def run(self, self_obj: Any, call: Callable[[], Any], args: tuple = ()) -> Any:
-        """Run the action around ``call`` (which calls the original); ``args``: the call's positional arguments."""
-        kind = self.kind
-        a = self.action
-        if kind == "extra_collective":
-            if a.get("when", "before") == "after":
-                res = call()
-                self._collective(self_obj)
-                return res
-            self._collective(self_obj)
-            return call()
-        if kind == "skip":
-            if a.get("return_arg") is not None:  # a skipped in-place collective hands back its (unreduced) input
-                return args[int(a["return_arg"])]
-            return copy.deepcopy(a.get("value"))
-        if kind == "return_value":
-            if a.get("offset") is not None:  # drift: the original's result plus a number (e.g. -1, +3600 s)
-                res = call()
-                if isinstance(res, (int, float)):  # a bool too: True - 1 == 0
-                    return res + a["offset"]
-                # no number to drift (an enum, a batch object): the call returns unchanged and is no fire
-                with self.lock:
-                    self.counts.fired -= 1
-                self.rt.dirty = True
-                self.rt.event("fire_inapplicable", id=self.id, returned=type(res).__name__)
-                self.rt.write_counts()
-                return res
-            if a.get("call_original", True):
-                call()
-            return copy.deepcopy(a.get("value"))
-        if kind == "delay":
-            _sleep(float(a.get("delay_s", 0)))
-            return call()
-        if kind == "state":
-            self.take(self_obj)
-            return call()
-        return call()
-
-    # ---- state action: move real pool state on this rank ------------------------------------------------------
-
-    def _tick(self) -> int:
-        led = self.rt.ledger
-        return int(led.tick) if led is not None else 0
-
-    def take(self, self_obj: Any) -> None:
-        """Take ``take`` slots (or all but ``leave`` free ones) of the pool at ``pool`` (attribute path from self,
-        e.g. ``req_to_token_pool``) and keep them: a per-rank leak. sglang 0.5.23 ``ReqToTokenPool.alloc_rows(n)`` (rows with no Req bound), else the
-        pool's ``alloc(n)`` (``token_to_kv_pool_allocator``). A pool without room: the call is no fire."""
-        a = self.action
-        pool = _attr_path(self_obj, str(a["pool"]))
-        alloc = getattr(pool, "alloc_rows", None) or getattr(pool, "alloc")
-        before = pool.available_size() if hasattr(pool, "available_size") else None
-        if a.get("leave") is not None and before is not None:
-            k = int(before) - int(a["leave"])
-        else:
-            k = int(a.get("take") or 1)
-        slots = alloc(k) if k > 0 else None
-        if slots is None:
-            with self.lock:
-                self.counts.fired -= 1
-            self.rt.event("fire_inapplicable", id=self.id, returned="None (pool full)")
-            self.rt.write_counts()
-            return
-        self.held.append((pool, slots, self._tick()))
-        after = pool.available_size() if hasattr(pool, "available_size") else None
-        self.rt.event("state_taken", id=self.id, pool=a["pool"], take=k, tick=self._tick(), available_before=before,
-                      available_after=after)
-
-    def release_due(self) -> bool:
-        n = self.action.get("release_after_ticks")
-        return n is not None and self._tick() - self.held[0][2] >= int(n)
-
-    def release(self) -> None:
-        """Give every held slot back (``free_rows`` / ``free``), ``release_after_ticks`` ticks after the take."""
-        while self.held:
-            pool, slots, _t = self.held.pop()
-            try:
-                free = getattr(pool, "free_rows", None) or getattr(pool, "free")
-                free(slots)
-                self.rt.event("state_released", id=self.id, pool=self.action.get("pool"), tick=self._tick())
-            except Exception as e:
-                self.rt.error(f"{self.id}: state release failed", e, self.id)
-
-
-class _HookFinder:
-    """``sys.meta_path`` entry: after a watched module executes, run the runtime's patch callback on it."""
-
-    def __init__(self, rt: "Runtime") -> None:
-        self.rt = rt
-        self.busy: set = set()
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname in self.busy or (fullname not in self.rt.watched and not (
-                self.rt.watch_prefixes and fullname.startswith(self.rt.watch_prefixes))):
-            return None
-        self.busy.add(fullname)
-        try:
-            spec = None
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
-        finally:
-            self.busy.discard(fullname)
-        loader = getattr(spec, "loader", None)
-        if spec is None or loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        rt = self.rt
-        orig_exec = loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            try:
-                orig_exec(module)
-            finally:
-                try:
-                    del loader.exec_module  # back to the class's method for later imports
-                except AttributeError:
-                    pass
-            rt.on_module(module)
-
-        try:
-            loader.exec_module = exec_module
-        except Exception:
-            return spec
-        return spec
 
 
 def _dist_version(module: str, dist: str) -> Optional[str]:
@@ -479,7 +124,7 @@ class Runtime:
         except Exception:
             pass
         try:
-            with open(self._path("errors.log"), "a", encoding="utf-8") as fh:
+            with open(self._path(_files.ERRORS_LOG), "a", encoding="utf-8") as fh:
                 fh.write(f"{_wall():.3f} pid={os.getpid()} rank={self.rank} {line}\n")
                 if exc is not None:
                     fh.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
@@ -494,7 +139,7 @@ class Runtime:
             data = json.dumps(rec, default=repr) + "\n"
             with self._io_lock:
                 if self._fires is None:
-                    self._fires = open(self._path(f"fires-{self.pid}.jsonl"), "a", encoding="utf-8")
+                    self._fires = open(self._path(_files.fire_log(self.pid)), "a", encoding="utf-8")
                 self._fires.write(data)
                 self._fires.flush()
         except Exception as e:  # never raise into the target
@@ -571,8 +216,8 @@ class Runtime:
                 "time": _wall(),
             }
             rec.update(self._versions())
-            path = self._path(f"loaded-{self.pid}.json")
-            tmp = f"{path}.tmp"
+            path = self._path(_files.loaded_marker(self.pid))
+            tmp = path + _files.TMP_SUFFIX
             try:
                 with open(tmp, "w", encoding="utf-8") as fh:
                     json.dump(rec, fh, indent=1, default=repr)
@@ -851,7 +496,7 @@ class Runtime:
         if not isinstance(sig, int) or not hasattr(faulthandler, "register"):
             self.error(f"plan faulthandler_signal {name!r} is not a signal on this platform (expected e.g. 'SIGUSR2')")
             return
-        self.fh_file = open(self._path(f"faulthandler-{self.pid}.txt"), "a", encoding="utf-8")
+        self.fh_file = open(self._path(_files.faulthandler_file(self.pid)), "a", encoding="utf-8")
         # chain only to a real previous handler: chaining to SIG_DFL re-raises the signal's default action, which
         # for SIGUSR1/2 terminates the process (measured) - a capture must never kill a rank.
         prev = signal.getsignal(sig)

@@ -609,7 +609,9 @@ class Discovery:
                        f"`{_md(c.collective)}` → {_md(' → '.join(_short(x) for x in c.chain[-3:]))} | "
                        f"{', '.join('`' + _short(x) + '`' for x in c.sites[:3]) or 'none (listed only)'} |")
         if len(self.candidates) > limit:
-            out.append(f"\n({len(self.candidates) - limit} more in discover.json)")
+            from repro.evidence import Layout
+
+            out.append(f"\n({len(self.candidates) - limit} more in {Layout.DISCOVERY_JSON.name})")
         out += ["", "## Catalogue points", ""]
         for p in self.points:
             out.append(f"- `{p.name}`: `{p.site}` called from `{_short(p.caller)}` "

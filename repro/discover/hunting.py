@@ -10,13 +10,13 @@ fired by hand points vs discovered points. Nothing here renders to a console.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from repro.discover import (DiscoverError, Discovery, DiscoveredPoint, POINT_PREFIX, default_rules_path, discover,
                             merge_catalogue, points_toml)
+from repro.evidence import EvidenceDir, Layout
 
 DESYNCED = "DESYNCED"  # the ledger proof's verdict (repro/verdict.py, when present); compared by name
 
@@ -94,13 +94,12 @@ def _rules(path: Path) -> dict:
 
 def write_inputs(state: DiscoveryState, folder: Path) -> None:
     """The hunt folder's ``discovery/``: DISCOVERY.md, discover.json, catalogue.toml (the added points as data)."""
-    d = Path(folder) / "discovery"
-    d.mkdir(exist_ok=True)
-    (d / "catalogue.toml").write_text(points_toml(state.added, header=(
+    d = EvidenceDir.open(folder).discovery
+    d.discovery_points.write(points_toml(state.added, header=(
         f"Points proposed by `repro hunt --discover` ({state.discovery.rules_path}, {state.discovery.python}).\n"
-        "Same shape as hunt_catalogue.toml's [[points]]: append them there to keep them.")), encoding="utf-8")
-    (d / "discover.json").write_text(json.dumps(state.discovery.to_json(), indent=1, default=str), encoding="utf-8")
-    (d / "DISCOVERY.md").write_text(state.discovery.markdown(), encoding="utf-8")
+        "Same shape as hunt_catalogue.toml's [[points]]: append them there to keep them.")))
+    d.discovery_json.write(state.discovery.to_json())
+    d.discovery_md.write(state.discovery.markdown())
 
 
 def after_baseline(state: DiscoveryState, rows: Sequence[Any]) -> dict:
@@ -197,8 +196,7 @@ def tally(state: Optional[DiscoveryState], rows: Sequence[Any], results: Sequenc
 def finish(state: DiscoveryState, folder: Path, rows: Sequence[Any], results: Sequence[Any]) -> dict:
     """Write the hunt's verdict on discovery (``discovery/PRECISION.md`` + into discover.json); returns :func:`tally`."""
     t = tally(state, rows, results)
-    d = Path(folder) / "discovery"
-    d.mkdir(exist_ok=True)
+    d = EvidenceDir.open(folder).discovery
     p = t.get("points") or {}
     lines = ["# Discovery, judged by the hunt", "",
              f"- candidates: {p.get('candidates', 0)} ({p.get('huntable_candidates', 0)} with a patchable site) → "
@@ -214,8 +212,8 @@ def finish(state: DiscoveryState, folder: Path, rows: Sequence[Any], results: Se
         lines += ["", "## Discovered points the baseline never reached", ""]
         for name, why in state.not_reached.items():
             lines.append(f"- `{name}`: {why}")
-    (d / "PRECISION.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (d / "tally.json").write_text(json.dumps({**t, "not_reached": state.not_reached}, indent=1), encoding="utf-8")
+    d.precision.write("\n".join(lines) + "\n")
+    d.tally.write({**t, "not_reached": state.not_reached})
     return t
 
 
@@ -229,9 +227,11 @@ def header_line(state: DiscoveryState, t: dict) -> str:
     s = state.discovery.summary()
     p = t.get("points") or {}
     rows = t.get("rows") or {}
+    d = Layout.DISCOVERY.name
     r = "; ".join(f"{o} rows reached {e['reached']}, fired {e['fired']}" for o, e in sorted(rows.items()))
     return (f"searched {s['package']} ({s['modules']} modules, {s['functions']} functions; rules "
             f"{state.discovery.rules_path}): {s['candidates']} candidates ({s['huntable']} with a patchable site) → "
             f"{len(state.added)} points added {'beside' if state.keep_hand else 'without'} the hand points; of them "
             f"reached {p.get('reached', 0)}, fired {p.get('fired', 0)}, deadlocked {p.get('deadlocked', 0)}, desynced "
-            f"{p.get('desynced', 0) + p.get('desync_crashed', 0)}; {r} (discovery/DISCOVERY.md, discovery/PRECISION.md)")
+            f"{p.get('desynced', 0) + p.get('desync_crashed', 0)}; {r} ({d}/{Layout.DISCOVERY_MD.name}, "
+            f"{d}/{Layout.PRECISION.name})")

@@ -17,11 +17,12 @@ import re
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from repro import evidence as ev
 from repro.catalogue import Catalogue, short_frame
 from repro.hunt.classify import Diagnosis, diagnose, hazard_statement
 from repro.hunt.options import HuntOptions
 from repro.hunt.plan import Trial, trial_seed
-from repro.hunt.report import rel_path
+from repro.hunt.report import rel_path, report_of
 from repro.hunt.workloads import workload_extra
 from repro.scenario_toml import scenario_toml
 from repro.verdict import DEADLOCKED, DESYNCED, SUCCEEDED
@@ -67,7 +68,7 @@ def finding_markdown(r: Any, cat: Any, base_path: Path, tolerated: Sequence[Any]
               "gated on the call stack (never on timing).", "",
               "## Evidence", "",
               f"- trial `{t.name}`: {r.verdict} in {r.to_verdict_s:.1f} s, fired {dict(r.fired)}: "
-              f"[{rel_path(r.evidence, folder)}]({rel_path(r.evidence, folder)}/REPORT.md)",
+              f"[{rel_path(r.evidence, folder)}]({report_of(r.evidence, folder)})",
               "- reproduced from its scenario file on a fresh server (`--confirm`)."]
     if r.ledger:
         lines.append(f"- collective ledger: {r.ledger}")
@@ -98,10 +99,8 @@ def write_findings(log: Any, cat: Any, base: Any, base_path: Path, disc: Optiona
                      and sum((x.fired or {}).values()) > 0]
         cands = [c for c in cands_by_point.get(r.trial.row.point, []) if (c.loop_var or None) == (r.trial.row.loop_var or None)] \
             or cands_by_point.get(r.trial.row.point, [])
-        folder = log.folder / "findings" / r.trial.name
-        folder.mkdir(parents=True, exist_ok=True)
-        f = folder / "FINDING.md"
-        f.write_text(finding_markdown(r, cat, base_path, tolerated, cands, folder), encoding="utf-8")
+        folder = ev.EvidenceDir.open(log.folder).finding_dir(r.trial.name)
+        f = folder.finding.write(finding_markdown(r, cat, base_path, tolerated, cands, folder.path))
         log.event("finding", trial=r.trial.name, file=str(f))
         out.append(f)
     return out
@@ -132,14 +131,15 @@ def write_workload_finding(base: Any, opts: HuntOptions, cat: Catalogue, w: str,
     if v.verdict == DEADLOCKED and d.outcome.analysis is not None:
         a = d.outcome.analysis
         diag = diagnose(a.to_dict() if hasattr(a, "to_dict") else a, cat)
-    sc = hf / "scenarios" / f"workload-{w}.toml"
+    store = ev.EvidenceDir.open(hf)
+    sc = store.hunt_scenario(ev.Layout.workload_scenario(w))
     expect = "desync" if v.verdict == DESYNCED else "deadlock"
-    sc.write_text(scenario_toml(base, re.sub(r"[^A-Za-z0-9_.-]+", "_", f"hunt_workload_{w}"),
+    ev.write_text_atomic(sc, scenario_toml(base, re.sub(r"[^A-Za-z0-9_.-]+", "_", f"hunt_workload_{w}"),
                                 f"repro hunt: the engine {v.verdict} under workload {w} with no perturbation",
                                 [("finding", expect, spec.says, [], workload_extra(spec))],
                                 comment=f"Written by `repro hunt` from {opts.scenario_path}: workload {w}, no injection.\n"
-                                        f"Run: repro run <this file>   (expects {v.verdict})"), encoding="utf-8")
-    f = hf / f"FINDING-{w}.md"
+                                        f"Run: repro run <this file>   (expects {v.verdict})"))
+    finding = store.workload_finding(w)
     lines = [f"# {v.verdict} under workload `{w}`, with no perturbation", "",
              f"**The load:** {spec.says}. Engine flags: `{' '.join(base.server.args)}`.", "",
              f"**What happened:** {v.reason}", ""]
@@ -148,7 +148,6 @@ def write_workload_finding(base: Any, opts: HuntOptions, cat: Catalogue, w: str,
                   f"{', '.join(map(str, diag.in_ranks)) or '?'})", ""]
         lines += [f"- rank {k}: {where}" for k, where in sorted(diag.where.items())] + [""]
     lines += [f"**Minimal scenario:** [`{rel_path(sc, hf)}`]({rel_path(sc, hf)}) (`repro run {sc}`).",
-              f"**Evidence:** [{rel_path(d.run_dir.path, hf)}]({rel_path(d.run_dir.path, hf)}/REPORT.md).", "",
+              f"**Evidence:** [{rel_path(d.run_dir.path, hf)}]({report_of(d.run_dir.path, hf)}).", "",
               "**Not yet confirmed** from the scenario file on a fresh server; re-run it before filing upstream."]
-    f.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return f
+    return finding.write("\n".join(lines) + "\n")

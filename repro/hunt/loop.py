@@ -44,7 +44,7 @@ def _check_sites_option(sites: bool, cat: Catalogue, base: Any) -> None:
     try:
         import repro.ledger  # noqa: F401
     except ImportError:
-        raise HuntError("--sites needs the collective ledger (repro/ledger.py, per-rank ledger-<pid>.jsonl), which this "
+        raise HuntError(f"--sites needs the collective ledger (repro/ledger.py, per-rank {ev.Layout.ledger_file('<pid>')}), which this "
                         "checkout does not have; run without --sites (decision points only)") from None
     if not cat.site_apis:
         raise HuntError(f"--sites: {cat.path} has no [sites.apis] table saying where the ledger's collective APIs live")
@@ -129,13 +129,14 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
             mat.close()
         raise HuntError(str(e)) from None
     hf = folder.path
-    (hf / "scenarios").mkdir(exist_ok=True)
+    folder.hunt_scenarios_dir.mkdir(exist_ok=True)
     header = {"scenario": str(opts.scenario_path), "catalogue": str(cat.path), "ref": f"{opts.ref} ({mat.description})" if mat else opts.ref,
               "ranks": ", ".join(map(str, ranks)), "budget_min": opts.budget_min, "command": opts.command_line}
     if disc is not None:
         hunting.write_inputs(disc, hf)
         header["discovery"] = (f"{len(disc.discovery.candidates)} candidates, {len(disc.added)} points added "
-                               f"({'with' if opts.hand_points else 'without'} the hand points): discovery/DISCOVERY.md")
+                               f"({'with' if opts.hand_points else 'without'} the hand points): "
+                               f"{ev.Layout.DISCOVERY.name}/{ev.Layout.DISCOVERY_MD.name}")
     if opts.shard:
         header["shard"] = (f"{opts.shard[0]}/{opts.shard[1]}: {len(shard_keys)} (point, perturbation, rank) key(s) of this "
                            "shard, split before the baseline; `repro hunt-merge` joins the shard folders")
@@ -160,12 +161,11 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
         # ---- 1. baseline: observe-only probes record every call place of every decision point (every point, also
         # in a shard: the trial numbers, and so the burst seeds, are the unsharded plan's)
         probes = {f"probe-{p.name}": p.name for p in points}
-        probe_file = hf / "scenarios" / "baseline.toml"
-        probe_file.write_text(scenario_toml(
+        probe_file = folder.hunt_baseline.write(scenario_toml(
             base, base.name, "repro hunt baseline: observe-only probes on every decision point",
             [("baseline", "success", "record callers of every decision point",
               [{"id": pid, "site": list(cat.point(pn).sites), "action": {"kind": "none", "record_callers": True},
-                "gate": {"occurrence": {"mode": "every"}}} for pid, pn in probes.items()])]), encoding="utf-8")
+                "gate": {"occurrence": {"mode": "every"}}} for pid, pn in probes.items()])]))
         ro = RunOptions(scenario_path=probe_file, variant="baseline", python=python, evidence_root=opts.evidence_root,
                                label="hunt-baseline", requests=opts.requests, pythonpath_prepend=prepend,
                                command_line=opts.command_line)
@@ -207,7 +207,7 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
                 if opts.sites_matching:
                     shown = "; ".join(seen_sites[:8]) or "none"
                     count = f"first 8 of {len(seen_sites)}" if len(seen_sites) > 8 else str(len(seen_sites))
-                    raise HuntError(f"{what}. Call sites seen ({count}; all in hunt.jsonl): {shown}. Globs match any of a "
+                    raise HuntError(f"{what}. Call sites seen ({count}; all in {ev.Layout.HUNT_JSONL.name}): {shown}. Globs match any of a "
                                     f"site's frames (Class.method, or module:Class.method with a ':'). Baseline "
                                     f"evidence: {p0.evidence.path}")
             rows = rows + srows
@@ -287,11 +287,10 @@ def _shard_keys(opts: HuntOptions, points: Sequence[DecisionPoint], ranks: Seque
 def _trial_phase(runs: Runs, base: Any, cat: Catalogue, trials: Sequence[Trial], hf: Path, log: HuntLog, clock: Clock,
                  observe: Observer, opts: HuntOptions, python: Optional[str], prepend: tuple) -> None:
     """Write one plan with every trial's injection (and workload), start its server, arm each trial in turn."""
-    trial_file = hf / "scenarios" / "trials.toml"
-    trial_file.write_text(scenario_toml(
+    trial_file = ev.EvidenceDir.open(hf).hunt_trials.write(scenario_toml(
         base, base.name, "repro hunt trials (generated)",
         [(t.name, "success", t.perturbation.says, [t.injection(cat.point(t.row.point).sites)], trial_extra(opts, cat, t))
-         for t in trials]), encoding="utf-8")
+         for t in trials]))
     ro = RunOptions(scenario_path=trial_file, python=python, evidence_root=opts.evidence_root, label="hunt-session",
                            requests=opts.requests, pythonpath_prepend=prepend, command_line=opts.command_line)
     try:
@@ -367,7 +366,7 @@ def _run_trials(runs: Runs, p: Any, ro: Any, base: Any, cat: Catalogue, trials: 
         t = by_name[d.item.variant]
         sp = session.p  # the server this trial ran on (the spare after a swap)
         tr = _trial_result(runs, sp, base, cat, t, d.variant, d.outcome, d.run_dir.path, session.rank_pids, log.folder,
-                           opts, log_since(sp.evidence.file("server.log"), d.log_offset) if not d.outcome.clean else "")
+                           opts, log_since(sp.evidence.server_log.path, d.log_offset) if not d.outcome.clean else "")
         results[d.item.variant] = tr
         log.add(tr)
         observe("trial", {"result": tr, "n": d.index + 1, "total": len(trials), "remaining_s": clock.remaining})
@@ -469,7 +468,7 @@ def _trial_result(runs: Runs, p: Any, base: Any, cat: Catalogue, t: Trial, varia
     if verdict == DESYNCED:
         tr.ledger = str((getattr(v, "desync", None) or {}).get("summary") or v.reason)
     if verdict in (DEADLOCKED, DESYNCED):
-        f = hunt_folder / "scenarios" / f"{t.name}.toml"
+        f = ev.EvidenceDir.open(hunt_folder).hunt_scenario(ev.Layout.trial_scenario(t.name))
         f.write_text(finding_scenario(base, opts.scenario_path, cat, t, diag, verdict, trial_extra(opts, cat, t)), encoding="utf-8")
         tr.scenario_file = f
     return tr
@@ -516,13 +515,12 @@ def _hunt_workloads(runs: Runs, base: Any, adapter: Any, cat: Catalogue, ncat: A
     vname = {w: "baseline" if w == QUIET else f"baseline-{w}" for w in names}
     probes_by = {w: {f"probe-{p.name}" + ("" if w == QUIET else f".{w}"): p.name for p in points} for w in names}
     specs = {w: ncat.workload(w) for w in names}
-    probe_file = hf / "scenarios" / "baseline.toml"
-    probe_file.write_text(scenario_toml(
+    probe_file = ev.EvidenceDir.open(hf).hunt_baseline.write(scenario_toml(
         base, base.name, "repro hunt baseline: each workload clean, observe-only probes on every decision point",
         [(vname[w], "success", f"clean run under workload {w}: {specs[w].says}",
           [{"id": pid, "site": list(cat.point(pn).sites), "action": {"kind": "none", "record_callers": True},
             "gate": {"occurrence": {"mode": "every"}}} for pid, pn in probes_by[w].items()], workload_extra(specs[w]))
-         for w in names]), encoding="utf-8")
+         for w in names]))
     ro = RunOptions(scenario_path=probe_file, python=python, evidence_root=opts.evidence_root, label="hunt-baseline",
                            requests=opts.requests, pythonpath_prepend=prepend, command_line=opts.command_line)
     try:
@@ -535,7 +533,7 @@ def _hunt_workloads(runs: Runs, base: Any, adapter: Any, cat: Catalogue, ncat: A
     done: dict[str, Any] = {}
     items = [VariantItem(vname[w], command=(opts.command_line or f"repro hunt {opts.scenario_path}") + f"  # clean run, workload {w}",
                          session_info={"hunt": str(hf), "workload": w}) for w in names]
-    log_path = p0.evidence.file("server.log")
+    log_path = p0.evidence.server_log.path
     t0 = time.time()
     try:
         run_variants(session, ro, items, lambda d: done.__setitem__(d.item.variant, d), settle_s=SETTLE_S,
@@ -570,7 +568,7 @@ def _hunt_workloads(runs: Runs, base: Any, adapter: Any, cat: Catalogue, ncat: A
                 entry["finding"] = str(write_workload_finding(base, opts, cat, w, spec, d, hf))
                 result.findings.append(entry["finding"])
         baselines.append(entry)
-        log.event("workload_baseline", **entry)
+        result.workload_baselines.append(log.event("workload_baseline", **entry))
         ids = probes_by[w]
         rows_by[w] = rows_from_seen(cat, [e for e in seen if e.get("id") in ids], ids)
     log.header["workload_baselines"] = baselines

@@ -4,7 +4,6 @@ per server group (:func:`repro.hunt.loop.hunt_group`), one top HUNT.md."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from typing import Optional
 
@@ -57,7 +56,7 @@ def hunt_matrix(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[R
         top = ev.EvidenceDir(opts.evidence_root, base.name, "hunt-matrix")
     except ev.EvidenceError as e:
         raise HuntError(str(e)) from None
-    (top.path / "scenarios").mkdir(exist_ok=True)
+    top.hunt_scenarios_dir.mkdir(exist_ok=True)
     observe("hunt_folder", {"folder": str(top.path)})
     clock = Clock(opts.budget_min * 60.0)
     entries: list[dict] = []
@@ -65,9 +64,8 @@ def hunt_matrix(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[R
     status = "running"
 
     def write() -> None:
-        ev.write_text_atomic(top.path / ev.Layout.HUNT_MD.name, matrix_markdown(opts, ncat, groups, entries, status, clock.elapsed, top.path))
-        ev.write_text_atomic(top.path / "matrix.json", json.dumps({"status": status, "wall_s": round(clock.elapsed, 1),
-                                                                   "groups": entries}, indent=1, default=str))
+        top.hunt_md.write(matrix_markdown(opts, ncat, groups, entries, status, clock.elapsed, top.path))
+        top.matrix.write({"status": status, "wall_s": round(clock.elapsed, 1), "groups": entries})
 
     write()
     try:
@@ -80,9 +78,9 @@ def hunt_matrix(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[R
                 write()
                 continue
             b = base.model_copy(update={"server": base.server.model_copy(update={"args": list(g.args)})})
-            f = top.path / "scenarios" / f"{i + 1:02d}-{g.label}.toml"
-            f.write_text(scenario_toml(b, b.name, f"repro hunt group {g.label}: {base.name} with flags {' '.join(g.args)}",
-                                       [("base", "success", "the base burst", [])]), encoding="utf-8")
+            f = top.hunt_scenario(f"{i + 1:02d}-{g.label}.toml")
+            ev.write_text_atomic(f, scenario_toml(b, b.name, f"repro hunt group {g.label}: {base.name} with flags "
+                                                  f"{' '.join(g.args)}", [("base", "success", "the base burst", [])]))
             sub = dataclasses.replace(opts, scenario_path=f, workloads=(), configs=(), group_workloads=g.workloads,
                                       budget_min=left / 60.0, evidence_root=top.path, workload_file=ncat.path,
                                       catalogue_path=cat.path)
@@ -93,16 +91,7 @@ def hunt_matrix(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[R
                 entry.update(status="failed", error=str(e), wall_s=round(time.time() - t0, 1))
                 write()
                 continue
-            md = (r.folder / ev.Layout.HUNT_JSONL.name)
-            baselines = []
-            if md.exists():
-                for line in md.read_text(encoding="utf-8").splitlines():
-                    try:
-                        e = json.loads(line)
-                    except ValueError:
-                        continue
-                    if e.get("event") == "workload_baseline":
-                        baselines.append(e)
+            baselines = r.workload_baselines  # the group's workload_baseline records, as its hunt.jsonl has them
             counts: dict[str, dict[str, int]] = {}
             for tr in r.results:
                 counts.setdefault(tr.trial.workload or nemeses.QUIET, {}).setdefault(tr.verdict, 0)

@@ -7,7 +7,6 @@ into a new folder; the shards' evidence folders stay where they are and are link
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -24,23 +23,17 @@ class MergeError(ValueError):
 
 
 def _read(folder: Path) -> dict:
-    path = Path(folder) / ev.Layout.HUNT_JSONL.name
-    if not path.is_file():
-        raise MergeError(f"{folder}: no {ev.Layout.HUNT_JSONL.name}; pass the folders `repro hunt --shard K/N` made")
-    lines = []
-    texts = path.read_text(encoding="utf-8").splitlines()
-    for i, text in enumerate(texts, 1):
-        if not text.strip():
-            continue
-        try:
-            lines.append(json.loads(text))
-        except json.JSONDecodeError:
-            if i == len(texts):  # a half-written last line (a shard killed mid-write)
-                continue
-            raise MergeError(f"{path}:{i}: not a JSON line; is this a hunt folder?") from None
+    jsonl = ev.File(Path(folder), ev.Layout.HUNT_JSONL)
+    if not jsonl.path.is_file():
+        raise MergeError(f"{folder}: no {jsonl.member.name}; pass the folders `repro hunt --shard K/N` made")
+    try:
+        lines = jsonl.read()  # a half-written last line (a shard killed mid-write) is skipped
+    except ev.EvidenceFileError as e:
+        raise MergeError(f"{e}; is this a hunt folder?") from None
     shard = next((x for x in lines if x.get("event") == "shard"), None)
     if shard is None:
-        raise MergeError(f"{folder}: not a shard (its hunt.jsonl has no 'shard' event); run the hunt with --shard K/N")
+        raise MergeError(f"{folder}: not a shard (its {ev.Layout.HUNT_JSONL.name} has no 'shard' event); run the hunt "
+                         "with --shard K/N")
     plan = next((x for x in lines if x.get("event") == "plan"), None)
     rows = next((x for x in lines if x.get("event") == "rows"), None)
     end = next((x for x in reversed(lines) if x.get("event") == "end"), None)
@@ -130,8 +123,8 @@ def merge_shards(folders: Sequence[Path], out_dir: Optional[Path] = None, eviden
         folder = ev.EvidenceDir(evidence_root, scen, "hunt-merged").path
     else:
         folder = Path(out_dir)
-        if (folder / ev.Layout.HUNT_MD.name).exists():
-            raise MergeError(f"{folder} already holds a HUNT.md; pass a new --out folder")
+        if ev.Layout.HUNT_MD.at(folder).exists():
+            raise MergeError(f"{folder} already holds a {ev.Layout.HUNT_MD.name}; pass a new --out folder")
         folder.mkdir(parents=True, exist_ok=True)
     statuses = {s["k"]: s["end"].get("status", "running (no end line)") for s in shards}
     header = {**shards[0]["header"], "shard": f"merged {len(shards)} of {n} shard(s): " + "; ".join(
@@ -143,10 +136,9 @@ def merge_shards(folders: Sequence[Path], out_dir: Optional[Path] = None, eviden
     log.rows = rows
     for r in results:
         log.results.append(r)
-    with open(log.jsonl, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps({"event": "merge", "n": n, "shards": {str(k): str(v) for k, v in sorted(seen.items())},
-                             "missing": missing}) + "\n")
-        for r in results:
-            fh.write(json.dumps({"event": "trial", **r.to_json()}, default=str) + "\n")
+    log.store.hunt_jsonl.append({"event": "merge", "n": n, "shards": {str(k): str(v) for k, v in sorted(seen.items())},
+                                 "missing": missing})
+    for r in results:
+        log.store.hunt_jsonl.append({"event": "trial", **r.to_json()})
     log.finish("incomplete" if missing or any(v != "complete" for v in statuses.values()) else "complete")
     return folder

@@ -80,6 +80,7 @@ class HuntResult:
     baseline: Optional[Path] = None
     discovery: Optional[dict] = None  # --discover: rows reached/fired by origin and discovery's precision
     findings: list = field(default_factory=list)  # FINDING-<workload>.md of clean workloads that deadlocked/desynced
+    workload_baselines: list = field(default_factory=list)  # hunt.jsonl's workload_baseline records, as written
 
     @property
     def deadlocks(self) -> list:

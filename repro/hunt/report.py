@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -20,6 +19,11 @@ from repro.verdict import DEADLOCKED, DESYNCED
 
 
 _md = md_cell  # the one markdown escape (repro.diagnosis)
+
+
+def report_of(evidence: Optional[Path], base: Path) -> str:
+    """The link from ``base`` to the REPORT.md of the run folder ``evidence`` ("" for None)."""
+    return rel_path(ev.Layout.REPORT.at(evidence), base) if evidence else ""
 
 
 def rel_path(path: Optional[Path], base: Path) -> str:
@@ -58,14 +62,16 @@ class HuntLog:
         self.rows: list[Row] = []
         self.results: list[TrialResult] = []
         self.status = "running"
-        self.jsonl = self.folder / ev.Layout.HUNT_JSONL.name
-        self.md = self.folder / ev.Layout.HUNT_MD.name
+        self.store = ev.EvidenceDir.open(self.folder)
+        self.jsonl = self.store.hunt_jsonl.path
+        self.md = self.store.hunt_md.path
         self._write_md()
 
-    def event(self, kind: str, **data: Any) -> None:
-        """Append a non-trial line (``baseline``, ``rows``, ``end``) to hunt.jsonl."""
-        with open(self.jsonl, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"event": kind, "time": time.time(), **data}, default=str) + "\n")
+    def event(self, kind: str, **data: Any) -> dict:
+        """Append a non-trial line (``baseline``, ``rows``, ``end``) to hunt.jsonl; returns the line's record."""
+        rec = {"event": kind, "time": time.time(), **data}
+        self.store.hunt_jsonl.append(rec)
+        return rec
 
     def set_rows(self, rows: Sequence[Row]) -> None:
         self.rows = list(rows)
@@ -74,8 +80,7 @@ class HuntLog:
 
     def add(self, r: TrialResult) -> None:
         self.results.append(r)
-        with open(self.jsonl, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"event": "trial", **r.to_json()}, default=str) + "\n")
+        self.store.hunt_jsonl.append({"event": "trial", **r.to_json()})
         self._write_md()
 
     def finish(self, status: str, **data: Any) -> None:
@@ -99,11 +104,12 @@ class HuntLog:
         out.append("")
         if h.get("workload_baselines"):
             out += ["## Workloads: each run clean first (no perturbation)", "",
-                    "A deadlock or desync here needs no perturbation at all: the engine is unsafe under this load (FINDING-<workload>.md).", "",
+                    "A deadlock or desync here needs no perturbation at all: the engine is unsafe under this load "
+                    f"({ev.Layout.workload_finding('<workload>')}).", "",
                     "| workload | what the clients do | verdict | requests ok / aborted / failed | admin calls (status) | server log | evidence |",
                     "|---|---|---|---|---|---|---|"]
             for b in h["workload_baselines"]:
-                evl = f"[{Path(b['evidence']).name}]({rel_path(Path(b['evidence']), self.folder)}/REPORT.md)" if b.get("evidence") else ""
+                evl = f"[{Path(b['evidence']).name}]({report_of(b['evidence'], self.folder)})" if b.get("evidence") else ""
                 out.append(f"| `{b['workload']}` | {_md(b.get('says', ''))} | {b['verdict']} | {b.get('ok', 0)} / {b.get('aborted', 0)} / "
                            f"{b.get('failed', 0)} | {_md(b.get('admin', '') or '—')} | {_md(b.get('log', '') or '—')} | {evl} |")
             out.append("")
@@ -117,7 +123,7 @@ class HuntLog:
             out.append("None." if self.status != "running" else "None so far.")
         for r in found:
             out.append(f"- {_md(r.hazard)}. Scenario: [`{rel_path(r.scenario_file, self.folder)}`]({rel_path(r.scenario_file, self.folder)}); "
-                       f"evidence: [{rel_path(r.evidence, self.folder)}]({rel_path(r.evidence, self.folder)}/REPORT.md)")
+                       f"evidence: [{rel_path(r.evidence, self.folder)}]({report_of(r.evidence, self.folder)})")
         out += ["", "## Deadlocks", ""]
         if not dl:
             out.append("None so far." if self.status == "running" else "None.")
@@ -130,7 +136,7 @@ class HuntLog:
                     None: " — by construction (not a candidate)" if r.trial.perturbation.by_construction else (
                         " — candidate: not re-run from its scenario file (use --confirm)" if tag == FAMILY_SCHED and not (d and d.known) else "")}[r.confirmed]
             out.append(f"- **[{tag}]** {_md(r.hazard)}{known}{conf}. Evidence: [{rel_path(r.evidence, self.folder)}]"
-                       f"({rel_path(r.evidence, self.folder)}/REPORT.md); scenario: [`{rel_path(r.scenario_file, self.folder)}`]"
+                       f"({report_of(r.evidence, self.folder)}); scenario: [`{rel_path(r.scenario_file, self.folder)}`]"
                        f"({rel_path(r.scenario_file, self.folder)})")
             if r.ledger:
                 out.append(f"  - collective ledger: {_md(r.ledger)}")
@@ -140,14 +146,14 @@ class HuntLog:
             for r in desynced:
                 fam = r.diagnosis.family if r.diagnosis else FAMILY_UNCLEAR
                 out.append(f"- **[{fam}]** {_md(r.hazard)}: {_md(r.ledger or r.reason)}. Evidence: "
-                           f"[{rel_path(r.evidence, self.folder)}]({rel_path(r.evidence, self.folder)}/REPORT.md)")
+                           f"[{rel_path(r.evidence, self.folder)}]({report_of(r.evidence, self.folder)})")
         crashes = [r for r in res if r.desync_crash and r.verdict != DESYNCED]
         if crashes:
             out += ["", "## Desync crashes (gloo caught the mismatch and aborted a rank)", ""]
             for r in crashes:
                 fam = r.diagnosis.family if r.diagnosis else FAMILY_UNCLEAR
                 out.append(f"- **[{fam}]** {_md(r.hazard)}. Evidence: [{rel_path(r.evidence, self.folder)}]"
-                           f"({rel_path(r.evidence, self.folder)}/server.log)")
+                           f"({rel_path(ev.Layout.SERVER_LOG.at(r.evidence), self.folder) if r.evidence else ''})")
         out += ["", "## Trials", "",
                 "| # | decision point | row (caller, loop) | perturbation | rank | verdict | s to verdict | diverged in | family | hazard | evidence |",
                 "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -155,7 +161,7 @@ class HuntLog:
             t, d = r.trial, r.diagnosis
             div = d.collective if (d and (r.verdict == DEADLOCKED or r.desync_crash)) else ""
             fam = d.family if (d and (r.verdict == DEADLOCKED or r.desync_crash)) else ""
-            evl = f"[{r.evidence.name}]({rel_path(r.evidence, self.folder)}/REPORT.md)" if r.evidence else ""
+            evl = f"[{r.evidence.name}]({report_of(r.evidence, self.folder)})" if r.evidence else ""
             if r.scenario_file:
                 evl += f" · [scenario]({rel_path(r.scenario_file, self.folder)})"
             secs = f"{r.to_verdict_s:.1f}" if r.verdict != NOT_RUN else ""
@@ -173,7 +179,7 @@ class HuntLog:
         return "\n".join(out) + "\n"
 
     def _write_md(self) -> None:
-        ev.write_text_atomic(self.md, self.markdown())
+        self.store.hunt_md.write(self.markdown())
 
 
 def matrix_markdown(opts: HuntOptions, ncat: Any, groups: Sequence[Any], entries: Sequence[dict], status: str,
@@ -184,11 +190,13 @@ def matrix_markdown(opts: HuntOptions, ncat: Any, groups: Sequence[Any], entries
            f"- **budget**: {opts.budget_min:g} min; **status**: {status}; wall time {wall_s:.0f} s; "
            f"{len(groups)} server group(s)", f"- **command**: {_md(opts.command_line)}", "",
            "Each workload runs clean first (its own verdict: a deadlock or desync there needs no perturbation and gets a "
-           "FINDING-<workload>.md), then under each perturbation of every row it reached.", "",
-           "| group | config | flags | workload | clean verdict | requests ok / aborted / failed | admin | log | trials (verdicts) | group wall s | HUNT.md |",
+           f"{ev.Layout.workload_finding('<workload>')}), then under each perturbation of every row it reached.", "",
+           "| group | config | flags | workload | clean verdict | requests ok / aborted / failed | admin | log | trials (verdicts) | group wall s | "
+           f"{ev.Layout.HUNT_MD.name} |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, e in enumerate(entries):
-        link = f"[HUNT.md]({rel_path(Path(e['folder']), folder)}/HUNT.md)" if e.get("folder") else _md(e.get("error") or e.get("why") or "")
+        link = (f"[{ev.Layout.HUNT_MD.name}]({rel_path(ev.Layout.HUNT_MD.at(e['folder']), folder)})" if e.get("folder")
+                else _md(e.get("error") or e.get("why") or ""))
         flags = " ".join(e["args"])
         by = {b["workload"]: b for b in e.get("baselines") or []}
         for w in e["workloads"]:
