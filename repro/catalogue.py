@@ -19,7 +19,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from repro.targets import DEFAULT_ADAPTER, EXAMPLES_DIR
+from repro.resources import EXAMPLES_DIR
+from repro.targets import DEFAULT_ADAPTER
 
 
 class HuntError(Exception):

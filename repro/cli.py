@@ -20,7 +20,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from repro import paths as _paths  # (analyze's argument is called paths)
-from repro.targets import DEFAULT_ADAPTER, EXAMPLES_DIR
+from repro.resources import EXAMPLES_DIR
+from repro.targets import DEFAULT_ADAPTER
 from repro.verdict import EXIT_INTERRUPTED, EXIT_TERMINATED, Interrupted  # SIGINT 130, SIGTERM 143: one definition
 
 app = typer.Typer(

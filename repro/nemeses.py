@@ -26,7 +26,7 @@ No engine import and no engine names here: flags, paths and sampling parameter n
 """
 
 from __future__ import annotations
-from repro.targets import EXAMPLES_DIR
+from repro.resources import EXAMPLES_DIR
 
 import random
 import re

@@ -16,13 +16,15 @@ bare name ``smoke_extra_allreduce`` (:func:`find_scenario`); ``patch:scenarios/s
 ``--catalogue`` likewise (:func:`find_data_file`). Nothing here writes anywhere: commands write evidence under
 ``--evidence-dir`` (default ``evidence/`` in the current folder).
 
-This module imports nothing outside the standard library.
+This module imports nothing outside the standard library but the default engine's name (``repro.targets``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Optional, Union
+
+from repro.targets import DEFAULT_ADAPTER
 
 _PKG_DIR = Path(__file__).resolve().parent
 _CLONE = _PKG_DIR.parent
@@ -32,6 +34,7 @@ _DATA = _PKG_DIR / "_data"
 DATA_FOLDERS = {"injectors": "injectors", "scenarios": "scenarios", "cpu_testbed": "scripts/cpu_testbed",
                 "vllm_testbed": "scripts/vllm_testbed"}
 SCENARIO_SUFFIX = ".toml"
+EXAMPLES_DIR = f"scenarios/{DEFAULT_ADAPTER}"  # the default engine's scenarios, catalogue and rules (help-text examples)
 NOT_SCENARIOS = ("hunt_catalogue.toml", "discover_rules.toml", "reproduce_rules.toml")
 
 
@@ -186,8 +189,6 @@ def find_scenario(text: Union[str, Path]) -> Path:
     if len(found) > 1:
         # the default engine's scenario keeps its bare name (``smoke_extra_allreduce`` is SGLang's; vLLM's twin is
         # scenarios/vllm/smoke_extra_allreduce.toml, named by path)
-        from repro.targets import DEFAULT_ADAPTER
-
         default = [q for q in found if q.parent.name == DEFAULT_ADAPTER]
         if len(default) == 1:
             return default[0]

@@ -20,7 +20,8 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from repro.nemeses import Workload
-from repro.targets import DEFAULT_ADAPTER, EXAMPLES_DIR
+from repro.resources import EXAMPLES_DIR
+from repro.targets import DEFAULT_ADAPTER
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from repro.targets import DEFAULT_ADAPTER, EXAMPLES_DIR
+from repro.resources import EXAMPLES_DIR
+from repro.targets import DEFAULT_ADAPTER
 
 if sys.version_info >= (3, 11):
     import tomllib
