@@ -112,4 +112,4 @@ def test_a_release_not_set_up_is_one_line_naming_the_setup_command_and_nothing_r
 
 
 def test_release_range_is_the_index_order() -> None:
-    assert release_range("release:0.5.15", "release:0.5.16")[0] == ["0.5.15", "0.5.15.post1", "0.5.16"]
+    assert release_range("release:0.5.15", "release:0.5.16", "sglang")[0] == ["0.5.15", "0.5.15.post1", "0.5.16"]
