@@ -91,7 +91,7 @@ class BisectResult:
 Runner = Callable[[str, str, Path], tuple[str, Path, str]]
 
 
-def release_range(good: str, bad: str, adapter: Any = None) -> tuple[list[str], str]:
+def release_range(good: str, bad: str, adapter: Any) -> tuple[list[str], str]:
     """The releases from ``good``'s to ``bad``'s (release order, good end first) and the REF suffix both carry.
 
     Raises:
@@ -130,7 +130,7 @@ def ref_for(version: str, suffix: str) -> str:
     return f"release:{version}" + (f"+{suffix}" if suffix else "")
 
 
-def default_runner(opts: BisectOptions, adapter: Any = None) -> Runner:
+def default_runner(opts: BisectOptions, adapter: Any) -> Runner:
     """A runner that runs one release REF with the real harness (``repro.refs.materialize`` + ``repro.runner.run``)."""
 
     def run_one(version: str, ref_text: str, evidence_root: Path) -> tuple[str, Path, str]:
@@ -138,7 +138,7 @@ def default_runner(opts: BisectOptions, adapter: Any = None) -> Runner:
         from repro.runner import RunError, RunOptions, run
 
         try:
-            m = materialize(parse_ref(ref_text), None, ref_location=getattr(adapter, "ref_location", None), adapter=adapter)
+            m = materialize(parse_ref(ref_text), None, adapter)
         except RefError as e:
             raise BisectError(str(e)) from None
         try:

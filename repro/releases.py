@@ -156,10 +156,13 @@ class ReleaseIndex:
 
 
 def _adapter(adapter: Any) -> Any:
-    if adapter is None or isinstance(adapter, str):
+    """The run's adapter: an adapter, or a registered name (never a default: the caller knows its engine)."""
+    if isinstance(adapter, str):
         from repro.targets.registry import get_adapter
 
         return get_adapter(adapter)
+    if adapter is None:
+        raise TypeError("repro.releases: pass the run's adapter (or its name); there is no default engine")
     return adapter
 
 
@@ -168,8 +171,8 @@ def _load_json(path: str) -> dict:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-def load_index(adapter: Any = None) -> ReleaseIndex:
-    """The adapter's release index (default: the default adapter's): its ``releases_dir``'s ``index.toml``, the
+def load_index(adapter: Any) -> ReleaseIndex:
+    """The adapter's release index (an adapter or a registered name): its ``releases_dir``'s ``index.toml``, the
     JSON index it names (read once per process) and every release file's setup recipe.
 
     Raises:
@@ -257,7 +260,7 @@ def describe_python(python: str) -> Optional[str]:
     return s.describe(str(rec.get("engine") or "sglang"))
 
 
-def release_setup(version: str, adapter: Any = None) -> ReleaseSetup:
+def release_setup(version: str, adapter: Any) -> ReleaseSetup:
     """Where ``version`` runs (nothing is created).
 
     Raises:
@@ -290,7 +293,7 @@ def release_setup(version: str, adapter: Any = None) -> ReleaseSetup:
 
 
 
-def release_python(version: str, adapter: Any = None) -> str:
+def release_python(version: str, adapter: Any) -> str:
     """The interpreter of release ``version``.
 
     Raises:
@@ -339,7 +342,7 @@ class ReleaseChoice:
                 "excluded": self.excluded}
 
 
-def never_built(site: str, version: Optional[str], adapter: Any = None) -> Optional[str]:
+def never_built(site: str, version: Optional[str], adapter: Any) -> Optional[str]:
     """A warning when ``site`` (``module:Class.method``) is on a class that release ``version``'s tree-cache
     factory never builds (nor a subclass of it), though other releases' factories do: patching it there is dead code
     (sglang 0.5.19 and 0.5.20 ship ``hiradix_cache.HiRadixCache`` but build ``UnifiedRadixCache``). None when it is

@@ -139,7 +139,6 @@ def check_launch(opts: RunOptions, variants: Optional[Sequence[str]] = None) -> 
 def _decide(opts: RunOptions, variants: Optional[Sequence[str]]) -> tuple:
     """prepare's checks and the launch spec (without the plan's path): (scenario, variant, loaded variants, adapter,
     python, on_testbed, spec). Writes no evidence; the testbed profile may make a storage folder (``_remove_owned``)."""
-    from repro import testbed
     from repro.interpreter import InterpreterError, choose_python
     from repro.scenario import ScenarioError
     from repro.targets.base import LaunchSpec
@@ -176,13 +175,13 @@ def _decide(opts: RunOptions, variants: Optional[Sequence[str]]) -> tuple:
     except UnknownAdapterError as e:
         raise RunError(f"{opts.scenario_path}: server.adapter: {e}") from None
     try:
-        python = choose_python(opts.python, package=adapter.ref_location.package or None, adapter=adapter)
+        python = choose_python(opts.python, adapter)
     except InterpreterError as e:
         raise RunError(str(e)) from None
-    tb_python = adapter.testbed_python() if hasattr(adapter, "testbed_python") else testbed.testbed_python()
+    tb_python = adapter.testbed_python()
     on_testbed = tb_python is not None and Path(python).resolve() == Path(tb_python).resolve()
-    tb_model = adapter.testbed_model() if hasattr(adapter, "testbed_model") else testbed.tiny_model_dir()
-    model = opts.model or scenario.server.model or (str(tb_model) if on_testbed else "")
+    tb_model = adapter.testbed_model() if on_testbed else None
+    model = opts.model or scenario.server.model or (str(tb_model) if tb_model else "")
     if not model:
         raise RunError(f"{opts.scenario_path}: server.model is empty and the interpreter is not the CPU testbed's; pass --model PATH")
     if _looks_like_path(model) and not Path(model).expanduser().exists():
@@ -213,7 +212,7 @@ def _decide(opts: RunOptions, variants: Optional[Sequence[str]]) -> tuple:
 
     try:
         check_before_launch(scenario, opts.scenario_path, [v.name for v in loaded], python,
-                            env=adapter.launch_env(spec, dict(os.environ)))
+                            env=adapter.launch_env(spec, dict(os.environ)), adapter=adapter)
     except SitesUnresolved as e:
         _remove_owned(adapter, spec)
         raise UnresolvedSitesError(str(e)) from None
@@ -229,18 +228,27 @@ def _remove_owned(adapter: Any, spec: Any) -> None:
         pass
 
 
+def engine_plan(adapter: Any) -> dict[str, str]:
+    """The plan's ``engine``: the adapter's name, its importable package and the distribution whose version the
+    injector records (``ref_location.version_key``, else the package)."""
+    lc = adapter.ref_location
+    return {"name": adapter.name, "package": lc.package, "distribution": lc.version_key or lc.package}
+
+
 def session_plan(adapter: Any, scenario: Scenario, variants: Sequence[Variant], injector_dir: Path, arm_file: Path) -> dict:
     """The plan of a session that loads ``variants``' injections (all of them; armed one variant at a time).
 
     The engine's part comes from the adapter: the ledger's tick function is ``adapter.tick_function_for`` the
     server's args (a ``--disaggregation-mode prefill`` server counts ticks with its own loop's function) and
     ``adapter.injector_profile`` (coordinator classes, alias and communication-module prefixes) goes into the
-    plan's ``ledger`` for the injector (which never imports the harness).
+    plan's ``ledger`` for the injector (which never imports the harness), its fork-ranks caller into ``fork_ranks``.
     """
     plan = compile_plan(scenario, variants[0], injector_dir, arm_file,
                         tick_function=adapter.tick_function_for(scenario.server.args),
                         injector_profile=adapter.injector_profile.to_plan(),
-                        state_probes=getattr(adapter, "state_probe_plan", lambda: None)())
+                        state_probes=adapter.state_probe_plan(),
+                        fork_ranks=adapter.injector_profile.fork_plan(),
+                        engine=engine_plan(adapter))
     for extra in variants[1:]:
         plan["injections"] += compile_plan(scenario, extra, injector_dir, arm_file)["injections"]
     plan["variant"] = ",".join(v.name for v in variants)
@@ -328,28 +336,37 @@ def arm_and_wait(arm_file: Path, ids: Sequence[str], injector_dir: Optional[Path
     return sorted(by_pid.get(x, x) for x in late)
 
 
-def collect_versions(injector_dir: Any, python: str) -> dict:
-    """Versions for env.json: harness Python, platform, target interpreter, and the python/torch/sglang versions the
-    injector's loaded markers recorded inside the server (the harness never imports sglang), plus py-spy's path.
+def collect_versions(injector_dir: Any, python: str, adapter: Any) -> dict:
+    """Versions for env.json: harness Python, platform, target interpreter, the run's engine (``engine``: the adapter's
+    name) and the python/torch/engine versions the injector's loaded markers recorded inside the server (the harness
+    never imports the engine), plus py-spy's path. The engine's version is ``engine_version`` and, for readers of
+    older folders, also under the adapter's ``ref_location.version_key`` (SGLang: ``sglang``).
 
-    ``injector_dir``: the injector folder, or the ``InjectorReport`` already read from it (not read again)."""
+    Args:
+        injector_dir: the injector folder, or the ``InjectorReport`` already read from it (not read again).
+        python: the server's interpreter.
+        adapter: the run's adapter.
+    """
     from repro import injection_records
 
     info: dict[str, Any] = {
         "harness_python": sys.version.split()[0],
         "platform": platform.platform(),
         "target_python": python,
+        "engine": adapter.name,
     }
+    key = adapter.ref_location.version_key or adapter.ref_location.package
     try:
         rep = injector_dir if isinstance(injector_dir, injection_records.InjectorReport) else \
             injection_records.read_injector_dir(injector_dir)
         for m in rep.markers:
-            for key in ("python", "torch", "sglang"):
-                val = getattr(m, key, None)
-                if val and key not in info:
-                    info[key] = val
+            for k, val in (("python", m.python), ("torch", m.torch), ("engine_version", m.version_of(key))):
+                if val and k not in info:
+                    info[k] = val
     except Exception:
         pass
+    if info.get("engine_version") and key:
+        info[key] = info["engine_version"]
     py_spy = shutil.which("py-spy")
     info["py_spy"] = py_spy
     from repro.releases import describe_python
@@ -470,7 +487,7 @@ class RunEvidence:
 
     def evidence_versions(self, p: "Prepared", outcome: "Outcome") -> dict:
         """env.json (:func:`collect_versions`)."""
-        return collect_versions(outcome.injector or p.evidence.injector_dir, p.python)
+        return collect_versions(outcome.injector or p.evidence.injector_dir, p.python, p.adapter)
 
     def verdict_fields(self) -> dict:
         """Extra fields of verdict.json (``repro.evidence.verdict_record`` keywords)."""
@@ -584,7 +601,8 @@ class Session(RunEvidence):
             return  # checked once for this plan (a restart after a hang loads the same sites)
         try:
             check_launched_sites(p.scenario, str(p.plan.get("variant") or p.variant.name).split(","),
-                                 p.evidence.injector_dir, p.python, env=getattr(self.server, "env", None))
+                                 p.evidence.injector_dir, p.python, env=getattr(self.server, "env", None),
+                                 adapter=p.adapter)
         except SitesUnresolved as e:
             raise UnresolvedSitesError(str(e)) from None
         self._sites_ok = True

@@ -36,7 +36,7 @@ def _counts(side: dict, injection: str) -> dict[int, dict]:
 
 def test_allocatable_drift_on_0_5_18_deadlocks_before_and_is_harmless_after_the_seeds_fix(tmp_path: Path) -> None:
     try:
-        py = releases.release_python(RELEASE)
+        py = releases.release_python(RELEASE, "sglang")
     except releases.ReleaseError as e:
         pytest.fail(str(e))
     proc = subprocess.Popen(

@@ -113,7 +113,7 @@ def test_a_release_not_set_up_is_one_line_naming_the_setup_command_and_nothing_r
 
 
 def test_release_range_is_the_index_order() -> None:
-    assert release_range("release:0.5.15", "release:0.5.16")[0] == ["0.5.15", "0.5.15.post1", "0.5.16"]
+    assert release_range("release:0.5.15", "release:0.5.16", "sglang")[0] == ["0.5.15", "0.5.15.post1", "0.5.16"]
 
 
 def test_the_bisect_scenario_resolves_in_0_5_18_to_0_5_20_but_runs_only_in_0_5_18() -> None:
@@ -128,5 +128,5 @@ def test_the_bisect_scenario_resolves_in_0_5_18_to_0_5_20_but_runs_only_in_0_5_1
     idx = rel.load_index("sglang")
     mask = idx.frame_mask(rel.FrameRef("sglang/srt/mem_cache/hiradix_cache.py", site.split(":", 1)[1]))
     assert idx.mask_versions(mask) == ["0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20"]
-    assert rel.never_built(site, "0.5.18") is None
-    assert all("never builds HiRadixCache" in (rel.never_built(site, v) or "") for v in ("0.5.19", "0.5.20"))
+    assert rel.never_built(site, "0.5.18", "sglang") is None
+    assert all("never builds HiRadixCache" in (rel.never_built(site, v, "sglang") or "") for v in ("0.5.19", "0.5.20"))

@@ -17,8 +17,8 @@
 # only when the library is missing; needs root).
 set -euo pipefail
 
-SGLANG_VERSION="0.5.23"   # the default release; keep in step with repro/testbed.py SGLANG_VERSION
-TORCH_VERSION="2.14.1"    # keep in step with repro/testbed.py TORCH_VERSION
+SGLANG_VERSION="0.5.23"   # the default release; keep in step with repro/targets/sglang/releases/ (index.toml testbed_default; a fast test checks it)
+TORCH_VERSION="2.14.1"    # keep in step with repro/targets/sglang/releases/0.5.23.toml [cpu] torch (checked)
 MOONCAKE_VERSION="0.3.13.post1"   # PD disaggregation: Mooncake transfer engine over TCP
 ROUTER_VERSION="0.3.2"            # SGLang's router (sglang 0.5.23 has no in-tree one)
 PD_PACKAGES=("mooncake-transfer-engine-non-cuda==${MOONCAKE_VERSION}" "sglang-router==${ROUTER_VERSION}")
