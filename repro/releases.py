@@ -231,10 +231,10 @@ class ReleaseSetup:
     kind: str = "venv"
     base: Optional[str] = None
 
-    def describe(self, engine: str = "sglang") -> str:
-        """``sglang 0.5.18 (its own venv)`` / ``sglang 0.5.20 (overlay: its wheel over the 0.5.18 venv)``."""
+    def describe(self, engine: str) -> str:
+        """``<engine> 0.5.18 (its own venv)`` / ``<engine> 0.5.20 (overlay: its wheel over the 0.5.18 venv)``."""
         how = f"overlay: its wheel over the {self.base} venv" if self.kind == "overlay" else "its own venv"
-        return f"{engine} {self.version} ({how})"
+        return f"{engine} {self.version} ({how})".strip()
 
 
 def testbed_record(python: str) -> Optional[dict]:
@@ -257,7 +257,7 @@ def describe_python(python: str) -> Optional[str]:
         return None
     s = ReleaseSetup(str(rec["release"]), Path(python).parent.parent.parent, Path(python), "", True,
                      str(rec.get("kind") or "venv"), rec.get("base"))
-    return s.describe(str(rec.get("engine") or "sglang"))
+    return s.describe(str(rec.get("engine") or ""))  # the recipe writes its engine's name
 
 
 def release_setup(version: str, adapter: Any) -> ReleaseSetup:

@@ -230,7 +230,7 @@ def test_the_fix_for_0_5_20_applies_as_release_plus_patch_on_the_wheels_files(ca
     for d in [site / "sglang", *(p for p in (site / "sglang").rglob("*") if p.is_dir())]:
         (d / "__init__.py").touch()
     monkeypatch.setenv("PYTHONPATH", str(site))
-    m = materialize(parse_ref(f"release:0.5.20+patch:{PATCH_0_5_20}"), None, tmp_parent=tmp_path)
+    m = materialize(parse_ref(f"release:0.5.20+patch:{PATCH_0_5_20}"), None, SGLANG, tmp_parent=tmp_path)
     try:
         root = Path(m.pythonpath_prepend[0]) / "sglang" / "srt"
         sched, base = root / "managers" / "scheduler.py", root / "mem_cache" / "base_prefix_cache.py"
