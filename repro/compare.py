@@ -504,7 +504,7 @@ def comparison_markdown(result: CompareResult, opts: CompareOptions, scenario: s
     lines += ["", "## Versions", ""]
     for s in sides:
         v = s.versions
-        keys = ("torch", "python", "target_python", "platform")
+        keys = ("testbed", "torch", "python", "target_python", "platform")
         head = engine_line(v, engine_key)
         lines.append(f"- {s.side}: " + ", ".join([*([head] if head else []), *(f"{k} {v[k]}" for k in keys if v.get(k))])
                      + f"; code: {_md(s.description)}")

@@ -202,6 +202,7 @@ class EnvRecord(_Record):
     python: Optional[str] = None
     torch: Optional[str] = None
     py_spy: Optional[str] = None
+    testbed: Optional[str] = None  # the release testbed that ran, e.g. "sglang 0.5.20 (overlay: its wheel over the 0.5.18 venv)"
 
 
 class ServeRecord(_Record):

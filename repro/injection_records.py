@@ -170,12 +170,23 @@ class InjectorReport:
         return sorted(evs, key=lambda f: f.time)
 
     def resolved_site(self, injection_id: str) -> Optional[str]:
-        """The site alternative that was patched for this injection (first marker that says so), else None."""
+        """The site alternatives patched for this injection, in the scenario's order, joined by `` + `` (the injector
+        patches every alternative that resolves), else None."""
+        found: list[str] = []
         for m in self.markers:
             s = m.sites.get(injection_id)
-            if s is not None and s.patched and s.resolved:
-                return s.resolved
-        return None
+            if s is None or not s.patched:
+                continue
+            for t in s.alternatives_tried or ():
+                if t.get("status") == "patched" and t.get("site") and t["site"] not in found:
+                    found.append(str(t["site"]))
+            if s.resolved and s.resolved not in found:
+                found.append(s.resolved)
+        if not found:
+            return None
+        order = {str(t.get("site")): i for m in self.markers for s in [m.sites.get(injection_id)] if s is not None
+                 for i, t in enumerate(s.alternatives_tried or ())}
+        return " + ".join(sorted(found, key=lambda x: order.get(x, len(order))))
 
     def absent_detail(self, injection_id: str) -> Optional[str]:
         """When no process patched the injection and some process recorded its alternatives as ``absent`` (module

@@ -439,8 +439,9 @@ def materialize(ref: Ref, python: Optional[str], adapter: Any, choose: Optional[
 
     lc = adapter.ref_location
     pkg = lc.package
+    rel_what = ""
     if ref.release is not None:  # the release's own interpreter; --python does not apply to this side
-        from repro.releases import ReleaseError, release_python
+        from repro.releases import ReleaseError, describe_python, release_python
 
         try:
             rel_py = release_python(ref.release, adapter)
@@ -448,9 +449,10 @@ def materialize(ref: Ref, python: Optional[str], adapter: Any, choose: Optional[
             raise RefError(f"REF {ref.text!r}: {e}") from None
         python = rel_py
         choose = lambda p: rel_py  # noqa: E731
+        # the release and which interpreter runs it: its own venv or an overlay (the testbed's testbed.json)
+        rel_what = f"{describe_python(rel_py) or f'{pkg} {ref.release} release'} ({rel_py})"
         if ref.kind == "release":
-            return Materialized(ref, rel_py, (), f"{pkg} {ref.release} release ({rel_py})",
-                                str(package_location(rel_py, loc=lc)))
+            return Materialized(ref, rel_py, (), rel_what, str(package_location(rel_py, loc=lc)))
     if ref.kind == "installed":
         py = choose(python)
         return Materialized(ref, python, (), f"installed {pkg} of {py}", str(package_location(py, loc=lc)))
@@ -476,7 +478,7 @@ def materialize(ref: Ref, python: Optional[str], adapter: Any, choose: Optional[
         loc = package_location(py, loc=lc)
         check_patch_applies(pf, loc.parent, strip, lc)
         root = make_overlay(loc, pf, text, strip, tmp_parent, lc)
-        what = f"{pkg} {ref.release} release ({py})" if ref.release else f"installed {pkg} of {py}"
+        what = rel_what if ref.release else f"installed {pkg} of {py}"
         m = Materialized(ref, python, (str(root),), f"{what} + {pf.name} (overlay)", str(root / pkg), [root])
         m._closers.append(lambda: shutil.rmtree(root, ignore_errors=True))
         return m

@@ -369,6 +369,11 @@ def collect_versions(injector_dir: Any, python: str, adapter: Any) -> dict:
         info[key] = info["engine_version"]
     py_spy = shutil.which("py-spy")
     info["py_spy"] = py_spy
+    from repro.releases import describe_python
+
+    how = describe_python(python) if python else None
+    if how:  # a recipe-made release testbed: which release, and whether its own venv or an overlay ran
+        info["testbed"] = how
     return info
 
 

@@ -63,8 +63,16 @@ def test_a_release_that_is_not_set_up_is_one_line_naming_how_to_set_it_up(cache:
         rel.release_python("0.5.18", "sglang")
     msg = str(e.value)
     assert "\n" not in msg and "sglang 0.5.18 is not set up" in msg
-    assert "only 0.5.23 has a testbed recipe today" in msg and "pip install 'sglang==0.5.18'" in msg
-    assert "'torch==2.13.0'" in msg  # the release's own pins
+    assert msg.endswith("set it up with: bash scripts/cpu_testbed/setup.sh --release 0.5.18")  # its recipe
+    with pytest.raises(rel.ReleaseError) as e:  # an overlay on 0.5.18: set up the base first, in the same line
+        rel.release_python("0.5.20", "sglang")
+    assert str(e.value).endswith("bash scripts/cpu_testbed/setup.sh --release 0.5.18 && "
+                                 "bash scripts/cpu_testbed/setup.sh --release 0.5.20")
+    with pytest.raises(rel.ReleaseError) as e:  # no recipe: the command by hand, with the release's own pins
+        rel.release_python("0.5.16", "sglang")
+    msg = str(e.value)
+    assert "\n" not in msg and "sglang 0.5.16 is not set up" in msg and "have a testbed recipe today" in msg
+    assert "pip install 'sglang==0.5.16'" in msg and "'torch==2.11.0'" in msg
     with pytest.raises(rel.ReleaseError) as e:
         rel.release_python("0.5.23", "sglang")
     assert "set it up with: bash scripts/cpu_testbed/setup.sh" in str(e.value)
@@ -111,7 +119,7 @@ def test_compare_cli_on_a_release_not_set_up_exits_2_with_one_line(tmp_path: Pat
                        timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "sglang 0.5.18 is not set up" in lines[0] and "only 0.5.23 has a testbed recipe" in lines[0]
+    assert len(lines) == 1 and "sglang 0.5.18 is not set up" in lines[0] and "set it up with: bash scripts/cpu_testbed/setup.sh --release 0.5.18" in lines[0]
     assert not (tmp_path / "ev").exists() or not any((tmp_path / "ev").rglob("*"))
 
 
@@ -125,7 +133,7 @@ def test_every_engine_verb_takes_release_and_refuses_one_not_set_up_in_one_line(
     r = CliRunner().invoke(app, args + ["--release", "0.5.18"])
     text = r.output + (getattr(r, "stderr", "") if getattr(r, "stderr_bytes", None) is not None else "")
     assert r.exit_code == 2, text
-    assert "sglang 0.5.18 is not set up" in text and "only 0.5.23 has a testbed recipe today" in text
+    assert "sglang 0.5.18 is not set up" in text and "set it up with: bash scripts/cpu_testbed/setup.sh --release 0.5.18" in text.replace("\n", " ")
     r = CliRunner().invoke(app, args + ["--release", "0.5.23", "--python", sys.executable])
     assert r.exit_code == 2 and "not both" in r.output
 
@@ -192,7 +200,46 @@ def test_the_seeds_fix_for_0_5_18_applies_as_release_plus_patch_on_the_wheels_fi
         text = sched.read_text()
         assert text.count("bulk_check_prefetch_progress(") == 1 and "prefetch_progress_map.get(req.rid, True)" in text
         assert text.index("bulk_check_prefetch_progress(") < text.index("for req in self.waiting_queue:\n            if self.enable_lora")
+        # before the early return a rank-local batch_is_full takes, and that sticky flag cleared on an empty batch
+        assert text.index("bulk_check_prefetch_progress(") < text.index("running_batch.batch_is_full or len(self.waiting_queue) == 0")
+        assert "if running_batch.is_empty():\n" in text
         assert "def bulk_check_prefetch_progress(self, req_ids: list) -> dict:" in hi.read_text()
+    finally:
+        m.close()
+
+
+WHEEL_0_5_20 = WHEEL_0_5_18.with_name("sglang-0.5.20-cp311-cp311-manylinux_2_34_x86_64.whl")
+PATCH_0_5_20 = REPO / "scenarios" / "sglang" / "patches" / "sglang-0.5.20-30760-bulk-prefetch.patch"
+
+
+@pytest.mark.skipif(not WHEEL_0_5_20.is_file(), reason=f"the sglang 0.5.20 wheel is not cached at {WHEEL_0_5_20} (pip download --no-deps sglang==0.5.20)")
+def test_the_fix_for_0_5_20_applies_as_release_plus_patch_on_the_wheels_files(cache: Path, tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """release:0.5.20+patch:our 0.5.20 port, on the wheel's own scheduler.py and base_prefix_cache.py: patched,
+    compiles, the pre-pass comes before the loop and the early return, the loop reads the map."""
+    import py_compile
+    import zipfile
+
+    _set_up(cache, "0.5.20")
+    site = tmp_path / "site"
+    z = zipfile.ZipFile(WHEEL_0_5_20)
+    for rel_path in ("sglang/srt/managers/scheduler.py", "sglang/srt/mem_cache/base_prefix_cache.py"):
+        f = site / rel_path
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(z.read(rel_path))
+    for d in [site / "sglang", *(p for p in (site / "sglang").rglob("*") if p.is_dir())]:
+        (d / "__init__.py").touch()
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    m = materialize(parse_ref(f"release:0.5.20+patch:{PATCH_0_5_20}"), None, SGLANG, tmp_parent=tmp_path)
+    try:
+        root = Path(m.pythonpath_prepend[0]) / "sglang" / "srt"
+        sched, base = root / "managers" / "scheduler.py", root / "mem_cache" / "base_prefix_cache.py"
+        for f in (sched, base):
+            py_compile.compile(str(f), cfile=str(tmp_path / (f.name + "c")), doraise=True)
+        text = sched.read_text()
+        assert text.count("bulk_check_prefetch_progress(") == 1 and "prefetch_done_by_handle.get(" in text
+        assert text.index("bulk_check_prefetch_progress(") < text.index("running_batch.batch_is_full or len(self.waiting_queue) == 0")
+        assert "def bulk_check_prefetch_progress(" in base.read_text()
     finally:
         m.close()
 

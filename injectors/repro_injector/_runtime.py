@@ -381,19 +381,28 @@ class Runtime:
                     self.error(f"prefix hook in {name} failed", e)
 
     def _try_patch(self, site: Site, alt: str, module: Any) -> None:
-        if site.patched is not None:
-            return
+        """Patch alternative ``alt`` of ``site`` in ``module``. Every alternative that resolves is patched (one
+        injection, one set of counts): a release can define several of them, and the one its code calls is not
+        always the first imported (sglang 0.5.18 imports UnifiedRadixCache before HiRadixCache, and builds the
+        latter for HiCache). ``site.patched`` is the first one patched."""
         rec = site.tried[alt]
+        if rec["status"] == "patched":
+            return
         try:
             target = resolve_in_module(module, alt)
         except (AttributeError, TypeError) as e:
             rec.update(status="absent", error=str(e))
             self.marker_dirty = True
             return
+        if getattr(getattr(target.raw, "__func__", target.raw), "__repro_injection__", None) == site.id:  # inherited, patched already
+            rec.update(status="patched", error=None)
+            self.marker_dirty = True
+            return
         wrapper = self._make_wrapper(site, target)
         setattr(target.owner, target.name, wrapper)
-        site.patched, site.wrapper = target, wrapper
-        site.original = target.raw
+        if site.patched is None:
+            site.patched, site.wrapper = target, wrapper
+            site.original = target.raw
         rec.update(status="patched", error=None)
         site.error = None
         self.marker_dirty = True

@@ -416,6 +416,12 @@ class SGLangAdapter(AdapterBase):
             # One OpenMP core per rank, round-robin over the machine's cores ("0|1" for TP=2 on 2 cores).
             "SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(i % ncpu) for i in range(n_ranks)),
         }
+        if spec is not None and spec.python:
+            # A recipe-made testbed built sglang's JIT torch extensions in its own folder at set-up
+            # (scripts/cpu_testbed/setup.sh): never compile (nor wait on a stale lock) in a shared one at run time.
+            ext = Path(spec.python).parent.parent.parent / "torch_extensions"
+            if ext.is_dir() and "TORCH_EXTENSIONS_DIR" not in spec_env:
+                env["TORCH_EXTENSIONS_DIR"] = str(ext)
         pd_mode = flag_value(have, PD_MODE_FLAG)
         if pd_mode in ("prefill", "decode"):
             # The compat layer's Mooncake switch (MooncakeKVSender.supports_host_tensor_indices=False) and TCP.
