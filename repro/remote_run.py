@@ -15,7 +15,7 @@ or PID namespace):
 - arm: the arm file is written here and copied to every host; each rank's fire log on its host must show the arming;
 - burst from here to node 0's HTTP port; on a stall every rank is dumped on its own host (``capture_remote``, all
   hosts at once, one deadline), twice, and the DEADLOCKED rule applied (``repro.verdict.judge_stall``, each rank's
-  CPU use over the whole check: ``repro.checker.check_stall`` on ``repro.remote_watch.HostRanks``) — unless a
+  CPU use over the whole check: ``repro.checker.check_stall`` on ``repro.hosts.HostRanks``) — unless a
   host's data link is down or a host cannot be reached, which makes the run INCONCLUSIVE naming that host;
 - stop: node 0's group gets SIGTERM first (sglang's nodes ≥ 1 ignore SIGTERM and wait for node 0's shutdown), then
   every node's group SIGKILL; each host's session is checked empty; each host's server log and injector records
@@ -151,7 +151,7 @@ class HostsStallDetector:
     def poll(self, ctx: Any) -> Any:
         from repro.checker import check_stall
         from repro.detect import Detection
-        from repro.remote_watch import HostRanks
+        from repro.hosts import HostRanks
 
         s = self.session
         stalled = ctx.state.stalled_for(ctx.now) if ctx.state is not None else 0.0
