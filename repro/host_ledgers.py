@@ -161,7 +161,7 @@ class HostLedgerMirror:
 class HostsLedgerProofDetector(LedgerProofDetector):
     """The ledger proof (``repro.proof.LedgerProofDetector``) of a server spanning hosts, on a
     :class:`HostLedgerMirror`'s folder: ``ctx.rank_pids`` maps each rank to its mirror key, every rank counts as
-    alive (a node's death ends the burst first: ``repro.remote_run``), and the proof's stacks are taken on the
+    alive (a node's death ends the burst first: ``repro.multihost``), and the proof's stacks are taken on the
     ranks' own hosts (``repro.checker.check_stall`` on ``repro.hosts.HostRanks``).
 
     Args:

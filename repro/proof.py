@@ -667,7 +667,7 @@ class LedgerProofDetector:
 
     def capture(self, ctx: Any) -> Any:
         """The stacks of every rank once the proof holds (``stacks/rank<k>-proof.txt``), for the report: a
-        ``repro.checker.StallCheck`` (``repro.remote_run``'s detector captures on the ranks' hosts instead)."""
+        ``repro.checker.StallCheck`` (``repro.multihost``'s detector captures on the ranks' hosts instead)."""
         from repro.checker import check_stall
 
         return check_stall(ctx.rank_pids, ctx.run_dir.stacks_dir, list(ctx.expected_ranks), tag="-proof",

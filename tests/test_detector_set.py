@@ -27,7 +27,7 @@ def _kinds(dets) -> list:
 def test_single_server_pd_stack_and_hosts_get_the_same_detector_set(tmp_path: Path):
     from repro import pd
     from repro.host_ledgers import HostLedgerMirror
-    from repro.remote_run import HostsStallDetector, MultiHostSession
+    from repro.multihost import HostsStallDetector, MultiHostSession
 
     single = detector_set(PLAN)
     assert _kinds(single) == ORDER

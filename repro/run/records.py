@@ -1,0 +1,59 @@
+"""What the injector recorded, read for a run: the versions it saw (env.json) and the per-injection counts by rank."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import sys
+from typing import Any
+
+from repro.scenario import Variant
+from repro.verdict import InjectionCheck
+
+
+def collect_versions(injector_dir: Any, python: str) -> dict:
+    """Versions for env.json: harness Python, platform, target interpreter, and the python/torch/sglang versions the
+    injector's loaded markers recorded inside the server (the harness never imports sglang), plus py-spy's path.
+
+    ``injector_dir``: the injector folder, or the ``InjectorReport`` already read from it (not read again)."""
+    from repro import injection_records
+
+    info: dict[str, Any] = {
+        "harness_python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "target_python": python,
+    }
+    try:
+        rep = injector_dir if isinstance(injector_dir, injection_records.InjectorReport) else \
+            injection_records.read_injector_dir(injector_dir)
+        for m in rep.markers:
+            for key in ("python", "torch", "sglang"):
+                val = getattr(m, key, None)
+                if val and key not in info:
+                    info[key] = val
+    except Exception:
+        pass
+    py_spy = shutil.which("py-spy")
+    info["py_spy"] = py_spy
+    return info
+
+
+def injection_checks(injector_dir: Any, variant: Variant, rank_pids: dict[int, int]) -> tuple[list[int], list[int], list[InjectionCheck], Any]:
+    """Read the injector records: ranks loaded, ranks armed, per-injection counts by rank (after the last arming).
+
+    ``injector_dir``: the injector folder, or the ``InjectorReport`` already read from it (not read again).
+    Returns ``(loaded, armed, checks, report)``."""
+    from repro import injection_records
+
+    rep = injector_dir if isinstance(injector_dir, injection_records.InjectorReport) else \
+        injection_records.read_injector_dir(injector_dir)
+    ranks = sorted(rank_pids)
+    loaded = rep.ranks_loaded(ranks)
+    armed = rep.ranks_armed(ranks)
+    checks = []
+    for inj in variant.injections:
+        c = rep.counts_by_rank(inj.id)
+        site = rep.resolved_site(inj.id) or inj.site[0]
+        checks.append(InjectionCheck(inj.id, site, c["entered"], c["matched"], c["fired"], rep.absent_detail(inj.id),
+                                     getattr(inj, "required", True)))
+    return loaded, armed, checks, rep
