@@ -148,7 +148,7 @@ class _HostsServer:
 
 
 class HostsStallDetector:
-    """The stall rule (``repro.detect.StallDetector``) of a server spanning hosts: no progress for ``stall_s`` →
+    """The stall rule (``repro.detectors.StallDetector``) of a server spanning hosts: no progress for ``stall_s`` →
     every rank captured twice on its own host, CPU use read on its host → the DEADLOCKED rule; unless a host's
     data link is down or a rank could not be captured (a host not answering), which decides INCONCLUSIVE naming
     the host — its ranks cannot be judged a deadlock."""
@@ -258,11 +258,11 @@ class MultiHostSession(Session):
         return self.mirror
 
     def make_detectors(self, mirror: Any = None) -> list:
-        """The detector set of every topology (``repro.detect.detector_set``) on the hosts' ranks, in polling
+        """The detector set of every topology (``repro.detectors.detector_set``) on the hosts' ranks, in polling
         order: rank death (their hosts' /proc, via ``mirror``), the ledger proof (on ``mirror``'s copies), then the
         stall rule (:class:`HostsStallDetector`: captures on the hosts, with the data-link checks). ``mirror``:
         the running server's :meth:`ledger_mirror` when None; without a ledger only the stall rule."""
-        from repro.detect import detector_set
+        from repro.detectors import detector_set
         from repro.host_ledgers import HostsLedgerProofDetector, hosts_rank_death_detector
 
         mirror = mirror if mirror is not None else self.ledger_mirror()

@@ -521,11 +521,12 @@ def make_session_class():
             return {n: v for n, v in self.role_pids.items()}
 
         def make_detectors(self) -> list:
-            """The detector set of every topology (``repro.detect.detector_set``): each engine server's rank death
+            """The detector set of every topology (``repro.detectors.detector_set``): each engine server's rank death
             and ledger proof, scoped to its ranks, ledgers and log (``repro.detect.ScopedDetector``), then
             :class:`PDStallDetector` (capture and judge per server). Detectors passed to the session replace the
             scoped ones (a stall detector among them is replaced by the per-server one)."""
-            from repro.detect import ScopedDetector, detector_set
+            from repro.detect import ScopedDetector
+            from repro.detectors import detector_set
 
             self._stall = PDStallDetector(self)
             if self.detectors is not None:

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 from repro import evidence as ev
 from repro.checker import RankDeathDetector
-from repro.detect import ScopedDetector, StallDetector, detector_set
+from repro.detect import ScopedDetector
+from repro.detectors import StallDetector, detector_set
 from repro.proof import LedgerProofDetector
 
 PLAN = {"ledger": {"enabled": True}, "faulthandler_signal": "SIGUSR2"}

@@ -7,7 +7,8 @@ from typing import Any, Optional, Sequence
 
 from repro import evidence as ev
 from repro import nemeses
-from repro.detect import DetectContext, default_detectors
+from repro.detect import DetectContext
+from repro.detectors import default_detectors
 from repro.driver import TOKEN_ID_RANGE, AbortPlan, BurstDriver, DriverState, make_prompts
 from repro.run.arm import ARM_ACK_TIMEOUT_S, POLL_S, arm_and_wait, write_arm_file
 from repro.run.finish import Outcome, RunEvidence, save_server_procs, snapshot_session
@@ -33,13 +34,13 @@ class Session(RunEvidence):
     Args:
         p: the prepared run (its evidence folder holds the server log, process list and injector records).
         observe: progress callback ``(event, data)``.
-        detectors: the detect stage (``repro.detect``); default :func:`repro.detect.default_detectors` per drive.
+        detectors: the detect stage (``repro.detect``); default :func:`repro.detectors.default_detectors` per drive.
     """
 
     def __init__(self, p: Prepared, observe: Observer = _noop, detectors: Optional[Sequence[Any]] = None) -> None:
         self.p = p
         self.observe = observe
-        self.detectors = list(detectors) if detectors is not None else None  # None: repro.detect.default_detectors
+        self.detectors = list(detectors) if detectors is not None else None  # None: repro.detectors.default_detectors
         self.server: Any = None
         self.rank_pids: dict[int, int] = {}
         self.healthy_s: Optional[float] = None
@@ -186,7 +187,7 @@ class Session(RunEvidence):
         return self.rank_pids
 
     def make_detectors(self) -> list:
-        """The detect stage of one drive (``repro.detect``): the session's, else :func:`repro.detect.default_detectors`."""
+        """The detect stage of one drive (``repro.detect``): the session's, else :func:`repro.detectors.default_detectors`."""
         return list(self.detectors) if self.detectors is not None else default_detectors(self.p.plan)
 
     def detect_context(self, run_dir: ev.EvidenceDir, native: bool) -> DetectContext:
