@@ -1,4 +1,5 @@
-"""What a frame of a captured stack is: a collective op and its communication layer, a wait for work (idle kinds), an injector or ledger wrapper, noise or bootstrap (used by :mod:`repro.analysis`, the readers and ``repro reproduce``).
+"""What a frame of a captured stack is: a collective op and its communication layer, a wait for work (idle kinds), an
+injector or ledger wrapper, noise or bootstrap (used by :mod:`repro.analysis`, the readers and ``repro reproduce``).
 
 Communication layers recognised (innermost outwards): native waits (``c10d::``/``gloo::``/NCCL symbols in
 ``--native`` dumps), ``torch.distributed`` (``torch/distributed/*``; ``monitored_barrier`` named on its own), and the

@@ -1,4 +1,5 @@
-"""``python -m repro.remote_run``: ``repro run`` of a server spanning several hosts (the session: :mod:`repro.multihost`)."""
+"""``python -m repro.remote_run``: ``repro run`` of a server spanning several hosts (the session:
+:mod:`repro.multihost`)."""
 
 from __future__ import annotations
 

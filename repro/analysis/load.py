@@ -1,4 +1,5 @@
-"""Loading captures from what someone has: an evidence folder, a stacks folder, dump files of any supported format (:func:`load_captures`, :func:`analyze_paths`); bounded inputs, every file accounted for."""
+"""Loading captures from what someone has: an evidence folder, a stacks folder, dump files of any supported format
+(:func:`load_captures`, :func:`analyze_paths`); bounded inputs, every file accounted for."""
 
 from __future__ import annotations
 

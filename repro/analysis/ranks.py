@@ -1,4 +1,5 @@
-"""From captured stacks to rank states (:func:`rank_state`) and from rank states to the analysis of one capture (:func:`analyze`): grouping, the odd rank(s) out, the reason; comparing two captures (:func:`frames_unchanged`)."""
+"""From captured stacks to rank states (:func:`rank_state`) and from rank states to the analysis of one capture
+(:func:`analyze`): grouping, the odd rank(s) out, the reason; comparing two captures (:func:`frames_unchanged`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The analysis's records: one thread's reading, one rank's state, ranks grouped by where they are blocked, and the :class:`Analysis` of one capture (with its summary and markdown)."""
+"""The analysis's records: one thread's reading, one rank's state, ranks grouped by where they are blocked, and the
+:class:`Analysis` of one capture (with its summary and markdown)."""
 
 from __future__ import annotations
 

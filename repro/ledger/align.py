@@ -1,4 +1,5 @@
-"""Matching: the ranks' records lined up per process group by sequence number, the first divergence (:func:`align`), per-tick counts and the consistency check."""
+"""Matching: the ranks' records lined up per process group by sequence number, the first divergence (:func:`align`),
+per-tick counts and the consistency check."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The ledger diagnosis of a run (:class:`LedgerDiagnosis`, :func:`diagnose`): the alignment with its state digest and its report lines."""
+"""The ledger diagnosis of a run (:class:`LedgerDiagnosis`, :func:`diagnose`): the alignment with its state digest and
+its report lines."""
 
 from __future__ import annotations
 

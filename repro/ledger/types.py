@@ -1,4 +1,5 @@
-"""The ledger's records: one collective of one rank (:class:`Record`), a process group as a rank saw it, one rank's ledger, the first divergence."""
+"""The ledger's records: one collective of one rank (:class:`Record`), a process group as a rank saw it, one rank's
+ledger, the first divergence."""
 
 from __future__ import annotations
 

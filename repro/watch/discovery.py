@@ -1,4 +1,5 @@
-"""Finding a watched server's rank processes on this host: under ``pid_root``, by title ``match``, under the process listening on the URL's port, or behind a router (:func:`discover_ranks`)."""
+"""Finding a watched server's rank processes on this host: under ``pid_root``, by title ``match``, under the process
+listening on the URL's port, or behind a router (:func:`discover_ranks`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The watch's probes: one bounded generate probe, one /health probe in its own thread, the wrong-API check, and what /health said meanwhile (:func:`classify_health`)."""
+"""The watch's probes: one bounded generate probe, one /health probe in its own thread, the wrong-API check, and what
+/health said meanwhile (:func:`classify_health`)."""
 
 from __future__ import annotations
 

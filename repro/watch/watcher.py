@@ -1,4 +1,5 @@
-"""The watch loop (:class:`Watcher`): probe rounds, the hang declaration, the captures and the evidence, then ``--on-hang``."""
+"""The watch loop (:class:`Watcher`): probe rounds, the hang declaration, the captures and the evidence, then
+``--on-hang``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Target-side scan for ``repro discover`` (a package run by the entry script ``repro/discover/scan.py``): find rank-local decision points around collectives in an engine's source.
+"""Target-side scan for ``repro discover`` (a package run by the entry script ``repro/discover/scan.py``): find
+rank-local decision points around collectives in an engine's source.
 
 Runs in the TARGET interpreter (the one that runs the server) as a plain script, with the standard library only: it
 never imports ``repro`` nor the engine's modules (it only locates the package with ``importlib.util.find_spec``
