@@ -19,22 +19,30 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from repro.resources import EXAMPLES_DIR
+from repro.targets import DEFAULT_ADAPTER
+
 
 class HuntError(Exception):
     """The hunt could not be prepared or its baseline failed; the message names the file/flag and the fix."""
 
 
-def catalogue_for(adapter_name: Optional[str] = None) -> Path:
-    """The hunt catalogue of an engine adapter (``repro.targets.registry``; default: the default adapter's)."""
-    from repro.targets.registry import get_adapter
+def catalogue_for(adapter: Any) -> Path:
+    """The hunt catalogue of an engine adapter (the run's adapter, or a registered name).
 
-    path = getattr(get_adapter(adapter_name), "hunt_catalogue", None)
-    if path is None:
-        raise HuntError(f"adapter {adapter_name!r} has no hunt catalogue; pass --catalogue FILE")
-    return Path(path)
+    Raises:
+        HuntError: the adapter has none (names it and ``--catalogue``).
+    """
+    if isinstance(adapter, str):
+        from repro.targets.registry import get_adapter
+
+        adapter = get_adapter(adapter)
+    if adapter.hunt_catalogue is None:
+        raise HuntError(f"adapter {adapter.name!r} has no hunt catalogue; pass --catalogue FILE")
+    return Path(adapter.hunt_catalogue)
 
 
-DEFAULT_CATALOGUE = catalogue_for()  # the default adapter's: a clone's scenarios/ or the installed wheel's copy
+DEFAULT_CATALOGUE = catalogue_for(DEFAULT_ADAPTER)  # the default adapter's: a clone's scenarios/ or the installed wheel's copy
 
 
 # ----------------------------------------------------------------------------------------------------- catalogue
@@ -150,13 +158,13 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
 
     p = Path(path)
     if not p.is_file():
-        raise HuntError(f"{p}: hunt catalogue not found (expected a TOML file like scenarios/sglang/hunt_catalogue.toml)")
+        raise HuntError(f"{p}: hunt catalogue not found (expected a TOML file like {EXAMPLES_DIR}/hunt_catalogue.toml)")
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise HuntError(f"{p}: not valid TOML: {e}") from None
     except UnicodeDecodeError:
-        raise HuntError(f"{p}: not a UTF-8 text file (binary?); pass a TOML file like scenarios/sglang/hunt_catalogue.toml") from None
+        raise HuntError(f"{p}: not a UTF-8 text file (binary?); pass a TOML file like {EXAMPLES_DIR}/hunt_catalogue.toml") from None
     perts: dict[str, Perturbation] = {}
     for name, spec in (data.get("perturbations") or {}).items():
         if not isinstance(spec, dict) or not isinstance(spec.get("action"), dict):

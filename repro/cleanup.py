@@ -32,11 +32,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 from repro import procs as _procs
 from repro.evidence import Layout, read_json, write_json_atomic, write_text_atomic
@@ -66,6 +72,9 @@ class CleanupResult:
         left_alone: ``(process, why)`` for every recorded process not signalled although it is alive.
         removed: temp folders removed.
         refused: True when nothing was signalled on purpose (exit 2).
+        engine: whose leftover files were looked for: the run's engine, or ``any of: sglang, vllm`` (every
+            registered adapter) when the folder does not say which.
+        engine_from: where that came from (``env.json``, ``scenario.toml``, or ``assumed: …``).
     """
 
     folder: Path
@@ -76,13 +85,16 @@ class CleanupResult:
     left_alone: list[tuple[ProcInfo, str]] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     refused: bool = False
+    engine: str = ""
+    engine_from: str = ""
 
     def to_json(self) -> dict:
-        """Plain JSON: folder, exit_code, message, refused, pids stopped / still running, left alone (pid, why)."""
+        """Plain JSON: folder, exit_code, message, refused, pids stopped / still running, left alone (pid, why),
+        removed, engine and where it came from."""
         return {"folder": str(self.folder), "exit_code": self.exit_code, "message": self.message, "refused": self.refused,
                 "stopped": [p.pid for p in self.stopped], "still_running": [p.pid for p in self.still_running],
                 "left_alone": [{"pid": p.pid, "title": p.title, "why": why} for p, why in self.left_alone],
-                "removed": list(self.removed)}
+                "removed": list(self.removed), "engine": self.engine, "engine_from": self.engine_from}
 
 
 def cleanup_targets(folder: Path) -> list[Path]:
@@ -154,16 +166,43 @@ def _not_ours(folder: Path, procs: list[ProcInfo]) -> CleanupResult:
                          left_alone=[(p, why) for p in live], refused=True)
 
 
-def _remove_leftover_files(folder: Path) -> list[str]:
-    """Files the run's servers left behind, found from their logs in ``folder`` by every registered adapter's
-    ``leftover_files`` (vLLM: ``/dev/shm/vllm_dist_<id>-*``, ``/tmp/vllm_dist_<id>`` of the ids its log names)."""
+def run_engine(folder: Path) -> tuple[Optional[str], str]:
+    """Which engine a run folder's server was: ``(name, where it is written)`` from ``env.json``'s ``engine``, else
+    the run's ``scenario.toml`` (``[server] adapter``, the registry's default when it names none); ``(None, why)``
+    when the folder says neither (a folder a killed harness left before writing them)."""
+    from repro.targets.registry import DEFAULT_ADAPTER
+
+    env = read_json(folder / Layout.ENV.name) if (folder / Layout.ENV.name).is_file() else None
+    if isinstance(env, dict) and env.get("engine"):
+        return str(env["engine"]), Layout.ENV.name
+    try:
+        scen = tomllib.loads((folder / Layout.SCENARIO.name).read_text(encoding="utf-8"))
+        return str((scen.get("server") or {}).get("adapter") or DEFAULT_ADAPTER), Layout.SCENARIO.name
+    except (OSError, ValueError):
+        return None, f"no {Layout.ENV.name} or {Layout.SCENARIO.name} names it"
+
+
+def _engines(folder: Path) -> tuple[list, str, str]:
+    """The adapters whose leftover files are looked for in ``folder``, and the engine line (name, from where)."""
     from repro.targets.registry import all_adapters
 
+    adapters = all_adapters()
+    name, where = run_engine(folder)
+    if name in adapters:
+        return [adapters[name]], name, where
+    why = where if name is None else f"{where} names {name!r}, which is not registered"
+    return list(adapters.values()), "any of: " + ", ".join(adapters), f"assumed ({why}): every registered engine"
+
+
+def _remove_leftover_files(folder: Path, adapters: list) -> list[str]:
+    """Files the run's servers left behind, found from their logs in ``folder`` by the run's adapter's
+    ``leftover_files`` (every registered adapter's when the folder does not say which engine; vLLM:
+    ``/dev/shm/vllm_dist_<id>-*``, ``/tmp/vllm_dist_<id>`` of the ids its log names)."""
     removed: list[str] = []
     logs = sorted(folder.glob("**/" + Layout.SERVER_LOG.name)) if folder.is_dir() else []
     for log in logs:
-        for a in all_adapters().values():
-            for f in getattr(a, "leftover_files", lambda _p: [])(log):
+        for a in adapters:
+            for f in a.leftover_files(log):
                 try:
                     f.unlink()
                     removed.append(str(f))
@@ -172,10 +211,10 @@ def _remove_leftover_files(folder: Path) -> list[str]:
     return removed
 
 
-def _remove_owned_dirs(folder: Path) -> list[str]:
+def _remove_owned_dirs(folder: Path, adapters: Optional[list] = None) -> list[str]:
     owned = read_json(Layout.OWNED_DIRS.at(folder)) if Layout.OWNED_DIRS.at(folder).is_file() else None
     tmp = Path(tempfile.gettempdir())
-    removed = _remove_leftover_files(folder)
+    removed = _remove_leftover_files(folder, adapters if adapters is not None else _engines(folder)[0])
     for d in (Path(x) for x in (owned if isinstance(owned, list) else []) if isinstance(x, str)):
         if d.parent == tmp and d.name.startswith("repro-") and d.is_dir():
             shutil.rmtree(d, ignore_errors=True)
@@ -238,9 +277,17 @@ def cleanup_run(folder: Path, force: bool = False) -> CleanupResult:
         force: also when the run's harness is still alive (ends that live run's server). Never overrides the
             launched-by-repro check.
     Returns:
-        A :class:`CleanupResult`; never raises for a bad or foreign file (exit code 2 in the result).
+        A :class:`CleanupResult` (with the engine it assumed: :func:`run_engine`); never raises for a bad or foreign
+        file (exit code 2 in the result).
     """
+    import dataclasses
+
     folder = Path(folder)
+    adapters, engine, where = _engines(folder)
+    return dataclasses.replace(_cleanup_run(folder, force, adapters), engine=engine, engine_from=where)
+
+
+def _cleanup_run(folder: Path, force: bool, adapters: list) -> CleanupResult:
     path = Layout.PROCESSES.at(folder)
     try:
         recorded = _procs.load_procs(path)
@@ -278,7 +325,7 @@ def cleanup_run(folder: Path, force: bool = False) -> CleanupResult:
     shm = _procs.shm_files_of(live)  # read before the tree is signalled (see repro.launcher.Server.stop)
     left = _procs.stop_procs(live) if live else []
     stopped = [p for p in live if p not in left]
-    removed = _remove_owned_dirs(folder) if not left else []
+    removed = _remove_owned_dirs(folder, adapters) if not left else []
     if live and not left:
         starts = [_procs.started_at(p.start_ticks) for p in live]
         removed += [str(f) for f in _procs.remove_shm_files(shm, min((t for t in starts if t is not None),

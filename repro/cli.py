@@ -20,11 +20,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from repro import paths as _paths  # (analyze's argument is called paths)
+from repro.resources import EXAMPLES_DIR
+from repro.targets import DEFAULT_ADAPTER
 from repro.verdict import EXIT_INTERRUPTED, EXIT_TERMINATED, Interrupted  # SIGINT 130, SIGTERM 143: one definition
 
 app = typer.Typer(
     name="repro",
-    help="Reproduce, capture and explain tensor-parallel collective-desync deadlocks (SGLang).",
+    help=f"Reproduce, capture and explain tensor-parallel collective-desync deadlocks ({DEFAULT_ADAPTER} by default; "
+         "other engines through their adapters).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -256,18 +259,25 @@ def _render_result(res, as_json: bool) -> None:
         out.print(f"expected {res.expected}: {'match' if res.exit_code == 0 else 'MISMATCH (exit 5)'}")
 
 
-def _release_python(release: Optional[str], python: Optional[str]) -> Optional[str]:
-    """``--release V``'s interpreter (``repro.releases.release_python``), else ``--python`` as given; both, an unknown
-    release or one not set up: one error line (exit 2) naming the fix."""
+def _release_python(release: Optional[str], python: Optional[str], scenario: Optional[Path]) -> Optional[str]:
+    """``--release V``'s interpreter (``repro.releases.release_python`` of the scenario's engine; ``scenario`` None:
+    the default adapter's, for ``repro demo``), else ``--python`` as given; both, an unknown release or one not set
+    up: one error line (exit 2) naming the fix. A scenario that does not load is left to the verb's own error."""
     if not release:
         return python
     from repro.releases import ReleaseError, release_python
+    from repro.scenario import ScenarioError, load_scenario
+    from repro.targets.registry import DEFAULT_ADAPTER
 
     if python:
         console.print(f"[red]error:[/] give --release {escape(release)} or --python {escape(python)}, not both", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_USAGE)
     try:
-        return release_python(release)
+        engine = load_scenario(scenario).server.adapter if scenario is not None else DEFAULT_ADAPTER
+    except ScenarioError:
+        return python
+    try:
+        return release_python(release, engine)
     except ReleaseError as e:
         console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_USAGE)
@@ -275,9 +285,9 @@ def _release_python(release: Optional[str], python: Optional[str]) -> Optional[s
 
 @app.command()
 def run(
-    scenario: Path = typer.Argument(..., callback=_scenario_arg, help="scenario TOML file or bundled name, e.g. scenarios/sglang/smoke_extra_allreduce.toml"),
+    scenario: Path = typer.Argument(..., callback=_scenario_arg, help=f"scenario TOML file or bundled name, e.g. {EXAMPLES_DIR}/smoke_extra_allreduce.toml"),
     variant: Optional[str] = typer.Option(None, "--variant", help="variant name (default: the first in the file)"),
-    python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: this one if it imports sglang, else the CPU testbed's)"),
+    python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: this one if it imports the scenario's engine, else that engine's CPU testbed)"),
     release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
     model: Optional[str] = typer.Option(None, "--model", help="model path (default: the scenario's, else the testbed's tiny model)"),
     tp: Optional[int] = typer.Option(None, "--tp", help="TP size (default: the scenario's)"),
@@ -294,7 +304,7 @@ def run(
     Exit codes: 0 ALL REQUESTS SUCCEEDED, 3 DEADLOCKED, 4 INCONCLUSIVE, 2 bad input, 1 internal error;
     with --expect: 0 iff the verdict matches, else 5.
     """
-    python = _release_python(release, python)
+    python = _release_python(release, python, scenario)
     from repro.runner import RunError, RunOptions, run as run_scenario
 
     _check_expect(expect)
@@ -335,7 +345,7 @@ def run(
 
 @app.command()
 def compare(
-    scenario: Path = typer.Argument(..., callback=_scenario_arg, help="scenario TOML file or bundled name, e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
+    scenario: Path = typer.Argument(..., callback=_scenario_arg, help=f"scenario TOML file or bundled name, e.g. {EXAMPLES_DIR}/hicache_prefetch_30760.toml"),
     before: str = typer.Option(..., "--before", help="REF of the code before the fix: installed | patch:FILE | git:PATH@REV | python:PATH | release:V[+patch:FILE]"),
     after: str = typer.Option(..., "--after", help="REF of the code after the fix (same forms as --before)"),
     variant: Optional[str] = typer.Option(None, "--variant", help="variant name (default: the first in the file)"),
@@ -398,7 +408,7 @@ DEMO_VARIANTS = ("extra_collective", "control")  # variants of smoke_extra_allre
 
 @app.command()
 def demo(
-    python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: as `repro run` picks it: this one if it imports sglang, else the CPU testbed's)"),
+    python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: as `repro run` picks it: this one if it imports the engine, else the CPU testbed's)"),
     release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
     evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", callback=_EVIDENCE_DIR, help="evidence root folder (default: evidence/ in the current folder)"),
     as_json: bool = typer.Option(False, "--json", help="print both results as one JSON object on stdout (no progress)"),
@@ -409,7 +419,7 @@ def demo(
     wheel's copy), so this works from any folder. Exit 0 iff both verdicts are the expected ones, else 5; 2 when
     the testbed is missing.
     """
-    python = _release_python(release, python)
+    python = _release_python(release, python, None)
     from repro import resources
     from repro.evidence import Layout
     from repro.runner import RunError, RunOptions, run as run_scenario
@@ -420,7 +430,7 @@ def demo(
     try:
         resources.scenarios_dir()  # a broken install: its own error, naming the fix
         demo_adapter = get_adapter(DEFAULT_ADAPTER)
-        if getattr(demo_adapter, "demo_scenario", None) is None:
+        if demo_adapter.demo_scenario is None:
             raise ScenarioError(f"adapter {DEFAULT_ADAPTER!r} has no demo scenario (Adapter.demo_scenario)")
         path = Path(demo_adapter.demo_scenario)
         scen = load_scenario(path)
@@ -477,7 +487,7 @@ def serve(
     Arm it with `repro arm EVIDENCE_DIR [INJECTION…]`, disarm with `repro disarm EVIDENCE_DIR`. With --json, stdout
     carries only JSON lines (flushed as written, for a script waiting on the URL).
     """
-    python = _release_python(release, python)
+    python = _release_python(release, python, scenario)
     from repro.runner import RunError, RunOptions, Session, UnresolvedSitesError, prepare
 
     _sigterm_to_interrupt()
@@ -642,6 +652,7 @@ def cleanup(
             console.print(f"[red]error:[/] {escape(r.message)}")
         else:
             out.print(escape(r.message) + where)
+            out.print(escape(f"engine: {r.engine} ({r.engine_from})"), style="dim", highlight=False)
     raise typer.Exit(exit_code(results))
 
 
@@ -658,7 +669,7 @@ def sites(
     Exit 0 when every injection has an alternative that resolves, 2 otherwise (missing names come with the nearest
     existing ones). Gate patterns naming functions absent in this version are warnings.
     """
-    python = _release_python(release, python)
+    python = _release_python(release, python, scenario)
     from repro.interpreter import InterpreterError, choose_python
     from repro.scenario import ScenarioError, load_scenario
     from repro.sites import SitesPreflightError, check_sites
@@ -669,13 +680,13 @@ def sites(
             sc.variant(variant)
         from repro.targets.registry import get_adapter
 
-        ad = get_adapter(sc.server.adapter)
-        py = choose_python(python, require_package=False, package=ad.ref_location.package or None, adapter=ad)
+        ad = get_adapter(sc.server.adapter)  # the run's engine, from the scenario
+        py = choose_python(python, ad, require_package=False)
     except (ScenarioError, InterpreterError) as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(EXIT_USAGE)
     try:
-        rep = check_sites(sc, py, variant)
+        rep = check_sites(sc, py, variant, adapter=ad)
     except SitesPreflightError as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(EXIT_INTERNAL)
@@ -792,6 +803,9 @@ def analyze(
         out.print(rich_escape(ledger_diag.divergence.summary), style="bold", highlight=False)
         return
     result = analyze_captures(caps)
+    from repro.readers.titles import dumps_engine
+
+    assumed = dumps_engine(c.title for c in caps)  # no scenario: which engine the dumps are read as
     # nothing readable from any rank (garbage, empty, binary files): shown, but it is bad input, not an analysis
     unreadable = ledger_diag is None and bool(result.ranks) and len(result.unknown_ranks) == len(result.ranks)
     if unreadable and engine is not None:  # a log with the engine's own dumps and no stack: those are the analysis
@@ -803,9 +817,8 @@ def analyze(
         markdown.write_text(head + result.to_markdown(caps))
     if as_json:
         extra = {"engine_dumps": engine.to_dict()} if engine is not None else {}
-        if ledger_diag is None and engine is None:
-            out.print_json(result.to_json())
-        elif ledger_diag is None:
+        extra["engine"] = assumed
+        if ledger_diag is None:
             out.print_json(data={**result.to_dict(), **extra})
         else:
             out.print_json(data={**result.to_dict(), "ledger": ledger_diag.to_dict(), **extra})
@@ -855,6 +868,7 @@ def analyze(
         table = rank_table(shown)
     out.print(table)
     out.print(rich_escape(result.summary), style="bold red" if result.diverged else "bold green", highlight=False)
+    out.print(rich_escape(f"engine: {assumed['name']} ({assumed['from']})"), highlight=False, style="dim")
     for line in result.input_lines():
         out.print(rich_escape(line), highlight=False, style="dim")
     from repro.analysis import MAX_LISTED_LINES
@@ -877,10 +891,10 @@ def watch(
     url: str = typer.Option(..., "--url", help="server base URL, e.g. http://127.0.0.1:30000"),
     interval: float = typer.Option(10.0, "--interval", help="seconds between probe rounds (start to start)"),
     probe_timeout: float = typer.Option(5.0, "--probe-timeout", help="seconds a 1-token generate probe may take"),
-    health_timeout: float = typer.Option(25.0, "--health-timeout", help="seconds a /health probe may take (above sglang's 20 s so its 503 is seen)"),
+    health_timeout: float = typer.Option(25.0, "--health-timeout", help="seconds a /health probe may take (above the engine's own /health timeout, 20 s for the default engine, so its 503 is seen)"),
     failures: int = typer.Option(3, "--failures", help="consecutive failed generate probes that declare a hang"),
     pid_root: Optional[int] = typer.Option(None, "--pid-root", help="find rank processes under this pid (the server's launcher)"),
-    match: Optional[str] = typer.Option(None, "--match", help="rank processes are those whose title contains this (e.g. sglang::scheduler)"),
+    match: Optional[str] = typer.Option(None, "--match", help="rank processes are those whose title contains this (default: the adapter's rank title, watch_defaults.title_match)"),
     evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", callback=_EVIDENCE_DIR, help="evidence root folder"),
     on_hang: Optional[str] = typer.Option(None, "--on-hang", help="shell command run AFTER the evidence is on disk, with REPRO_EVIDENCE_DIR set (e.g. a restart)"),
     on_hang_timeout: float = typer.Option(600.0, "--on-hang-timeout", help="seconds before the --on-hang command's process group is ended"),
@@ -888,7 +902,7 @@ def watch(
     count: Optional[int] = typer.Option(None, "--count", help="stop after this many probe rounds"),
     native: bool = typer.Option(False, "--native", help="py-spy --native stacks (slower; retried without on failure)"),
     ledger_dir: Optional[Path] = typer.Option(None, "--ledger-dir", callback=_path_check("readdir"), help="the injector folder with the ranks' collective ledgers (repro serve's EVIDENCE/injector): a ledger proof declares a deadlock at once"),
-    adapter_name: Optional[str] = typer.Option(None, "--adapter", help="engine adapter whose titles, frame rules and API the watch uses (default sglang; an unknown name lists the known ones)"),
+    adapter_name: Optional[str] = typer.Option(None, "--adapter", help="engine adapter whose titles, frame rules and API the watch uses (default: the registry's default engine, said as assumed; an unknown name lists the known ones)"),
     hosts: Optional[Path] = typer.Option(None, "--hosts", callback=_HOSTS_FILE, help="JSON list of the hosts a multi-node server spans (ssh target or command template; scripts/multihost/README.md): its ranks are found and dumped on each host through that host's runner"),
 ) -> None:
     """Probe a live server's generate path; on a hang keep the evidence (stacks ×2, diagnosis, /metrics), then run --on-hang.
@@ -940,14 +954,17 @@ def watch(
 
             console.print(note({k: rich_escape(v) if isinstance(v, str) else v for k, v in rec.items()}), highlight=False)
 
-    from repro.targets.registry import UnknownAdapterError, get_adapter
+    from repro.targets.registry import UnknownAdapterError, get_adapter, known_adapters
 
     try:
-        adapter = get_adapter(adapter_name)
+        adapter = get_adapter(adapter_name) if adapter_name else None  # None: the default engine, assumed (said)
     except UnknownAdapterError as e:
         console.print(f"[red]error:[/] --adapter: {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(EXIT_USAGE)
     watcher = Watcher(opts, log, adapter=adapter)
+    if watcher.adapter_assumed:
+        console.print(f"engine: {watcher.adapter.name} (assumed: no --adapter given; known: "
+                      f"{', '.join(known_adapters())})", highlight=False, soft_wrap=True)
 
     def on_signal(signum, frame):  # noqa: ARG001
         watcher.stop()
@@ -1020,7 +1037,7 @@ def reproduce(
     evidence_dir: Optional[Path] = typer.Option(None, "--evidence-dir", callback=_EVIDENCE_DIR, help="evidence root for the candidate runs (default: OUT/evidence)"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
     release: Optional[str] = typer.Option(None, "--release", help="engine release to map and run on, e.g. 0.5.18 (default: what --report or the dumps say, else inferred from the frames)"),
-    report: Optional[List[Path]] = typer.Option(None, "--report", callback=_path_check("in", "a text file: a pasted `python3 -m sglang.check_env` block or a server log"), help="a pasted `python3 -m sglang.check_env` block or a server log naming the release (repeatable)"),
+    report: Optional[List[Path]] = typer.Option(None, "--report", callback=_path_check("in", "a text file: a pasted environment report (the engine's check_env output) or a server log"), help="a pasted environment report (the engine's check_env output) or a server log naming the release (repeatable)"),
 ) -> None:
     """Write a scenario whose variants make the dumps' divergence on purpose, then run them on one server and judge
     each against the dumps (with --no-run: only write it, launch nothing).
@@ -1078,10 +1095,10 @@ def reproduce(
 
 @app.command()
 def discover(
-    scenario: Path = typer.Argument(..., callback=_scenario_arg, help="base scenario (its server.adapter picks the rules), e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
+    scenario: Path = typer.Argument(..., callback=_scenario_arg, help=f"base scenario (its server.adapter picks the rules), e.g. {EXAMPLES_DIR}/hicache_prefetch_30760.toml"),
     python: Optional[str] = typer.Option(None, "--python", help="target interpreter whose engine source is scanned (default: as `repro run` picks it)"),
     release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
-    rules: Optional[Path] = typer.Option(None, "--rules", callback=_path_check("text", "a TOML rules file like scenarios/sglang/discover_rules.toml"), help="discovery rules TOML (default: the adapter's, scenarios/sglang/discover_rules.toml)"),
+    rules: Optional[Path] = typer.Option(None, "--rules", callback=_path_check("text", f"a TOML rules file like {EXAMPLES_DIR}/discover_rules.toml"), help=f"discovery rules TOML (default: the adapter's, {EXAMPLES_DIR}/discover_rules.toml)"),
     out_file: Optional[Path] = typer.Option(None, "--out", callback=_path_check("out", example="points.toml"), help="write the huntable candidates as hunt catalogue [[points]] TOML to this file"),
     limit: int = typer.Option(30, "--limit", help="candidates shown in the table (all are in --json)"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
@@ -1090,20 +1107,22 @@ def discover(
     interpreter; nothing is launched): ranked candidates with their caller, rank-local source, guard and guarded
     collective. `repro hunt --discover` hunts them. Exit 0, 2 on bad input, 1 when the scan failed.
     """
-    python = _release_python(release, python)
+    python = _release_python(release, python, scenario)
     from repro.discover import DiscoverError, default_rules_path, discover as run_discover, points_toml
-    from repro.catalogue import DEFAULT_CATALOGUE, HuntError, load_catalogue
+    from repro.catalogue import HuntError, catalogue_for, load_catalogue
     from repro.interpreter import InterpreterError, choose_python
     from repro.scenario import ScenarioError, load_scenario
+    from repro.targets.registry import get_adapter
 
     try:
         sc = load_scenario(scenario)
-        py = choose_python(python)
-        cat = load_catalogue(DEFAULT_CATALOGUE)
-    except (ScenarioError, InterpreterError, HuntError) as e:
+        ad = get_adapter(sc.server.adapter)  # the run's engine, from the scenario
+        py = choose_python(python, ad)
+        cat = load_catalogue(catalogue_for(ad))
+        path = rules or default_rules_path(ad, cat.path)
+    except (ScenarioError, InterpreterError, HuntError, DiscoverError) as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(EXIT_USAGE)
-    path = rules or default_rules_path(sc.server.adapter, cat.path)
     try:
         d = run_discover(py, path, known_perturbations=list(cat.perturbations))
     except DiscoverError as e:
@@ -1187,14 +1206,14 @@ def bisect(
 
 @app.command()
 def hunt(
-    scenario: Path = typer.Argument(..., callback=_scenario_arg, help="base scenario: its server and burst (variants ignored), e.g. scenarios/sglang/hicache_prefetch_30760.toml"),
+    scenario: Path = typer.Argument(..., callback=_scenario_arg, help=f"base scenario: its server and burst (variants ignored), e.g. {EXAMPLES_DIR}/hicache_prefetch_30760.toml"),
     budget_min: float = typer.Option(30.0, "--budget-min", help="wall-clock budget in minutes; trials not started in time are reported NOT RUN"),
     only: Optional[List[str]] = typer.Option(None, "--only", help="decision point(s) to hunt (repeatable; default: the whole catalogue)"),
     perturbation: Optional[List[str]] = typer.Option(None, "--perturbation", help="perturbation(s) to try (repeatable; default: all that apply)"),
     rank: Optional[List[int]] = typer.Option(None, "--rank", help="rank(s) to perturb, one at a time (repeatable; default: every rank)"),
     sites: bool = typer.Option(False, "--sites", help="also skip once / add one extra collective at every collective call site the ledger saw in the baseline burst (each hangs by construction: a restart per trial)"),
-    sites_matching: Optional[List[str]] = typer.Option(None, "--sites-matching", help="with --sites: only call sites whose frames match this glob (repeatable), e.g. '*check_hicache_events'"),
-    catalogue: Optional[Path] = typer.Option(None, "--catalogue", callback=_path_check("text", "a hunt catalogue TOML like scenarios/sglang/hunt_catalogue.toml"), help="hunt catalogue TOML (default: scenarios/sglang/hunt_catalogue.toml)"),
+    sites_matching: Optional[List[str]] = typer.Option(None, "--sites-matching", help="with --sites: only call sites whose frames match this glob (repeatable), e.g. '*hicache*'"),
+    catalogue: Optional[Path] = typer.Option(None, "--catalogue", callback=_path_check("text", f"a hunt catalogue TOML like {EXAMPLES_DIR}/hunt_catalogue.toml"), help=f"hunt catalogue TOML (default: {EXAMPLES_DIR}/hunt_catalogue.toml)"),
     ref: str = typer.Option("installed", "--ref", help="code to hunt in: installed | patch:FILE | git:PATH@REV | python:PATH (as in compare)"),
     python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: as `repro run`)"),
     release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),
@@ -1203,11 +1222,11 @@ def hunt(
     confirm: bool = typer.Option(False, "--confirm", help="re-run each new scheduling/cache finding from its scenario file on a fresh server"),
     discover_: bool = typer.Option(False, "--discover", help="also hunt the decision points `repro discover` proposes from the engine's source (hand catalogue entries win)"),
     no_hand: bool = typer.Option(False, "--no-hand-catalogue", help="with --discover: drop the hand catalogue's points (discovery alone decides where to search)"),
-    discover_rules: Optional[Path] = typer.Option(None, "--discover-rules", callback=_path_check("text", "a TOML rules file like scenarios/sglang/discover_rules.toml"), help="discovery rules TOML (default: the adapter's, scenarios/sglang/discover_rules.toml)"),
+    discover_rules: Optional[Path] = typer.Option(None, "--discover-rules", callback=_path_check("text", f"a TOML rules file like {EXAMPLES_DIR}/discover_rules.toml"), help=f"discovery rules TOML (default: the adapter's, {EXAMPLES_DIR}/discover_rules.toml)"),
     workload: Optional[List[str]] = typer.Option(None, "--workload", help="workload nemesis to hunt under (repeatable; 'all': every one of the workload file); each runs clean first"),
     config: Optional[List[str]] = typer.Option(None, "--config", help="server configuration of the workload file to hunt beside the base scenario's (repeatable), e.g. no_radix"),
     clean_only: bool = typer.Option(False, "--clean-only", help="with --workload/--config: only each workload's clean run on each server group (no trials)"),
-    workload_file: Optional[Path] = typer.Option(None, "--workload-file", callback=_path_check("text", "a workloads TOML like scenarios/sglang/hunt_workloads.toml"), help="workloads/configurations TOML (default: hunt_workloads.toml beside the catalogue)"),
+    workload_file: Optional[Path] = typer.Option(None, "--workload-file", callback=_path_check("text", f"a workloads TOML like {EXAMPLES_DIR}/hunt_workloads.toml"), help="workloads/configurations TOML (default: hunt_workloads.toml beside the catalogue)"),
     spare: bool = typer.Option(False, "--spare/--no-spare", help="keep a spare trial server starting in the background and swap to it after a hang (default: restart the hung server; on a 2-core CPU box the spare does not pay)"),
     shard: Optional[str] = typer.Option(None, "--shard", help="run only shard K of N of the trial plan (K/N, e.g. 2/4; split on point × perturbation × rank before the baseline); join the folders with `repro hunt-merge`"),
     as_json: bool = typer.Option(False, "--json", help="print the results as JSON on stdout"),
@@ -1219,7 +1238,7 @@ def hunt(
     forward deadlocked), 4 when the baseline burst reached none of the chosen decision points (nothing was perturbed),
     2 bad input or a failed baseline, 130 interrupted (results so far kept), 1 internal error.
     """
-    python = _release_python(release, python)
+    python = _release_python(release, python, scenario)
     from rich.markup import escape as rich_escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 

@@ -27,10 +27,9 @@ from typing import Any, Callable, Optional, Sequence
 from repro import evidence as ev
 from repro.diagnosis import md_cell, where_of
 from repro.verdict import EXIT_MISMATCH, EXPECT_WORDS
-from repro.refs import _loc  # the default adapter's REF location where no scenario says one
 from repro.refs import (  # noqa: F401  REF handling lives in repro.refs; these names stay importable from here
     REF_KINDS, OVERLAY_PREFIX, WORKTREE_PREFIX, LOCATE_TIMEOUT_S, GIT_TIMEOUT_S, OWNER_FILE, Materialized, Ref,
-    RefError, check_patch_applies, make_overlay, make_worktree, materialize, package_location, parse_ref, patch_files, patch_strip, remove_worktree, resolve_git_rev, sglang_location, sweep_stale)
+    RefError, check_patch_applies, make_overlay, make_worktree, materialize, package_location, parse_ref, patch_files, patch_strip, remove_worktree, resolve_git_rev, sweep_stale)
 
 
 DEFAULT_EXPECT_BEFORE = "deadlock"
@@ -225,8 +224,7 @@ def run_compare(opts: CompareOptions, observe: Observer = _noop, run_side: Calla
     with ExitStack() as stack:
         mats: dict[str, Materialized] = {}
         for side in wanted:  # every REF checked and materialised before the first server starts
-            m = materialize(refs[side], opts.python, tmp_parent=opts.tmp_parent, ref_location=adapter.ref_location,
-                            adapter=adapter)
+            m = materialize(refs[side], opts.python, adapter, tmp_parent=opts.tmp_parent)
             stack.callback(m.close)
             mats[side] = m
         if check_side is None and run_side is default_run_side:
@@ -253,7 +251,7 @@ def run_compare(opts: CompareOptions, observe: Observer = _noop, run_side: Calla
     exit_code = 0 if all(r.matched for r in results) else EXIT_MISMATCH
     folder = _compare_folder(opts.evidence_root, scen.name, label)
     result = CompareResult(tuple(results), folder, exit_code, wall)
-    write_comparison(result, opts, scen.name, var.name)
+    write_comparison(result, opts, scen.name, var.name, adapter, scen.server.args)
     return result
 
 
@@ -426,6 +424,7 @@ def comparison_markdown(result: CompareResult, opts: CompareOptions, scenario: s
     rows = [
         ("ref", lambda s: f"`{s.ref}`"),
         ("code", lambda s: _md(s.description)),
+        ("engine", lambda s: _md(engine_line(s.versions, engine_key) or "unknown")),
         ("verdict", lambda s: s.verdict),
         ("first divergent state", lambda s: _md(state_line(s.state))),
         ("expected", lambda s: EXPECT_WORDS[s.expect]),
@@ -505,30 +504,30 @@ def comparison_markdown(result: CompareResult, opts: CompareOptions, scenario: s
     lines += ["", "## Versions", ""]
     for s in sides:
         v = s.versions
-        keys = (engine_key or _loc(None).version_key, "torch", "python", "target_python", "platform")
-        lines.append(f"- {s.side}: " + ", ".join(f"{k} {v[k]}" for k in keys if v.get(k)) + f"; code: {_md(s.description)}")
+        keys = ("testbed", "torch", "python", "target_python", "platform")
+        head = engine_line(v, engine_key)
+        lines.append(f"- {s.side}: " + ", ".join([*([head] if head else []), *(f"{k} {v[k]}" for k in keys if v.get(k))])
+                     + f"; code: {_md(s.description)}")
     lines += ["", "## Reproduce", "", "Both sides:", "", "```", compare_command(opts), "```", ""]
     for s in sides:
         lines += [f"{s.side.capitalize()} only:", "", "```", s.command, "```", ""]
     return "\n".join(lines)
 
 
-def _tick_function_of(result: CompareResult, opts: CompareOptions) -> tuple[str, str]:
-    """(the per-tick function the sides' injectors counted ticks with, the engine's version key in env.json).
+def engine_line(versions: dict, engine_key: Optional[str] = None) -> str:
+    """``sglang 0.5.23`` from an env.json's ``engine`` / ``engine_version``; an older env.json (without them) by the
+    engine's version key (``engine_key``: the adapter's ``ref_location.version_key``); "" when neither says."""
+    if versions.get("engine"):
+        return f"{versions['engine']} {versions.get('engine_version') or 'version unknown'}"
+    if engine_key and versions.get(engine_key):
+        return f"{engine_key} {versions[engine_key]}"
+    return ""
 
-    The tick function is read from a side's ``plan.json`` (``ledger.tick_function``: what the runner compiled from the
-    adapter's ``tick_function_for`` the server's args); without one, the scenario's adapter says it.
-    """
-    adapter = scen = None
-    try:
-        from repro.scenario import load_scenario
 
-        scen = load_scenario(opts.scenario_path)
-        adapter = _adapter_of(scen)
-    except Exception:
-        pass
-    lc = adapter.ref_location if adapter is not None else _loc(None)
-    key = lc.version_key or lc.package
+def _tick_function_of(result: CompareResult, adapter: Any, server_args: Sequence[str]) -> str:
+    """The per-tick function the sides' injectors counted ticks with: a side's ``plan.json`` (``ledger.tick_function``:
+    what the runner compiled from the adapter's ``tick_function_for`` the server's args); without one, the run's
+    adapter says it."""
     for side in result.sides:
         try:
             plan = json.loads(ev.EvidenceDir.open(side.evidence).plan.path.read_text())
@@ -536,16 +535,21 @@ def _tick_function_of(result: CompareResult, opts: CompareOptions) -> tuple[str,
         except (OSError, ValueError, TypeError, AttributeError):
             tf = None
         if tf:
-            return tf, key
-    if adapter is None or scen is None:
-        return "", key
-    return adapter.tick_function_for(scen.server.args), key
+            return tf
+    return adapter.tick_function_for(server_args)
 
 
-def write_comparison(result: CompareResult, opts: CompareOptions, scenario: str, variant: str) -> Path:
-    """Write ``COMPARISON.md`` and ``compare.json`` into ``result.folder``; returns the markdown's path."""
-    tick_function, engine_key = _tick_function_of(result, opts)
-    md = comparison_markdown(result, opts, scenario, variant, tick_function, engine_key)
+def write_comparison(result: CompareResult, opts: CompareOptions, scenario: str, variant: str, adapter: Any,
+                     server_args: Sequence[str] = ()) -> Path:
+    """Write ``COMPARISON.md`` and ``compare.json`` into ``result.folder``; returns the markdown's path.
+
+    Args:
+        adapter: the run's adapter (its tick function, its version key for sides whose env.json names no engine).
+        server_args: the scenario's server args (the tick function when no side's plan names one).
+    """
+    tick_function = _tick_function_of(result, adapter, server_args)
+    lc = adapter.ref_location
+    md = comparison_markdown(result, opts, scenario, variant, tick_function, lc.version_key or lc.package)
     folder = ev.EvidenceDir.open(result.folder)
     path = folder.comparison.write(md + "\n")
     folder.compare_json.write(compare_json(result))

@@ -27,7 +27,7 @@ NORMAL_FINISH_REASONS = frozenset({"length", "stop"})
 
 
 class GenerateAdapter(Protocol):
-    """The part of an engine adapter the driver needs (see ``repro.targets.sglang.SGLangAdapter``)."""
+    """The part of an engine adapter the driver needs (``repro.targets.base.Adapter``)."""
 
     generate_path: str
 
@@ -36,6 +36,8 @@ class GenerateAdapter(Protocol):
     def parse_stream_line(self, line: Any) -> Any: ...
 
     def parse_response(self, payload: Any) -> Any: ...
+
+    def with_sampling(self, body: dict, params: dict) -> dict: ...
 
 
 def make_prompts(count: int, input_len: int, seed: int) -> list[list[int]]:
@@ -383,7 +385,8 @@ class BurstDriver:
         requests sent after the burst (the last ``workload.after`` prompts).
 
         Raises:
-            ValueError: the workload asks for sampling parameters the adapter cannot add (no ``with_sampling``), or
+            ValueError: the workload asks for sampling parameters the adapter cannot add (its ``with_sampling``
+                refuses them: ``AdapterBase``'s default), or
                 fewer prompts than ``workload.after``.
         """
         from repro.nemeses import request_plans
@@ -401,9 +404,9 @@ class BurstDriver:
             raise ValueError(f"workload.after ({workload.after}) needs at least one burst request before it ({n} prompts)")
         self._n_burst = n - workload.after
         self._plans = request_plans(self._n_burst, 1, self.max_new_tokens, workload)
-        if any(pl.sampling for pl in self._plans) and not callable(getattr(self.adapter, "with_sampling", None)):
-            raise ValueError(f"workload.mix.sampling: the {type(self.adapter).__name__} adapter has no with_sampling(body, params); "
-                             "drop mix.sampling for this engine")
+        first = next((pl for pl in self._plans if pl.sampling), None)
+        if first is not None:  # refused now, before any request, by an adapter that adds no sampling parameters
+            self.adapter.with_sampling(self.adapter.generate_body(self.prompts[0], 1, self.stream), first.sampling)
         self._records = [RequestRecord(i, len(p), self._plans[i].max_new_tokens) for i, p in enumerate(self.prompts)]
 
     def _body(self, rec: RequestRecord) -> dict:
@@ -411,7 +414,7 @@ class BurstDriver:
         body = self.adapter.generate_body(self.prompts[rec.index], rec.max_new_tokens, self.stream)
         plan = self._plans[rec.index] if self._plans else None
         if plan is not None and plan.sampling:
-            body = self.adapter.with_sampling(body, plan.sampling)  # type: ignore[attr-defined]
+            body = self.adapter.with_sampling(body, plan.sampling)
         return body
 
     def _cut_mid_stream(self, rec: RequestRecord, resp: Any) -> bool:

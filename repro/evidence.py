@@ -189,16 +189,20 @@ class PlanRecord(_Record):
 
 
 class EnvRecord(_Record):
-    """``env.json``: versions — harness python, platform, target interpreter, the python/torch/sglang the
-    injector saw inside the server, py-spy's path. All optional (``None`` / absent: unknown)."""
+    """``env.json``: versions — harness python, platform, target interpreter, the run's engine (``engine``: the
+    adapter's name) and the python/torch/engine versions the injector saw inside the server (``engine_version``;
+    also under the engine's distribution name, e.g. ``sglang``, which older folders have alone: kept as an extra
+    field), py-spy's path. All optional (``None`` / absent: unknown)."""
 
     harness_python: Optional[str] = None
     platform: Optional[str] = None
     target_python: Optional[str] = None
+    engine: Optional[str] = None
+    engine_version: Optional[str] = None
     python: Optional[str] = None
     torch: Optional[str] = None
-    sglang: Optional[str] = None
     py_spy: Optional[str] = None
+    testbed: Optional[str] = None  # the release testbed that ran, e.g. "sglang 0.5.20 (overlay: its wheel over the 0.5.18 venv)"
 
 
 class ServeRecord(_Record):
@@ -374,7 +378,7 @@ class Layout:
     PLAN = _member("plan.json", "json", "the injector plan {arm_file, out_dir, injections, …}", PlanRecord)
     ARM = _member("ARM", "text", "the arm file: one armed injection id per line")
     COMMAND = _member("command.txt", "text", "the command that reproduces the run")
-    ENV = _member("env.json", "json", "versions {harness_python, platform, target_python, torch, sglang, …}", EnvRecord)
+    ENV = _member("env.json", "json", "versions {harness_python, platform, target_python, engine, engine_version, torch, …}", EnvRecord)
     SERVER_LOG = _member("server.log", "text", "the server tree's stdout and stderr")
     REQUESTS = _member("requests.jsonl", "jsonl", "the driver's request history")
     PROCESSES = _member("processes.json", "json", "the server tree's processes (repro.procs.save_procs)")

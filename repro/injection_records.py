@@ -49,9 +49,16 @@ class LoadedMarker:
     sites: Mapping[str, SiteRecord]
     python: Optional[str]
     torch: Optional[str]
-    sglang: Optional[str]
+    engine: Optional[str]
+    engine_version: Optional[str]
     time: Optional[float]
     path: Path
+    other_versions: Mapping[str, str] = field(default_factory=dict)
+
+    def version_of(self, distribution: str) -> Optional[str]:
+        """The engine's version this process saw: ``engine_version``, else (a marker an older injector wrote) the
+        value under the engine's distribution name (``ref_location.version_key``)."""
+        return self.engine_version or self.other_versions.get(distribution)
 
 
 @dataclass(frozen=True)
@@ -163,12 +170,23 @@ class InjectorReport:
         return sorted(evs, key=lambda f: f.time)
 
     def resolved_site(self, injection_id: str) -> Optional[str]:
-        """The site alternative that was patched for this injection (first marker that says so), else None."""
+        """The site alternatives patched for this injection, in the scenario's order, joined by `` + `` (the injector
+        patches every alternative that resolves), else None."""
+        found: list[str] = []
         for m in self.markers:
             s = m.sites.get(injection_id)
-            if s is not None and s.patched and s.resolved:
-                return s.resolved
-        return None
+            if s is None or not s.patched:
+                continue
+            for t in s.alternatives_tried or ():
+                if t.get("status") == "patched" and t.get("site") and t["site"] not in found:
+                    found.append(str(t["site"]))
+            if s.resolved and s.resolved not in found:
+                found.append(s.resolved)
+        if not found:
+            return None
+        order = {str(t.get("site")): i for m in self.markers for s in [m.sites.get(injection_id)] if s is not None
+                 for i, t in enumerate(s.alternatives_tried or ())}
+        return " + ".join(sorted(found, key=lambda x: order.get(x, len(order))))
 
     def absent_detail(self, injection_id: str) -> Optional[str]:
         """When no process patched the injection and some process recorded its alternatives as ``absent`` (module
@@ -209,6 +227,9 @@ def _rank_from_title(title: str) -> Optional[int]:
     return None if t is None else t.tp
 
 
+_MARKER_TEXT_FIELDS = frozenset({"proctitle", "python", "torch", "engine", "engine_version", "scenario", "variant", "plan"})
+
+
 def _read_marker(path: Path) -> Optional[LoadedMarker]:
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
@@ -224,7 +245,8 @@ def _read_marker(path: Path) -> Optional[LoadedMarker]:
     return LoadedMarker(
         pid=int(d["pid"]), create_time=d.get("create_time"), start_ticks=d.get("start_ticks"), argv=tuple(d.get("argv") or ()),
         proctitle=d.get("proctitle") or "", rank=rank, sites=sites, python=d.get("python"), torch=d.get("torch"),
-        sglang=d.get("sglang"), time=d.get("time"), path=path,
+        engine=d.get("engine"), engine_version=d.get("engine_version"), time=d.get("time"), path=path,
+        other_versions={k: v for k, v in d.items() if isinstance(v, str) and k not in _MARKER_TEXT_FIELDS},
     )
 
 

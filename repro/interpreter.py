@@ -1,8 +1,9 @@
 """Which Python interpreter runs the server (see docs/pipeline.md). The harness itself never imports the engine.
 
-Order: ``--python`` if given; else this interpreter if it can import the engine's package (the adapter's
-``ref_location.package``, ``sglang``; checked in a subprocess); else the CPU testbed's if it is set up; else
-:class:`InterpreterError` naming both fixes.
+Order: ``--python`` if given; else this interpreter if it can import the engine's package (the scenario's adapter's
+``ref_location.package``; checked in a subprocess); else that adapter's CPU testbed's if it has one and it is set up;
+else :class:`InterpreterError` naming both fixes. The adapter is the run's (resolved once from the scenario and passed
+down); nothing here picks an engine.
 """
 
 from __future__ import annotations
@@ -12,21 +13,13 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
-
-from repro import testbed
+from typing import Any, Optional
 
 IMPORT_CHECK_TIMEOUT_S = 120.0
 
 
 class InterpreterError(Exception):
     """No usable server interpreter; ``str()`` is one line naming ``--python`` and the testbed setup command."""
-
-
-def _default_package() -> str:
-    from repro.targets.registry import get_adapter
-
-    return get_adapter().ref_location.package
 
 
 _IMPORTS_OK: set = set()  # (interpreter, package, PYTHONPATH) that imported once in this process
@@ -51,33 +44,25 @@ def can_import(python: str, package: str, timeout_s: float = IMPORT_CHECK_TIMEOU
     return r.returncode == 0
 
 
-def can_import_sglang(python: str, timeout_s: float = IMPORT_CHECK_TIMEOUT_S) -> bool:
-    """:func:`can_import` of the default adapter's engine package (kept for callers of the old name)."""
-    return can_import(python, _default_package(), timeout_s)
-
-
-def choose_python(explicit: Optional[str], require_package: bool = True, package: Optional[str] = None,
-                  adapter: Optional[object] = None) -> str:
+def choose_python(explicit: Optional[str], adapter: Any, require_package: bool = True) -> str:
     """Pick the interpreter that runs the server.
 
     Args:
         explicit: the ``--python`` value, or None.
+        adapter: the run's engine adapter: its ``ref_location.package`` is what the interpreter must import, its
+            ``testbed_python()`` / ``testbed_setup_command()`` name the CPU testbed to fall back on (none for an
+            engine without one).
         require_package: an explicit interpreter must be able to import the engine (checked in a subprocess, a few
             seconds); ``repro sites`` passes False so it can report missing modules itself.
-        package: the engine's package (the scenario's adapter's ``ref_location.package``; default: the default
-            adapter's, ``sglang``).
-        adapter: the scenario's adapter: its ``testbed_python()`` / ``testbed_setup_command()`` name the CPU
-            testbed to fall back on (default: the SGLang testbed of ``repro.testbed``).
     Returns:
         Path (or command name found on PATH) of the interpreter.
     Raises:
         InterpreterError: ``explicit`` does not exist, is not an executable file, or cannot import the engine; or
-            no interpreter with it was found and the CPU testbed is not set up (message names ``--python`` and
-            ``bash scripts/cpu_testbed/setup.sh``).
+            no interpreter with it was found and the engine's CPU testbed is not set up (the message names
+            ``--python`` and the testbed's setup command).
     """
-    pkg = package or _default_package()
-    tb_python = getattr(adapter, "testbed_python", None)
-    setup_cmd = adapter.testbed_setup_command() if hasattr(adapter, "testbed_setup_command") else testbed.setup_command()
+    pkg = adapter.ref_location.package or adapter.name
+    setup_cmd = adapter.testbed_setup_command()
     if explicit:
         path = Path(explicit)
         found = str(path) if path.exists() else shutil.which(explicit)
@@ -87,21 +72,18 @@ def choose_python(explicit: Optional[str], require_package: bool = True, package
             raise InterpreterError(f"--python {explicit}: not an executable file; pass the path of a python interpreter (e.g. venv/bin/python)")
         if require_package and not can_import(found, pkg):
             raise InterpreterError(
-                f"--python {explicit}: cannot import {pkg}; pass a python that has {pkg} installed, or run `{setup_cmd}` "
-                "and omit --python")
+                f"--python {explicit}: cannot import {pkg}; pass a python that has {pkg} installed"
+                + (f", or run `{setup_cmd}` and omit --python" if setup_cmd else ""))
         return found
     if can_import(sys.executable, pkg):
         return sys.executable
-    if tb_python is not None:
-        found_tb = tb_python()
-        if found_tb is not None:
-            return str(found_tb)
+    found_tb = adapter.testbed_python()
+    if found_tb is not None:
+        return str(found_tb)
+    if setup_cmd:
         raise InterpreterError(
-            f"no Python with {pkg} found: this interpreter ({sys.executable}) cannot import {pkg} and the {pkg} CPU "
-            f"testbed is not set up; pass --python PATH or run `{setup_cmd}`")
-    if testbed.is_set_up():
-        return str(testbed.testbed_python())
+            f"no Python with {pkg} found: this interpreter ({sys.executable}) cannot import {pkg} and the {adapter.name} "
+            f"CPU testbed is not set up; pass --python PATH or run `{setup_cmd}`")
     raise InterpreterError(
-        f"no Python with {pkg} found: this interpreter ({sys.executable}) cannot import {pkg} and the CPU testbed "
-        f"is not set up at {testbed.testbed_dir()}; pass --python PATH or run `{setup_cmd}`"
-    )
+        f"no Python with {pkg} found: this interpreter ({sys.executable}) cannot import {pkg} and the {adapter.name} "
+        "adapter has no CPU testbed; pass --python PATH")

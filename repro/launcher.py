@@ -118,7 +118,7 @@ class Server:
             self._known[self.root.key] = self.root
         self._stopped = False
         self._leftover: list[ProcInfo] = []
-        self._owned_dirs: list[Path] = list(getattr(adapter, "owned_dirs", lambda _e: [])(env))
+        self._owned_dirs: list[Path] = list(adapter.owned_dirs(env))
         self.launched_at = time.time()  # shm segments changed before this are not the tree's (remove_shm_files)
         self._shm: set[Path] = set()
 
@@ -270,7 +270,7 @@ class Server:
                     shutil.rmtree(d, ignore_errors=True)
                 if not self._leftover:  # files the engine leaves behind (vLLM's shm segments, file store)
                     _procs.remove_shm_files(self._shm, self.launched_at)
-                    for f in getattr(self.adapter, "leftover_files", lambda _p: [])(self.log_path):
+                    for f in self.adapter.leftover_files(self.log_path):
                         try:
                             f.unlink()
                         except OSError:

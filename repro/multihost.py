@@ -320,7 +320,7 @@ class MultiHostSession(Session):
         self.rank_pids, self.server, self.run_dir, self.ledger_dir = {}, None, p.evidence, None
         for n in self.nodes:
             n.root_pid = n.http_port = 0
-        if not callable(getattr(adapter, "multinode", None)):
+        if adapter.multinode(len(self.nodes), 0, "") is None:  # asked before anything is started
             return Verdict(INCONCLUSIVE, f"the {adapter.name} adapter has no multi-node launch (adapter.multinode)")
         reach = in_parallel({n.name: (lambda left, n=n: n.runner.reachable(min(left, 15.0))) for n in self.nodes}, 30.0)
         bad = [f"{n.name} ({n.host.reach}): {reach[n.name][1][1] if reach[n.name][0] else reach[n.name][1]}"
@@ -345,7 +345,7 @@ class MultiHostSession(Session):
             plan = dict(p.plan, out_dir=self.injector_dir(n), arm_file=self.arm_path(n))
             n.runner.put(json.dumps(plan, indent=2).encode(), f"{n.workdir}/{ev.Layout.PLAN.name}")
             n.runner.put(arm_bytes, self.arm_path(n))
-            extra_args, extra_env = adapter.multinode(len(self.nodes), n.host.node_rank, dist_addr,
+            extra_args, extra_env = adapter.multinode(len(self.nodes), n.host.node_rank, dist_addr,  # type: ignore[misc]
                                                       n.host.address, n.host.ifname)
             prepend = [f"{n.workdir}/injectors" if x == local_prepend else x for x in p.spec.pythonpath_prepend]
             spec = dataclasses.replace(p.spec, host="0.0.0.0", port=n.http_port, nccl_port=ports[n.name][1],
@@ -612,7 +612,7 @@ class MultiHostSession(Session):
         from repro.run.records import collect_versions
 
         h0_inj = self.run_dir.host_path(self.nodes[0].name) / ev.Layout.INJECTOR.name
-        return collect_versions(h0_inj if h0_inj.is_dir() else self.run_dir.injector_dir, p.python)
+        return collect_versions(h0_inj if h0_inj.is_dir() else self.run_dir.injector_dir, p.python, p.adapter)
 
     def verdict_fields(self) -> dict:
         return {"rank_hosts": {str(k): h for k, h in self.host_of_rank.items()}}

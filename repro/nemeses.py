@@ -26,6 +26,7 @@ No engine import and no engine names here: flags, paths and sampling parameter n
 """
 
 from __future__ import annotations
+from repro.resources import EXAMPLES_DIR
 
 import random
 import re
@@ -288,13 +289,13 @@ def load_nemeses(path: Path) -> NemesisCatalogue:
     """
     p = Path(path)
     if not p.is_file():
-        raise NemesisError(f"{p}: workload file not found (expected a TOML file like scenarios/sglang/hunt_workloads.toml)")
+        raise NemesisError(f"{p}: workload file not found (expected a TOML file like {EXAMPLES_DIR}/hunt_workloads.toml)")
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise NemesisError(f"{p}: not valid TOML: {e}") from None
     except UnicodeDecodeError:
-        raise NemesisError(f"{p}: not a UTF-8 text file (binary?); pass a TOML file like scenarios/sglang/hunt_workloads.toml") from None
+        raise NemesisError(f"{p}: not a UTF-8 text file (binary?); pass a TOML file like {EXAMPLES_DIR}/hunt_workloads.toml") from None
     wls: dict[str, NemesisSpec] = {}
     for name, spec in (data.get("workloads") or {}).items():
         where = f"{p}: workloads.{name}"

@@ -472,7 +472,7 @@ def make_session_class():
                     continue
                 try:
                     check_launched_sites(sc_r, names, r.folder.injector_dir, self.p.python,
-                                         env=getattr(self.server.servers.get(r.name), "env", None))
+                                         env=getattr(self.server.servers.get(r.name), "env", None), adapter=self.p.adapter)
                 except SitesUnresolved as e:
                     raise UnresolvedSitesError(f"{r.name} server: {e}") from None
             self._sites_ok = True

@@ -47,15 +47,6 @@ LOCATE_TIMEOUT_S = 120.0  # seconds to let the target interpreter locate its eng
 GIT_TIMEOUT_S = 300.0  # seconds for one git command (worktree add on a large checkout)
 
 
-def _loc(loc: Optional[RefLocation]) -> RefLocation:
-    """``loc``, else the default adapter's REF location (``repro.targets.registry``)."""
-    if loc is not None:
-        return loc
-    from repro.targets.registry import get_adapter
-
-    return get_adapter().ref_location
-
-
 class RefError(Exception):
     """A REF that cannot be used, found before any server started; ``str()`` is one line naming the fix."""
 
@@ -111,7 +102,7 @@ def parse_ref(text: str) -> Ref:
     if kind == "git":
         path, at, rev = rest.rpartition("@")
         if not at or not path or not rev:
-            raise RefError(f"REF {t!r}: expected git:PATH@REV (e.g. git:~/sglang@v0.5.23), got no {'REV' if path else 'PATH'}")
+            raise RefError(f"REF {t!r}: expected git:PATH@REV (e.g. git:~/src/ENGINE@v1.2.3), got no {'REV' if path else 'PATH'}")
         return Ref("git", t, Path(path).expanduser(), rev)
     if not rest:
         raise RefError(f"REF {t!r}: expected {kind}:{'FILE' if kind == 'patch' else 'PATH'} after the colon")
@@ -154,7 +145,7 @@ class Materialized:
                 pass
 
 
-def package_location(python: str, timeout_s: float = LOCATE_TIMEOUT_S, loc: Optional[RefLocation] = None) -> Path:
+def package_location(python: str, timeout_s: float = LOCATE_TIMEOUT_S, *, loc: RefLocation) -> Path:
     """The folder of the engine's package (``loc.package``, e.g. ``sglang``) ``python`` would import, found without
     importing it.
 
@@ -163,7 +154,7 @@ def package_location(python: str, timeout_s: float = LOCATE_TIMEOUT_S, loc: Opti
     Raises:
         RefError: the interpreter cannot be run, or it has no such package (names ``--python``).
     """
-    pkg = _loc(loc).package
+    pkg = loc.package
     code = (f"import importlib.util as u, sys; s = u.find_spec({pkg!r}); "
             "sys.stdout.write(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations else '')")
     try:
@@ -174,11 +165,6 @@ def package_location(python: str, timeout_s: float = LOCATE_TIMEOUT_S, loc: Opti
     if r.returncode != 0 or not out:
         raise RefError(f"{python} has no importable {pkg} package; pass --python PATH of an interpreter with {pkg} installed")
     return Path(out)
-
-
-def sglang_location(python: str, timeout_s: float = LOCATE_TIMEOUT_S) -> Path:
-    """:func:`package_location` of the default adapter's package (kept for callers of the old name)."""
-    return package_location(python, timeout_s)
 
 
 OWNER_FILE = ".repro-owner.json"
@@ -252,15 +238,16 @@ def patch_files(patch_text: str) -> list[str]:
     return out
 
 
-def patch_strip(patch_file: Path, patch_text: str, loc: Optional[RefLocation] = None) -> int:
-    """The ``-p`` level that maps every path of the diff onto the engine's package folder (``sglang/``).
+def patch_strip(patch_file: Path, patch_text: str, loc: RefLocation) -> int:
+    """The ``-p`` level that maps every path of the diff onto the engine's package folder (``loc.package``, e.g.
+    ``sglang/``).
 
     ``a/python/sglang/srt/x.py`` → 2, ``a/sglang/srt/x.py`` → 1, ``sglang/srt/x.py`` → 0.
 
     Raises:
-        RefError: the file holds no diff, or a path does not contain a ``sglang`` folder, or the levels differ.
+        RefError: the file holds no diff, or a path does not contain the package's folder, or the levels differ.
     """
-    pkg, sub = _loc(loc).package, _loc(loc).checkout_subdir
+    pkg, sub = loc.package, loc.checkout_subdir
     src = f"a/{sub}/{pkg}/… or a/{pkg}/…" if sub else f"a/{pkg}/…"
     files = patch_files(patch_text)
     if not files:
@@ -280,14 +267,14 @@ _HUNK_FAILED = re.compile(r"Hunk #(\d+) FAILED at (\d+)")
 _CHECKING = re.compile(r"^checking file (.+)$")
 
 
-def check_patch_applies(patch_file: Path, root: Path, strip: int, loc: Optional[RefLocation] = None) -> None:
+def check_patch_applies(patch_file: Path, root: Path, strip: int, loc: RefLocation) -> None:
     """Dry-run ``patch`` against ``root`` (the folder that holds the engine's package, ``sglang/``); writes nothing.
 
     Raises:
         RefError: the patch does not apply: names the file and hunk (``Hunk #2 of sglang/…/scheduler.py failed
             at line 4204``), or a file is missing, or ``patch`` is not installed.
     """
-    pkg = _loc(loc).package
+    pkg = loc.package
     exe = shutil.which("patch")
     if exe is None:
         raise RefError("the `patch` program is not installed; install it (e.g. apt-get install patch) to use patch:FILE")
@@ -316,15 +303,16 @@ def check_patch_applies(patch_file: Path, root: Path, strip: int, loc: Optional[
     raise RefError(f"{patch_file} does not apply to {root / pkg}: {detail}")
 
 
-def make_overlay(package_dir: Path, patch_file: Path, patch_text: str, strip: int, parent: Optional[Path] = None,
-                 loc: Optional[RefLocation] = None) -> Path:
+def make_overlay(package_dir: Path, patch_file: Path, patch_text: str, strip: int, parent: Optional[Path],
+                 loc: RefLocation) -> Path:
     """Create the overlay folder: ``<tmp>/<package>`` mirrors ``package_dir`` (the installed package folder) with
     symlinks; patched files are copies.
 
     Args:
         package_dir: the installed package folder (read only).
         patch_file / patch_text / strip: the checked patch and its ``-p`` level (see :func:`patch_strip`).
-        parent: where to create the temporary folder (default: the system temp dir).
+        parent: where to create the temporary folder (None: the system temp dir).
+        loc: where the engine's package lives (the run's adapter's ``ref_location``).
     Returns:
         The overlay root, to be put first on PYTHONPATH. The caller removes it (``shutil.rmtree``).
     Raises:
@@ -333,7 +321,7 @@ def make_overlay(package_dir: Path, patch_file: Path, patch_text: str, strip: in
     root = Path(tempfile.mkdtemp(prefix=OVERLAY_PREFIX, dir=str(parent) if parent else None))
     try:
         _write_owner(root)
-        dst = root / _loc(loc).package
+        dst = root / loc.package
         shutil.copytree(package_dir, dst, symlinks=True, copy_function=lambda s, d: os.symlink(os.path.abspath(s), d))
         for f in patch_files(patch_text):
             rel = Path(*f.split("/")[strip:])
@@ -362,11 +350,11 @@ def _git(repo: Path, *args: str, timeout_s: float = GIT_TIMEOUT_S) -> subprocess
     return subprocess.run(["git", "-C", str(repo), *args], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s)
 
 
-def _checkout_words(loc: Optional[RefLocation] = None) -> str:
-    return f"an {_loc(loc).package} source checkout"
+def _checkout_words(loc: RefLocation) -> str:
+    return f"an {loc.package} source checkout"
 
 
-def resolve_git_rev(repo: Path, rev: str) -> str:
+def resolve_git_rev(repo: Path, rev: str, loc: RefLocation) -> str:
     """The full commit id of ``rev`` in ``repo``.
 
     Raises:
@@ -375,23 +363,24 @@ def resolve_git_rev(repo: Path, rev: str) -> str:
     if shutil.which("git") is None:
         raise RefError("git is not installed; install it to use git:PATH@REV")
     if not repo.is_dir():
-        raise RefError(f"git:{repo}@{rev}: {repo} is not a folder; pass the path of {_checkout_words()}")
+        raise RefError(f"git:{repo}@{rev}: {repo} is not a folder; pass the path of {_checkout_words(loc)}")
     r = _git(repo, "rev-parse", "--is-inside-work-tree")
     if r.returncode != 0:
-        raise RefError(f"git:{repo}@{rev}: {repo} is not a git checkout; pass the path of {_checkout_words()}")
+        raise RefError(f"git:{repo}@{rev}: {repo} is not a git checkout; pass the path of {_checkout_words(loc)}")
     r = _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     if r.returncode != 0 or not r.stdout.strip():
         raise RefError(f"git:{repo}@{rev}: revision {rev!r} not found in {repo}; fetch it (git -C {repo} fetch) or pass an existing rev")
     return r.stdout.strip()
 
 
-def make_worktree(repo: Path, commit: str, parent: Optional[Path] = None, loc: Optional[RefLocation] = None) -> Path:
+def make_worktree(repo: Path, commit: str, parent: Optional[Path], loc: RefLocation) -> Path:
     """``git worktree add --detach`` of ``commit`` into a new temporary folder (the user's work tree is untouched).
 
     Returns:
         The worktree folder; remove it with :func:`remove_worktree`.
     Raises:
-        RefError: git refused (message names the repo and git's reason), or the tree has no ``python/sglang``.
+        RefError: git refused (message names the repo and git's reason), or the tree has no
+            ``<checkout_subdir>/<package>`` folder (``loc``).
     """
     base = Path(tempfile.mkdtemp(prefix=WORKTREE_PREFIX, dir=str(parent) if parent else None))
     _write_owner(base, repo)
@@ -402,7 +391,7 @@ def make_worktree(repo: Path, commit: str, parent: Optional[Path] = None, loc: O
         _git(repo, "worktree", "prune")
         last = (r.stderr.strip().splitlines() or ["unknown error"])[-1]
         raise RefError(f"git worktree add of {commit[:12]} in {repo} failed: {last}")
-    lc = _loc(loc)
+    lc = loc
     if not (wt / lc.checkout_subdir / lc.package).is_dir():
         remove_worktree(repo, wt)
         rel = "/".join(x for x in (lc.checkout_subdir, lc.package) if x)
@@ -422,38 +411,37 @@ def remove_worktree(repo: Path, wt: Path) -> None:
             pass
 
 
-def materialize(ref: Ref, python: Optional[str], choose: Optional[Callable[[Optional[str]], str]] = None,
-                tmp_parent: Optional[Path] = None, ref_location: Optional[RefLocation] = None,
-                adapter: Optional[Any] = None) -> Materialized:
+def materialize(ref: Ref, python: Optional[str], adapter: Any, choose: Optional[Callable[[Optional[str]], str]] = None,
+                tmp_parent: Optional[Path] = None) -> Materialized:
     """Check a REF and make it runnable, before any server starts.
 
     Args:
         ref: the parsed REF.
         python: the ``--python`` given to compare (None: the runner's default choice).
-        choose: picks the interpreter from ``python`` (default ``repro.interpreter.choose_python``).
+        adapter: the run's adapter (resolved once from the scenario): where the engine's package lives
+            (``ref_location``), its releases, and the CPU testbed the default ``choose`` falls back on.
+        choose: picks the interpreter from ``python`` (default ``repro.interpreter.choose_python`` with ``adapter``).
         tmp_parent: where overlays/worktrees are created (default: system temp dir).
-        ref_location: where the engine's package lives (the scenario's adapter's; default: the default adapter's).
-        adapter: the scenario's adapter: the default ``choose`` falls back on its CPU testbed's interpreter (default:
-            the SGLang testbed).
     Returns:
         A :class:`Materialized`; the caller must ``close()`` it (also on errors and interrupts).
     Raises:
         RefError: the patch file is missing or does not apply; the git rev is missing; the interpreter has
-            no sglang. Nothing is left behind when it raises.
+            no engine package. Nothing is left behind when it raises.
     """
     if choose is None:
         from repro.interpreter import InterpreterError, choose_python
 
         def choose(p: Optional[str]) -> str:
             try:
-                return choose_python(p, package=_loc(ref_location).package or None, adapter=adapter)
+                return choose_python(p, adapter)
             except InterpreterError as e:
                 raise RefError(str(e)) from None
 
-    lc = _loc(ref_location)
+    lc = adapter.ref_location
     pkg = lc.package
+    rel_what = ""
     if ref.release is not None:  # the release's own interpreter; --python does not apply to this side
-        from repro.releases import ReleaseError, release_python
+        from repro.releases import ReleaseError, describe_python, release_python
 
         try:
             rel_py = release_python(ref.release, adapter)
@@ -461,9 +449,10 @@ def materialize(ref: Ref, python: Optional[str], choose: Optional[Callable[[Opti
             raise RefError(f"REF {ref.text!r}: {e}") from None
         python = rel_py
         choose = lambda p: rel_py  # noqa: E731
+        # the release and which interpreter runs it: its own venv or an overlay (the testbed's testbed.json)
+        rel_what = f"{describe_python(rel_py) or f'{pkg} {ref.release} release'} ({rel_py})"
         if ref.kind == "release":
-            return Materialized(ref, rel_py, (), f"{pkg} {ref.release} release ({rel_py})",
-                                str(package_location(rel_py, loc=lc)))
+            return Materialized(ref, rel_py, (), rel_what, str(package_location(rel_py, loc=lc)))
     if ref.kind == "installed":
         py = choose(python)
         return Materialized(ref, python, (), f"installed {pkg} of {py}", str(package_location(py, loc=lc)))
@@ -489,14 +478,14 @@ def materialize(ref: Ref, python: Optional[str], choose: Optional[Callable[[Opti
         loc = package_location(py, loc=lc)
         check_patch_applies(pf, loc.parent, strip, lc)
         root = make_overlay(loc, pf, text, strip, tmp_parent, lc)
-        what = f"{pkg} {ref.release} release ({py})" if ref.release else f"installed {pkg} of {py}"
+        what = rel_what if ref.release else f"installed {pkg} of {py}"
         m = Materialized(ref, python, (str(root),), f"{what} + {pf.name} (overlay)", str(root / pkg), [root])
         m._closers.append(lambda: shutil.rmtree(root, ignore_errors=True))
         return m
     if ref.kind == "git":
         assert ref.path is not None and ref.rev is not None
         repo = ref.path.resolve()
-        commit = resolve_git_rev(repo, ref.rev)
+        commit = resolve_git_rev(repo, ref.rev, lc)
         wt = make_worktree(repo, commit, tmp_parent, lc)
         src = wt / lc.checkout_subdir if lc.checkout_subdir else wt
         m = Materialized(ref, python, (str(src),), f"{repo} at {ref.rev} ({commit[:12]}, git worktree)",

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from repro import evidence as ev
-from repro.releases import ReleaseError, load_index, parse_release_ref, release_python
+from repro.releases import ReleaseError, describe_python, load_index, parse_release_ref, release_python
 from repro.verdict import EXIT_CODES
 
 EXIT_FOUND = 0
@@ -49,13 +49,15 @@ class BisectOptions:
 
 @dataclass(frozen=True)
 class Step:
-    """One release tried: its REF, the verdict word (``DEADLOCKED``…), the evidence folder and the run's reason."""
+    """One release tried: its REF, the verdict word (``DEADLOCKED``…), the evidence folder, the run's reason and
+    which testbed ran it (``sglang 0.5.20 (overlay: its wheel over the 0.5.18 venv)``; empty when unknown)."""
 
     release: str
     ref: str
     verdict: str
     evidence: Path
     reason: str = ""
+    testbed: str = ""
 
 
 @dataclass
@@ -82,14 +84,14 @@ class BisectResult:
         return {"releases": self.releases, "first_changed": self.first_changed, "last_same": self.last_same,
                 "exit_code": self.exit_code, "folder": str(self.folder) if self.folder else None,
                 "steps": [{"release": s.release, "ref": s.ref, "verdict": s.verdict, "evidence": str(s.evidence),
-                           "reason": s.reason} for s in self.steps]}
+                           "reason": s.reason, "testbed": s.testbed} for s in self.steps]}
 
 
 # (version, REF text, evidence root) -> (verdict word, evidence folder, reason)
 Runner = Callable[[str, str, Path], tuple[str, Path, str]]
 
 
-def release_range(good: str, bad: str, adapter: Any = None) -> tuple[list[str], str]:
+def release_range(good: str, bad: str, adapter: Any) -> tuple[list[str], str]:
     """The releases from ``good``'s to ``bad``'s (release order, good end first) and the REF suffix both carry.
 
     Raises:
@@ -128,7 +130,7 @@ def ref_for(version: str, suffix: str) -> str:
     return f"release:{version}" + (f"+{suffix}" if suffix else "")
 
 
-def default_runner(opts: BisectOptions, adapter: Any = None) -> Runner:
+def default_runner(opts: BisectOptions, adapter: Any) -> Runner:
     """A runner that runs one release REF with the real harness (``repro.refs.materialize`` + ``repro.runner.run``)."""
 
     def run_one(version: str, ref_text: str, evidence_root: Path) -> tuple[str, Path, str]:
@@ -136,7 +138,7 @@ def default_runner(opts: BisectOptions, adapter: Any = None) -> Runner:
         from repro.runner import RunError, RunOptions, run
 
         try:
-            m = materialize(parse_ref(ref_text), None, ref_location=getattr(adapter, "ref_location", None), adapter=adapter)
+            m = materialize(parse_ref(ref_text), None, adapter)
         except RefError as e:
             raise BisectError(str(e)) from None
         try:
@@ -200,7 +202,7 @@ def bisect(opts: BisectOptions, runner: Optional[Runner] = None, check: Optional
             ref = ref_for(versions[i], suffix)
             observe("step", {"release": versions[i], "ref": ref})
             word, evidence, reason = run_one(versions[i], ref, folder / "steps")
-            res.steps.append(Step(versions[i], ref, word, Path(evidence), reason))
+            res.steps.append(Step(versions[i], ref, word, Path(evidence), reason, _testbed_of(versions[i], adapter)))
             verdicts[i] = word
             observe("verdict", {"release": versions[i], "verdict": word, "evidence": str(evidence)})
             _write(res, opts, scen.name, var.name, verdicts)
@@ -225,6 +227,14 @@ def bisect(opts: BisectOptions, runner: Optional[Runner] = None, check: Optional
     return res
 
 
+def _testbed_of(version: str, adapter: Any) -> str:
+    """How release ``version`` ran (its own venv or an overlay), from its testbed record; empty when unknown."""
+    try:
+        return describe_python(release_python(version, adapter)) or ""
+    except ReleaseError:
+        return ""
+
+
 def _bisect_folder(root: Path, scenario: str, label: str) -> Path:
     return ev.unique_folder(root, scenario, "bisect", label)
 
@@ -245,12 +255,12 @@ def bisect_markdown(res: BisectResult, opts: BisectOptions, scenario: str, varia
         head = "# Incomplete\n\nThe bisection stopped before the change was found; the steps so far are below."
     lines = [head, "", f"Scenario `{opts.scenario_path}` ({scenario}), variant `{variant}`; "
              f"good `{opts.good}`, bad `{opts.bad}`; {len(res.steps)} of {len(res.releases)} releases run.", "",
-             "| release | REF | verdict | evidence |", "|---|---|---|---|"]
+             "| release | REF | testbed | verdict | evidence |", "|---|---|---|---|---|"]
     for v in res.releases:
         s = steps.get(v)
         mark = " ← first change" if v == res.first_changed else ""
-        lines.append(f"| {v}{mark} | `{s.ref}` | {s.verdict} | {ev.Layout.REPORT.at(s.evidence)} |" if s else
-                     f"| {v} | | not run | |")
+        lines.append(f"| {v}{mark} | `{s.ref}` | {s.testbed or '-'} | {s.verdict} | {ev.Layout.REPORT.at(s.evidence)} |" if s else
+                     f"| {v} | | | not run | |")
     lines += ["", f"Run one step again: `repro run {opts.scenario_path} --variant {variant} --python "
               "<that release's interpreter>`, or compare two: `repro compare "
               f"{opts.scenario_path} --variant {variant} --before release:A --after release:B`."]

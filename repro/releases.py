@@ -77,7 +77,9 @@ class ReleaseIndex:
         modules: source path in the package (``sglang/srt/mem_cache/hiradix_cache.py``) → qualified name →
             ``[[first_line, last_line, release_mask], ...]``.
         patterns: regular expressions whose first group is a version named in a report.
-        testbeds: version → its recipe table (``{"recipe": "cpu_testbed"}``, from the release file's ``[cpu]``).
+        testbeds: version → its recipe (``{"recipe": "cpu_testbed", "kind": "venv" | "overlay", "base": V or None}``,
+            from the release file's ``[cpu]``).
+        testbed_default: the release the plain testbed command sets up (``index.toml``'s ``testbed_default``).
     """
 
     engine: str
@@ -85,6 +87,7 @@ class ReleaseIndex:
     modules: dict[str, dict[str, list[list[int]]]]
     patterns: tuple[str, ...] = ()
     testbeds: dict[str, dict] = field(default_factory=dict)
+    testbed_default: str = ""
 
     def versions(self) -> list[str]:
         """The versions in release order."""
@@ -153,10 +156,13 @@ class ReleaseIndex:
 
 
 def _adapter(adapter: Any) -> Any:
-    if adapter is None or isinstance(adapter, str):
+    """The run's adapter: an adapter, or a registered name (never a default: the caller knows its engine)."""
+    if isinstance(adapter, str):
         from repro.targets.registry import get_adapter
 
         return get_adapter(adapter)
+    if adapter is None:
+        raise TypeError("repro.releases: pass the run's adapter (or its name); there is no default engine")
     return adapter
 
 
@@ -165,8 +171,8 @@ def _load_json(path: str) -> dict:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-def load_index(adapter: Any = None) -> ReleaseIndex:
-    """The adapter's release index (default: the default adapter's): its ``releases_dir``'s ``index.toml``, the
+def load_index(adapter: Any) -> ReleaseIndex:
+    """The adapter's release index (an adapter or a registered name): its ``releases_dir``'s ``index.toml``, the
     JSON index it names (read once per process) and every release file's setup recipe.
 
     Raises:
@@ -184,8 +190,9 @@ def load_index(adapter: Any = None) -> ReleaseIndex:
     raw = _load_json(str(data.index_json))
     rels = tuple(Release(r["version"], r.get("wheel", ""), tuple(r.get("requires", ())), tuple(r.get("factory_builds", ())),
                          tuple(r.get("factory_bases", ()))) for r in raw["releases"])
-    return ReleaseIndex(a.name, rels, raw["modules"], data.version_patterns,
-                        {v: {"recipe": r} for v, r in data.recipes().items()})
+    beds = {v: {"recipe": r.cpu.recipe, "kind": r.cpu.kind, "base": r.cpu.base or None}
+            for v, r in data.releases.items() if r.cpu is not None and r.cpu.recipe}
+    return ReleaseIndex(a.name, rels, raw["modules"], data.version_patterns, beds, data.testbed_default)
 
 
 def parse_release_ref(text: str) -> tuple[Optional[str], str]:
@@ -203,18 +210,57 @@ def parse_release_ref(text: str) -> tuple[Optional[str], str]:
     return v.strip(), rest.strip()
 
 
+TESTBED_RECORD = "testbed.json"  # written by the testbed recipe beside venv/: release, kind, base, setup_s, gb
+
+
 @dataclass(frozen=True)
 class ReleaseSetup:
-    """Where release V runs: its testbed folder, its interpreter when set up, and the command that sets it up."""
+    """Where release V runs: its testbed folder, its interpreter when set up, and the command that sets it up.
+
+    Attributes:
+        kind: ``venv`` (a venv of its own) or ``overlay`` (the release's wheel over ``base``'s venv): what the recipe
+            set up (``testbed.json``), else what the release data asks for.
+        base: the release whose venv an overlay runs on (None for a venv).
+    """
 
     version: str
     folder: Path
     python: Optional[Path]
     setup_command: str
     has_recipe: bool
+    kind: str = "venv"
+    base: Optional[str] = None
+
+    def describe(self, engine: str) -> str:
+        """``<engine> 0.5.18 (its own venv)`` / ``<engine> 0.5.20 (overlay: its wheel over the 0.5.18 venv)``."""
+        how = f"overlay: its wheel over the {self.base} venv" if self.kind == "overlay" else "its own venv"
+        return f"{engine} {self.version} ({how})".strip()
 
 
-def release_setup(version: str, adapter: Any = None) -> ReleaseSetup:
+def testbed_record(python: str) -> Optional[dict]:
+    """The testbed record (``testbed.json``) of the testbed whose ``venv/bin/python`` is ``python``, else None.
+
+    Keys: ``engine``, ``release``, ``kind`` (venv | overlay), ``base``, ``setup_s``, ``gb``, ``set_up_at``."""
+    try:
+        rec = Path(python).parent.parent.parent / TESTBED_RECORD
+        data = json.loads(rec.read_text(encoding="utf-8")) if rec.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("release") else None
+
+
+def describe_python(python: str) -> Optional[str]:
+    """How a testbed interpreter runs its release (``sglang 0.5.20 (overlay: its wheel over the 0.5.18 venv)``),
+    from its ``testbed.json``; None when ``python`` is no recipe-made testbed's."""
+    rec = testbed_record(python)
+    if rec is None:
+        return None
+    s = ReleaseSetup(str(rec["release"]), Path(python).parent.parent.parent, Path(python), "", True,
+                     str(rec.get("kind") or "venv"), rec.get("base"))
+    return s.describe(str(rec.get("engine") or ""))  # the recipe writes its engine's name
+
+
+def release_setup(version: str, adapter: Any) -> ReleaseSetup:
     """Where ``version`` runs (nothing is created).
 
     Raises:
@@ -226,20 +272,28 @@ def release_setup(version: str, adapter: Any = None) -> ReleaseSetup:
     folder = Path(a.release_testbed_dir(version))
     py = folder / "venv" / "bin" / "python"
     ok = py.exists() and (folder / ".setup-stamp").is_file()
-    recipe = idx.testbeds.get(version, {}).get("recipe")
+    table = idx.testbeds.get(version, {})
+    recipe = table.get("recipe")
     with_recipe = sorted(idx.testbeds)
+    rec = testbed_record(str(py)) if ok else None
+    kind = str((rec or {}).get("kind") or table.get("kind") or "venv")
+    base = (rec or {}).get("base") or table.get("base")
     if recipe:
-        cmd = a.testbed_setup_command()
+        cmd = a.testbed_setup_command() + ("" if version == idx.testbed_default else f" --release {version}")
+        if table.get("kind") == "overlay" and base and not release_setup(str(base), a).python:
+            cmd = f"{a.testbed_setup_command()} --release {base} && {cmd}"
     else:
         pins = " ".join(f"'{p}'" for p in (f"{idx.engine}=={version}", *rel.requires))
         cmd = (f"only {', '.join(with_recipe) or 'no release'} {'has' if len(with_recipe) == 1 else 'have'} a testbed "
                f"recipe today ({a.testbed_setup_command()}); by hand (untested: the CPU stand-in and compat layer are "
                f"written for {', '.join(with_recipe) or 'another release'}): python3 -m venv {folder}/venv && "
                f"{folder}/venv/bin/pip install {pins} py-spy && touch {folder}/.setup-stamp")
-    return ReleaseSetup(version, folder, py if ok else None, cmd, bool(recipe))
+    return ReleaseSetup(version, folder, py if ok else None, cmd, bool(recipe), kind, base)
 
 
-def release_python(version: str, adapter: Any = None) -> str:
+
+
+def release_python(version: str, adapter: Any) -> str:
     """The interpreter of release ``version``.
 
     Raises:
@@ -288,7 +342,7 @@ class ReleaseChoice:
                 "excluded": self.excluded}
 
 
-def never_built(site: str, version: Optional[str], adapter: Any = None) -> Optional[str]:
+def never_built(site: str, version: Optional[str], adapter: Any) -> Optional[str]:
     """A warning when ``site`` (``module:Class.method``) is on a class that release ``version``'s tree-cache
     factory never builds (nor a subclass of it), though other releases' factories do: patching it there is dead code
     (sglang 0.5.19 and 0.5.20 ship ``hiradix_cache.HiRadixCache`` but build ``UnifiedRadixCache``). None when it is

@@ -202,7 +202,9 @@ def check_input(analysis: Analysis, captures: Sequence[RankCapture], adapter: Op
     if not analysis.diverged:
         raise ReproduceInputError(f"{src}: the ranks agree ({analysis.reason or 'same place'}): nothing to "
                                   "reproduce; a collective-desync hang has ranks blocked at different places")
-    return adapter or engine or next(iter(sorted(known)))
+    from repro.targets.registry import DEFAULT_ADAPTER
+
+    return adapter or engine or DEFAULT_ADAPTER  # neither --base nor a title names one: assumed (the notes say so)
 
 
 # ------------------------------------------------------------------------------------------------ source mapping
@@ -226,15 +228,16 @@ def map_frames(python: str, package: str, frames: Sequence[Frame], timeout_s: fl
 
 
 # ------------------------------------------------------------------------------------------------ rules (data)
-def rules_path(adapter_name: str) -> Path:
-    """The adapter's reproduce rules: ``reproduce_rules.toml`` next to its hunt catalogue."""
-    from repro.targets.registry import get_adapter
+def rules_path(adapter: Any) -> Path:
+    """The adapter's reproduce rules (the run's adapter, or a registered name): ``reproduce_rules.toml`` next to its
+    hunt catalogue."""
+    if isinstance(adapter, str):
+        from repro.targets.registry import get_adapter
 
-    a = get_adapter(adapter_name)
-    cat = getattr(a, "hunt_catalogue", None)
-    if not cat:
-        raise ReproduceInputError(f"adapter {adapter_name!r} has no hunt catalogue, so no {RULES_NAME} beside it")
-    return Path(cat).parent / RULES_NAME
+        adapter = get_adapter(adapter)
+    if not adapter.hunt_catalogue:
+        raise ReproduceInputError(f"adapter {adapter.name!r} has no hunt catalogue, so no {RULES_NAME} beside it")
+    return Path(adapter.hunt_catalogue).parent / RULES_NAME
 
 
 def load_rules(path: Path) -> dict:
@@ -562,16 +565,22 @@ def write_candidates(paths: Sequence[str], out_dir: Path, *, base_path: Optional
         except ScenarioError as e:
             raise ReproduceInputError(f"--base: {e}") from None
     adapter = check_input(analysis, caps, base.server.adapter if base is not None else None)
+    from repro.targets.registry import get_adapter
+
+    engine = get_adapter(adapter)  # the dumps' engine (or --base's), resolved once and passed down
     try:
-        release_py, choice = pick_release(adapter, caps, paths, reports=reports, forced=release, python=python)
+        release_py, choice = pick_release(engine, caps, paths, reports=reports, forced=release, python=python)
     except ReleaseError as e:
         raise ReproduceInputError(str(e)) from None
     try:
-        py = release_py or choose_python(python)
+        py = release_py or choose_python(python, engine)
     except InterpreterError as e:
         raise ReproduceInputError(str(e)) from None
-    rules = load_rules(rules_path(adapter))
+    rules = load_rules(rules_path(engine))
     notes: list[str] = []
+    if base is None and _engine_of(caps) is None:
+        notes.append(f"engine: {engine.name} (assumed: no process title names an engine and no --base was given; "
+                     "pass --base SCENARIO whose server.adapter names it)")
     points: Sequence[Any] = ()
     perts: dict = {}
     if use_discovery:
@@ -579,9 +588,9 @@ def write_candidates(paths: Sequence[str], out_dir: Path, *, base_path: Optional
         from repro.catalogue import HuntError, catalogue_for, load_catalogue
 
         try:
-            cat = load_catalogue(catalogue_for(adapter))
+            cat = load_catalogue(catalogue_for(engine))
             perts = cat.perturbations
-            d = discover(py, default_rules_path(adapter, cat.path), known_perturbations=list(cat.perturbations))
+            d = discover(py, default_rules_path(engine, cat.path), known_perturbations=list(cat.perturbations))
             points = d.points
             notes.append(f"discovery: {len(d.points)} decision points in {d.scan.get('package')}")
         except (DiscoverError, HuntError) as e:

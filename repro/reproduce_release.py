@@ -11,7 +11,7 @@ unless ``--python`` was given (then the choice is reported only). Nothing is imp
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from repro.frames import is_injector_frame, is_ledger_frame
 from repro.readers.types import RankCapture
@@ -57,7 +57,7 @@ def dump_frames(captures: Sequence[RankCapture]) -> list[FrameRef]:
     return out
 
 
-def pick_release(adapter: str, captures: Sequence[RankCapture], dump_paths: Sequence[str], *,
+def pick_release(adapter: Any, captures: Sequence[RankCapture], dump_paths: Sequence[str], *,
                  reports: Sequence[str] = (), forced: Optional[str] = None,
                  python: Optional[str] = None) -> tuple[Optional[str], ReleaseChoice]:
     """The interpreter to map and run on, and the release choice.

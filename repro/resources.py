@@ -16,13 +16,15 @@ bare name ``smoke_extra_allreduce`` (:func:`find_scenario`); ``patch:scenarios/s
 ``--catalogue`` likewise (:func:`find_data_file`). Nothing here writes anywhere: commands write evidence under
 ``--evidence-dir`` (default ``evidence/`` in the current folder).
 
-This module imports nothing outside the standard library.
+This module imports nothing outside the standard library but the default engine's name (``repro.targets``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Optional, Union
+
+from repro.targets import DEFAULT_ADAPTER
 
 _PKG_DIR = Path(__file__).resolve().parent
 _CLONE = _PKG_DIR.parent
@@ -32,6 +34,7 @@ _DATA = _PKG_DIR / "_data"
 DATA_FOLDERS = {"injectors": "injectors", "scenarios": "scenarios", "cpu_testbed": "scripts/cpu_testbed",
                 "vllm_testbed": "scripts/vllm_testbed"}
 SCENARIO_SUFFIX = ".toml"
+EXAMPLES_DIR = f"scenarios/{DEFAULT_ADAPTER}"  # the default engine's scenarios, catalogue and rules (help-text examples)
 NOT_SCENARIOS = ("hunt_catalogue.toml", "discover_rules.toml", "reproduce_rules.toml")
 
 
@@ -110,16 +113,6 @@ def engine_file(engine: str, name: str) -> Path:
     return root / engine / name
 
 
-def hunt_catalogue(engine: Optional[str] = None) -> Path:
-    """The hunt catalogue of ``engine``'s adapter (default: the registry's default adapter), as
-    :attr:`repro.targets.base.Adapter.hunt_catalogue` gives it. Never raises for a broken install (see
-    :func:`engine_file`)."""
-    from repro.targets.registry import DEFAULT_ADAPTER, get_adapter
-
-    path = getattr(get_adapter(engine or DEFAULT_ADAPTER), "hunt_catalogue", None)
-    return Path(path) if path else engine_file(engine or DEFAULT_ADAPTER, "hunt_catalogue.toml")
-
-
 def setup_script() -> Path:
     """``setup.sh`` of the CPU testbed (run it with bash)."""
     return testbed_files_dir() / "setup.sh"
@@ -183,7 +176,7 @@ def find_scenario(text: Union[str, Path]) -> Path:
         The file; or ``Path(text)`` unchanged when nothing matches (the scenario loader then says "not found").
     Raises:
         ResourceError: a bare name matches several bundled scenarios, none of them the default engine's
-            (``scenarios/<repro.targets.registry.DEFAULT_ADAPTER>/``, preferred) (the message lists them).
+            (``scenarios/<repro.targets.DEFAULT_ADAPTER>/``, preferred) (the message lists them).
     """
     p = find_data_file(text)
     if p.exists() or p.is_absolute() or len(p.parts) != 1:
@@ -196,8 +189,6 @@ def find_scenario(text: Union[str, Path]) -> Path:
     if len(found) > 1:
         # the default engine's scenario keeps its bare name (``smoke_extra_allreduce`` is SGLang's; vLLM's twin is
         # scenarios/vllm/smoke_extra_allreduce.toml, named by path)
-        from repro.targets.registry import DEFAULT_ADAPTER
-
         default = [q for q in found if q.parent.name == DEFAULT_ADAPTER]
         if len(default) == 1:
             return default[0]

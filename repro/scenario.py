@@ -20,7 +20,8 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from repro.nemeses import MassAbort, Workload  # MassAbort: re-exported (the client-side nemesis lives there)
-from repro.targets.registry import DEFAULT_ADAPTER
+from repro.resources import EXAMPLES_DIR
+from repro.targets import DEFAULT_ADAPTER
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -300,7 +301,7 @@ class Scenario(_Strict):
 
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
-    mirrors: str = Field("", description="upstream issue/PR the scenario mirrors, e.g. 'sglang#30760'")
+    mirrors: str = Field("", description=f"upstream issue/PR the scenario mirrors, e.g. '{DEFAULT_ADAPTER}#30760'")
     server: ServerSpec = Field(default_factory=ServerSpec)
     burst: Burst = Field(default_factory=Burst)
     stall_s: float = Field(10.0, gt=0)
@@ -410,7 +411,7 @@ def load_scenario(path: Union[str, Path]) -> Scenario:
     """
     p = Path(path)
     if not p.is_file():
-        raise ScenarioError(f"{p}: scenario file not found (expected a .toml file, e.g. scenarios/sglang/smoke_extra_allreduce.toml)")
+        raise ScenarioError(f"{p}: scenario file not found (expected a .toml file, e.g. {EXAMPLES_DIR}/smoke_extra_allreduce.toml)")
     raw = p.read_bytes()
     try:
         text = raw.decode("utf-8-sig")  # a UTF-8 byte-order mark (Windows editors) is accepted
@@ -441,6 +442,8 @@ def compile_plan(
     injector_profile: Optional[dict[str, Any]] = None,
     faulthandler_signal: str = "SIGUSR2",
     state_probes: Optional[dict[str, Any]] = None,
+    fork_ranks: Optional[dict[str, str]] = None,
+    engine: Optional[dict[str, str]] = None,
 ) -> dict[str, Any]:
     """Compile one variant into the plain-JSON plan read by ``injectors/repro_injector``.
 
@@ -456,10 +459,14 @@ def compile_plan(
         state_probes: the engine's lockstep state probes per release (``Adapter.state_probe_plan()``:
             ``{"package", "releases": {version: [probe, ...]}}``), merged into the plan's ``ledger.digest``; the
             injector uses the installed release's list. None or no release: no digest.
+        fork_ranks: the adapter's ``InjectorProfile.fork_plan()`` (``{"caller", "device"}``): which launcher call the
+            injector may switch from spawn to fork under ``REPRO_FORK_RANKS=1``; None / {}: never.
+        engine: which engine the server runs (``repro.runner.engine_plan``: ``{"name", "package",
+            "distribution"}``): the injector records that package's version in its loaded markers.
     Returns:
         A dict with keys ``version``, ``scenario``, ``variant``, ``out_dir``, ``arm_file``, ``arm_poll_s``,
         ``injections`` (list of ``{id, site: {alternatives, aliases}, gate, action}``), ``ledger``,
-        ``faulthandler_signal``.
+        ``faulthandler_signal``, ``fork_ranks``, ``engine``.
     """
     injections = []
     for inj in variant.injections:
@@ -488,4 +495,6 @@ def compile_plan(
                        "ring": 2000, **(state_probes or {})},
         },
         "faulthandler_signal": faulthandler_signal,
+        "fork_ranks": dict(fork_ranks or {}),
+        "engine": dict(engine or {}),
     }

@@ -72,6 +72,9 @@ class SitesReport:
     python_version: str
     versions: dict[str, Optional[str]]
     injections: tuple[InjectionSites, ...]
+    engine: str = ""  # the run's adapter's name
+    package: str = ""  # its importable package (``ref_location.package``)
+    engine_version: Optional[str] = None  # that package's version in ``python``
 
     @property
     def ok(self) -> bool:
@@ -82,6 +85,8 @@ class SitesReport:
             "scenario": self.scenario,
             "python": self.python,
             "python_version": self.python_version,
+            "engine": self.engine,
+            "engine_version": self.engine_version,
             "versions": self.versions,
             "ok": self.ok,
             "injections": [
@@ -107,7 +112,8 @@ def _run_preflight(python: str, request: dict, timeout_s: float, env: Optional[d
         proc = subprocess.run([python, "-c", code], input=json.dumps(request), capture_output=True, text=True,
                               timeout=timeout_s, env=run_env)
     except FileNotFoundError:
-        raise SitesPreflightError(f"interpreter {python} not found (pass --python PATH to a Python that has sglang)") from None
+        raise SitesPreflightError(f"interpreter {python} not found (pass --python PATH to a Python that has "
+                                  f"{request.get('package') or 'the engine'})") from None
     except subprocess.TimeoutExpired:
         raise SitesPreflightError(f"preflight in {python} took more than {timeout_s:.0f} s (importing the sites' modules)") from None
     for line in reversed(proc.stdout.splitlines()):
@@ -119,7 +125,7 @@ def _run_preflight(python: str, request: dict, timeout_s: float, env: Optional[d
 
 def check_sites(scenario: Scenario, python: Union[str, Path], variant: Optional[str] = None,
                 timeout_s: float = PREFLIGHT_TIMEOUT_S, env: Optional[dict] = None, *,
-                variants: Optional[Sequence[str]] = None, mode: str = "import") -> SitesReport:
+                variants: Optional[Sequence[str]] = None, mode: str = "import", adapter: Any = None) -> SitesReport:
     """Resolve every site of ``variant`` (all variants when None) inside ``python``.
 
     Args:
@@ -133,6 +139,8 @@ def check_sites(scenario: Scenario, python: Union[str, Path], variant: Optional[
         mode: ``import`` (``repro sites``: each module imported, exact) or ``source`` (the check before a launch:
             nothing imported, ~0.1 s plus the interpreter's start; sites the source cannot decide are
             ``unverified``, gate patterns and action methods ``unchecked``).
+        adapter: the run's adapter (default: the scenario's ``server.adapter``): which package's version is asked
+            for, and which release's tree-cache factory a resolving site is checked against.
     Returns:
         A SitesReport, one InjectionSites per injection in file order.
     Raises:
@@ -144,7 +152,14 @@ def check_sites(scenario: Scenario, python: Union[str, Path], variant: Optional[
     else:
         chosen = scenario.variants if variant is None else [scenario.variant(variant)]
     variants = chosen
-    request: dict[str, Any] = {"mode": mode, "versions": _version_keys(scenario), "injections": []}
+    if adapter is None:
+        from repro.targets.registry import get_adapter
+
+        adapter = get_adapter(scenario.server.adapter)
+    loc = adapter.ref_location
+    key = loc.version_key or loc.package
+    request: dict[str, Any] = {"mode": mode, "versions": ["torch", *dict.fromkeys(k for k in (key, loc.package) if k)],
+                               "package": loc.package, "injections": []}
     keys = []
     for v in variants:
         for inj in v.injections:
@@ -157,7 +172,7 @@ def check_sites(scenario: Scenario, python: Union[str, Path], variant: Optional[
             })
             keys.append((v.name, inj))
     answer = _run_preflight(str(python), request, timeout_s, env)
-    release = _release_of(scenario, answer.get("versions", {}))
+    release = answer.get("versions", {}).get(key)
     results = []
     for (vname, inj), got in zip(keys, answer["injections"]):
         alts = tuple(AlternativeCheck(a["site"], a["status"], a.get("detail", ""), tuple(a.get("suggestions") or ()),
@@ -176,35 +191,12 @@ def check_sites(scenario: Scenario, python: Union[str, Path], variant: Optional[
             if a.status == "unverified":
                 warnings.append(f"{a.site}: {a.detail}")
             elif a.status == "resolved" and release is not None:
-                dead = never_built(a.site, release, scenario.server.adapter)
+                dead = never_built(a.site, release, adapter)
                 if dead:
                     warnings.append(dead)
         results.append(InjectionSites(vname, inj.id, alts, tuple(warnings)))
-    return SitesReport(scenario.name, str(python), answer.get("python", ""), answer.get("versions", {}), tuple(results))
-
-
-def _version_keys(scenario: Scenario) -> list[str]:
-    """The distributions whose versions the resolver reports: torch and the engine's (its adapter's ``ref_location``)."""
-    keys = ["torch", "sglang"]
-    try:
-        from repro.targets.registry import get_adapter
-
-        loc = get_adapter(scenario.server.adapter).ref_location
-        keys += [k for k in (loc.version_key, loc.package) if k and k not in keys]
-    except Exception:  # an unknown adapter is reported elsewhere
-        pass
-    return keys
-
-
-def _release_of(scenario: Scenario, versions: dict) -> Optional[str]:
-    """The engine version the preflight reported (the adapter's ``ref_location.version_key``), else None."""
-    try:
-        from repro.targets.registry import get_adapter
-
-        loc = get_adapter(scenario.server.adapter).ref_location
-    except Exception:  # an unknown adapter is reported elsewhere; no release check then
-        return None
-    return versions.get(loc.version_key or loc.package)
+    return SitesReport(scenario.name, str(python), answer.get("python", ""), answer.get("versions", {}), tuple(results),
+                       adapter.name, loc.package, release)
 
 
 class SitesUnresolved(ValueError):
@@ -232,16 +224,12 @@ def unresolved_message(report: "SitesReport", variants: Optional[set] = None) ->
         parts.append(f"variant {inj.variant}, injection {inj.injection_id}: " + "; ".join(alts))
     if not parts:
         return None
-    from repro.targets.registry import get_adapter
-
-    loc = get_adapter().ref_location
-    version = report.versions.get(loc.version_key or loc.package)
-    return (f"site(s) absent in {report.python}'s {loc.package} ({version or 'version unknown'}): "
+    return (f"site(s) absent in {report.python}'s {report.package} ({report.engine_version or 'version unknown'}): "
             + " | ".join(parts) + "; fix the scenario's site (`repro sites SCENARIO` lists the nearest names)")
 
 
 def check_launched_sites(scenario: Scenario, variant_names: Sequence[str], injector_dir: Path, python: str,
-                         env: Optional[dict] = None, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> None:
+                         env: Optional[dict] = None, timeout_s: float = PREFLIGHT_TIMEOUT_S, adapter: Any = None) -> None:
     """After the server became healthy, make sure every injection of the plan can be patched; else stop the run.
 
     Fast path, no subprocess: every injection is already patched in some process of the server (its loaded
@@ -255,6 +243,7 @@ def check_launched_sites(scenario: Scenario, variant_names: Sequence[str], injec
         injector_dir: the run's injector folder (loaded markers).
         python: the server's interpreter.
         env: the server's environment (PYTHONPATH with overlays and the testbed's stand-ins).
+        adapter: the run's adapter (default: the scenario's).
     Raises:
         SitesUnresolved: an injection has no alternative that resolves (message with the nearest names).
     """
@@ -272,7 +261,7 @@ def check_launched_sites(scenario: Scenario, variant_names: Sequence[str], injec
     if not missing:
         return
     try:
-        report = check_sites(scenario, python, None, timeout_s=timeout_s, env=env)
+        report = check_sites(scenario, python, None, timeout_s=timeout_s, env=env, adapter=adapter)
     except SitesPreflightError:
         return  # the resolver could not run: the run goes on and the verdict names what was not entered
     msg = unresolved_message(report, set(names))
@@ -284,7 +273,8 @@ PRELAUNCH_TIMEOUT_S = 60.0  # the check before a launch reads sources only (~0.1
 
 
 def check_before_launch(scenario: Scenario, scenario_path: Union[str, Path], variant_names: Sequence[str],
-                        python: str, env: Optional[dict] = None, timeout_s: float = PRELAUNCH_TIMEOUT_S) -> None:
+                        python: str, env: Optional[dict] = None, timeout_s: float = PRELAUNCH_TIMEOUT_S,
+                        adapter: Any = None) -> None:
     """Before any server or evidence folder exists: refuse a plan with an injection none of whose sites can exist.
 
     The same resolver as ``repro sites`` (:func:`check_sites`, the injector's ``repro_injector.resolve`` run in
@@ -300,12 +290,14 @@ def check_before_launch(scenario: Scenario, scenario_path: Union[str, Path], var
         variant_names: the variants whose injections the plan loads.
         python: the server's interpreter; env: the server's environment (``Adapter.launch_env``).
         timeout_s: bound on the subprocess, seconds.
+        adapter: the run's adapter (default: the scenario's).
     Raises:
         SitesUnresolved: one line naming the scenario file, each refused injection's field
             (``variants.<name>.injections.<id>.site``), every absent site with why and its nearest names.
     """
     try:
-        report = check_sites(scenario, python, timeout_s=timeout_s, env=env, variants=variant_names, mode="source")
+        report = check_sites(scenario, python, timeout_s=timeout_s, env=env, variants=variant_names, mode="source",
+                             adapter=adapter)
     except SitesPreflightError:
         return  # the launch-time check still decides, with the server's own imports
     parts = []
@@ -319,13 +311,7 @@ def check_before_launch(scenario: Scenario, scenario_path: Union[str, Path], var
         parts.append(f"variants.{inj.variant}.injections.{inj.injection_id}.site: " + "; ".join(alts))
     if not parts:
         return
-    try:
-        from repro.targets.registry import get_adapter
-
-        loc = get_adapter(scenario.server.adapter).ref_location
-        pkg, version = loc.package, report.versions.get(loc.version_key or loc.package)
-    except Exception:  # an unknown adapter is refused before this check
-        pkg, version = "engine", None
+    pkg, version = report.package or "engine", report.engine_version
     raise SitesUnresolved(f"{scenario_path}: " + " | ".join(parts)
                           + f" — in {python}'s {pkg} {version or '(version unknown)'}; nothing was launched "
                           f"(`repro sites {scenario_path}` lists every alternative; fix the site or pass --python "

@@ -193,7 +193,7 @@ class StateDivergence:
         if self.status != StateStatus.NOT_RECORDED:
             out.append(f"State probes compared per rank: {', '.join(self.probes_compared) or 'none'}"
                        + (f"; recorded, not compared (rank-local): {', '.join(self.probes_local)}" if self.probes_local else "")
-                       + (f"; information (sglang reconciles): {', '.join(self.probes_info)}" if self.probes_info else "")
+                       + (f"; information (the engine reconciles): {', '.join(self.probes_info)}" if self.probes_info else "")
                        + (f"; skipped (failed on a rank): {', '.join(f'{k} ({v})' for k, v in self.skipped.items())}"
                           if self.skipped else "") + ".")
             out.append("")

@@ -207,7 +207,7 @@ def judge_completion(
         if never and inj.absent:
             return Verdict(
                 INCONCLUSIVE,
-                f"site {inj.site} ({inj.injection_id}) is absent in this sglang, so it was never patched nor entered: "
+                f"site {inj.site} ({inj.injection_id}) is absent in this engine's code, so it was never patched nor entered: "
                 f"{inj.absent} (`repro sites` lists the nearest names)",
             )
         if not inj.required:

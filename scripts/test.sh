@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The project's test command (README "Running the tests"; CI runs it from .ci/run).
 #
-#   bash scripts/test.sh [fast|sglang|hang|pd|vllm|multihost ...] [-- extra pytest args]
+#   bash scripts/test.sh [fast|sglang|hang|pd|vllm|release|multihost ...] [-- extra pytest args]
 #
 # Runs the stages in order — fast (no SGLang server), sglang (real-SGLang tests sharing one healthy TP=2 server),
 # hang (tests that deliberately hang their own server), pd (one PD-disaggregation stack: prefill + decode + router),
-# vllm (a real vLLM TP=2 server), multihost (root: TP=2 across two namespaced hosts over ssh and a stand-in kubectl,
+# vllm (a real vLLM TP=2 server), release (the one old-release server test: #30760 on sglang 0.5.18; its testbed is
+# set up first), multihost (root: TP=2 across two namespaced hosts over ssh and a stand-in kubectl,
 # scripts/multihost/rig.py) — each as its own pytest session, and prints each stage's
 # duration. A stage that collects no tests (pytest exit 5) fails: a marker nobody uses any more must not pass
 # silently. Every requested stage runs (so one failure does not hide another); the exit code is the first failing
@@ -19,20 +20,34 @@ stages=()
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    fast|sglang|hang|pd|multihost|vllm) stages+=("$1"); shift ;;
+    fast|sglang|hang|pd|multihost|vllm|release) stages+=("$1"); shift ;;
     --) shift; extra=("$@"); break ;;
-    *) echo "test.sh: unknown stage '$1' (expected fast, sglang, hang, pd, multihost, vllm; pytest args go after --)" >&2; exit 2 ;;
+    *) echo "test.sh: unknown stage '$1' (expected fast, sglang, hang, pd, multihost, vllm, release; pytest args go after --)" >&2; exit 2 ;;
   esac
 done
-[ ${#stages[@]} -eq 0 ] && stages=(fast sglang hang pd vllm multihost)
+OLD_RELEASE="0.5.18"  # the release stage's testbed (scripts/cpu_testbed/setup.sh --release 0.5.18: ~9 GB, ~7 min fresh)
+old_release_dir="${XDG_CACHE_HOME:-$HOME/.cache}/tp-deadlock-repro/testbed/sglang-$OLD_RELEASE"
+if [ ${#stages[@]} -eq 0 ]; then
+  stages=(fast sglang hang pd vllm)
+  # The release stage runs by default where its testbed is already set up (cached, as on CI's machine) or with
+  # REPRO_OLD_RELEASES=1; on a fresh machine it is opt-in: `bash scripts/test.sh release` (sets it up) or that variable.
+  if [ -f "$old_release_dir/.setup-stamp" ] || [ "${REPRO_OLD_RELEASES:-0}" = 1 ]; then
+    stages+=(release)
+  else
+    echo "test.sh: stage 'release' not run: the sglang $OLD_RELEASE testbed is not set up (~9 GB, ~7 min); opt in with" \
+         "REPRO_OLD_RELEASES=1 or 'bash scripts/test.sh release' (both set it up)" >&2
+  fi
+  stages+=(multihost)
+fi
 
 marker() {
   case "$1" in
-    fast) echo "not sglang and not hang and not pd and not multihost and not vllm" ;;
+    fast) echo "not sglang and not hang and not pd and not multihost and not vllm and not release" ;;
     sglang) echo "sglang" ;;
     hang) echo "hang" ;;
     pd) echo "pd" ;;
     vllm) echo "vllm" ;;  # the vLLM testbed (scripts/vllm_testbed/setup.sh) is set up first, below
+    release) echo "release" ;;  # the sglang 0.5.18 testbed (setup.sh --release 0.5.18) is set up first, below
     multihost) echo "multihost" ;;
   esac
 }
@@ -45,6 +60,9 @@ for stage in "${stages[@]}"; do
   t0=$(date +%s)
   if [ "$stage" = vllm ] && ! bash scripts/vllm_testbed/setup.sh; then
     echo "test.sh: the vLLM testbed could not be set up; the vllm stage's test fails without it" >&2
+  fi
+  if [ "$stage" = release ] && ! bash scripts/cpu_testbed/setup.sh --release "$OLD_RELEASE"; then
+    echo "test.sh: the sglang $OLD_RELEASE testbed could not be set up; the release stage's test fails without it" >&2
   fi
   "$PY" -m pytest -m "$(marker "$stage")" --durations=10 "${extra[@]}"
   rc=$?

@@ -38,7 +38,7 @@ from repro.ledger import load_ledgers, rank_pids_of
 from repro.state_digest import RankState, StateStatus, diagnose_state, read_rank_states
 from repro.verdict import SUCCEEDED
 
-REAL_SERVER_MARKS = ("sglang", "hang", "pd", "multihost")
+REAL_SERVER_MARKS = ("sglang", "hang", "pd", "multihost", "release")
 
 
 class Outcome:

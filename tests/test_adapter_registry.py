@@ -305,8 +305,15 @@ def test_watch_cli_takes_the_engine_from_adapter_and_refuses_an_unknown_one(fake
                                    "--evidence-dir", str(tmp_path / "ev")])
     events = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     start = next(e for e in events if e["event"] == "start")
-    assert start["adapter"] == "fakeeng"
+    assert start["adapter"] == "fakeeng" and start["engine"] == "fakeeng" and start["engine_assumed"] is False
     assert res.exit_code == 6, res.stdout  # nothing listens: unreachable, not a hang
+    assert "assumed" not in res.stderr
+
+    # without --adapter the watch assumes the default engine, and says so (the start event and one line)
+    res = CliRunner().invoke(app, ["watch", "--url", url, "--once", "--evidence-dir", str(tmp_path / "ev")])
+    start = next(json.loads(line) for line in res.stdout.splitlines() if line.startswith("{") and '"start"' in line)
+    assert start["engine"] == "sglang" and start["engine_assumed"] is True
+    assert "engine: sglang (assumed: no --adapter given; known: " in " ".join(res.stderr.split())
 
     bad = CliRunner().invoke(app, ["watch", "--url", url, "--adapter", "nosuchengine", "--once"])
     assert bad.exit_code == 2

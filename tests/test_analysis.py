@@ -237,12 +237,15 @@ def test_cli_analyze_prints_table_summary_json_and_markdown(dumps_dir, tmp_path)
     res = runner.invoke(app, ["analyze", str(dumps_dir / "gloo3_extra_allreduce"), "--markdown", str(md)])
     assert res.exit_code == 0, res.output
     assert "Where each rank is blocked" in res.output and "odd rank out: 0" in res.output
+    # no scenario: the engine is assumed (a plain torch.distributed job's titles name none) and said so
+    assert "engine: any of: sglang, vllm (assumed: no title names an engine" in " ".join(res.output.split())
     assert md.read_text().startswith("**Diagnosis:** DIVERGED")
     res = runner.invoke(app, ["analyze", "--json", str(dumps_dir / "sglang_tp2_cpu_idle" / "rank0.txt"),
                               str(dumps_dir / "sglang_tp2_cpu_idle" / "rank1.txt")])
     assert res.exit_code == 0
     data = json.loads(res.stdout)
     assert data["diverged"] is False and [r["rank"] for r in data["ranks"]] == [0, 1]
+    assert data["engine"] == {"name": "sglang", "from": "the rank titles"}
     res = runner.invoke(app, ["analyze", str(tmp_path / "missing")])
     assert res.exit_code == EXIT_USAGE and "no such file or folder" in " ".join(res.output.split())
 

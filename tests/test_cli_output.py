@@ -95,6 +95,17 @@ def test_cleanup_json_reports_each_run_folder(tmp_path: Path, sleeper):
     res = data["results"][0]
     assert res["folder"] == str(run_dir) and res["stopped"] == [sleeper.pid] and not res["refused"], res
     assert sleeper.wait(10) is not None
+    # the folder names no engine (no env.json, no scenario.toml): cleanup says what it assumed
+    assert res["engine"] == "any of: sglang, vllm" and res["engine_from"].startswith("assumed (no env.json"), res
+
+
+def test_cleanup_says_the_run_folders_engine(tmp_path: Path):
+    from repro.cleanup import run_engine
+
+    (tmp_path / "scenario.toml").write_text('name = "s"\n[server]\nadapter = "vllm"\n')
+    assert run_engine(tmp_path) == ("vllm", "scenario.toml")
+    (tmp_path / "env.json").write_text(json.dumps({"engine": "sglang", "engine_version": "0.5.23"}))
+    assert run_engine(tmp_path) == ("sglang", "env.json")
 
 
 @pytest.mark.parametrize("verb", ["run", "demo", "serve", "compare", "sites", "analyze", "hunt", "cleanup", "arm", "disarm"])

@@ -21,6 +21,9 @@ import pytest
 from repro import compare as cmp
 from repro.compare import CompareError, CompareOptions, Ref, materialize, parse_ref, run_compare
 from repro.verdict import DEADLOCKED, INCONCLUSIVE, SUCCEEDED, Verdict
+from repro.targets.sglang import SGLangAdapter
+
+SGLANG = SGLangAdapter()  # the run's adapter these REFs are made for
 
 REPO = Path(__file__).resolve().parent.parent
 PATCH = REPO / "scenarios" / "sglang" / "patches" / "sglang-0.5.23-30760-bulk-prefetch.patch"
@@ -36,7 +39,7 @@ def installed_sglang() -> Path:
     py = testbed.testbed_python()
     if py is None:
         pytest.fail("the CPU testbed is not set up: run `bash scripts/cpu_testbed/setup.sh` (README, Set up)")
-    return cmp.sglang_location(str(py))
+    return cmp.package_location(str(py), loc=SGLANG.ref_location)
 
 
 @pytest.fixture()
@@ -136,20 +139,20 @@ def test_parse_ref_rejects_bad_refs_with_the_accepted_forms(text: str, needle: s
 
 def test_patch_strip_level_follows_the_sglang_folder() -> None:
     text = PATCH.read_text()
-    assert cmp.patch_strip(PATCH, text) == 2
+    assert cmp.patch_strip(PATCH, text, SGLANG.ref_location) == 2
     assert cmp.patch_files(text) == ["b/python/sglang/srt/managers/scheduler.py", "b/python/sglang/srt/mem_cache/base_prefix_cache.py"]
-    assert cmp.patch_strip(PATCH, text.replace("/python/sglang/", "/sglang/")) == 1
+    assert cmp.patch_strip(PATCH, text.replace("/python/sglang/", "/sglang/"), SGLANG.ref_location) == 1
     with pytest.raises(CompareError, match="not inside a sglang/ package folder"):
-        cmp.patch_strip(PATCH, "--- a/foo/x.py\n+++ b/foo/x.py\n@@ -1 +1 @@\n-a\n+b\n")
+        cmp.patch_strip(PATCH, "--- a/foo/x.py\n+++ b/foo/x.py\n@@ -1 +1 @@\n-a\n+b\n", SGLANG.ref_location)
     with pytest.raises(CompareError, match="no unified diff found"):
-        cmp.patch_strip(PATCH, "hello\n")
+        cmp.patch_strip(PATCH, "hello\n", SGLANG.ref_location)
 
 
 # ------------------------------------------------------------------------------------------------ patch overlay
 def test_patch_overlay_is_patched_first_on_path_and_removed_while_the_install_is_untouched(on_site: Path) -> None:
     site = on_site
     before_hash = _tree_hash(site / "sglang")
-    m = materialize(parse_ref(f"patch:{PATCH}"), sys.executable, choose=lambda p: p)
+    m = materialize(parse_ref(f"patch:{PATCH}"), sys.executable, SGLANG, choose=lambda p: p)
     try:
         root = Path(m.pythonpath_prepend[0])
         assert m.package_dir == str(root / "sglang")
@@ -175,7 +178,7 @@ def on_site(site: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_overlay_mirrors_the_installed_tree_with_symlinks(on_site: Path) -> None:
-    m = materialize(parse_ref(f"patch:{PATCH}"), sys.executable, choose=lambda p: p)
+    m = materialize(parse_ref(f"patch:{PATCH}"), sys.executable, SGLANG, choose=lambda p: p)
     try:
         root = Path(m.pythonpath_prepend[0])
         init = root / "sglang" / "__init__.py"
@@ -193,7 +196,7 @@ def test_a_patch_that_does_not_apply_names_the_hunk(on_site: Path, tmp_path: Pat
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     with pytest.raises(CompareError) as e:
-        materialize(parse_ref(f"patch:{bad}"), sys.executable, choose=lambda p: p, tmp_parent=tmp)
+        materialize(parse_ref(f"patch:{bad}"), sys.executable, SGLANG, choose=lambda p: p, tmp_parent=tmp)
     msg = str(e.value)
     assert "hunk #2 of sglang/srt/managers/scheduler.py failed at line" in msg, msg
     assert "\n" not in msg
@@ -204,8 +207,8 @@ def test_a_patch_that_does_not_apply_names_the_hunk(on_site: Path, tmp_path: Pat
 def test_git_ref_makes_a_worktree_at_the_rev_and_removes_it(site: Path, tmp_path: Path) -> None:
     repo = _git_repo(tmp_path, site)
     head_before = subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True).stdout
-    fixed = materialize(parse_ref(f"git:{repo}@HEAD"), sys.executable, choose=lambda p: p)
-    old = materialize(parse_ref(f"git:{repo}@v0.5.23"), sys.executable, choose=lambda p: p)
+    fixed = materialize(parse_ref(f"git:{repo}@HEAD"), sys.executable, SGLANG, choose=lambda p: p)
+    old = materialize(parse_ref(f"git:{repo}@v0.5.23"), sys.executable, SGLANG, choose=lambda p: p)
     try:
         pf, po = Path(fixed.pythonpath_prepend[0]), Path(old.pythonpath_prepend[0])
         assert pf.name == "python" and po.name == "python"
@@ -224,17 +227,17 @@ def test_git_ref_makes_a_worktree_at_the_rev_and_removes_it(site: Path, tmp_path
 def test_missing_git_rev_is_one_clear_line(site: Path, tmp_path: Path) -> None:
     repo = _git_repo(tmp_path, site)
     with pytest.raises(CompareError) as e:
-        materialize(parse_ref(f"git:{repo}@v9.9.9"), sys.executable, choose=lambda p: p)
+        materialize(parse_ref(f"git:{repo}@v9.9.9"), sys.executable, SGLANG, choose=lambda p: p)
     assert "revision 'v9.9.9' not found" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(CompareError, match="is not a git checkout"):
-        materialize(parse_ref(f"git:{tmp_path}@HEAD"), sys.executable, choose=lambda p: p)
+        materialize(parse_ref(f"git:{tmp_path}@HEAD"), sys.executable, SGLANG, choose=lambda p: p)
 
 
 def test_python_ref_needs_an_interpreter_with_sglang(tmp_path: Path, on_site: Path) -> None:
-    m = materialize(parse_ref(f"python:{sys.executable}"), None)
+    m = materialize(parse_ref(f"python:{sys.executable}"), None, SGLANG)
     assert m.python == sys.executable and m.package_dir == str(on_site / "sglang")
     with pytest.raises(CompareError, match="does not exist"):
-        materialize(parse_ref(f"python:{tmp_path / 'nope' / 'python'}"), None)
+        materialize(parse_ref(f"python:{tmp_path / 'nope' / 'python'}"), None, SGLANG)
 
 
 # ------------------------------------------------------------------------------------------------ CLI fail-fast
@@ -346,7 +349,7 @@ def test_bad_expect_word_and_bad_variant_fail_before_materialising(tmp_path: Pat
 def test_folders_of_a_killed_harness_are_swept_at_the_next_compare(on_site: Path, tmp_path: Path) -> None:
     import json as _json
 
-    m = materialize(parse_ref(f"patch:{PATCH}"), sys.executable, choose=lambda p: p, tmp_parent=tmp_path)
+    m = materialize(parse_ref(f"patch:{PATCH}"), sys.executable, SGLANG, choose=lambda p: p, tmp_parent=tmp_path)
     root = Path(m.pythonpath_prepend[0])
     assert cmp.sweep_stale(tmp_path) == [] and root.exists()  # our own (live) overlay is kept
     owner = root / cmp.OWNER_FILE

@@ -86,3 +86,19 @@ def test_a_folder_without_a_digest_reads_as_not_recorded_never_as_equal(tmp_path
     assert "  - state: not compared: no digest recorded on rank(s) \\[1\\]" in md or \
            "  - state: not compared: no digest recorded on rank(s) [1]" in md
     assert "equal through" not in md and state_of(tmp_path / "missing") is None
+
+
+def test_comparison_names_each_sides_engine_and_version_old_env_json_by_its_version_key(tmp_path):
+    """env.json's ``engine``/``engine_version`` (issue 30) give the engine row and the versions line; a side whose
+    env.json predates them (only ``sglang``) is read by the run's version key."""
+    import dataclasses
+
+    b = dataclasses.replace(_side("before", _folder(tmp_path, "b", "DEADLOCKED", None), "DEADLOCKED", "deadlock"),
+                            versions={"engine": "vllm", "engine_version": "0.32.0", "vllm": "0.32.0", "torch": "2.13.0"})
+    a = dataclasses.replace(_side("after", _folder(tmp_path, "a", "ALL REQUESTS SUCCEEDED", None),
+                                  "ALL REQUESTS SUCCEEDED", "success"), versions={"sglang": "0.5.18", "torch": "2.13.0"})
+    res = CompareResult(sides=(b, a), folder=tmp_path / "cmp", exit_code=0, wall_s=1.0)
+    opts = CompareOptions(scenario_path=SCENARIO, before="installed", after="installed")
+    md = comparison_markdown(res, opts, "s", "v", engine_key="sglang")
+    assert "| engine | vllm 0.32.0 | sglang 0.5.18 |" in md
+    assert "- before: vllm 0.32.0, torch 2.13.0;" in md and "- after: sglang 0.5.18, torch 2.13.0;" in md

@@ -363,7 +363,7 @@ def test_hunt_discover_without_hand_points_hunts_the_discovered_rows_and_judges_
     _write_fake(tmp_path)
     rules = _rules(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the scan's interpreter finds the fake engine with find_spec
-    monkeypatch.setattr(HL, "_discovery_python", lambda opts: sys.executable)
+    monkeypatch.setattr(HL, "_discovery_python", lambda opts, adapter: sys.executable)
     monkeypatch.setenv("REPRO_DISCOVER_CACHE", "off")
     # the fake engine imports torch, which this interpreter may lack: the patchability preflight (tested on the
     # real testbed below) would leave its sites out; the stand-in runner patches nothing anyway

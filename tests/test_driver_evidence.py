@@ -17,6 +17,7 @@ import pytest
 
 from repro import evidence as ev
 from repro.driver import BurstDriver, make_prompts
+from repro.targets.base import AdapterBase
 
 
 @dataclass
@@ -27,7 +28,9 @@ class Upd:
     error: Optional[str] = None
 
 
-class PlainAdapter:
+class PlainAdapter(AdapterBase):
+    """A driver-only engine: the base adapter's defaults (no sampling parameters) plus its own HTTP shapes."""
+
     generate_path = "/gen"
 
     def generate_body(self, input_ids, max_new_tokens, stream):

@@ -20,6 +20,7 @@ import pytest
 
 from repro.evidence import read_json, read_jsonl
 from repro.procs import alive, load_procs
+from repro import testbed
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "scenarios" / "sglang" / "smoke_extra_allreduce.toml"
@@ -48,6 +49,9 @@ def test_smoke_extra_allreduce_deadlocks_with_both_ranks_captured(tmp_path):
     _assert_tree_gone(run_dir)
     verdict = read_json(run_dir / "verdict.json")
     assert verdict["verdict"] == "DEADLOCKED" and verdict["exit_code"] == 0 and not verdict["partial"]
+    # env.json names the engine and the version the injector saw in the server (issue 30); `sglang` stays for old readers
+    env = read_json(run_dir / "env.json")
+    assert env["engine"] == "sglang" and env["engine_version"] == env["sglang"] == testbed.SGLANG_VERSION, env
     # the wedged tree is gone within 2 s of verdict.json (issue 36): SIGKILL after repro.runner.WEDGED_STOP_GRACE_S,
     # not the 10 s grace a rank blocked in a collective never uses
     teardown = read_json(run_dir / "teardown.json")

@@ -68,6 +68,11 @@ def test_vllm_smoke_deadlocks_with_both_workers_and_its_control_succeeds(tmp_pat
 
     dead = results["extra_collective"]
     assert dead.verdict.verdict == "DEADLOCKED", dead.verdict.reason
+    # env.json names vLLM and the version its workers imported (the plan's engine, recorded by the injector)
+    env = read_json(dead.evidence / "env.json")
+    assert env["engine"] == "vllm" and env["engine_version"] == env["vllm"], env
+    assert env["engine_version"].startswith(vtb.VLLM_VERSION), env
+    assert "sglang" not in env, env
     ranks = {r.rank: r for r in dead.analysis.ranks}
     assert ranks[0].state == "collective" and ranks[0].op == "all_reduce" and ranks[0].injected
     assert ranks[1].state == "collective" and ranks[1].op == "all_reduce" and not ranks[1].injected

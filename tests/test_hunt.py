@@ -19,6 +19,7 @@ from repro import runner as real_runner
 from repro.driver import DriverState
 from repro.scenario import compile_plan, load_scenario
 from repro.verdict import DEADLOCKED, INCONCLUSIVE, SUCCEEDED, InjectionCheck, Verdict
+from repro.targets.registry import get_adapter
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = REPO / "scenarios" / "sglang" / "hicache_prefetch_30760.toml"
@@ -279,15 +280,16 @@ class FakeRunner:
         scen = load_scenario(opts.scenario_path)
         variant = scen.variant(opts.variant if not variants else variants[0])
         evd = ev.EvidenceDir(opts.evidence_root, scen.name, opts.label or label_default or variant.name)
-        return types.SimpleNamespace(scenario=scen, variant=variant, evidence=evd, python="py", plan={})
+        return types.SimpleNamespace(scenario=scen, variant=variant, evidence=evd, python="py", plan={},
+                                     adapter=get_adapter(scen.server.adapter))
 
     def run(self, opts: Any, observe: Any = None) -> Any:
         self.confirm_runs = getattr(self, "confirm_runs", []) + [Path(opts.scenario_path)]
         load_scenario(opts.scenario_path)  # the finding's scenario file must be loadable
         return types.SimpleNamespace(verdict=Verdict(DEADLOCKED, "again"), evidence=Path(opts.evidence_root) / "confirm")
 
-    def collect_versions(self, injector_dir: Path, python: str) -> dict:
-        return {"sglang": "0.5.23", "torch": "2.14.1", "python": "3.11"}
+    def collect_versions(self, injector_dir: Path, python: str, adapter: Any) -> dict:
+        return {"engine": adapter.name, "engine_version": "0.5.23", "sglang": "0.5.23", "torch": "2.14.1", "python": "3.11"}
 
     def snapshot_session(self, p: Any, run_dir: Any) -> None:
         pass
@@ -330,6 +332,7 @@ def test_hunt_streams_every_trial_restarts_only_after_a_hang_and_writes_a_scenar
     assert [t["trial"] for t in trials] == [r.trial.name for r in res.results]
     md = (res.folder / "HUNT.md").read_text()
     assert "status**: complete; 8 trial(s) run of 8" in md
+    assert "- **engine**: sglang 0.5.23" in md  # the run's engine and the version its baseline's env.json names
     assert md.index("zero_once") < md.index("delay_once")  # deadlocks first
     assert "in `for req`" in md and "[scheduling/cache]" in md
 

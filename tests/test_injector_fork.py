@@ -1,6 +1,7 @@
 """The injector's fork-ranks opt-in (``REPRO_FORK_RANKS=1``, ``repro_injector._fork``) on a real multiprocessing
 program (tests/gloo_programs/fork_ranks.py, no SGLang): the switch from spawn to fork happens only under the opt-in,
-only for sglang's spawn call on a CPU device, and a forked rank has its own records and live injector threads."""
+only for the spawn call the plan names (the SGLang adapter's profile: sglang's launcher) on a CPU device, and a forked
+rank has its own records and live injector threads. A plan that names no caller (an engine without one) leaves it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from repro.injection_records import read_injector_dir
+from repro.targets.sglang import SGLangAdapter
 
 REPO = Path(__file__).resolve().parent.parent
 INJECTORS = REPO / "injectors"
@@ -25,7 +27,8 @@ class Worker:
 """
 
 
-def _launch(torch_python: str, tmp: Path, fork_env: str | None, *args: str) -> tuple[dict, dict, subprocess.CompletedProcess]:
+def _launch(torch_python: str, tmp: Path, fork_env: str | None, *args: str,
+            fork_ranks: dict | None = None) -> tuple[dict, dict, subprocess.CompletedProcess]:
     (tmp / "fork_target.py").write_text(TARGET)
     out = tmp / "out"
     plan = {"version": 1, "scenario": "t", "variant": "v", "out_dir": str(out), "arm_file": str(tmp / "arm"),
@@ -35,7 +38,8 @@ def _launch(torch_python: str, tmp: Path, fork_env: str | None, *args: str) -> t
                                      "ranks": [], "rank_group": None,
                                      "occurrence": {"mode": "every", "nth": 1, "max_fires": 0}},
                             "action": {"kind": "none"}}],
-            "ledger": {"enabled": True, "max_records": 1000}}
+            "ledger": {"enabled": True, "max_records": 1000},
+            "fork_ranks": SGLangAdapter().injector_profile.fork_plan() if fork_ranks is None else fork_ranks}
     (tmp / "plan.json").write_text(json.dumps(plan))
     env = {k: v for k, v in os.environ.items() if k not in ("REPRO_PLAN", "PYTHONPATH", "REPRO_FORK_RANKS")}
     env["PYTHONPATH"] = os.pathsep.join([str(INJECTORS), str(tmp)])
@@ -103,6 +107,14 @@ def test_start_method_is_left_alone_without_the_opt_in_or_outside_sglangs_spawn_
     if want == "spawn":
         assert [ppid for _pid, ppid in rank["trackers"]] == [parent["pid"]]  # what the fork path must match
     assert not any(e["event"] == "start_method" for e in _events(tmp_path / "out", parent["pid"])
+                   if (tmp_path / "out" / f"fires-{parent['pid']}.jsonl").exists())
+
+
+def test_a_plan_without_a_fork_caller_leaves_the_start_method_alone(torch_python: str, tmp_path: Path):
+    """The engine's adapter names the call (the plan's ``fork_ranks``); the injector itself names none."""
+    parent, rank, _ = _launch(torch_python, tmp_path, "1", fork_ranks={})
+    assert parent["start_method"] == "spawn" and rank["start_method"] == "spawn"
+    assert not any(e["event"] in ("start_method", "fork_ranks_refused") for e in _events(tmp_path / "out", parent["pid"])
                    if (tmp_path / "out" / f"fires-{parent['pid']}.jsonl").exists())
 
 

@@ -346,3 +346,28 @@ def test_wait_armed_returns_once_every_process_has_read_the_new_arm_file(target:
         for p in procs:
             p.kill()
             p.communicate()
+
+
+def test_every_resolving_alternative_is_patched_and_an_inherited_one_is_not_wrapped_twice(target: Path):
+    # sglang 0.5.18 imports unified_radix_cache before hiradix_cache and builds HiRadixCache for HiCache: a site
+    # listing both must count the calls of the class the release runs, whichever module came first.
+    (target / "tmod_a.py").write_text("class A:\n    def check(self, i):\n        return i\n\nclass Sub(A):\n    pass\n")
+    (target / "tmod_b.py").write_text("class B:\n    def check(self, i):\n        return i + 100\n")
+    plan = _plan(target, [_inj("cnt", ["tmod_a:A.check", "tmod_b:B.check", "tmod_a:Sub.check"], {"kind": "none"})])
+    (target / "arm").write_text("cnt\n")
+    code = """
+        import time
+        import tmod_a
+        import tmod_b  # imported after the first alternative was patched
+        print(tmod_a.A().check(1), tmod_b.B().check(1), tmod_a.Sub().check(2))
+        time.sleep(0.5)
+    """
+    r = _run(sys.executable, code, _env(target, plan), target)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1", "101", "2"]
+    rep = read_injector_dir(target / "out")
+    (m,) = rep.markers
+    assert [t["status"] for t in m.sites["cnt"].alternatives_tried] == ["patched", "patched", "patched"]
+    assert rep.resolved_site("cnt") == "tmod_a:A.check + tmod_b:B.check + tmod_a:Sub.check"
+    (lg,) = rep.logs
+    assert lg.counts["cnt"].entered == 3  # one per call: B's counted, Sub's through A's wrapper only

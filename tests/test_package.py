@@ -79,9 +79,9 @@ def test_wheel_carries_injector_scenarios_and_testbed_files(installed):
 
 
 def test_installed_package_reads_its_own_data_not_the_clone(installed):
-    code = ("import json, repro, repro.resources as r, repro.testbed as t; print(json.dumps({'repro': repro.__file__, "
+    code = ("import json, repro, repro.resources as r, repro.testbed as t, repro.catalogue as c; print(json.dumps({'repro': repro.__file__, "
             "'checkout': r.is_checkout(), 'injectors': str(r.injectors_dir()), 'scenarios': str(r.scenarios_dir()), "
-            "'stub': str(t.stub_dir()), 'catalogue': str(r.hunt_catalogue()), 'demo': str(r.find_scenario('smoke_extra_allreduce')), "
+            "'stub': str(t.stub_dir()), 'catalogue': str(c.DEFAULT_CATALOGUE), 'demo': str(r.find_scenario('smoke_extra_allreduce')), "
             "'patch': str(r.find_data_file('scenarios/sglang/patches/sglang-0.5.23-30760-bulk-prefetch.patch')), "
             "'setup': t.setup_command()}))")
     r = _run([str(installed["python"]), "-c", code], cwd=installed["work"])

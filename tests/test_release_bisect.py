@@ -48,7 +48,8 @@ def test_bisect_between_0_5_18_and_0_5_20_finds_0_5_19(tmp_path: Path) -> None:
     assert (res.first_changed, res.last_same, res.exit_code) == ("0.5.19", "0.5.18", 0)
     assert [v for v, _ in run.calls] == ["0.5.18", "0.5.20", "0.5.19"]
     md = (res.folder / "BISECT.md").read_text()
-    assert md.startswith("# First change at 0.5.19") and "| 0.5.19 ← first change | `release:0.5.19` | ALL REQUESTS SUCCEEDED |" in md
+    row = next(line for line in md.splitlines() if line.startswith("| 0.5.19 ← first change | `release:0.5.19` |"))
+    assert md.startswith("# First change at 0.5.19") and row.split(" | ")[3] == "ALL REQUESTS SUCCEEDED", row
     for s in res.steps:
         assert (s.evidence / "REPORT.md").is_file() and f"{s.evidence}/REPORT.md" in md
     assert json.loads((res.folder / "bisect.json").read_text())["first_changed"] == "0.5.19"
@@ -99,7 +100,7 @@ def test_a_release_not_set_up_is_one_line_naming_the_setup_command_and_nothing_r
         bisect(_opts(tmp_path, "release:0.5.18", "release:0.5.20"), runner=run)
     msg = str(e.value)
     assert "\n" not in msg and "every release from 0.5.18 to 0.5.20 set up" in msg
-    assert "sglang 0.5.18 is not set up" in msg and "only 0.5.23 has a testbed recipe today" in msg
+    assert "sglang 0.5.18 is not set up" in msg and "set it up with: bash scripts/cpu_testbed/setup.sh --release 0.5.18" in msg
     assert run.calls == [] and not (tmp_path / "ev").exists()
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
     env.pop("REPRO_TESTBED_DIR", None)
@@ -112,4 +113,20 @@ def test_a_release_not_set_up_is_one_line_naming_the_setup_command_and_nothing_r
 
 
 def test_release_range_is_the_index_order() -> None:
-    assert release_range("release:0.5.15", "release:0.5.16")[0] == ["0.5.15", "0.5.15.post1", "0.5.16"]
+    assert release_range("release:0.5.15", "release:0.5.16", "sglang")[0] == ["0.5.15", "0.5.15.post1", "0.5.16"]
+
+
+def test_the_bisect_scenario_resolves_in_0_5_18_to_0_5_20_but_runs_only_in_0_5_18() -> None:
+    """scenarios/sglang/releases/hiradix_prefetch_30760.toml (the seed's injection on HiRadixCache alone): its site is
+    a function of 0.5.14-0.5.20's source (release index) and of no later release; sites' dead-code warning names
+    0.5.19 and 0.5.20 (their factory builds UnifiedRadixCache), not 0.5.18."""
+    from repro import releases as rel
+    from repro.scenario import load_scenario
+
+    sc = load_scenario(REPO / "scenarios" / "sglang" / "releases" / "hiradix_prefetch_30760.toml")
+    (site,) = sc.variant("extra_collective").injections[0].site
+    idx = rel.load_index("sglang")
+    mask = idx.frame_mask(rel.FrameRef("sglang/srt/mem_cache/hiradix_cache.py", site.split(":", 1)[1]))
+    assert idx.mask_versions(mask) == ["0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20"]
+    assert rel.never_built(site, "0.5.18", "sglang") is None
+    assert all("never builds HiRadixCache" in (rel.never_built(site, v, "sglang") or "") for v in ("0.5.19", "0.5.20"))

@@ -10,6 +10,9 @@ from __future__ import annotations
 import ast
 import json
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,9 +99,20 @@ def test_cpu_compatibility_agrees_with_the_setup_recipe_it_names(engine: str):
             continue
         recipe = REPO / "scripts" / rf.cpu.recipe
         setup = (recipe / "setup.sh").read_text()
-        assert re.search(rf'^[A-Z_]*VERSION="{re.escape(version)}"', setup, re.M), (engine, version)
-        torch = rf.cpu.torch.split("+")[0]
-        assert f'TORCH_VERSION="{torch}"' in setup or f"torch=={rf.cpu.torch}" in setup or f"torch {rf.cpu.torch}" in setup
+        reader = recipe / "release_recipe.py"
+        if reader.is_file():  # a recipe driven by this data (setup.sh --release V): its reader gives these fields
+            r = subprocess.run([sys.executable, str(reader), str(TARGETS / engine / "releases"), version],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            got = {k: shlex.split(v)[0] if v else "" for k, v in (ln.split("=", 1) for ln in r.stdout.splitlines())}
+            assert (got["KIND"], got["TORCH"], got["BASE"], got["TORCH_BUILD"]) == (
+                rf.cpu.kind, rf.cpu.torch, rf.cpu.base, rf.cpu.torch_build), (version, got)
+            assert got["SKIP_DEPS"].split() == rf.cpu.skip_deps and got["PD"] == ("1" if rf.cpu.packages else "0")
+        else:
+            assert re.search(rf'^[A-Z_]*VERSION="{re.escape(version)}"', setup, re.M), (engine, version)
+            torch = rf.cpu.torch.split("+")[0]
+            assert (f'TORCH_VERSION="{torch}"' in setup or f"torch=={rf.cpu.torch}" in setup
+                    or f"torch {rf.cpu.torch}" in setup)
         for pin in rf.cpu.packages:
             name, ver = pin.split("==")
             assert f'"{ver}"' in setup and name in setup, pin

@@ -12,6 +12,9 @@ import pytest
 
 from repro import releases as rel
 from repro.compare import CompareError, Ref, materialize, parse_ref
+from repro.targets.sglang import SGLangAdapter
+
+SGLANG = SGLangAdapter()  # the run's adapter these REFs are made for
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = REPO / "scenarios" / "sglang" / "hicache_prefetch_30760.toml"
@@ -57,18 +60,26 @@ def test_parse_ref_release_alone_and_composed_with_a_patch() -> None:
 
 def test_a_release_that_is_not_set_up_is_one_line_naming_how_to_set_it_up(cache: Path) -> None:
     with pytest.raises(rel.ReleaseError) as e:
-        rel.release_python("0.5.18")
+        rel.release_python("0.5.18", "sglang")
     msg = str(e.value)
     assert "\n" not in msg and "sglang 0.5.18 is not set up" in msg
-    assert "only 0.5.23 has a testbed recipe today" in msg and "pip install 'sglang==0.5.18'" in msg
-    assert "'torch==2.13.0'" in msg  # the release's own pins
+    assert msg.endswith("set it up with: bash scripts/cpu_testbed/setup.sh --release 0.5.18")  # its recipe
+    with pytest.raises(rel.ReleaseError) as e:  # an overlay on 0.5.18: set up the base first, in the same line
+        rel.release_python("0.5.20", "sglang")
+    assert str(e.value).endswith("bash scripts/cpu_testbed/setup.sh --release 0.5.18 && "
+                                 "bash scripts/cpu_testbed/setup.sh --release 0.5.20")
+    with pytest.raises(rel.ReleaseError) as e:  # no recipe: the command by hand, with the release's own pins
+        rel.release_python("0.5.16", "sglang")
+    msg = str(e.value)
+    assert "\n" not in msg and "sglang 0.5.16 is not set up" in msg and "have a testbed recipe today" in msg
+    assert "pip install 'sglang==0.5.16'" in msg and "'torch==2.11.0'" in msg
     with pytest.raises(rel.ReleaseError) as e:
-        rel.release_python("0.5.23")
+        rel.release_python("0.5.23", "sglang")
     assert "set it up with: bash scripts/cpu_testbed/setup.sh" in str(e.value)
     with pytest.raises(rel.ReleaseError, match="'0.5.99' is not in the release index; known: 0.5.14"):
-        rel.release_python("0.5.99")
+        rel.release_python("0.5.99", "sglang")
     with pytest.raises(CompareError, match=r"^REF 'release:0.5.18\+patch:x.patch': sglang 0.5.18 is not set up"):
-        materialize(parse_ref("release:0.5.18+patch:x.patch"), None)
+        materialize(parse_ref("release:0.5.18+patch:x.patch"), None, SGLANG)
 
 
 def _fake_sglang(root: Path) -> Path:
@@ -86,11 +97,11 @@ def test_release_ref_runs_the_releases_interpreter_and_patch_composes_on_it(cach
     site = tmp_path / "site"
     _fake_sglang(site)
     monkeypatch.setenv("PYTHONPATH", str(site))
-    m = materialize(parse_ref("release:0.5.18"), "/ignored/python")
+    m = materialize(parse_ref("release:0.5.18"), "/ignored/python", SGLANG)
     assert m.python == str(py) and m.package_dir == str(site / "sglang") and "sglang 0.5.18 release" in m.description
     diff = tmp_path / "fix.patch"
     diff.write_text("--- a/sglang/srt/x.py\n+++ b/sglang/srt/x.py\n@@ -1,2 +1,2 @@\n def tick():\n-    return 1\n+    return 2\n")
-    m = materialize(parse_ref(f"release:0.5.18+patch:{diff}"), None, tmp_parent=tmp_path)
+    m = materialize(parse_ref(f"release:0.5.18+patch:{diff}"), None, SGLANG, tmp_parent=tmp_path)
     try:
         assert m.python == str(py) and "sglang 0.5.18 release" in m.description and "fix.patch (overlay)" in m.description
         assert "return 2" in (Path(m.pythonpath_prepend[0]) / "sglang" / "srt" / "x.py").read_text()
@@ -108,7 +119,7 @@ def test_compare_cli_on_a_release_not_set_up_exits_2_with_one_line(tmp_path: Pat
                        timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "sglang 0.5.18 is not set up" in lines[0] and "only 0.5.23 has a testbed recipe" in lines[0]
+    assert len(lines) == 1 and "sglang 0.5.18 is not set up" in lines[0] and "set it up with: bash scripts/cpu_testbed/setup.sh --release 0.5.18" in lines[0]
     assert not (tmp_path / "ev").exists() or not any((tmp_path / "ev").rglob("*"))
 
 
@@ -122,19 +133,19 @@ def test_every_engine_verb_takes_release_and_refuses_one_not_set_up_in_one_line(
     r = CliRunner().invoke(app, args + ["--release", "0.5.18"])
     text = r.output + (getattr(r, "stderr", "") if getattr(r, "stderr_bytes", None) is not None else "")
     assert r.exit_code == 2, text
-    assert "sglang 0.5.18 is not set up" in text and "only 0.5.23 has a testbed recipe today" in text
+    assert "sglang 0.5.18 is not set up" in text and "set it up with: bash scripts/cpu_testbed/setup.sh --release 0.5.18" in text.replace("\n", " ")
     r = CliRunner().invoke(app, args + ["--release", "0.5.23", "--python", sys.executable])
     assert r.exit_code == 2 and "not both" in r.output
 
 
 def test_a_site_on_a_class_the_releases_factory_never_builds_is_named_dead_code() -> None:
     hi = "sglang.srt.mem_cache.hiradix_cache:HiRadixCache.check_prefetch_progress"
-    w = rel.never_built(hi, "0.5.20")
+    w = rel.never_built(hi, "0.5.20", "sglang")
     assert w and "sglang 0.5.20's tree-cache factory never builds HiRadixCache" in w and "0.5.14–0.5.18" in w
-    assert rel.never_built(hi, "0.5.18") is None
-    assert rel.never_built("sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.check_prefetch_progress", "0.5.20") is None
-    assert rel.never_built("sglang.srt.managers.scheduler:Scheduler.get_num_allocatable_reqs", "0.5.20") is None  # no cache
-    assert rel.never_built(hi, "9.9") is None and rel.never_built(hi, None) is None
+    assert rel.never_built(hi, "0.5.18", "sglang") is None
+    assert rel.never_built("sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.check_prefetch_progress", "0.5.20", "sglang") is None
+    assert rel.never_built("sglang.srt.managers.scheduler:Scheduler.get_num_allocatable_reqs", "0.5.20", "sglang") is None  # no cache
+    assert rel.never_built(hi, "9.9", "sglang") is None and rel.never_built(hi, None, "sglang") is None
 
 
 def test_sites_preflight_warns_when_the_resolving_alternative_is_never_built(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -180,7 +191,7 @@ def test_the_seeds_fix_for_0_5_18_applies_as_release_plus_patch_on_the_wheels_fi
     for d in [site / "sglang", *(p for p in (site / "sglang").rglob("*") if p.is_dir())]:
         (d / "__init__.py").touch()
     monkeypatch.setenv("PYTHONPATH", str(site))
-    m = materialize(parse_ref(f"release:0.5.18+patch:{PATCH_0_5_18}"), None, tmp_parent=tmp_path)
+    m = materialize(parse_ref(f"release:0.5.18+patch:{PATCH_0_5_18}"), None, SGLANG, tmp_parent=tmp_path)
     try:
         root = Path(m.pythonpath_prepend[0]) / "sglang" / "srt"
         sched, hi = root / "managers" / "scheduler.py", root / "mem_cache" / "hiradix_cache.py"
@@ -189,7 +200,46 @@ def test_the_seeds_fix_for_0_5_18_applies_as_release_plus_patch_on_the_wheels_fi
         text = sched.read_text()
         assert text.count("bulk_check_prefetch_progress(") == 1 and "prefetch_progress_map.get(req.rid, True)" in text
         assert text.index("bulk_check_prefetch_progress(") < text.index("for req in self.waiting_queue:\n            if self.enable_lora")
+        # before the early return a rank-local batch_is_full takes, and that sticky flag cleared on an empty batch
+        assert text.index("bulk_check_prefetch_progress(") < text.index("running_batch.batch_is_full or len(self.waiting_queue) == 0")
+        assert "if running_batch.is_empty():\n" in text
         assert "def bulk_check_prefetch_progress(self, req_ids: list) -> dict:" in hi.read_text()
+    finally:
+        m.close()
+
+
+WHEEL_0_5_20 = WHEEL_0_5_18.with_name("sglang-0.5.20-cp311-cp311-manylinux_2_34_x86_64.whl")
+PATCH_0_5_20 = REPO / "scenarios" / "sglang" / "patches" / "sglang-0.5.20-30760-bulk-prefetch.patch"
+
+
+@pytest.mark.skipif(not WHEEL_0_5_20.is_file(), reason=f"the sglang 0.5.20 wheel is not cached at {WHEEL_0_5_20} (pip download --no-deps sglang==0.5.20)")
+def test_the_fix_for_0_5_20_applies_as_release_plus_patch_on_the_wheels_files(cache: Path, tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """release:0.5.20+patch:our 0.5.20 port, on the wheel's own scheduler.py and base_prefix_cache.py: patched,
+    compiles, the pre-pass comes before the loop and the early return, the loop reads the map."""
+    import py_compile
+    import zipfile
+
+    _set_up(cache, "0.5.20")
+    site = tmp_path / "site"
+    z = zipfile.ZipFile(WHEEL_0_5_20)
+    for rel_path in ("sglang/srt/managers/scheduler.py", "sglang/srt/mem_cache/base_prefix_cache.py"):
+        f = site / rel_path
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(z.read(rel_path))
+    for d in [site / "sglang", *(p for p in (site / "sglang").rglob("*") if p.is_dir())]:
+        (d / "__init__.py").touch()
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    m = materialize(parse_ref(f"release:0.5.20+patch:{PATCH_0_5_20}"), None, SGLANG, tmp_parent=tmp_path)
+    try:
+        root = Path(m.pythonpath_prepend[0]) / "sglang" / "srt"
+        sched, base = root / "managers" / "scheduler.py", root / "mem_cache" / "base_prefix_cache.py"
+        for f in (sched, base):
+            py_compile.compile(str(f), cfile=str(tmp_path / (f.name + "c")), doraise=True)
+        text = sched.read_text()
+        assert text.count("bulk_check_prefetch_progress(") == 1 and "prefetch_done_by_handle.get(" in text
+        assert text.index("bulk_check_prefetch_progress(") < text.index("running_batch.batch_is_full or len(self.waiting_queue) == 0")
+        assert "def bulk_check_prefetch_progress(" in base.read_text()
     finally:
         m.close()
 

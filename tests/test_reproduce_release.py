@@ -94,7 +94,7 @@ def test_reproduce_cli_on_a_release_not_set_up_says_which_why_and_the_setup_comm
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, r.stderr
     assert "sglang 0.5.18: the dump's" in lines[0] and "sglang 0.5.18 is not set up" in lines[0]
-    assert "only 0.5.23 has a testbed recipe today" in lines[0] and "--release V" in lines[0]
+    assert "set it up with: bash scripts/cpu_testbed/setup.sh --release 0.5.18" in lines[0] and "--release V" in lines[0]
     assert not (tmp_path / "out" / "reproduce.toml").exists()
 
 
@@ -121,3 +121,43 @@ def test_a_report_naming_a_release_outside_the_index_is_one_line_with_the_fix(tm
     with pytest.raises(rel.ReleaseError, match=r"names sglang 0.4.9 \('sglang: 0.4.9'\), which is not in the release "
                                                r"index \(0.5.14–0.5.23\); force one with --release V"):
         pick_release("sglang", caps, [str(DUMPS)], reports=[str(report)], python=sys.executable)
+
+
+REAL = REPO / "tests" / "fixtures" / "reproduce" / "hicache_30760_sglang_0_5_18_real"
+
+
+def test_real_0_5_18_stacks_name_at_most_3_releases_with_0_5_18_and_none_without_hiradix(no_release_set_up: Path) -> None:
+    """py-spy text of a real hung 0.5.18 run (#30760 allocatable_drift on the 0.5.18 testbed, before the fix), the
+    harness's frames and threads removed by the fixture's _make.py: inference over the whole index keeps 0.5.18 and
+    nothing whose factory does not build HiRadixCache."""
+    text = "".join(p.read_text() for p in sorted(REAL.glob("rank*.txt")))
+    assert "HiRadixCache.check_prefetch_progress" in text
+    assert "repro_injector" not in text and "repro_testbed_compat" not in text and '"repro-' not in text
+    idx = rel.load_index("sglang")
+    assert len(idx.versions()) >= 8 and idx.versions()[0] == "0.5.14" and idx.versions()[-1] == "0.5.23"
+    _, caps = read_dumps([str(REAL)])
+    choice = rel.choose_release(idx, frames=dump_frames(caps))
+    assert choice.source == "frames" and choice.version == "0.5.18", choice.reason
+    assert "0.5.18" in choice.candidates and 1 <= len(choice.candidates) <= 3, choice.candidates
+    assert all(idx.get(v).builds("HiRadixCache") for v in choice.candidates)
+
+
+def test_the_real_fixture_maker_drops_the_harness_frames_and_threads_only() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_real", REAL / "_make.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    dump = ("Process 1: sglang::scheduler_TP0\n\nThread 1 (idle): \"MainThread\"\n"
+            "    all_reduce (torch/distributed/distributed_c10d.py:3252)\n"
+            "    repro_ledger[torch.distributed.all_reduce] (repro_injector/_ledger.py:574)\n"
+            "    HiRadixCache._all_reduce_attn_groups (hiradix_cache.py:222)\n"
+            "    _patch_scheduler.<locals>.wrapper (repro_testbed_compat/__init__.py:150)\n"
+            "Thread 2 (idle): \"repro-ledger\"\n    Ledger._loop (repro_injector/_ledger.py:841)\n"
+            "Thread 3 (idle): \"Thread-4 (prefetch_thread_func)\"\n    Condition.wait (threading.py:331)\n")
+    out = mod.strip(dump)
+    assert "repro_" not in out and "Thread 2" not in out
+    assert out.splitlines() == ["Process 1: sglang::scheduler_TP0", "", 'Thread 1 (idle): "MainThread"',
+                                "    all_reduce (torch/distributed/distributed_c10d.py:3252)",
+                                "    HiRadixCache._all_reduce_attn_groups (hiradix_cache.py:222)",
+                                'Thread 3 (idle): "Thread-4 (prefetch_thread_func)"', "    Condition.wait (threading.py:331)"]

@@ -176,6 +176,7 @@ def test_a_site_only_a_patched_overlay_defines_is_not_refused(tmp_path):
     import subprocess
 
     from repro.compare import make_overlay, patch_strip
+    from repro.targets.sglang import SGLangAdapter
     from repro.runner import RunOptions, prepare
 
     py = _testbed_python()
@@ -192,7 +193,8 @@ def test_a_site_only_a_patched_overlay_defines_is_not_refused(tmp_path):
     scen.write_text(SMOKE.read_text().replace("Scheduler.run_batch\"", "Scheduler.run_batch_fixed\"", 1))
     with pytest.raises(SitesUnresolved, match="run_batch_fixed is absent"):  # the installed code has no such method
         check_before_launch(load_scenario(scen), scen, ["extra_collective"], py)
-    overlay = make_overlay(pkg_dir, patch, text, patch_strip(patch, text), tmp_path)
+    loc = SGLangAdapter().ref_location
+    overlay = make_overlay(pkg_dir, patch, text, patch_strip(patch, text, loc), tmp_path, loc)
     try:
         p = prepare(RunOptions(scenario_path=scen, variant="extra_collective", python=py,
                                evidence_root=tmp_path / "ev", pythonpath_prepend=(str(overlay),)))

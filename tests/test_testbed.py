@@ -16,6 +16,9 @@ import pytest
 
 from repro import interpreter, testbed
 from repro.interpreter import InterpreterError, choose_python
+from repro.targets.sglang import SGLangAdapter
+
+SGLANG = SGLangAdapter()
 
 REPO = Path(__file__).resolve().parent.parent
 SETUP = REPO / "scripts" / "cpu_testbed" / "setup.sh"
@@ -224,48 +227,65 @@ def no_testbed(monkeypatch, tmp_path: Path) -> Path:
 
 def test_explicit_python_wins(no_testbed, tmp_path: Path):
     py = _fake_python(tmp_path / "bin" / "python", "exit 0")  # `-c "import sglang"` succeeds
-    assert choose_python(str(py)) == str(py)
+    assert choose_python(str(py), SGLANG) == str(py)
 
 
 def test_explicit_python_without_sglang_or_not_executable_is_one_clear_line(no_testbed, tmp_path: Path):
     py = _fake_python(tmp_path / "bin" / "python", "exit 1")  # cannot import sglang
     with pytest.raises(InterpreterError, match="cannot import sglang") as e:
-        choose_python(str(py))
+        choose_python(str(py), SGLANG)
     assert "\n" not in str(e.value) and "setup.sh" in str(e.value)
-    assert choose_python(str(py), require_package=False) == str(py)  # `repro sites` reports missing modules itself
+    assert choose_python(str(py), SGLANG, require_package=False) == str(py)  # `repro sites` reports missing modules itself
     with pytest.raises(InterpreterError, match="not an executable file"):
-        choose_python(str(tmp_path))  # a directory
+        choose_python(str(tmp_path), SGLANG)  # a directory
 
 
 def test_explicit_python_missing_is_clear_error(no_testbed, tmp_path: Path):
     with pytest.raises(InterpreterError, match="--python"):
-        choose_python(str(tmp_path / "missing" / "python"))
+        choose_python(str(tmp_path / "missing" / "python"), SGLANG)
 
 
 def test_current_interpreter_used_when_it_imports_sglang(monkeypatch, no_testbed, tmp_path: Path):
     ok = _fake_python(tmp_path / "withsglang" / "python", "exit 0")  # `-c "import sglang"` succeeds
     monkeypatch.setattr(sys, "executable", str(ok))
-    assert choose_python(None) == str(ok)
+    assert choose_python(None, SGLANG) == str(ok)
 
 
 def test_testbed_used_when_current_interpreter_lacks_sglang(monkeypatch, no_testbed, tmp_path: Path):
     monkeypatch.setattr(sys, "executable", str(_fake_python(tmp_path / "plain" / "python", "exit 1")))
     tb_py = _fake_python(no_testbed / "venv" / "bin" / "python", "exit 0")
     (no_testbed / testbed.STAMP_NAME).write_text("ok\n")
-    assert choose_python(None) == str(tb_py)
+    assert choose_python(None, SGLANG) == str(tb_py)
 
 
 def test_no_sglang_and_no_testbed_is_one_line_naming_both_fixes(monkeypatch, no_testbed, tmp_path: Path):
     monkeypatch.setattr(sys, "executable", str(_fake_python(tmp_path / "plain" / "python", "exit 1")))
     with pytest.raises(InterpreterError) as e:
-        choose_python(None)
+        choose_python(None, SGLANG)
     msg = str(e.value)
     assert "\n" not in msg
-    assert "--python" in msg and "scripts/cpu_testbed/setup.sh" in msg and str(no_testbed) in msg
+    assert "--python" in msg and "scripts/cpu_testbed/setup.sh" in msg and "sglang CPU testbed is not set up" in msg
+
+
+def test_an_engine_without_a_testbed_is_told_to_pass_python(monkeypatch, no_testbed, tmp_path: Path):
+    """The base adapter has no CPU testbed: SGLang's is never offered for another engine."""
+    from repro.targets.base import AdapterBase, RefLocation
+
+    class _NoTestbed(AdapterBase):
+        name = "notestbed"
+        ref_location = RefLocation(package="reprofakeengine")
+
+    tb_py = _fake_python(no_testbed / "venv" / "bin" / "python", "exit 0")  # SGLang's testbed is set up ...
+    (no_testbed / testbed.STAMP_NAME).write_text("ok\n")
+    monkeypatch.setattr(sys, "executable", str(_fake_python(tmp_path / "plain" / "python", "exit 1")))
+    with pytest.raises(InterpreterError) as e:  # ... but is not this engine's
+        choose_python(None, _NoTestbed())
+    assert "notestbed adapter has no CPU testbed; pass --python PATH" in str(e.value) and str(tb_py) not in str(e.value)
+    assert _NoTestbed().testbed_python() is None and _NoTestbed().testbed_setup_command() == ""
 
 
 def test_import_check_runs_in_a_subprocess_not_here():
-    assert interpreter.can_import_sglang(sys.executable) == (
+    assert interpreter.can_import(sys.executable, "sglang") == (
         subprocess.run([sys.executable, "-c", "import sglang"], capture_output=True).returncode == 0
     )
     assert "sglang" not in sys.modules

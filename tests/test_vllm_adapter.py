@@ -331,15 +331,14 @@ def test_compare_and_hunt_refs_locate_the_package_in_the_scenarios_adapters_test
 
     py, pkg = _fake_testbed(tmp_path)
     ad = _EngineOnlyInItsTestbed(py)
-    m = compare.materialize(compare.parse_ref("installed"), None, ref_location=ad.ref_location, adapter=ad)
+    m = compare.materialize(compare.parse_ref("installed"), None, ad)
     try:
         assert m.package_dir == str(pkg) and str(py) in m.description
     finally:
         m.close()
     (tmp_path / "fix.patch").write_text("--- a/reprofakeengine/__init__.py\n+++ b/reprofakeengine/__init__.py\n"
                                         "@@ -0,0 +1 @@\n+X = 1\n")
-    monkeypatch.setattr(registry, "get_adapter", lambda name=None: ad)
-    m = hunt_loop._materialize(f"patch:{tmp_path / 'fix.patch'}", None, "fake")
+    m = hunt_loop._materialize(f"patch:{tmp_path / 'fix.patch'}", None, ad)
     try:
         assert m.pythonpath_prepend and (Path(m.pythonpath_prepend[0]) / "reprofakeengine" / "__init__.py").read_text() == "X = 1\n"
     finally:

@@ -1,20 +1,23 @@
-"""Opt-in: SGLang's ranks forked from the launcher after its imports, instead of spawned (issue 36 item 2).
+"""Opt-in: an engine's ranks forked from the launcher after its imports, instead of spawned (issue 36 item 2).
 
-SGLang 0.5.23 calls ``mp.set_start_method("spawn", force=True)`` in ``_set_envs_and_config`` (file
-``sglang/srt/entrypoints/engine.py``, ~line 1995; checked on the testbed's 0.5.23 wheel) before
+Which call to switch is the engine's, carried in the plan (``fork_ranks``: ``{"caller": "module:function",
+"device": "local.attr"}``, from the adapter's ``InjectorProfile``; the injector names no engine). For SGLang the
+caller is ``sglang.srt.entrypoints.engine:_set_envs_and_config``: SGLang 0.5.23 calls
+``mp.set_start_method("spawn", force=True)`` there (~line 1995; checked on the testbed's 0.5.23 wheel) before
 ``Engine._launch_subprocesses`` starts the scheduler processes (``_launch_scheduler_processes``) and the detokenizer
 (``_launch_detokenizer_subprocesses``) with ``mp.Process``. A spawned rank is a fresh interpreter that re-imports the
-launcher's main module and ``sglang.srt.managers.scheduler`` (~30 s each on the 2-core box, three at a time). With
+launcher's main module and the scheduler's (~30 s each on the 2-core box, three at a time). With
 ``REPRO_FORK_RANKS=1`` in the launcher's environment this module makes that one call choose ``"fork"``: the ranks
 start as copies of the launcher with every module already imported (and the injector's sites already patched) and
-run the same targets (``run_scheduler_process``, ``run_detokenizer_process``) in the same layout (launcher + 2
-schedulers + detokenizer).
+run the same targets in the same layout (launcher + ranks + detokenizer). A plan without ``fork_ranks.caller``
+(an engine that declares none) leaves every call alone.
 
 The switch happens only when all hold, else the call goes through unchanged:
 
-- the requested method is ``"spawn"`` and the caller is sglang's ``_set_envs_and_config`` (the launcher; never a
+- the requested method is ``"spawn"`` and the caller is the plan's ``fork_ranks.caller`` (the launcher; never a
   rank, never another library's call);
-- the caller's ``server_args.device`` is ``"cpu"`` and CUDA is not initialized in this process: forking after
+- the caller's ``fork_ranks.device`` (a local's attribute, SGLang: ``server_args.device``) is ``"cpu"`` and CUDA is
+  not initialized in this process: forking after
   CUDA/NCCL initialisation is unsafe, so a GPU launch keeps ``spawn`` and one line on stderr / ``errors.log`` says so
   (event ``fork_ranks_refused`` with the reason).
 
@@ -43,8 +46,6 @@ import threading
 from typing import Any, Dict, List, Optional
 
 FORK_ENV = "REPRO_FORK_RANKS"
-ENGINE_MODULE = "sglang.srt.entrypoints.engine"
-ENGINE_CALLER = "_set_envs_and_config"
 MAX_FORK_EVENTS = 8
 
 _state: Dict[str, Any] = {"switched": False, "signals": {}, "orig": None, "forks": 0, "locks": []}
@@ -74,12 +75,20 @@ def _native_threads() -> List[str]:
     return out
 
 
-def _refusal(frame: Any) -> Optional[str]:
+def _device(frame: Any, path: str) -> Any:
+    """The value of ``path`` (``local.attr.attr``) in ``frame``'s locals, else None."""
+    head, *rest = (path or "").split(".")
+    obj = frame.f_locals.get(head) if frame is not None and head else None
+    for a in rest:
+        obj = getattr(obj, a, None)
+    return obj
+
+
+def _refusal(frame: Any, device_path: str) -> Optional[str]:
     """Why the caller at ``frame`` must keep ``spawn``, or None when forking is allowed (CPU device, no CUDA)."""
-    sa = frame.f_locals.get("server_args") if frame is not None else None
-    device = getattr(sa, "device", None)
+    device = _device(frame, device_path)
     if device != "cpu":
-        return (f"{FORK_ENV}=1 needs --device cpu (server_args.device is {device!r}): forking ranks after CUDA/NCCL "
+        return (f"{FORK_ENV}=1 needs --device cpu ({device_path} is {device!r}): forking ranks after CUDA/NCCL "
                 "initialisation is unsafe, so this launch keeps spawn; unset REPRO_FORK_RANKS on a GPU box")
     torch = sys.modules.get("torch")
     try:
@@ -92,11 +101,18 @@ def _refusal(frame: Any) -> Optional[str]:
 
 def install(rt: Any) -> None:
     """Wrap ``multiprocessing.set_start_method`` in this process (see the module docstring) and register the fork
-    hooks. Called by ``activate()`` only when :func:`wanted`. ``rt``: the process's ``_runtime.Runtime``."""
+    hooks. Called by ``activate()`` only when :func:`wanted`. ``rt``: the process's ``_runtime.Runtime`` (its plan's
+    ``fork_ranks`` names the call; without a caller nothing is installed)."""
     import multiprocessing
 
     if _state["orig"] is not None:
         return
+    spec = (getattr(rt, "plan", None) or {}).get("fork_ranks") or {}
+    caller = str(spec.get("caller") or "")
+    if ":" not in caller:
+        return
+    caller_module, caller_name = caller.split(":", 1)
+    device_path = str(spec.get("device") or "")
     _state["signals"] = {}
     for sig in signal.valid_signals():
         try:
@@ -108,15 +124,14 @@ def install(rt: Any) -> None:
 
     def repro_set_start_method(method: Any, force: bool = False) -> Any:
         f = sys._getframe(1)
-        if (method == "spawn" and not _state["switched"] and f.f_code.co_name == ENGINE_CALLER
-                and f.f_globals.get("__name__") == ENGINE_MODULE):
-            why = _refusal(f)
+        if (method == "spawn" and not _state["switched"] and f.f_code.co_name == caller_name
+                and f.f_globals.get("__name__") == caller_module):
+            why = _refusal(f, device_path)
             if why is None:
                 _state["switched"] = True
                 res = orig("fork", force=force)
                 tracker = _start_resource_tracker(rt)
-                rt.event("start_method", requested="spawn", used="fork", caller=f"{ENGINE_MODULE}:{ENGINE_CALLER}",
-                         resource_tracker=tracker)
+                rt.event("start_method", requested="spawn", used="fork", caller=caller, resource_tracker=tracker)
                 return res
             rt.error(why)
             rt.event("fork_ranks_refused", reason=why)

@@ -8,7 +8,8 @@ contract is ``repro.scenario.compile_plan``; this package never imports ``repro`
 - ``loaded-<pid>.json``: written at activation (and in a forked child) and rewritten atomically when something changes (rank first seen,
   a site patched, the process title set by sglang): ``pid``, ``create_time`` (epoch seconds computed like psutil:
   boot time + ``/proc/self/stat`` starttime / CLK_TCK), ``start_ticks``, ``argv``, ``proctitle``, ``rank``,
-  ``sites`` {injection id: {resolved, patched, error, alternatives_tried}}, ``python``/``torch``/``sglang``,
+  ``sites`` {injection id: {resolved, patched, error, alternatives_tried}}, ``python``/``torch``, the plan's
+  engine (``engine``, ``engine_version``, and the version under the engine's distribution name, e.g. ``sglang``),
   ``scenario``, ``variant``, ``faulthandler``, ``time``, ``forked_from`` (the parent's pid in a forked child, else null).
 - ``fires-<pid>.jsonl``, one JSON object per line, flushed per line; every line has ``event``, ``time``, ``pid``,
   ``rank``: ``armed`` / ``disarmed`` (``ids``, ``arm_seq``; ``armed`` also ``arm_file_mtime``); ``counts``
@@ -61,6 +62,20 @@ TITLE_INTERVAL_S = 1.0
 
 class PlanError(ValueError):
     """The plan file is missing or malformed (message names the file and the key)."""
+
+
+def _dist_version(module: str, dist: str) -> Optional[str]:
+    """``module.__version__`` when the module is imported, else the installed distribution's version (metadata)."""
+    m = sys.modules.get(module)
+    v = getattr(m, "__version__", None) if m is not None else None
+    if v is None:
+        try:
+            from importlib.metadata import version
+
+            v = version(dist)
+        except Exception:
+            v = None
+    return str(v) if v is not None else None
 
 
 class Runtime:
@@ -170,18 +185,14 @@ class Runtime:
                        counts={s.id: s.counts.as_dict() for s in self.sites})
 
     def _versions(self) -> Dict[str, Optional[str]]:
-        out: Dict[str, Optional[str]] = {"python": sys.version.split()[0], "torch": None, "sglang": None}
-        for name in ("torch", "sglang"):
-            m = sys.modules.get(name)
-            v = getattr(m, "__version__", None) if m is not None else None
-            if v is None:
-                try:
-                    from importlib.metadata import version
-
-                    v = version(name)
-                except Exception:
-                    v = None
-            out[name] = str(v) if v is not None else None
+        """python, torch and the plan's engine (``engine``: ``{"name", "package", "distribution"}``): its version,
+        as ``engine_version`` and under the distribution's name; a plan naming no engine records none."""
+        eng = self.plan.get("engine") or {}
+        dist = str(eng.get("distribution") or eng.get("package") or "")
+        out: Dict[str, Optional[str]] = {"python": sys.version.split()[0], "torch": _dist_version("torch", "torch")}
+        if dist:
+            v = _dist_version(str(eng.get("package") or dist), dist)
+            out.update({"engine": str(eng.get("name") or dist), "engine_version": v, dist: v})
         return out
 
     def write_marker(self) -> None:
@@ -370,19 +381,28 @@ class Runtime:
                     self.error(f"prefix hook in {name} failed", e)
 
     def _try_patch(self, site: Site, alt: str, module: Any) -> None:
-        if site.patched is not None:
-            return
+        """Patch alternative ``alt`` of ``site`` in ``module``. Every alternative that resolves is patched (one
+        injection, one set of counts): a release can define several of them, and the one its code calls is not
+        always the first imported (sglang 0.5.18 imports UnifiedRadixCache before HiRadixCache, and builds the
+        latter for HiCache). ``site.patched`` is the first one patched."""
         rec = site.tried[alt]
+        if rec["status"] == "patched":
+            return
         try:
             target = resolve_in_module(module, alt)
         except (AttributeError, TypeError) as e:
             rec.update(status="absent", error=str(e))
             self.marker_dirty = True
             return
+        if getattr(getattr(target.raw, "__func__", target.raw), "__repro_injection__", None) == site.id:  # inherited, patched already
+            rec.update(status="patched", error=None)
+            self.marker_dirty = True
+            return
         wrapper = self._make_wrapper(site, target)
         setattr(target.owner, target.name, wrapper)
-        site.patched, site.wrapper = target, wrapper
-        site.original = target.raw
+        if site.patched is None:
+            site.patched, site.wrapper = target, wrapper
+            site.original = target.raw
         rec.update(status="patched", error=None)
         site.error = None
         self.marker_dirty = True

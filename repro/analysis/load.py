@@ -68,7 +68,7 @@ def is_engine_title(title: str) -> bool:
 def _title_examples() -> str:
     from repro.targets.registry import all_adapters
 
-    ex = [a.watch_defaults.title_example for a in all_adapters().values() if getattr(a, "watch_defaults", None)]
+    ex = [a.watch_defaults.title_example for a in all_adapters().values()]
     return " or ".join(e for e in ex if e) or "a rank title"
 
 

@@ -21,6 +21,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from repro.resources import EXAMPLES_DIR
+from repro.targets import DEFAULT_ADAPTER
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -46,25 +49,28 @@ class DiscoverError(Exception):
 
 
 # ------------------------------------------------------------------------------------------------------ rules
-def default_rules_path(adapter: Optional[str] = None, catalogue: Optional[Path] = None) -> Path:
-    """The rules file of an engine (``adapter``: a registered name; None = the registry's default): the adapter's
+def default_rules_path(adapter: Any, catalogue: Optional[Path] = None) -> Path:
+    """The rules file of the run's engine (``adapter``: its adapter, or a registered name): the adapter's
     ``discover_rules`` when it has one, else ``discover_rules.toml`` next to ``catalogue`` (default: the adapter's
-    hunt catalogue)."""
-    try:
-        from repro.targets.registry import get_adapter
+    hunt catalogue).
 
-        a = get_adapter(adapter)
-        p = getattr(a, "discover_rules", None)
-        if p:
-            return Path(p)
-        if catalogue is None and getattr(a, "hunt_catalogue", None):
-            catalogue = Path(a.hunt_catalogue)
-    except Exception:  # an unknown adapter falls back to the catalogue's folder
-        pass
+    Raises:
+        DiscoverError: neither the adapter nor ``catalogue`` says where the rules are (names the adapter).
+    """
+    a = adapter
+    if isinstance(adapter, str):
+        from repro.targets.registry import UnknownAdapterError, get_adapter
+
+        try:
+            a = get_adapter(adapter)
+        except UnknownAdapterError as e:
+            raise DiscoverError(str(e)) from None
+    if a.discover_rules:
+        return Path(a.discover_rules)
+    if catalogue is None and a.hunt_catalogue:
+        catalogue = Path(a.hunt_catalogue)
     if catalogue is None:
-        from repro import resources
-
-        catalogue = resources.hunt_catalogue()
+        raise DiscoverError(f"the {a.name} adapter has no discover rules and no hunt catalogue; pass --rules FILE")
     return Path(catalogue).parent / RULES_NAME
 
 
@@ -79,16 +85,16 @@ def load_rules(path: Path) -> dict:
     """
     p = Path(path)
     if not p.is_file():
-        raise DiscoverError(f"{p}: discovery rules not found (expected a TOML file like scenarios/sglang/{RULES_NAME})")
+        raise DiscoverError(f"{p}: discovery rules not found (expected a TOML file like {EXAMPLES_DIR}/{RULES_NAME})")
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise DiscoverError(f"{p}: not valid TOML: {e}") from None
     except UnicodeDecodeError:
         raise DiscoverError(f"{p}: not a UTF-8 text file (binary?); pass a TOML rules file like "
-                            f"scenarios/sglang/{RULES_NAME}") from None
+                            f"{EXAMPLES_DIR}/{RULES_NAME}") from None
     if not isinstance(data.get("package"), str) or not data["package"]:
-        raise DiscoverError(f"{p}: package: expected the engine's top-level package name, e.g. package = \"sglang\"")
+        raise DiscoverError(f"{p}: package: expected the engine's top-level package name, e.g. package = \"{DEFAULT_ADAPTER}\"")
     coll = data.get("collectives")
     if not isinstance(coll, dict) or not coll.get("torch_functions"):
         raise DiscoverError(f"{p}: collectives.torch_functions: expected a list of torch.distributed collective names")

@@ -38,7 +38,7 @@ class DiscoveryState:
 
 
 def prepare(cat: Any, python: str, *, rules_path: Optional[Path] = None, keep_hand_points: bool = True,
-            adapter: Optional[str] = None) -> tuple[Any, DiscoveryState]:
+            adapter: Any) -> tuple[Any, DiscoveryState]:
     """Run discovery in ``python`` and merge its points into ``cat`` (a ``repro.catalogue.Catalogue``).
 
     Raises:
@@ -47,8 +47,8 @@ def prepare(cat: Any, python: str, *, rules_path: Optional[Path] = None, keep_ha
     """
     from repro.catalogue import HuntError
 
-    path = Path(rules_path) if rules_path else default_rules_path(adapter, cat.path)
     try:
+        path = Path(rules_path) if rules_path else default_rules_path(adapter, cat.path)
         d = discover(python, path, known_perturbations=list(cat.perturbations))
     except DiscoverError as e:
         raise HuntError(f"--discover: {e}") from None

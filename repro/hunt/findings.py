@@ -30,7 +30,8 @@ from repro.verdict import DEADLOCKED, DESYNCED, SUCCEEDED
 _FIX = {
     "break": "take the decision once per tick from a value every rank agrees on (all_reduce MIN of the rank-local "
              "value before the loop), or run the collective-reaching work for the whole queue in a pre-pass before any "
-             "rank-local `break` (the shape of the sglang#30760 fix: `bulk_check_prefetch_progress`)",
+             "rank-local `break` (the shape of the known fix of this family: a bulk pre-pass such as "
+             "`bulk_check_prefetch_progress`)",
     "return": "agree on the early-return condition across the TP group first (one all_reduce of the condition), or "
               "move the collective before the rank-local check",
     "continue": "make the skip decision from an agreed value, or issue the collective for every element before "

@@ -18,7 +18,7 @@ from repro.hunt.classify import FAMILY_SCHED, crash_diagnosis, desync_diagnosis,
 from repro.hunt.findings import finding_scenario, write_findings, write_workload_finding
 from repro.hunt.options import Clock, HuntOptions, HuntResult, Observer, noop
 from repro.hunt.plan import Row, Trial, plan_trials, read_seen, rows_from_seen, site_rows, trial_seed
-from repro.hunt.report import HuntLog
+from repro.hunt.report import HuntLog, version_header
 from repro.hunt.results import NOT_RUN, TrialResult
 from repro.hunt.runs import Runs, default_runs
 from repro.hunt.spare import SparedSession
@@ -77,13 +77,16 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
         base = load_scenario(opts.scenario_path)
     except ScenarioError as e:
         raise HuntError(str(e)) from None
-    cat = load_catalogue(opts.catalogue_path or catalogue_for(base.server.adapter))
+    from repro.targets.registry import get_adapter
+
+    adapter = get_adapter(base.server.adapter)  # the run's engine (the scenario validated the name), passed down
+    cat = load_catalogue(opts.catalogue_path or catalogue_for(adapter))
     disc = None  # discovery's state (repro/discover/hunting.py) when --discover
     if opts.discover:
         from repro.discover import hunting
 
-        cat, disc = hunting.prepare(cat, _discovery_python(opts), rules_path=opts.discover_rules,
-                                    keep_hand_points=opts.hand_points, adapter=base.server.adapter)
+        cat, disc = hunting.prepare(cat, _discovery_python(opts, adapter), rules_path=opts.discover_rules,
+                                    keep_hand_points=opts.hand_points, adapter=adapter)
     elif not opts.hand_points:
         raise HuntError("--no-hand-catalogue needs --discover (without either, there is nothing to hunt)")
     _check_sites_option(opts.sites, cat, base)
@@ -111,12 +114,12 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
                             + "; ".join(f"{pt.name}: {', '.join(pt.perturbations)}" for pt in points))
     shard_keys = _shard_keys(opts, points, ranks)  # the split, before any folder, baseline or server
     clock = Clock(opts.budget_min * 60.0)
-    mat = _materialize(opts.ref, opts.python, base.server.adapter)
+    mat = _materialize(opts.ref, opts.python, adapter)
     if mat is None and opts.python:  # an explicit --python is checked before any folder exists
         from repro.interpreter import InterpreterError, choose_python
 
         try:
-            choose_python(opts.python)
+            choose_python(opts.python, adapter)
         except InterpreterError as e:
             raise HuntError(str(e)) from None
     try:
@@ -148,7 +151,7 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
     interrupted = False
     try:
         if ncat is not None:  # one clean run per workload on one server, then the trials under each
-            result.rows = _hunt_workloads(runs, base, cat, ncat, points, ranks, hf, log, result, clock, observe, opts,
+            result.rows = _hunt_workloads(runs, base, adapter, cat, ncat, points, ranks, hf, log, result, clock, observe, opts,
                                           python, prepend)
             raise _Done()
         if opts.shard and not shard_keys and not opts.sites:  # nothing of the plan is this shard's: no server at all
@@ -181,11 +184,8 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
             raise HuntError(f"baseline server: {oc.verdict.reason} (evidence: {p0.evidence.path})")
         t_arm = armed[0]
         st = oc.state
-        versions = runs.collect_versions(p0.evidence.injector_dir, p0.python)
-        from repro.targets.registry import get_adapter
-
-        engine_key = (getattr(p0, "adapter", None) or get_adapter(base.server.adapter)).ref_location.version_key
-        log.header.update({k: versions.get(k) for k in (engine_key, "torch", "python")})
+        versions = runs.collect_versions(p0.evidence.injector_dir, p0.python, adapter)
+        log.header.update(version_header(versions, adapter))
         if oc.verdict.verdict == DEADLOCKED or st is None or st.ok != st.total:
             raise HuntError(f"the clean baseline burst did not succeed ({oc.verdict.verdict}: {oc.verdict.reason}); "
                             f"a hunt needs a healthy base scenario. Evidence: {p0.evidence.path}")
@@ -309,28 +309,26 @@ def _trial_phase(runs: Runs, base: Any, cat: Catalogue, trials: Sequence[Trial],
     _run_trials(runs, p, ro, base, cat, trials, log, clock, observe, opts, spare_p)
 
 
-def _discovery_python(opts: HuntOptions) -> str:
+def _discovery_python(opts: HuntOptions, adapter: Any) -> str:
     """The interpreter whose engine source discovery scans: ``--ref python:PATH``'s, else as the server's."""
     from repro.interpreter import InterpreterError, choose_python
 
     explicit = opts.ref[len("python:"):] if opts.ref.startswith("python:") else opts.python
     try:
-        return choose_python(explicit)
+        return choose_python(explicit, adapter)
     except InterpreterError as e:
         raise HuntError(str(e)) from None
 
 
-def _materialize(ref: str, python: Optional[str], adapter_name: Optional[str] = None) -> Any:
+def _materialize(ref: str, python: Optional[str], adapter: Any) -> Any:
     """``installed`` → None (the interpreter as given); other REFs → a ``repro.refs.Materialized`` (close it),
-    made where the base scenario's adapter (``adapter_name``; default: the registry's default) keeps its package."""
+    made where the run's adapter (the base scenario's) keeps its package."""
     if not ref or ref == "installed":
         return None
     from repro.refs import RefError, materialize, parse_ref
-    from repro.targets.registry import get_adapter
 
     try:
-        ad = get_adapter(adapter_name)
-        return materialize(parse_ref(ref), python, ref_location=ad.ref_location, adapter=ad)
+        return materialize(parse_ref(ref), python, adapter)
     except RefError as e:
         raise HuntError(f"--ref {ref}: {e}") from None
 
@@ -499,7 +497,7 @@ class _Done(Exception):
     """The workload path of :func:`hunt` finished its baselines and trials (control flow only)."""
 
 
-def _hunt_workloads(runs: Runs, base: Any, cat: Catalogue, ncat: Any, points: Sequence[DecisionPoint], ranks: Sequence[int],
+def _hunt_workloads(runs: Runs, base: Any, adapter: Any, cat: Catalogue, ncat: Any, points: Sequence[DecisionPoint], ranks: Sequence[int],
                     hf: Path, log: HuntLog, result: HuntResult, clock: Clock, observe: Observer, opts: HuntOptions,
                     python: Optional[str], prepend: tuple) -> list[Row]:
     """One server group of a hunt under workloads: each workload's clean run (observe-only probes, its own verdict in
@@ -548,11 +546,8 @@ def _hunt_workloads(runs: Runs, base: Any, cat: Catalogue, ncat: Any, points: Se
         session.close_drivers()
         p0.evidence.set_status("complete")
     log.header["baseline_s"] = round(time.time() - t0, 1)
-    versions = runs.collect_versions(p0.evidence.injector_dir, p0.python)
-    from repro.targets.registry import get_adapter
-
-    engine_key = (getattr(p0, "adapter", None) or get_adapter(base.server.adapter)).ref_location.version_key
-    log.header.update({k: versions.get(k) for k in (engine_key, "torch", "python")})
+    versions = runs.collect_versions(p0.evidence.injector_dir, p0.python, adapter)
+    log.header.update(version_header(versions, adapter))
     seen = read_seen(p0.evidence.injector_dir)
     baselines: list[dict] = []
     rows_by: dict[str, list[Row]] = {}

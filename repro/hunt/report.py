@@ -40,6 +40,15 @@ def rel_path(path: Optional[Path], base: Path) -> str:
         return str(path)
 
 
+def version_header(versions: dict, adapter: Any) -> dict:
+    """HUNT.md's version facts from a baseline's env.json fields: ``engine`` (``sglang 0.5.23``: the run's adapter's
+    name and the version the injector saw), ``torch``, ``python``."""
+    lc = adapter.ref_location
+    ver = versions.get("engine_version") or versions.get(lc.version_key or lc.package)
+    return {"engine": f"{adapter.name} {ver or 'version unknown'}", "torch": versions.get("torch"),
+            "python": versions.get("python")}
+
+
 class HuntLog:
     """Streams results to ``hunt.jsonl`` (appended per trial) and ``HUNT.md`` (rewritten atomically per trial).
 
@@ -84,7 +93,7 @@ class HuntLog:
         """HUNT.md: header, findings (scheduling/cache deadlocks first), the full trial table, the rows."""
         h = self.header
         out = ["# repro hunt", ""]
-        for k in ("scenario", "catalogue", "discovery", "ref", "sglang", "torch", "python", "ranks", "shard", "budget_min", "command",
+        for k in ("scenario", "catalogue", "discovery", "ref", "engine", "torch", "python", "ranks", "shard", "budget_min", "command",
                   "restarts", "interrupted_during", "error"):
             if h.get(k) not in (None, ""):
                 out.append(f"- **{k}**: {_md(h[k])}")

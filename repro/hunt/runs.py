@@ -28,8 +28,8 @@ class Runs(Protocol):
     def snapshot_session(self, p: Any, run_dir: Any) -> None:
         """Copy the session's injector records and server log into a run folder."""
 
-    def collect_versions(self, injector_dir: Any, python: str) -> dict:
-        """Versions for env.json (the engine's, torch, python) from the injector's loaded markers."""
+    def collect_versions(self, injector_dir: Any, python: str, adapter: Any) -> dict:
+        """Versions for env.json (the run's engine and its version, torch, python) from the injector's loaded markers."""
 
     def injection_checks(self, injector_dir: Any, variant: Any, rank_pids: Any) -> tuple:
         """(ranks loaded, ranks armed, per-injection counts by rank, the records) after the last arming."""
@@ -54,8 +54,8 @@ class RunnerRuns:
     def snapshot_session(self, p: Any, run_dir: Any) -> None:
         runner.snapshot_session(p, run_dir)
 
-    def collect_versions(self, injector_dir: Any, python: str) -> dict:
-        return runner.collect_versions(injector_dir, python)
+    def collect_versions(self, injector_dir: Any, python: str, adapter: Any) -> dict:
+        return runner.collect_versions(injector_dir, python, adapter)
 
     def injection_checks(self, injector_dir: Any, variant: Any, rank_pids: Any) -> tuple:
         return runner.injection_checks(injector_dir, variant, rank_pids)

@@ -11,7 +11,7 @@ adapter's namespace (``sglang::detokenizer``) is not a rank; (4) the data rules 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Optional
 
 
 @dataclass(frozen=True)
@@ -45,13 +45,12 @@ def identify_title(title: str) -> Optional[TitleInfo]:
                          reason=f"title {t[:60]!r} ({name})")
     word = t.split(" ", 1)[0]
     for name, a in adapters.items():
-        wd = getattr(a, "watch_defaults", None)
-        prefix = getattr(wd, "title_match", "") if wd is not None else ""
+        prefix = a.watch_defaults.title_match
         if prefix and word.startswith(prefix):
             return TitleInfo(engine=name, role="rank",
                              reason=f"title {word!r} is a {name} rank process but names no rank")
     for name, a in adapters.items():
-        ns = getattr(a, "title_namespace", "")
+        ns = a.title_namespace
         if ns and word.startswith(ns):
             return TitleInfo(engine=name, role="not-rank",
                              reason=f"{word!r} is a {name} process that is not a rank (no collective runs there)")
@@ -66,3 +65,20 @@ def identify_title(title: str) -> Optional[TitleInfo]:
     return TitleInfo(engine=m.engine, role="rank", tp=tp, pp=m.pp, dp=m.dp, rank=m.rank,
                      reason=f"title {t[:60]!r} ({m.engine})" if tp is not None
                      else f"title {word[:60]!r} is a {m.engine} rank process but names no rank")
+
+
+def dumps_engine(titles: Iterable[str]) -> dict[str, str]:
+    """Which engine dumps came from, for verbs that have no scenario (``repro analyze``): ``{"name", "from"}``. The
+    engines the rank titles name (``from``: ``the rank titles``), else every registered engine, *assumed* (the
+    analysis then reads the frames with every registered adapter's rules; ``from`` says so)."""
+    names = sorted({i.engine for i in (identify_title(t) for t in titles) if i is not None and i.engine})
+    if names:
+        return {"name": ", ".join(names), "from": "the rank titles"}
+    try:
+        from repro.targets.registry import known_adapters
+
+        known = known_adapters()
+    except Exception:  # pragma: no cover - the registry must never break reading dumps
+        known = []
+    return {"name": "any of: " + ", ".join(known), "from": "assumed: no title names an engine; the frames are read "
+            "with every registered engine's rules"}

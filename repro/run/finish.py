@@ -104,7 +104,7 @@ class RunEvidence:
 
     def evidence_versions(self, p: "Prepared", outcome: "Outcome") -> dict:
         """env.json (:func:`collect_versions`)."""
-        return collect_versions(outcome.injector or p.evidence.injector_dir, p.python)
+        return collect_versions(outcome.injector or p.evidence.injector_dir, p.python, p.adapter)
 
     def verdict_fields(self) -> dict:
         """Extra fields of verdict.json (``repro.evidence.verdict_record`` keywords)."""

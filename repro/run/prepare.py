@@ -57,7 +57,6 @@ def check_launch(opts: RunOptions, variants: Optional[Sequence[str]] = None) -> 
 def _decide(opts: RunOptions, variants: Optional[Sequence[str]]) -> tuple:
     """prepare's checks and the launch spec (without the plan's path): (scenario, variant, loaded variants, adapter,
     python, on_testbed, spec). Writes no evidence; the testbed profile may make a storage folder (``_remove_owned``)."""
-    from repro import testbed
     from repro.interpreter import InterpreterError, choose_python
     from repro.scenario import ScenarioError
     from repro.targets.base import LaunchSpec
@@ -94,13 +93,13 @@ def _decide(opts: RunOptions, variants: Optional[Sequence[str]]) -> tuple:
     except UnknownAdapterError as e:
         raise RunError(f"{opts.scenario_path}: server.adapter: {e}") from None
     try:
-        python = choose_python(opts.python, package=adapter.ref_location.package or None, adapter=adapter)
+        python = choose_python(opts.python, adapter)
     except InterpreterError as e:
         raise RunError(str(e)) from None
-    tb_python = adapter.testbed_python() if hasattr(adapter, "testbed_python") else testbed.testbed_python()
+    tb_python = adapter.testbed_python()
     on_testbed = tb_python is not None and Path(python).resolve() == Path(tb_python).resolve()
-    tb_model = adapter.testbed_model() if hasattr(adapter, "testbed_model") else testbed.tiny_model_dir()
-    model = opts.model or scenario.server.model or (str(tb_model) if on_testbed else "")
+    tb_model = adapter.testbed_model() if on_testbed else None
+    model = opts.model or scenario.server.model or (str(tb_model) if tb_model else "")
     if not model:
         raise RunError(f"{opts.scenario_path}: server.model is empty and the interpreter is not the CPU testbed's; pass --model PATH")
     if _looks_like_path(model) and not Path(model).expanduser().exists():
@@ -131,7 +130,7 @@ def _decide(opts: RunOptions, variants: Optional[Sequence[str]]) -> tuple:
 
     try:
         check_before_launch(scenario, opts.scenario_path, [v.name for v in loaded], python,
-                            env=adapter.launch_env(spec, dict(os.environ)))
+                            env=adapter.launch_env(spec, dict(os.environ)), adapter=adapter)
     except SitesUnresolved as e:
         _remove_owned(adapter, spec)
         raise UnresolvedSitesError(str(e)) from None
@@ -147,18 +146,27 @@ def _remove_owned(adapter: Any, spec: Any) -> None:
         pass
 
 
+def engine_plan(adapter: Any) -> dict[str, str]:
+    """The plan's ``engine``: the adapter's name, its importable package and the distribution whose version the
+    injector records (``ref_location.version_key``, else the package)."""
+    lc = adapter.ref_location
+    return {"name": adapter.name, "package": lc.package, "distribution": lc.version_key or lc.package}
+
+
 def session_plan(adapter: Any, scenario: Scenario, variants: Sequence[Variant], injector_dir: Path, arm_file: Path) -> dict:
     """The plan of a session that loads ``variants``' injections (all of them; armed one variant at a time).
 
     The engine's part comes from the adapter: the ledger's tick function is ``adapter.tick_function_for`` the
     server's args (a ``--disaggregation-mode prefill`` server counts ticks with its own loop's function) and
     ``adapter.injector_profile`` (coordinator classes, alias and communication-module prefixes) goes into the
-    plan's ``ledger`` for the injector (which never imports the harness).
+    plan's ``ledger`` for the injector (which never imports the harness), its fork-ranks caller into ``fork_ranks``.
     """
     plan = compile_plan(scenario, variants[0], injector_dir, arm_file,
                         tick_function=adapter.tick_function_for(scenario.server.args),
                         injector_profile=adapter.injector_profile.to_plan(),
-                        state_probes=getattr(adapter, "state_probe_plan", lambda: None)())
+                        state_probes=adapter.state_probe_plan(),
+                        fork_ranks=adapter.injector_profile.fork_plan(),
+                        engine=engine_plan(adapter))
     for extra in variants[1:]:
         plan["injections"] += compile_plan(scenario, extra, injector_dir, arm_file)["injections"]
     plan["variant"] = ",".join(v.name for v in variants)

@@ -119,7 +119,8 @@ class Session(RunEvidence):
             return  # checked once for this plan (a restart after a hang loads the same sites)
         try:
             check_launched_sites(p.scenario, str(p.plan.get("variant") or p.variant.name).split(","),
-                                 p.evidence.injector_dir, p.python, env=getattr(self.server, "env", None))
+                                 p.evidence.injector_dir, p.python, env=getattr(self.server, "env", None),
+                                 adapter=p.adapter)
         except SitesUnresolved as e:
             raise UnresolvedSitesError(str(e)) from None
         self._sites_ok = True

@@ -239,16 +239,27 @@ class InjectorProfile:
             (their device paths can bypass ``torch.distributed``).
         alias_prefixes: module-name prefixes whose ``from torch.distributed import all_reduce`` copies are rebound.
         comm_module_prefixes: module-name prefixes of the engine's communication layers (never a call site).
+        fork_caller: ``module:function`` of the engine's launcher whose ``multiprocessing.set_start_method("spawn")``
+            call the injector may switch to ``fork`` under the ``REPRO_FORK_RANKS=1`` opt-in
+            (``injectors/repro_injector/_fork.py``); "" = this engine's ranks are never forked.
+        fork_device: ``local.attr`` path, in that function's frame, of the device the server runs on: the switch
+            happens only when it is ``"cpu"`` (forking after CUDA initialisation is unsafe).
     """
 
     coordinators: tuple[str, ...] = ()
     alias_prefixes: tuple[str, ...] = ()
     comm_module_prefixes: tuple[str, ...] = ()
+    fork_caller: str = ""
+    fork_device: str = ""
 
     def to_plan(self) -> dict[str, list[str]]:
         """The plan's ``ledger`` keys: ``{"coordinators": [...], "alias_prefixes": [...], "comm_module_prefixes": [...]}``."""
         return {"coordinators": list(self.coordinators), "alias_prefixes": list(self.alias_prefixes),
                 "comm_module_prefixes": list(self.comm_module_prefixes)}
+
+    def fork_plan(self) -> dict[str, str]:
+        """The plan's ``fork_ranks``: ``{"caller": "module:function", "device": "local.attr"}`` ({} without a caller)."""
+        return {"caller": self.fork_caller, "device": self.fork_device} if self.fork_caller else {}
 
 
 @dataclass(frozen=True)
@@ -276,12 +287,14 @@ class WatchDefaults:
         title_example: a rank title for messages (``sglang::scheduler_TP<k>``).
         health_timeout_s: seconds a ``/health`` probe may take (above the engine's own health timeout).
         metrics_path: Prometheus endpoint kept raw in the evidence.
+        metrics_note: why that endpoint may not answer 200 (kept with the evidence when it does not), "" = none.
     """
 
     title_match: str
     title_example: str = ""
     health_timeout_s: float = 25.0
     metrics_path: str = "/metrics"
+    metrics_note: str = ""
 
 
 ServerKind = Literal["engine", "router"]
@@ -363,7 +376,11 @@ class Adapter(Protocol):
     ref_location: RefLocation
     watch_defaults: WatchDefaults
     hunt_catalogue: Optional[Path]
+    discover_rules: Optional[Path]
+    demo_scenario: Optional[Path]
     title_namespace: str
+    engine_dump_rules: Optional[EngineDumpRules]
+    releases_dir: Optional[Path]
 
     def launch_command(self, spec: LaunchSpec) -> list[str]:
         """argv that starts the server (``spec.port``/``nccl_port`` must already be concrete, not 0)."""
@@ -403,6 +420,31 @@ class Adapter(Protocol):
     def owned_dirs(self, env: dict[str, str]) -> list[Path]:
         """Folders a server launched with ``env`` owns (removed after it stops)."""
 
+    def leftover_files(self, server_log: Path) -> list[Path]:
+        """Files a stopped server left behind, found from its log."""
+
+    def testbed_python(self) -> Optional[Path]:
+        """The CPU testbed's interpreter when it is set up, else None (no testbed, or not set up)."""
+
+    def testbed_model(self) -> Optional[Path]:
+        """The CPU testbed's tiny model, else None."""
+
+    def testbed_setup_command(self) -> str:
+        """The command that sets up the CPU testbed ("" without one)."""
+
+    def with_sampling(self, body: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+        """``body`` with extra sampling parameters; ValueError when the engine adds none."""
+
+    def router_workers(self, url: str, timeout_s: float = 2.0) -> Optional[list]:
+        """The workers behind a router at ``url``, else None."""
+
+    def multinode(self, nnodes: int, node_rank: int, dist_init_addr: str, host_ip: str = "",
+                  ifname: Optional[str] = None) -> Optional[tuple[list[str], dict[str, str]]]:
+        """(args, env) of one node of a server spanning hosts; None when the engine cannot."""
+
+    def state_probe_plan(self) -> Optional[dict[str, Any]]:
+        """The plan's lockstep state probes per release, else None."""
+
 
 def flag_value(args: Sequence[str], flag: str) -> Optional[str]:
     """The value of ``flag`` in an argv list (``--f v`` or ``--f=v``), else None."""
@@ -416,7 +458,9 @@ def flag_value(args: Sequence[str], flag: str) -> Optional[str]:
 
 class AdapterBase:
     """Defaults for an :class:`Adapter`: generic environment, ranks from :meth:`parse_title`, one tick function,
-    a single-server topology, no testbed profile. Subclasses set the data attributes and override what differs."""
+    a single-server topology, no CPU testbed, no router, no multi-node launch, no sampling parameters, no hunt
+    catalogue / discover rules / demo, no release data. Subclasses set the data attributes and override what
+    differs; the harness calls every hook plainly (docs/adapters.md lists them with their defaults)."""
 
     name = ""
     health_path = "/health"
@@ -566,24 +610,43 @@ class AdapterBase:
         return []
 
     # ---- the CPU testbed of this engine (``repro.interpreter.choose_python``, ``repro.runner.prepare``) ---------
+    # The base adapter has none: an engine with a CPU testbed overrides all three (SGLang: repro.targets.sglang.testbed).
     def testbed_python(self) -> Optional[Path]:
-        """The CPU testbed's interpreter for this engine when it is set up, else None (default: the SGLang
-        testbed of ``repro.testbed``)."""
-        from repro import testbed
+        """The CPU testbed's interpreter for this engine when it is set up, else None (default: no testbed)."""
+        return None
 
-        return testbed.testbed_python() if testbed.is_set_up() else None
-
-    def testbed_model(self) -> Path:
-        """The tiny model the CPU testbed serves when the scenario names none (default: ``repro.testbed``'s)."""
-        from repro import testbed
-
-        return testbed.tiny_model_dir()
+    def testbed_model(self) -> Optional[Path]:
+        """The tiny model the CPU testbed serves when the scenario names none; None without a testbed."""
+        return None
 
     def testbed_setup_command(self) -> str:
-        """The command that sets up this engine's CPU testbed (for error messages)."""
-        from repro import testbed
+        """The command that sets up this engine's CPU testbed (for error messages); "" without a testbed."""
+        return ""
 
-        return testbed.setup_command()
+    # ---- optional capabilities (the harness calls them plainly; the defaults say "this engine has none") --------
+    def with_sampling(self, body: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+        """``body`` (from :meth:`generate_body`) with extra sampling parameters (a workload's ``mix.sampling``).
+
+        Default: ``body`` unchanged when ``params`` is empty.
+
+        Raises:
+            ValueError: ``params`` is not empty and this engine adds none (names the adapter and the fix).
+        """
+        if not params:
+            return body
+        raise ValueError(f"workload.mix.sampling: the {self.name or type(self).__name__} adapter adds no sampling "
+                         "parameters (no with_sampling); drop mix.sampling for this engine")
+
+    def router_workers(self, url: str, timeout_s: float = 2.0) -> Optional[list]:
+        """The workers behind a router of this engine at ``url`` (``repro watch`` on a router finds their ranks
+        this way), else None. Default: None (no router)."""
+        return None
+
+    def multinode(self, nnodes: int, node_rank: int, dist_init_addr: str, host_ip: str = "",
+                  ifname: Optional[str] = None) -> Optional[tuple[list[str], dict[str, str]]]:
+        """(args to append, env to add) for node ``node_rank`` of one server spanning ``nnodes`` hosts
+        (``repro.remote_run``); None: this engine cannot run one server across hosts (the default)."""
+        return None
 
     # ---- releases (``repro.releases``): ``release:V`` REFs, ``--release``, reproduce's inference, bisect -------
     # The per-release data beside the adapter (``repro/targets/<engine>/releases/``: ``index.toml`` + ``<V>.toml``,

@@ -21,10 +21,10 @@ import threading
 from importlib import metadata
 from typing import Callable, Optional
 
+from repro.targets import DEFAULT_ADAPTER
 from repro.targets.base import Adapter, FrameRules, RankTitle
 
 ENTRY_POINT_GROUP = "repro.adapters"
-DEFAULT_ADAPTER = "sglang"
 
 AdapterFactory = Callable[[], Adapter]
 
@@ -175,7 +175,7 @@ def is_engine_title(title: str) -> bool:
     """True when some registered adapter's process-title namespace holds ``title`` (e.g. ``sglang::detokenizer``):
     a process of a known engine that is not a rank."""
     for a in all_adapters().values():
-        prefix = getattr(a, "title_namespace", "")
+        prefix = a.title_namespace
         if prefix and (title or "").strip().startswith(prefix):
             return True
     return False
@@ -191,7 +191,7 @@ def combined_frame_rules() -> FrameRules:
             return _combined[1]
     rules = FrameRules()
     for n in sorted(adapters, key=lambda n: (n != DEFAULT_ADAPTER, n)):
-        rules = rules.merged(getattr(adapters[n], "frame_rules", FrameRules()))
+        rules = rules.merged(adapters[n].frame_rules)
     with _lock:
         if _generation == gen:
             _combined = (gen, rules)
@@ -204,7 +204,7 @@ def engine_dump_rules_all() -> list:
     adapters = all_adapters()
     out: list = []
     for n in sorted(adapters, key=lambda n: (n != DEFAULT_ADAPTER, n)):
-        rules = getattr(adapters[n], "engine_dump_rules", None)
+        rules = adapters[n].engine_dump_rules
         if rules is not None and rules not in out:
             out.append(rules)
     return out

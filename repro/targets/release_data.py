@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -57,6 +57,13 @@ class CpuCompat(BaseModel):
             on the server's PYTHONPATH ("" = the real package runs).
         compat: the compat-layer items the release needs (names of the recipe's compat layer, ``ITEMS`` there).
         packages: extra packages the recipe installs beside the engine (PD: Mooncake, the router), as pins.
+        kind: ``venv`` (a venv of its own) or ``overlay`` (the release's own wheel over the venv of ``base``, a
+            release with the same torch pin whose file says ``kind = "venv"``).
+        base: the release an overlay runs on ("" for a venv).
+        torch_build: ``cuda`` = the registry's torch build, never a local ``+cpu`` wheel of the same version
+            (sglang imports torchvision, whose registry wheels need the registry's torch); "" = whichever pip picks.
+        skip_deps: dependencies the release's wheel lists that the recipe leaves out (unreachable here and unused on
+            CPU): the engine goes in with ``--no-deps``, then every other listed dependency.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -67,6 +74,16 @@ class CpuCompat(BaseModel):
     kernel_standin: str = Field("", pattern=r"^[A-Za-z0-9_./-]*$")
     compat: list[str] = Field(default_factory=list)
     packages: list[str] = Field(default_factory=list)
+    kind: Literal["venv", "overlay"] = "venv"
+    base: str = Field("", pattern=r"^$|" + _VERSION_RE)
+    torch_build: Literal["", "cuda"] = ""
+    skip_deps: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _overlay_base(self) -> "CpuCompat":
+        if (self.kind == "overlay") != bool(self.base):
+            raise ValueError('kind = "overlay" needs base = "<release with its own venv>" (and only an overlay has one)')
+        return self
 
     @field_validator("pins", "packages")
     @classmethod
@@ -222,6 +239,12 @@ def _load(folder: str, stamp: tuple) -> EngineReleases:
         index_json = d / idx.index
         if not index_json.is_file():
             raise ReleaseDataError(f"{d / INDEX_NAME}: index: {idx.index!r} is not a file in {d}")
+    for v, r in rels.items():
+        if r.cpu is not None and r.cpu.kind == "overlay":
+            b = rels.get(r.cpu.base)
+            if b is None or b.cpu is None or b.cpu.kind != "venv" or not b.cpu.recipe:
+                raise ReleaseDataError(f"{d / (v + '.toml')}: cpu.base: {r.cpu.base!r} is no release of this folder "
+                                       'with its own venv recipe (kind = "venv", recipe set)')
     if idx is not None and idx.testbed_default and idx.testbed_default not in rels:
         raise ReleaseDataError(f"{d / INDEX_NAME}: testbed_default: {idx.testbed_default!r} has no "
                                f"{idx.testbed_default}.toml in {d}")

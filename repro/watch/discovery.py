@@ -161,8 +161,7 @@ def _ranks_behind_router(adapter: Any, url: str, ranks_of: Callable) -> Optional
     ``router_workers(url)``, e.g. SGLang's router ``GET /workers``) and find every worker's ranks under the process
     listening on that worker's port. Ranks are numbered across the workers in the router's order (the note names
     which numbers are which server's, e.g. ``prefill TP0..3 = ranks 0..3``); None when ``url`` lists no workers."""
-    fn = getattr(adapter, "router_workers", None)
-    workers = fn(url) if callable(fn) else None
+    workers = adapter.router_workers(url)
     if not workers:
         return None
     rank_pids: dict[int, int] = {}

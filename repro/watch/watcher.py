@@ -36,16 +36,23 @@ class Watcher:
         log: receives one JSON-serialisable dict per probe round (``event: probe``) and per event (``start``,
             ``discovery``, ``hang``, ``unreachable``, ``recovered``, ``evidence``, ``evidence_error``, ``on_hang``,
             ``on_hang_skipped``, ``stop``).
-        adapter: engine adapter (default: the registry's default, ``repro.targets.registry.get_adapter()``).
+        adapter: engine adapter (None: the registry's default adapter, *assumed*: the ``start`` event, watch.json and
+            the CLI say so, with ``--adapter NAME`` as the fix).
         discover: callable returning rank → pid, replacing :func:`discover_ranks` (for embedding and tests).
     """
 
+    def engine_record(self) -> dict:
+        """``{"engine": name, "engine_assumed": bool}``: which engine's titles, rules and API the watch uses, and
+        whether it was assumed (no ``--adapter``) rather than given."""
+        return {"engine": self.adapter.name, "engine_assumed": self.adapter_assumed}
+
     def __init__(self, opts: WatchOptions, log: Optional[LogSink] = None, adapter: Any = None,
                  discover: Optional[Callable[[], dict[int, int]]] = None) -> None:
+        self.adapter_assumed = adapter is None
         if adapter is None:
-            from repro.targets.registry import get_adapter
+            from repro.targets.registry import DEFAULT_ADAPTER, get_adapter
 
-            adapter = get_adapter()
+            adapter = get_adapter(DEFAULT_ADAPTER)
         self.opts = opts
         self.adapter = adapter
         self._log_sink = log or (lambda _e: None)
@@ -298,7 +305,7 @@ class Watcher:
             any generate probe succeeded): nothing is captured and ``on_hang`` is not run.
         """
         o = self.opts
-        self._log("start", adapter=getattr(self.adapter, "name", None), interval_s=o.interval_s, probe_timeout_s=o.probe_timeout_s, health_timeout_s=o.health_timeout_s,
+        self._log("start", adapter=self.adapter.name, **self.engine_record(), interval_s=o.interval_s, probe_timeout_s=o.probe_timeout_s, health_timeout_s=o.health_timeout_s,
                   failures=1 if o.once else o.failures, once=o.once, evidence_root=str(o.evidence_root),
                   on_hang=o.on_hang, pid_root=o.pid_root, match=o.match,
                   declare_within_s=round(self.declare_bound_s(), 3))
@@ -374,7 +381,7 @@ class Watcher:
         if evd is not None:
             writes.append((ev.Layout.WATCH.name, lambda: evd.watch.write({
                 "kind": "watch", "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items()},
-                "pid": os.getpid()})))
+                "pid": os.getpid(), **self.engine_record()})))
             writes.append((ev.Layout.PROBES.name, lambda: evd.probes.write(list(self.history))))
             if disc.procs:
                 writes.append((ev.Layout.PROCESSES.name, lambda: _procs.save_procs(evd.processes.path, disc.procs)))
@@ -537,8 +544,8 @@ class Watcher:
         if outcome != OK:
             return {"path": o.metrics_path, "outcome": outcome, "error": err}
         if status != 200:
-            return {"path": o.metrics_path, "outcome": HTTP_ERROR, "status": status,
-                    "note": "sglang serves /metrics only with --enable-metrics"}
+            note = self.adapter.watch_defaults.metrics_note
+            return {"path": o.metrics_path, "outcome": HTTP_ERROR, "status": status, **({"note": note} if note else {})}
         info = {"path": o.metrics_path, "outcome": OK, "status": status, "bytes": len(resp.content),
                 "latency_s": round(lat, 3), "file": ev.Layout.METRICS.name}
         if evd is not None:

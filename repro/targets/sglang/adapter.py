@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from repro import testbed
+import repro.targets.sglang.testbed as testbed
 from repro.procs import ProcInfo
 from repro.targets.sglang.dumps import SGLANG_DUMP_RULES
 from repro.targets.base import (
@@ -168,11 +168,16 @@ FRAME_RULES = FrameRules(
 
 # The injector's view of sglang (0.5.23): GroupCoordinator methods can bypass torch.distributed (pynccl, custom
 # all-reduce; sglang #36802), sglang modules copy torch.distributed functions (``from torch.distributed import …``),
-# and sglang.srt.distributed frames are communication plumbing, never a call site.
+# and sglang.srt.distributed frames are communication plumbing, never a call site. The launcher's
+# ``_set_envs_and_config`` (sglang/srt/entrypoints/engine.py, ~line 1995 in 0.5.23) calls
+# ``mp.set_start_method("spawn", force=True)`` before the scheduler processes start; its ``server_args.device`` says
+# the device (the fork-ranks opt-in, injectors/repro_injector/_fork.py).
 INJECTOR_PROFILE = InjectorProfile(
     coordinators=("sglang.srt.distributed.parallel_state:GroupCoordinator",),
     alias_prefixes=("sglang.",),
     comm_module_prefixes=("sglang.srt.distributed",),
+    fork_caller="sglang.srt.entrypoints.engine:_set_envs_and_config",
+    fork_device="server_args.device",
 )
 
 
@@ -225,7 +230,8 @@ class SGLangAdapter(AdapterBase):
         return self.hunt_catalogue.parent / "discover_rules.toml"
 
     watch_defaults = WatchDefaults(title_match=SCHEDULER_TITLE_PREFIX, title_example="sglang::scheduler_TP<k>",
-                                   health_timeout_s=25.0, metrics_path="/metrics")
+                                   health_timeout_s=25.0, metrics_path="/metrics",
+                                   metrics_note="sglang serves /metrics only with --enable-metrics")
     title_namespace = TITLE_NAMESPACE
 
     def topology(self, server: Any) -> "Topology":
@@ -252,6 +258,19 @@ class SGLangAdapter(AdapterBase):
         return router_workers(url, timeout_s)
 
     releases_dir = Path(__file__).resolve().parent / "releases"
+
+    # ---- the CPU testbed (repro.targets.sglang.testbed; scripts/cpu_testbed/setup.sh) ------------------------
+    def testbed_python(self) -> Optional[Path]:
+        """The CPU testbed's interpreter when it is set up (python and ``.setup-stamp``), else None."""
+        return testbed.testbed_python() if testbed.is_set_up() else None
+
+    def testbed_model(self) -> Optional[Path]:
+        """The config-only tiny Llama the testbed serves (``scripts/cpu_testbed/tiny_llama``)."""
+        return testbed.tiny_model_dir()
+
+    def testbed_setup_command(self) -> str:
+        """``bash scripts/cpu_testbed/setup.sh`` in a clone (the bundled script's full path when installed)."""
+        return testbed.setup_command()
 
     def release_testbed_dir(self, version: str) -> Path:
         """The CPU testbed's folder for the release it is written for (``repro.testbed.testbed_dir``, honouring
@@ -397,6 +416,12 @@ class SGLangAdapter(AdapterBase):
             # One OpenMP core per rank, round-robin over the machine's cores ("0|1" for TP=2 on 2 cores).
             "SGLANG_CPU_OMP_THREADS_BIND": "|".join(str(i % ncpu) for i in range(n_ranks)),
         }
+        if spec is not None and spec.python:
+            # A recipe-made testbed built sglang's JIT torch extensions in its own folder at set-up
+            # (scripts/cpu_testbed/setup.sh): never compile (nor wait on a stale lock) in a shared one at run time.
+            ext = Path(spec.python).parent.parent.parent / "torch_extensions"
+            if ext.is_dir() and "TORCH_EXTENSIONS_DIR" not in spec_env:
+                env["TORCH_EXTENSIONS_DIR"] = str(ext)
         pd_mode = flag_value(have, PD_MODE_FLAG)
         if pd_mode in ("prefill", "decode"):
             # The compat layer's Mooncake switch (MooncakeKVSender.supports_host_tensor_indices=False) and TCP.

@@ -33,7 +33,7 @@ from repro.targets.base import (
     StreamUpdate,
     WatchDefaults,
 )
-from repro.targets.vllm import testbed as vtb
+import repro.targets.vllm.testbed as vtb
 from repro.targets.vllm.frames import FRAME_RULES, INJECTOR_PROFILE
 
 TITLE_NAMESPACE = "VLLM::"

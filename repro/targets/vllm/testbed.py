@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from repro import resources
+from repro.targets.release_data import load_releases
 
-VLLM_VERSION = "0.32.0"   # keep in step with scripts/vllm_testbed/setup.sh VLLM_VERSION
+# the release the testbed sets up: vLLM's release data (releases/index.toml testbed_default; setup.sh pins the same)
+VLLM_VERSION = load_releases(Path(__file__).resolve().parent / "releases").testbed_default
 TESTBED_DIR_ENV = "REPRO_VLLM_TESTBED_DIR"
 STAMP_NAME = ".setup-stamp"
 

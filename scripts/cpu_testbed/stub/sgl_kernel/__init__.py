@@ -1,6 +1,6 @@
 """Pure-torch stand-in for the CPU build of sgl-kernel (written for this project; not upstream code).
 
-Why it exists: with ``SGLANG_USE_CPU_ENGINE=1`` sglang 0.5.23 imports a few ``*_cpu`` functions from
+Why it exists: with ``SGLANG_USE_CPU_ENGINE=1`` sglang (0.5.18 to 0.5.23) imports a few ``*_cpu`` functions from
 ``sgl_kernel`` at module level. The CPU build of sgl-kernel is not published on the package registry, and the CUDA
 wheel (``sglang-kernel``) does not provide these names. This package is put FIRST on the server's PYTHONPATH by the
 CPU testbed profile (``repro.targets.sglang.SGLangAdapter.testbed_profile``) so it shadows the CUDA wheel.
@@ -9,21 +9,24 @@ It deliberately registers **no** ``torch.ops.sgl_kernel`` ops: sglang's ``_is_in
 (``sglang/srt/utils/common.py``) checks ``torch.ops.sgl_kernel.convert_weight_packed``, so AMX stays off and every
 layer takes its ``forward_native`` path (the TP all_reduce is then a plain torch.distributed gloo collective).
 
-Names served (sglang 0.5.23, module-level imports under ``if _is_cpu``), found by scanning the installed wheel:
+Names served: the union over the releases with a testbed recipe (``[testbeds]`` of
+``repro/targets/releases/sglang.toml``), module-level imports under ``if _is_cpu``, found by scanning each installed
+wheel; ``scripts/cpu_testbed/setup.sh --release V`` checks that every ``*_cpu`` name release V imports is here:
 
-=========================================  ===================================================  ============
-name                                       imported by (sglang/…)                                here
-=========================================  ===================================================  ============
-assign_req_to_token_pool_cpu               srt/mem_cache/allocation.py (every prefill batch)    implemented
-copy_all_layer_kv_cache_cpu                kernels/ops/kvcache/cache_move.py (KV slot moves)    implemented
-assign_draft_cache_locs_contiguous_cpu     kernels/ops/speculative/cache_locs.py                raises
-assign_extend_cache_locs_cpu               kernels/ops/speculative/cache_locs.py                raises
-fill_accept_out_cache_loc_cpu              kernels/ops/speculative/eagle.py                     raises
-fill_bonus_tokens_cpu                      kernels/ops/speculative/eagle.py                     raises
-rotate_input_ids_cpu                       kernels/ops/speculative/multi_layer_eagle.py         raises
-build_tree_kernel_efficient_cpu            kernels/ops/speculative/spec_tree.py                 raises
-verify_tree_greedy_cpu                     kernels/ops/speculative/spec_tree.py                 raises
-=========================================  ===================================================  ============
+=========================================  ===================================================  ============  =========
+name                                       imported by (sglang/…, 0.5.23 paths)                  here          releases
+=========================================  ===================================================  ============  =========
+assign_req_to_token_pool_cpu               srt/mem_cache/allocation.py (every prefill batch)    implemented   0.5.18-23
+copy_all_layer_kv_cache_cpu                kernels/ops/kvcache/cache_move.py (KV slot moves)    implemented   0.5.18-23
+assign_draft_cache_locs_contiguous_cpu     kernels/ops/speculative/cache_locs.py                raises        0.5.18-23
+assign_extend_cache_locs_cpu               kernels/ops/speculative/cache_locs.py                raises        0.5.18-23
+fill_accept_out_cache_loc_cpu              kernels/ops/speculative/eagle.py                     raises        0.5.18-23
+fill_bonus_tokens_cpu                      kernels/ops/speculative/eagle.py                     raises        0.5.18-23
+rotate_input_ids_cpu                       kernels/ops/speculative/multi_layer_eagle.py         raises        0.5.18-23
+build_tree_kernel_efficient_cpu            kernels/ops/speculative/spec_tree.py                 raises        0.5.18-23
+verify_tree_greedy_cpu                     kernels/ops/speculative/spec_tree.py                 raises        0.5.18-23
+build_draft_decode_metadata_cpu            srt/layers/attention/intel_amx_backend.py (0.5.18)   raises        0.5.18
+=========================================  ===================================================  ============  =========
 
 ``sgl_kernel.mamba`` serves the linear-attention names (all raise). Functions that raise do so only when called,
 with ``NotImplementedError("<name> is not provided by the CPU stand-in …")``: speculative decoding and
@@ -37,7 +40,6 @@ import ctypes
 import torch
 
 __version__ = "0.0.0+repro-cpu-stand-in"
-SGLANG_VERSION = "0.5.23"
 
 
 def _not_provided(name: str):
@@ -118,6 +120,7 @@ fill_bonus_tokens_cpu = _not_provided("fill_bonus_tokens_cpu")
 rotate_input_ids_cpu = _not_provided("rotate_input_ids_cpu")
 build_tree_kernel_efficient_cpu = _not_provided("build_tree_kernel_efficient_cpu")
 verify_tree_greedy_cpu = _not_provided("verify_tree_greedy_cpu")
+build_draft_decode_metadata_cpu = _not_provided("build_draft_decode_metadata_cpu")
 
 __all__ = [
     "assign_req_to_token_pool_cpu",
@@ -129,4 +132,5 @@ __all__ = [
     "rotate_input_ids_cpu",
     "build_tree_kernel_efficient_cpu",
     "verify_tree_greedy_cpu",
+    "build_draft_decode_metadata_cpu",
 ]
