@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from repro.run.options import (RunError, UnresolvedSitesError, RunOptions, RunResult, Observer, _noop, Prepared,
                                ARM_FILE_NAME)
-from repro.run.prepare import prepare, check_launch, _decide, _remove_owned, session_plan, _looks_like_path
+from repro.run.prepare import (prepare, check_launch, _decide, _remove_owned, engine_plan, session_plan,
+                                _looks_like_path)
 from repro.run.arm import (POLL_S, ARM_ACK_TIMEOUT_S, ARM_ACK_POLL_S, write_arm_file, fire_log_offsets, wait_armed,
                            arm_and_wait)
 from repro.run.records import collect_versions, injection_checks

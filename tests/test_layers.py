@@ -21,10 +21,6 @@ LAYER_FILE = ROOT / "repro" / "layers.toml"
 MAX_AGAINST_MAP = 2  # imports allowed against the map (issue 30): today none
 MAX_LINES = 900  # per module of repro/ and injectors/ (issue 30); later issues keep it
 SIZE_EXEMPT = {"repro/cli.py"}  # one module per verb group is the next step for the CLI (STYLE.md)
-# The one cycle the engine seam's own work removes (issue 30, part B: the adapter registry, the resource finder and
-# the testbeds look each other up): tolerated only while every module in it is one of these, and only one such
-# cycle. Said here so that it cannot grow unseen; delete it once the seam is done.
-KNOWN_CYCLE_SCOPE = ("repro.targets", "repro.resources", "repro.testbed")
 
 
 def _modules(root: Path) -> dict[str, Path]:
@@ -164,14 +160,8 @@ def against_map(graph: dict[str, set[str]], layers: list[dict]) -> list[str]:
 
 
 def test_the_import_graph_has_no_cycle() -> None:
-    found = cycles(import_graph())
-
-    def known(c: set) -> bool:
-        return all(any(m == s or m.startswith(s + ".") for s in KNOWN_CYCLE_SCOPE) for m in c)
-
-    unknown = [sorted(c) for c in found if not known(c)]
-    assert not unknown, "import cycles (imports inside functions count): " + "; ".join(" <-> ".join(c) for c in unknown)
-    assert len(found) <= 1, found
+    found = [sorted(c) for c in cycles(import_graph())]
+    assert not found, "import cycles (imports inside functions count): " + "; ".join(" <-> ".join(c) for c in found)
 
 
 def test_every_module_is_on_the_layer_map_and_the_imports_follow_it() -> None:
