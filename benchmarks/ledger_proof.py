@@ -71,7 +71,7 @@ def _emit(d: dict) -> None:
 def _prepare(path: Path, variant: str, root: Path, stall_only: bool):
     """One run prepared, its session made (not started): (opts, prepared, session)."""
     from repro import runner
-    from repro.detect import StallDetector
+    from repro.detectors import StallDetector
 
     opts = runner.RunOptions(scenario_path=path, variant=variant, evidence_root=root)
     p = runner.prepare(opts)
@@ -461,7 +461,7 @@ def alternate(a: argparse.Namespace, root: Path) -> None:
     rank-death and stall rules only, so the follower's own CPU (``throughput`` measures it) is not in this ratio."""
     from repro import runner
     from repro.checker import RankDeathDetector
-    from repro.detect import StallDetector
+    from repro.detectors import StallDetector
     from repro.evidence import EvidenceDir
 
     tmp = Path(tempfile.mkdtemp(prefix="repro-alt-"))

@@ -1,7 +1,7 @@
 """Capture every rank's stacks at once: py-spy (``--json`` and text) per pid in parallel, faulthandler fallback.
 
-Collection only: this module never imports :mod:`repro.analysis` at import time (``frames_unchanged`` below
-defers to it when called).
+Collection only: this module never imports :mod:`repro.analysis` (two captures are compared there:
+``repro.analysis.frames_unchanged``).
 
 py-spy facts used (py-spy 0.4.3): ``py-spy dump --pid P [--json] [--native]``; ``--json`` ignores
 ``--subprocesses``, so each pid is dumped on its own; a dump pauses the target for milliseconds (ptrace), so two
@@ -282,11 +282,3 @@ def capture_notice(captures: Sequence[RankCapture]) -> str:
         if not c.ok and ("ptrace" in c.error or "py-spy not found" in c.error):
             return c.error
     return ""
-
-
-def frames_unchanged(first: Sequence[RankCapture], second: Sequence[RankCapture]) -> bool:
-    """True when every rank's deciding stack is the same in both captures (see :func:`repro.analysis.frames_unchanged`)."""
-    from repro.analysis import frames_unchanged as _fu
-
-    return _fu(first, second)
-

@@ -54,7 +54,7 @@ class StallCheck:
 
 class LocalRanks:
     """Where a server's ranks run, for :func:`check_stall`: this machine (CPU from /proc via psutil, stacks by
-    ``repro.capture.capture_ranks``). ``repro.remote_watch.HostRanks`` is the same for ranks on other hosts.
+    ``repro.capture.capture_ranks``). ``repro.hosts.HostRanks`` is the same for ranks on other hosts.
 
     Args:
         rank_pids: rank -> pid of that rank's process.
@@ -93,7 +93,7 @@ def check_stall(
 ) -> StallCheck:
     """THE stall check of every topology: capture all ranks twice and judge whether they are deadlocked
     (docs/pipeline.md). A PD stack runs it per server (:func:`check_groups`), a server spanning hosts with
-    ``where`` = ``repro.remote_watch.HostRanks``.
+    ``where`` = ``repro.hosts.HostRanks``.
 
     Args:
         rank_pids: rank -> pid of that rank's process (as its host sees it).
@@ -130,7 +130,7 @@ class RankGroup:
 
     Attributes:
         name: the server's name in a stack (``prefill``), None for a topology of one server.
-        where: where its ranks run (:class:`LocalRanks`, ``repro.remote_watch.HostRanks``).
+        where: where its ranks run (:class:`LocalRanks`, ``repro.hosts.HostRanks``).
         stacks_dir: where its two captures go.
         expected_ranks: every rank of the group.
     """

@@ -14,7 +14,7 @@ harness's pid + start ticks). Rules, in order:
   environ block with its title counts when it is in the session of a recorded root that carries the token). A
   folder an older harness wrote (no ``tokens`` in the mark) naming live processes is refused the same way: end
   those by hand;
-- a server spanning hosts (``hosts`` in ``processes.json``, :func:`repro.remote_run.cleanup_hosts`): refused
+- a server spanning hosts (``hosts`` in ``processes.json``, :func:`repro.multihost.cleanup_hosts`): refused
   without a token, before any host is contacted; a node's session is signalled only when one of its processes
   carries the token, and its workdir removed only when it holds the token file with that token;
 - only recorded processes whose pid AND start ticks still match are signalled (:func:`repro.procs.stop_procs`): a
@@ -306,8 +306,8 @@ def _cleanup_run(folder: Path, force: bool, adapters: list) -> CleanupResult:
                              "with Ctrl-C, or pass --force to end its server anyway", refused=True,
                              left_alone=[(p, f"its harness (pid {harness}) is still running") for p in recorded if _procs.alive(p)])
     hosts = (read_json(path) or {}).get("hosts") if not recorded else None
-    if hosts:  # a server spanning hosts (repro/remote_run.py): each node's session is ended through its host's runner
-        from repro.remote_run import cleanup_hosts
+    if hosts:  # a server spanning hosts (repro/multihost.py): each node's session is ended through its host's runner
+        from repro.multihost import cleanup_hosts
 
         rc, msg = cleanup_hosts(hosts, tokens=mark.get("tokens") or [])
         return CleanupResult(folder, {0: EXIT_OK, 2: EXIT_USAGE}.get(rc, EXIT_INTERNAL), msg, refused=rc == 2)

@@ -2,7 +2,7 @@
 
 The session (``repro.runner.Session.drive``) calls every detector's :meth:`Detector.poll` once per poll interval
 (``repro.runner.POLL_S``, 0.2 s) with a :class:`DetectContext`, in order, until one returns a deciding
-:class:`Detection` or the burst ends. The built-in :class:`StallDetector` is today's rule (no progress for
+:class:`Detection` or the burst ends. The built-in ``repro.detectors.StallDetector`` is today's rule (no progress for
 ``stall_s`` → capture every rank twice → the DEADLOCKED rule of ``repro.verdict.judge_stall``). A second detector
 (the live ledger proof) plugs in the same way::
 
@@ -12,7 +12,7 @@ The session (``repro.runner.Session.drive``) calls every detector's :meth:`Detec
         def poll(self, ctx): ...                # cheap; return None, or Detection(decided=True, verdict=...)
         def stop(self, ctx): ...                # the burst ended (also after another detector decided)
 
-and is added by :func:`default_detectors` (or passed to ``Session(..., detectors=...)``). Rules:
+and is added by ``repro.detectors.default_detectors`` (or passed to ``Session(..., detectors=...)``). Rules:
 
 - ``poll`` must be cheap when it has nothing to do (it runs every 0.2 s) and must not raise for bad input (say so
   in a non-deciding Detection's ``reason`` instead); ``KeyboardInterrupt`` passes through.
@@ -26,12 +26,11 @@ This module renders nothing and starts no process.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Protocol, Sequence, runtime_checkable
 
-from repro.verdict import DEADLOCKED, Verdict
+from repro.verdict import Verdict
 
 
 @dataclass
@@ -109,46 +108,6 @@ class Detector(Protocol):
         """The burst ended (by a verdict, the budget, completion or an error)."""
 
 
-class StallDetector:
-    """No progress for ``stall_s`` → capture every rank twice 1 s apart → the DEADLOCKED rule.
-
-    Captures at most once per ``stall_s`` (the n-th capture's files are tagged ``-n`` / ``-nb`` in ``stacks/``).
-    """
-
-    name = "stall"
-
-    def __init__(self) -> None:
-        self.captures = 0
-        self.last_capture_t = 0.0
-
-    def start(self, ctx: DetectContext) -> None:
-        self.captures = 0
-        self.last_capture_t = 0.0
-
-    def poll(self, ctx: DetectContext) -> Optional[Detection]:
-        from repro.checker import check_stall
-
-        stalled = ctx.state.stalled_for(ctx.now) if ctx.state is not None else 0.0
-        if stalled < ctx.stall_s or ctx.now - self.last_capture_t < ctx.stall_s:
-            return None
-        self.captures += 1
-        tag = f"-{self.captures}"
-        ctx.emit("capture", {"n": self.captures, "stalled_s": stalled})
-        chk = check_stall(ctx.rank_pids, ctx.run_dir.stacks_dir, list(ctx.expected_ranks), tag=tag, native=ctx.native,
-                          injector_dir=ctx.injector_dir, fallback_signal=ctx.plan.get("faulthandler_signal"))
-        j = chk.judgement
-        self.last_capture_t = time.time()
-        ctx.emit("judged", {"judgement": j, "analysis": chk.second_analysis})
-        record = {"capture": self.captures, "tag": tag, "stalled_s": round(stalled, 2), "deadlocked": j.deadlocked,
-                  "reason": j.reason, "cpu_percent": {str(k): round(v, 1) for k, v in chk.cpu_percent.items()},
-                  "time": self.last_capture_t}
-        return Detection(self.name, j.deadlocked, Verdict(DEADLOCKED, j.reason) if j.deadlocked else None,
-                         chk.second_analysis, j.reason, record)
-
-    def stop(self, ctx: DetectContext) -> None:
-        pass
-
-
 class ScopedDetector:
     """One server's detector inside a stack of several (``repro.pd``): ``inner`` sees only that server's ranks,
     injector folder (ledgers), plan, log and ``servers/<server>/`` of the run folder; everything else of the burst's
@@ -213,23 +172,3 @@ class ScopedDetector:
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
-
-
-def detector_set(plan: Optional[Mapping[str, Any]], stall: Any = None) -> list[Detector]:
-    """THE detector set of every topology: rank death, ledger proof (when the plan's ledger is on), then the stall
-    rule (``stall``: the topology's own stall detector — a stack's captures every server; default
-    :class:`StallDetector`). ``repro.pd`` scopes the first two to each server (:class:`ScopedDetector`)."""
-    out = default_detectors(plan)
-    return out[:-1] + [stall if stall is not None else out[-1]]
-
-
-def default_detectors(plan: Optional[Mapping[str, Any]] = None) -> list[Detector]:
-    """The detectors a run uses, in polling order: a rank that died (``repro.checker.RankDeathDetector``), the ledger proof (``repro.proof.LedgerProofDetector``, when the
-    plan's ledger is on), then the stall rule. ``plan``: the session's plan."""
-    from repro.proof import LedgerProofDetector
-
-    from repro.checker import RankDeathDetector
-
-    led = (plan or {}).get("ledger") or {}
-    # a dead rank first: its survivors wait in a collective it will never join, which is a crash, not a deadlock
-    return [RankDeathDetector()] + ([LedgerProofDetector()] if led.get("enabled") else []) + [StallDetector()]

@@ -110,7 +110,7 @@ class AbortPlan:
 
     @classmethod
     def from_spec(cls, spec: Any) -> Optional["AbortPlan"]:
-        """From ``repro.scenario.MassAbort`` (None → None)."""
+        """From ``repro.nemeses.MassAbort`` (None → None)."""
         if spec is None:
             return None
         return cls(int(spec.count), int(spec.when_in_flight), bool(spec.before_first_token), float(spec.timeout_s),

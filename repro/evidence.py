@@ -40,7 +40,7 @@ hunt folders                ``HUNT.md``, ``hunt.jsonl``, ``matrix.json``, ``scen
 reproduce folders           ``REPRODUCTION.md``, ``reproduce.toml``, ``reproducer.toml``
 bisect folders              ``BISECT.md``, ``bisect.json``
 ``servers/<role>/``         a multi-server run (``repro.pd``): each engine server's own run folder; ``stack.json``
-``hosts/<host>/``           a run across hosts (``repro.remote_run``): each host's ``injector/`` and ``server.log``;
+``hosts/<host>/``           a run across hosts (``repro.multihost``): each host's ``injector/`` and ``server.log``;
                             ``hosts.json``, ``links.json``
 ==========================  ===================================================================================
 """
@@ -404,8 +404,8 @@ class Layout:
     COMPARE_JSON = _member("compare.json", "json", "the before/after comparison (JSON)")
     HUNT_MD = _member("HUNT.md", "text", "the hunt's findings (markdown)")
     HUNT_JSONL = _member("hunt.jsonl", "jsonl", "the hunt's events and trial results")
-    HOSTS_JSON = _member("hosts.json", "json", "the nodes of a run across hosts: rank -> host and pid there (repro.remote_run)")
-    LINKS = _member("links.json", "json", "each host's data link, as a run across hosts checked it (repro.remote_run)")
+    HOSTS_JSON = _member("hosts.json", "json", "the nodes of a run across hosts: rank -> host and pid there (repro.multihost)")
+    LINKS = _member("links.json", "json", "each host's data link, as a run across hosts checked it (repro.multihost)")
     MATRIX = _member("matrix.json", "json", "the hunt matrix's server groups (repro.hunt.matrix)")
     FINDING = _member("FINDING.md", "text", "a confirmed hunt finding, ready to file upstream (findings/<trial>/)")
     HUNT_BASELINE = _member("baseline.toml", "text", "the hunt's observe-only baseline scenario (in scenarios/)")
@@ -621,8 +621,8 @@ class EvidenceDir:
     hunt_md = property(lambda self: self._f(Layout.HUNT_MD), doc="``HUNT.md``")
     hunt_jsonl = property(lambda self: self._f(Layout.HUNT_JSONL), doc="``hunt.jsonl``")
     stack = property(lambda self: self._f(Layout.STACK), doc="``stack.json`` (``repro.pd``)")
-    hosts_json = property(lambda self: self._f(Layout.HOSTS_JSON), doc="``hosts.json`` (``repro.remote_run``)")
-    links = property(lambda self: self._f(Layout.LINKS), doc="``links.json`` (``repro.remote_run``)")
+    hosts_json = property(lambda self: self._f(Layout.HOSTS_JSON), doc="``hosts.json`` (``repro.multihost``)")
+    links = property(lambda self: self._f(Layout.LINKS), doc="``links.json`` (``repro.multihost``)")
     matrix = property(lambda self: self._f(Layout.MATRIX), doc="``matrix.json``")
     finding = property(lambda self: self._f(Layout.FINDING), doc="``FINDING.md`` (of a ``findings/<trial>/`` folder)")
     hunt_baseline = property(lambda self: self._f_in(Layout.HUNT_SCENARIOS, Layout.HUNT_BASELINE),
@@ -671,7 +671,7 @@ class EvidenceDir:
         return Layout.server_dir(self.path, role)
 
     def host(self, name: str) -> "EvidenceDir":
-        """``hosts/<host>/``: one host's copied injector records and server log (``repro.remote_run``)."""
+        """``hosts/<host>/``: one host's copied injector records and server log (``repro.multihost``)."""
         return self.sub(Layout.HOSTS, name)
 
     def host_path(self, name: str) -> Path:

@@ -161,8 +161,8 @@ class HostLedgerMirror:
 class HostsLedgerProofDetector(LedgerProofDetector):
     """The ledger proof (``repro.proof.LedgerProofDetector``) of a server spanning hosts, on a
     :class:`HostLedgerMirror`'s folder: ``ctx.rank_pids`` maps each rank to its mirror key, every rank counts as
-    alive (a node's death ends the burst first: ``repro.remote_run``), and the proof's stacks are taken on the
-    ranks' own hosts (``repro.checker.check_stall`` on ``repro.remote_watch.HostRanks``).
+    alive (a node's death ends the burst first: ``repro.multihost``), and the proof's stacks are taken on the
+    ranks' own hosts (``repro.checker.check_stall`` on ``repro.hosts.HostRanks``).
 
     Args:
         ranks: rank → ``repro.hosts.RemoteRank``.
@@ -184,7 +184,7 @@ class HostsLedgerProofDetector(LedgerProofDetector):
 
     def capture(self, ctx: Any) -> Any:
         from repro.checker import check_stall
-        from repro.remote_watch import HostRanks
+        from repro.hosts import HostRanks
 
         where = HostRanks(self.remote_ranks, self.fallback_signal)
         return check_stall(where.rank_pids, ctx.run_dir.stacks_dir, list(ctx.expected_ranks), tag="-proof",

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from repro import evidence as ev
 from repro.evidence import Layout
 
 SSH_UNREACHABLE_RC = 255  # what ssh exits with when it could not run the command at all
@@ -427,5 +428,89 @@ def hosts_from_json(items: Sequence[Mapping[str, Any]]) -> list[HostSpec]:
     return out
 
 
-__all__ = ["HostError", "HostSpec", "Result", "Runner", "RemoteRank", "capture_remote", "check_hosts",
+# CPU seconds (utime + stime, /proc/PID/stat) of the pids given, and the host's monotonic clock: one JSON object.
+_CPU_PY = r'''
+import json, os, sys, time
+out = {}
+for p in sys.argv[1:]:
+    try:
+        f = open("/proc/%s/stat" % p).read().rsplit(")", 1)[1].split()
+        out[p] = (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    except Exception:
+        pass
+print(json.dumps({"t": time.monotonic(), "cpu": out}))
+'''
+
+
+def _cpu_seconds(ranks: dict[int, RemoteRank]) -> dict[int, tuple[float, float]]:
+    """rank -> (host monotonic time, cpu seconds) read on each rank's host (one runner call per host, in parallel);
+    a rank whose host did not answer or whose process is gone is left out."""
+    import json
+    import shlex
+
+    by_host: dict[str, list[RemoteRank]] = {}
+    for r in ranks.values():
+        by_host.setdefault(r.host, []).append(r)
+
+    def one(rs: list[RemoteRank]):
+        cmd = " ".join(shlex.quote(a) for a in (rs[0].runner.host.python, "-", *(str(r.pid) for r in rs)))
+        return lambda left: json.loads(rs[0].runner.run(cmd, input=_CPU_PY.encode(), timeout_s=left).text)
+
+    res = in_parallel({h: one(rs) for h, rs in by_host.items()}, 15.0)
+    out = {}
+    for h, rs in by_host.items():
+        ok, v = res[h]
+        if ok:
+            out.update({r.rank: (v["t"], v["cpu"][str(r.pid)]) for r in rs if str(r.pid) in v["cpu"]})
+    return out
+
+
+class HostRanks:
+    """Where a server's ranks run, for ``repro.checker.check_stall``: on other hosts, each read through its host's
+    runner — CPU from the host's /proc (one call per host, all at once), stacks by :func:`repro.hosts.capture_remote`
+    (py-spy there, all hosts at once, one deadline; the injector's faulthandler fallback).
+
+    Args:
+        ranks: rank -> RemoteRank.
+        fallback_signal: the injector's faulthandler signal (the capture's fallback) when the caller names none.
+    """
+
+    def __init__(self, ranks: dict[int, RemoteRank], fallback_signal: str = "SIGUSR2") -> None:
+        self.ranks = dict(ranks)
+        self.fallback_signal = fallback_signal
+
+    @property
+    def rank_pids(self) -> dict[int, int]:
+        """rank -> pid as its host sees it."""
+        return {k: r.pid for k, r in self.ranks.items()}
+
+    def cpu_seconds(self) -> dict[int, tuple[float, float]]:
+        """rank -> (its host's monotonic clock, CPU seconds); a rank whose host did not answer is left out."""
+        return _cpu_seconds(self.ranks)
+
+    def capture(self, stacks_dir: Path, tag: str, *, timeout_s: float = 10.0, native: bool = False,
+                fallback_signal: Optional[str] = None, injector_dir: Any = None) -> list:
+        """One capture of every rank on its host. ``timeout_s``: per-rank py-spy bound; the capture's shared
+        deadline is twice that, at least 20 s. ``native`` is not supported on remote hosts (ignored);
+        ``injector_dir`` is each rank's own (its RemoteRank's)."""
+        return capture_remote([self.ranks[k] for k in sorted(self.ranks)], stacks_dir, tag=tag,
+                              deadline_s=max(20.0, 2 * timeout_s), fallback_signal=fallback_signal or self.fallback_signal)
+
+    def capture_cpu(self, first: Sequence[Any], second: Sequence[Any]) -> dict[int, float]:
+        """Where a host did not answer the CPU reading: the higher of the two captures' own readings."""
+        return {c.rank: max(c.cpu_percent or 0.0, c2.cpu_percent or 0.0) for c, c2 in zip(first, second)}
+
+    def write_record(self, evd: ev.EvidenceDir) -> None:
+        """``hosts.json``: each rank's host (:func:`write_hosts_record`)."""
+        write_hosts_record(evd, self.ranks)
+
+
+def write_hosts_record(evd: ev.EvidenceDir, ranks: dict[int, RemoteRank]) -> None:
+    """``hosts.json`` of a watch hang: each rank's host, how it is reached and its pid as that host sees it."""
+    evd.hosts_json.write({
+        "ranks": {str(k): {"host": r.host, "pid": r.pid, "reach": r.runner.host.reach} for k, r in sorted(ranks.items())},
+        "note": "pids are as each host sees them (its own PID namespace or machine)"})
+
+
+__all__ = ["HostError", "HostRanks", "HostSpec", "Result", "Runner", "RemoteRank", "capture_remote", "check_hosts",
            "hosts_from_json", "in_parallel"]

@@ -53,6 +53,28 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class MassAbort(_Strict):
+    """The driver's mass-abort action (a nemesis of the client side): once ``when_in_flight`` requests are in flight
+    at the same time — sent, no output token yet (``before_first_token``: in prefill or in the KV transfer of a PD
+    stack) or any (False) — the clients of ``count`` of them disconnect at the same instant (their sockets closed,
+    as a load balancer or a user's browser does). Those requests end ``aborted`` (expected, not an error); the
+    others must still succeed. Used by scenarios and the hunt's nemeses (``repro.driver.AbortPlan``)."""
+
+    count: int = Field(..., ge=1)
+    when_in_flight: int = Field(..., ge=1)
+    before_first_token: bool = True
+    timeout_s: float = Field(60.0, gt=0, description="give up waiting for that many in flight after this many seconds")
+    delay_s: float = Field(0.0, ge=0, description="seconds to wait once that many are in flight before disconnecting "
+                           "(a request a router has not forwarded yet never reaches the servers)")
+
+    @model_validator(mode="after")
+    def _count_fits(self) -> "MassAbort":
+        if self.count > self.when_in_flight:
+            raise ValueError(f"abort.count ({self.count}) must be ≤ abort.when_in_flight ({self.when_in_flight}): "
+                             "only requests in flight can be aborted")
+        return self
+
+
 class RequestMix(_Strict):
     """Mixed requests: request ``i`` takes element ``i % len`` of each non-empty list (else the burst's value).
 
@@ -205,7 +227,7 @@ def effective_sizes(burst: Any, workload: Optional[Workload]) -> tuple[int, int,
 class NemesisSpec:
     """One named workload of the workload file: what it says, its engine flags (``server_args``, set over the
     base scenario's; a flag already there takes the new value), the mass abort (``abort``, a
-    ``repro.scenario.MassAbort`` table) and the driver's :class:`Workload`."""
+    :class:`MassAbort` table) and the driver's :class:`Workload`."""
 
     name: str
     says: str
@@ -265,8 +287,6 @@ def load_nemeses(path: Path) -> NemesisCatalogue:
     Raises:
         NemesisError: missing file, bad TOML, or a bad field, named as ``workloads.NAME.field`` with what was expected.
     """
-    from repro.scenario import MassAbort
-
     p = Path(path)
     if not p.is_file():
         raise NemesisError(f"{p}: workload file not found (expected a TOML file like {EXAMPLES_DIR}/hunt_workloads.toml)")

@@ -388,7 +388,7 @@ class PDStallDetector:
 
 def make_session_class():
     """The PD session class (defined lazily: ``repro.runner`` imports this module only for multi-server runs)."""
-    from repro.runner import Session
+    from repro.run.session import Session
 
     class PDSession(Session):
         """``repro.runner.Session`` over a :class:`Stack`: every role started and healthy, armed and judged per
@@ -414,7 +414,8 @@ def make_session_class():
 
         def start(self) -> Optional[Verdict]:
             from repro.launcher import LaunchError
-            from repro.runner import save_server_procs, write_arm_file
+            from repro.run.arm import write_arm_file
+            from repro.run.finish import save_server_procs
 
             p, t0 = self.p, time.time()
             for r in self.engine_roles():
@@ -454,7 +455,7 @@ def make_session_class():
         def _check_role_sites(self) -> None:
             """Every injection resolves in the server that takes it (that server's injector records), before any
             burst; raises ``repro.runner.UnresolvedSitesError`` naming the nearest names."""
-            from repro.runner import UnresolvedSitesError
+            from repro.run.options import UnresolvedSitesError
             from repro.sites import SitesUnresolved, check_launched_sites
 
             if getattr(self, "_sites_ok", False):
@@ -497,7 +498,7 @@ def make_session_class():
         def arm(self, ids: Sequence[str]) -> list[str]:
             """Write every engine role's arm file with its own share of ``ids`` and wait for each rank's
             acknowledgement. Returns the rank names that did not acknowledge (``prefill TP2``)."""
-            from repro.runner import ARM_ACK_TIMEOUT_S, arm_and_wait
+            from repro.run.arm import ARM_ACK_TIMEOUT_S, arm_and_wait
 
             late: list[str] = []
             for r in self.engine_roles():
@@ -510,7 +511,7 @@ def make_session_class():
         # ---- the per-server steps of repro.runner.Session.drive (THE burst/detect loop) ---------------------------
         def disarm(self) -> None:
             """Empty every engine server's arm file."""
-            from repro.runner import write_arm_file
+            from repro.run.arm import write_arm_file
 
             for r in self.engine_roles():
                 write_arm_file(r.arm_file, [])
@@ -520,11 +521,12 @@ def make_session_class():
             return {n: v for n, v in self.role_pids.items()}
 
         def make_detectors(self) -> list:
-            """The detector set of every topology (``repro.detect.detector_set``): each engine server's rank death
+            """The detector set of every topology (``repro.detectors.detector_set``): each engine server's rank death
             and ledger proof, scoped to its ranks, ledgers and log (``repro.detect.ScopedDetector``), then
             :class:`PDStallDetector` (capture and judge per server). Detectors passed to the session replace the
             scoped ones (a stall detector among them is replaced by the per-server one)."""
-            from repro.detect import ScopedDetector, detector_set
+            from repro.detect import ScopedDetector
+            from repro.detectors import detector_set
 
             self._stall = PDStallDetector(self)
             if self.detectors is not None:
@@ -556,7 +558,7 @@ def make_session_class():
             INCONCLUSIVE ("its requests waited on the deadlocked server"). Without a decided verdict the run's is the
             first server's that did not succeed, else SUCCEEDED. Keeps the per-server results for
             :meth:`finish_outcome`."""
-            from repro.runner import injection_checks
+            from repro.run.records import injection_checks
             from repro.verdict import judge_completion
 
             if verdict is None:
@@ -695,7 +697,7 @@ def finish_pd_evidence(p: Any, opts: Any, variant: Any, evd: ev.EvidenceDir, out
     the report of the server that diverged (else the first engine server), with a "Servers" section, and its
     verdict.json the run's verdict with ``servers`` (role → verdict, ranks, pids, folder) and ``diverged_server``:
     each file written once, by ``finish_evidence`` (``Outcome.report_sections`` / ``verdict_fields``)."""
-    from repro.runner import Outcome, finish_evidence
+    from repro.run.finish import Outcome, finish_evidence
 
     info = outcome.pd
     session = info["session"]

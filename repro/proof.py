@@ -522,7 +522,7 @@ def judge_slots(al: LiveAlignment, since: float = 0.0, max_slots: int = 50_000) 
     """Retire the slots changed since the last call that every member entered and left, and return the desyncs
     among them (completed or crashed) entered at or after ``since`` (epoch seconds). Keeps the alignment's memory
     and :func:`find_proof` / :func:`find_desyncs`'s work bounded on a long-lived server; at most ``max_slots`` are
-    kept (the oldest retired first). Used by the detect stage and by ``repro watch`` (repro/watch.py)."""
+    kept (the oldest retired first). Used by the detect stage and by ``repro watch`` (repro/watch/)."""
     out: list[Desync] = []
     for key in list(al.dirty):
         slot = al.slots.get(key)
@@ -667,7 +667,7 @@ class LedgerProofDetector:
 
     def capture(self, ctx: Any) -> Any:
         """The stacks of every rank once the proof holds (``stacks/rank<k>-proof.txt``), for the report: a
-        ``repro.checker.StallCheck`` (``repro.remote_run``'s detector captures on the ranks' hosts instead)."""
+        ``repro.checker.StallCheck`` (``repro.multihost``'s detector captures on the ranks' hosts instead)."""
         from repro.checker import check_stall
 
         return check_stall(ctx.rank_pids, ctx.run_dir.stacks_dir, list(ctx.expected_ranks), tag="-proof",

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from repro.analysis import (Analysis, _is_bootstrap, _is_noise, analyze, comm_layer, idle_kind, is_injector_frame,
-                            is_ledger_frame, load_captures, select_thread)
+from repro.analysis import Analysis, analyze, load_captures, select_thread
+from repro.frames import _is_bootstrap, _is_noise, comm_layer, idle_kind, is_injector_frame, is_ledger_frame
 from repro.evidence import EvidenceDir, Layout
 from repro.readers.types import Frame, RankCapture
 

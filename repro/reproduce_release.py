@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from repro.analysis import is_injector_frame, is_ledger_frame
+from repro.frames import is_injector_frame, is_ledger_frame
 from repro.readers.types import RankCapture
 from repro.releases import FrameRef, ReleaseChoice, ReleaseError, choose_release, load_index, release_python, release_setup
 

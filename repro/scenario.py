@@ -19,7 +19,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from repro.nemeses import Workload
+from repro.nemeses import MassAbort, Workload  # MassAbort: re-exported (the client-side nemesis lives there)
 from repro.resources import EXAMPLES_DIR
 from repro.targets import DEFAULT_ADAPTER
 
@@ -92,28 +92,6 @@ class ServerSpec(_Strict):
             raise ValueError(f"unknown adapter {v!r}; expected one of: {', '.join(known)} (an engine package "
                              "registers its adapter in the 'repro.adapters' entry-point group)")
         return v
-
-
-class MassAbort(_Strict):
-    """The driver's mass-abort action (a nemesis of the client side): once ``when_in_flight`` requests are in flight
-    at the same time — sent, no output token yet (``before_first_token``: in prefill or in the KV transfer of a PD
-    stack) or any (False) — the clients of ``count`` of them disconnect at the same instant (their sockets closed,
-    as a load balancer or a user's browser does). Those requests end ``aborted`` (expected, not an error); the
-    others must still succeed. Used by scenarios and the hunt's nemeses (``repro.driver.AbortPlan``)."""
-
-    count: int = Field(..., ge=1)
-    when_in_flight: int = Field(..., ge=1)
-    before_first_token: bool = True
-    timeout_s: float = Field(60.0, gt=0, description="give up waiting for that many in flight after this many seconds")
-    delay_s: float = Field(0.0, ge=0, description="seconds to wait once that many are in flight before disconnecting "
-                           "(a request a router has not forwarded yet never reaches the servers)")
-
-    @model_validator(mode="after")
-    def _count_fits(self) -> "MassAbort":
-        if self.count > self.when_in_flight:
-            raise ValueError(f"abort.count ({self.count}) must be ≤ abort.when_in_flight ({self.when_in_flight}): "
-                             "only requests in flight can be aborted")
-        return self
 
 
 class Burst(_Strict):

@@ -50,7 +50,7 @@ def test_analyze_output_is_bounded_and_says_what_was_left_out(tmp_path, monkeypa
 # ---- issue 29 item 1, done when: a one-header dump is one rank, output ≤ 200 lines; ranks and memory are bounded
 from pathlib import Path  # noqa: E402
 
-import repro.analysis as analysis_mod  # noqa: E402
+import repro.analysis.load as analysis_load  # noqa: E402
 import repro.readers as readers_mod  # noqa: E402
 
 SGLANG_RANK1 = Path(__file__).resolve().parent / "fixtures" / "dumps" / "sglang_tp2_cpu_hang" / "rank1.txt"
@@ -110,7 +110,7 @@ def test_rank_prefixes_past_the_bound_are_counted_in_one_line(tmp_path, monkeypa
 
 
 def test_ranks_past_the_bound_across_files_are_counted_in_one_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(analysis_mod, "MAX_RANKS", 3, raising=False)
+    monkeypatch.setattr(analysis_load, "MAX_RANKS", 3)
     text = SGLANG_RANK1.read_text()
     files = []
     for k in range(5):

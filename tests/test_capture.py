@@ -20,7 +20,8 @@ import pytest
 
 from gloo_programs.job import GlooJob
 from repro.analysis import analyze, analyze_paths
-from repro.capture import capture_notice, capture_pids, capture_ranks, find_py_spy, frames_unchanged, py_spy_version
+from repro.analysis import frames_unchanged
+from repro.capture import capture_notice, capture_pids, capture_ranks, find_py_spy, py_spy_version
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ processes.json is not enough, the live process must carry the launch's token in 
 
 Real processes, no sglang: the "server" is /bin/sleep started by the real launcher (repro.launcher.start_server,
 which puts the token in the tree's environment) or as a multi-host node on the local host
-(repro.remote_run.MultiHostSession.start_node), recorded as the runner records it (repro.runner.save_server_procs,
+(repro.multihost.MultiHostSession.start_node), recorded as the runner records it (repro.runner.save_server_procs,
 MultiHostSession.save_processes) — or in a processes.json written by hand, as the breaker did. Every process
 started here is ended by its pid / process group in a finally.
 """
@@ -27,7 +27,7 @@ from repro.cli import app
 from repro.hosts import HostSpec
 from repro.launcher import start_server
 from repro.procs import LAUNCH_TOKEN_ENV, alive, proc_info
-from repro.remote_run import LAUNCH_TOKEN_FILE, cleanup_hosts
+from repro.multihost import LAUNCH_TOKEN_FILE, cleanup_hosts
 from repro.runner import save_server_procs
 from repro.targets.base import LaunchSpec
 from repro.targets.sglang import SGLangAdapter
@@ -134,7 +134,7 @@ def test_hand_written_host_sessions_are_refused_and_their_workdir_kept(tmp_path:
 def test_a_host_session_started_with_the_token_is_stopped_and_its_workdir_removed(tmp_path: Path):
     """A killed multi-host harness's node, started and recorded as MultiHostSession does (start_node, then
     save_processes), on the local host: `repro cleanup FOLDER` ends its session and removes its workdir."""
-    from repro.remote_run import MultiHostSession
+    from repro.multihost import MultiHostSession
 
     evd = ev.EvidenceDir(tmp_path / "evidence", "cleanup", "killed")
 

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 from repro import evidence as ev
 from repro.checker import RankDeathDetector
-from repro.detect import ScopedDetector, StallDetector, detector_set
+from repro.detect import ScopedDetector
+from repro.detectors import StallDetector, detector_set
 from repro.proof import LedgerProofDetector
 
 PLAN = {"ledger": {"enabled": True}, "faulthandler_signal": "SIGUSR2"}
@@ -27,7 +28,7 @@ def _kinds(dets) -> list:
 def test_single_server_pd_stack_and_hosts_get_the_same_detector_set(tmp_path: Path):
     from repro import pd
     from repro.host_ledgers import HostLedgerMirror
-    from repro.remote_run import HostsStallDetector, MultiHostSession
+    from repro.multihost import HostsStallDetector, MultiHostSession
 
     single = detector_set(PLAN)
     assert _kinds(single) == ORDER

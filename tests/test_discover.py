@@ -484,7 +484,7 @@ def test_a_returner_sites_perturbation_follows_what_it_returns(fake: D.Discovery
 def test_return_types_read_annotations_before_return_statements() -> None:
     import ast
 
-    from repro.discover.scan import return_types
+    from repro.discover.astscan.infer import return_types
 
     def rt(src: str) -> list[str]:
         return return_types(ast.parse(textwrap.dedent(src)).body[0])

@@ -126,7 +126,7 @@ def test_a_dead_rank_of_a_hosts_run_is_never_said_to_wait_in_its_ledger_evidence
     """ledger.json / the report's ledger sentence of a ``--hosts`` run (its mirror, ledger-<rank>.jsonl) mark the
     ranks rank_deaths.json names as dead, as a local run's do: rank 1 killed on h1 'never did: it died', not 'waits'
     (found on the real rig: the killed rank's REPORT.md said 'rank 1 never did and waits in broadcast')."""
-    from repro.remote_run import _ledger_evidence_from
+    from repro.multihost import _ledger_evidence_from
 
     mirror = tmp_path / "mirror"
     mirror.mkdir()

@@ -100,7 +100,7 @@ import json, sys, time
 from pathlib import Path
 from repro import evidence as ev
 from repro.hosts import hosts_from_json
-from repro.remote_run import MultiHostSession
+from repro.multihost import MultiHostSession
 
 hosts = hosts_from_json(json.loads(Path(sys.argv[1]).read_text()))
 evd = ev.EvidenceDir(Path(sys.argv[2]), "links", "check")
@@ -164,7 +164,7 @@ import json, sys
 from pathlib import Path
 from repro import evidence as ev
 from repro.hosts import hosts_from_json
-from repro.remote_run import MultiHostSession
+from repro.multihost import MultiHostSession
 
 hosts = hosts_from_json(json.loads(Path(sys.argv[1]).read_text()))
 evd = ev.EvidenceDir(Path(sys.argv[2]), "cleanup", "killed")

@@ -5,6 +5,7 @@ members (``EvidenceDir.verdict``, ``Layout.fire_log(pid)``, …)."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 from pathlib import Path
@@ -47,6 +48,7 @@ def test_the_injectors_file_names_are_the_stores() -> None:
     assert files.ERRORS_LOG == L.INJECTOR_ERRORS
 
 
+@functools.lru_cache(maxsize=1)
 def _names() -> tuple[list[str], list[str], list[str]]:
     """(file member names, folder member names, the stems of the per-process files: ``fires-`` …)."""
     members = [m for m in vars(ev.Layout).values() if isinstance(m, ev.Member)]
@@ -81,13 +83,20 @@ def _path_operands(tree: ast.AST) -> set[int]:
     return out
 
 
-def store_names_in(path: Path, rel: str) -> list[str]:
-    """Every non-docstring string constant of ``path`` that spells an evidence file's name."""
+@functools.lru_cache(maxsize=1)
+def _patterns() -> tuple[list[str], list[re.Pattern]]:
+    """(folder member names, one pattern per file name and per per-process stem)."""
     named, dirs, stems = _names()
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    docs, path_ops = _docstring_ids(tree), _path_operands(tree)
     pats = [re.compile(rf"(?<![\w-]){re.escape(n)}(?![\w])") for n in named]
     pats += [re.compile(rf"(?<![\w-]){re.escape(s)}(?=$|[{{<*(\\\d])") for s in stems]
+    return dirs, pats
+
+
+def store_names_in(path: Path, rel: str) -> list[str]:
+    """Every non-docstring string constant of ``path`` that spells an evidence file's name."""
+    dirs, pats = _patterns()
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs, path_ops = _docstring_ids(tree), _path_operands(tree)
     hits = []
     for n in ast.walk(tree):
         if not (isinstance(n, ast.Constant) and isinstance(n.value, str)) or id(n) in docs:

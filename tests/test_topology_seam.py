@@ -9,8 +9,8 @@ from pathlib import Path
 
 from repro import pd, runner
 from repro.checker import LocalRanks
-from repro.remote_run import MultiHostSession
-from repro.remote_watch import HostRanks
+from repro.multihost import MultiHostSession
+from repro.hosts import HostRanks
 from repro.verdict import INCONCLUSIVE, Verdict
 from repro.watch import Discovery
 

@@ -44,7 +44,7 @@ def _check_sites_option(sites: bool, cat: Catalogue, base: Any) -> None:
     try:
         import repro.ledger  # noqa: F401
     except ImportError:
-        raise HuntError(f"--sites needs the collective ledger (repro/ledger.py, per-rank {ev.Layout.ledger_file('<pid>')}), which this "
+        raise HuntError(f"--sites needs the collective ledger (repro/ledger/, per-rank {ev.Layout.ledger_file('<pid>')}), which this "
                         "checkout does not have; run without --sites (decision points only)") from None
     if not cat.site_apis:
         raise HuntError(f"--sites: {cat.path} has no [sites.apis] table saying where the ledger's collective APIs live")

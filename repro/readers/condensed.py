@@ -75,7 +75,8 @@ def _looks_located(text: str) -> bool:
 
 
 def _op_like(f: Frame) -> bool:
-    from repro.analysis import COLLECTIVE_OPS, _norm_op, comm_layer, idle_kind
+    from repro.diagnosis import COLLECTIVE_OPS
+    from repro.frames import _norm_op, comm_layer, idle_kind
     return _norm_op(f.function) in COLLECTIVE_OPS or comm_layer(f) is not None or idle_kind(f) is not None
 
 

@@ -1,0 +1,73 @@
+"""What the injector recorded, read for a run: the versions it saw (env.json) and the per-injection counts by rank."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import sys
+from typing import Any
+
+from repro.scenario import Variant
+from repro.verdict import InjectionCheck
+
+
+def collect_versions(injector_dir: Any, python: str, adapter: Any) -> dict:
+    """Versions for env.json: harness Python, platform, target interpreter, the run's engine (``engine``: the adapter's
+    name) and the python/torch/engine versions the injector's loaded markers recorded inside the server (the harness
+    never imports the engine), plus py-spy's path. The engine's version is ``engine_version`` and, for readers of
+    older folders, also under the adapter's ``ref_location.version_key`` (SGLang: ``sglang``).
+
+    Args:
+        injector_dir: the injector folder, or the ``InjectorReport`` already read from it (not read again).
+        python: the server's interpreter.
+        adapter: the run's adapter.
+    """
+    from repro import injection_records
+
+    info: dict[str, Any] = {
+        "harness_python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "target_python": python,
+        "engine": adapter.name,
+    }
+    key = adapter.ref_location.version_key or adapter.ref_location.package
+    try:
+        rep = injector_dir if isinstance(injector_dir, injection_records.InjectorReport) else \
+            injection_records.read_injector_dir(injector_dir)
+        for m in rep.markers:
+            for k, val in (("python", m.python), ("torch", m.torch), ("engine_version", m.version_of(key))):
+                if val and k not in info:
+                    info[k] = val
+    except Exception:
+        pass
+    if info.get("engine_version") and key:
+        info[key] = info["engine_version"]
+    py_spy = shutil.which("py-spy")
+    info["py_spy"] = py_spy
+    from repro.releases import describe_python
+
+    how = describe_python(python) if python else None
+    if how:  # a recipe-made release testbed: which release, and whether its own venv or an overlay ran
+        info["testbed"] = how
+    return info
+
+
+def injection_checks(injector_dir: Any, variant: Variant, rank_pids: dict[int, int]) -> tuple[list[int], list[int], list[InjectionCheck], Any]:
+    """Read the injector records: ranks loaded, ranks armed, per-injection counts by rank (after the last arming).
+
+    ``injector_dir``: the injector folder, or the ``InjectorReport`` already read from it (not read again).
+    Returns ``(loaded, armed, checks, report)``."""
+    from repro import injection_records
+
+    rep = injector_dir if isinstance(injector_dir, injection_records.InjectorReport) else \
+        injection_records.read_injector_dir(injector_dir)
+    ranks = sorted(rank_pids)
+    loaded = rep.ranks_loaded(ranks)
+    armed = rep.ranks_armed(ranks)
+    checks = []
+    for inj in variant.injections:
+        c = rep.counts_by_rank(inj.id)
+        site = rep.resolved_site(inj.id) or inj.site[0]
+        checks.append(InjectionCheck(inj.id, site, c["entered"], c["matched"], c["fired"], rep.absent_detail(inj.id),
+                                     getattr(inj, "required", True)))
+    return loaded, armed, checks, rep
