@@ -73,6 +73,20 @@ def test_each_router_gets_its_own_metrics_port_so_two_stacks_can_share_a_machine
     assert own.count("--prometheus-port") == 1 and own[own.index("--prometheus-port") + 1] == "9100"
 
 
+def test_every_role_of_the_pd_topology_has_an_adapter_with_every_hook_the_harness_calls(tmp_path):
+    """The harness calls the adapter hooks plainly (issue 30), on each role's adapter too: the router's must declare
+    them (it answered ``leftover_files`` with an AttributeError at every stop before it had the base's defaults)."""
+    from repro.targets.base import AdapterBase
+    from repro.targets.sglang import SGLangAdapter
+
+    a = SGLangAdapter()
+    for role in a.topology(load_scenario(DISAGG).server).roles:
+        ra = a.role_adapter(role)
+        assert isinstance(ra, AdapterBase), role
+        assert ra.leftover_files(tmp_path / "server.log") == [] and ra.owned_dirs({}) == [], role
+        assert ra.router_workers("http://127.0.0.1:9", 0.1) is None and ra.testbed_python() in (None, a.testbed_python())
+
+
 def test_injections_name_their_server_and_ranks_are_named_apart():
     sc = load_scenario(DISAGG)
     roles = injection_roles(sc)

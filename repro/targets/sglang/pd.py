@@ -30,7 +30,7 @@ from typing import Any, Optional, Sequence
 import requests
 
 from repro.procs import ProcInfo
-from repro.targets.base import LaunchSpec, ServerRole, Topology, flag_value
+from repro.targets.base import AdapterBase, LaunchSpec, ServerRole, Topology, flag_value
 
 PD_TOPOLOGY = "pd"
 PREFILL, DECODE, ROUTER = "prefill", "decode", "router"
@@ -112,10 +112,11 @@ def router_workers(url: str, timeout_s: float = 2.0) -> Optional[list[dict]]:
     return [w for w in workers if isinstance(w, dict)] if isinstance(workers, list) else None
 
 
-class SGLangRouterAdapter:
+class SGLangRouterAdapter(AdapterBase):
     """Adapter for SGLang's router (``sglang_router.launch_router``, sglang-router 0.3.2) as one role of a stack.
 
     It starts the router and parses the engine's HTTP shapes (the router forwards them); it has no rank processes.
+    Every other hook is the base adapter's default (no testbed, no leftover files, no sampling parameters …).
     The launcher's second free port (``nccl_port``) becomes the router's ``--prometheus-port``: its default, 29000,
     is fixed, and a second stack on the machine died at start-up on it (measured: "failed to install Prometheus
     metrics exporter … Address already in use").
@@ -168,5 +169,3 @@ class SGLangRouterAdapter:
         """The router has no rank processes: always ``{}``."""
         return {}
 
-    def owned_dirs(self, env: dict[str, str]) -> list:
-        return []
