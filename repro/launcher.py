@@ -19,7 +19,7 @@ import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import requests
 
@@ -295,6 +295,15 @@ class Server:
 
 
 FORK_RANKS_ENV = "REPRO_FORK_RANKS"  # read by the injector in the launcher (injectors/repro_injector/_fork.py)
+# the harness's opt-ins a server reads from its environment: a local launch inherits them with os.environ; a launch
+# whose environment starts empty (a multi-host node over ssh, repro.multihost) must carry them (harness_opt_ins)
+HARNESS_OPT_INS = (FORK_RANKS_ENV,)
+
+
+def harness_opt_ins(env: Mapping[str, str]) -> dict[str, str]:
+    """The harness opt-ins set in ``env`` (``HARNESS_OPT_INS``: ``REPRO_FORK_RANKS``), as a launch environment's base
+    for a server that does not inherit the harness's environment (a node started over ssh or a command template)."""
+    return {k: env[k] for k in HARNESS_OPT_INS if k in env}
 
 
 def check_fork_ranks(env: dict[str, str], args: list[str]) -> None:

@@ -202,6 +202,29 @@ def test_stack_waits_for_the_routers_workers_then_stops_every_tree(tmp_path: Pat
     assert left == [] and not any(_procs.alive(p) for p in procs)
 
 
+def test_a_stacks_roles_are_stopped_at_once_not_one_after_another():
+    """Stack.stop runs every role's stop at the same time (issue 36: one after another, a wedged PD stack's teardown
+    was the sum of three roles' stops): each fake role's stop waits until all three are inside theirs."""
+    import threading
+
+    barrier = threading.Barrier(3, timeout=20)
+
+    class _Role:
+        def __init__(self, name):
+            self.name, self.grace = name, None
+
+        def stop(self, grace_s=10.0):
+            self.grace = grace_s
+            barrier.wait()  # BrokenBarrierError (after 20 s) when the roles are stopped one at a time
+            return [f"{self.name}-left"]
+
+    stack = Stack([], entry="router")
+    stack.servers = {n: _Role(n) for n in ("prefill", "decode", "router")}
+    left = stack.stop(grace_s=0)
+    assert sorted(left) == ["decode-left", "prefill-left", "router-left"]
+    assert all(r.grace == 0 for r in stack.servers.values())
+
+
 def test_a_role_that_dies_during_start_up_is_named_and_nothing_is_left(tmp_path: Path):
     stack = _stack(tmp_path, router_extra=["--workers-after-s", "60"], decode_extra=["--die-after-s", "0.5"])
     try:
