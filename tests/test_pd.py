@@ -3,6 +3,7 @@ per-server plans, and the stack's life-cycle on stand-in servers (tests/fake_ser
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -200,6 +201,35 @@ def test_stack_waits_for_the_routers_workers_then_stops_every_tree(tmp_path: Pat
     finally:
         left = stack.stop()
     assert left == [] and not any(_procs.alive(p) for p in procs)
+
+
+def test_a_stack_under_the_fork_ranks_opt_in_starts_its_router_too(tmp_path: Path, monkeypatch):
+    """REPRO_FORK_RANKS=1 (the pd stage of scripts/test.sh sets it) applies to the servers whose adapter declares a
+    call to switch (the engines, ``--device cpu``); the router declares none and has no ``--device``: it starts, with
+    the variable left in its environment, where before every PD launch was refused ("--device None")."""
+    from repro.targets.base import InjectorProfile
+
+    class ForkingEngine(FakeAdapter):
+        injector_profile = InjectorProfile(fork_caller="engine:launch", fork_device="server_args.device")
+
+    monkeypatch.setenv("REPRO_FORK_RANKS", "1")
+    stack = _stack(tmp_path)
+    for r in stack.roles:
+        if r.is_engine:
+            r.adapter = ForkingEngine()
+            r.spec = dataclasses.replace(r.spec, args=[*r.spec.args, "--device", "cpu"])
+    try:
+        stack.start()
+        stack.wait_healthy(30)
+        assert all(s.env.get("REPRO_FORK_RANKS") == "1" for s in stack.servers.values())
+    finally:
+        assert stack.stop() == []
+    # an engine that declares the call still needs --device cpu
+    bad = _stack(tmp_path / "bad")
+    bad.roles[0].adapter = ForkingEngine()
+    with pytest.raises(LaunchError, match="REPRO_FORK_RANKS=1 is for CPU servers only"):
+        bad.start()
+    assert bad.procs() == []
 
 
 def test_a_stacks_roles_are_stopped_at_once_not_one_after_another():
