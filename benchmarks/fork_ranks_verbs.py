@@ -146,6 +146,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--verbs", default="demo,compare,hunt")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--first-repeat", type=int, default=0, help="index of the first repeat (a later run adds repeats "
+                    "to an earlier one's folders: index 1 runs fork first)")
     ap.add_argument("--hunt-budget-min", type=float, default=5.0)
     ap.add_argument("--timeout-s", type=float, default=1500.0)
     ap.add_argument("--evidence-dir", type=Path, default=Path("/tmp/repro-fork-verbs"))
@@ -161,7 +163,7 @@ def main() -> int:
             if s["verb"] == "hunt" and "trials" not in s:
                 s.update(hunt_summary((args.evidence_dir / f"hunt-{s['arm']}-{s['i']}").resolve(), s["wall_s"]))
     for verb in [] if args.from_json else [v.strip() for v in args.verbs.split(",") if v.strip()]:
-        for i in range(args.repeats):
+        for i in range(args.first_repeat, args.first_repeat + args.repeats):
             for arm in (("spawn", "fork") if i % 2 == 0 else ("fork", "spawn")):
                 s = one(verb, arm, i, args)
                 out.append(s)
