@@ -61,3 +61,68 @@ def test_frames_no_release_holds_are_not_said_to_fit() -> None:
     assert " fit " not in choice.reason and "holds all" in choice.reason and "the closest" in choice.reason
     exact = rel.choose_release(idx, frames=frames)
     assert "fit 0.5.18" in exact.reason  # frames that all fit still say so
+
+
+# ---------------------------------------------------------------------------------------------------- bisect
+from repro.release_bisect import BisectError, BisectOptions, bisect  # noqa: E402
+from repro.refs import RefError, materialize, parse_ref  # noqa: E402
+
+SCENARIO = REPO / "scenarios" / "sglang" / "hicache_prefetch_30760.toml"
+
+
+def _bisect_opts(tmp_path: Path, good: str = "release:0.5.18", bad: str = "release:0.5.20", **kw) -> BisectOptions:
+    return BisectOptions(scenario_path=SCENARIO, good=good, bad=bad, variant="allocatable_drift",
+                         evidence_root=tmp_path / "ev", **kw)
+
+
+@pytest.mark.parametrize("kw,good,bad,needle", [
+    ({"tp": 0}, "release:0.5.18", "release:0.5.20", "--tp must be ≥ 1 (got 0)"),
+    ({"requests": -1}, "release:0.5.18", "release:0.5.20", "--requests must be ≥ 1 (got -1)"),
+    ({}, "release:0.5.18+patch:nope.patch", "release:0.5.20+patch:nope.patch", "patch:nope.patch: not found"),
+    ({}, "release:0.5.18+patch:scenarios", "release:0.5.20+patch:scenarios", "is a folder"),
+    ({}, "release:0.5.18+patch:", "release:0.5.20+patch:", "expected patch:FILE"),
+    ({}, "release:0.5.18+git:/tmp@HEAD", "release:0.5.20+git:/tmp@HEAD", "only patch:FILE composes"),
+], ids=["tp", "requests", "missing-patch", "folder-patch", "empty-patch", "git"])
+def test_bisect_checks_cheap_input_before_asking_for_a_set_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              kw: dict, good: str, bad: str, needle: str) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no release set up: input errors come first
+    monkeypatch.delenv("REPRO_TESTBED_DIR", raising=False)
+    monkeypatch.chdir(REPO)
+    with pytest.raises(BisectError) as e:
+        bisect(_bisect_opts(tmp_path, good, bad, **kw), runner=lambda *a: pytest.fail("ran"))
+    assert needle in str(e.value) and "not set up" not in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bisect_names_every_release_not_set_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("REPRO_TESTBED_DIR", raising=False)
+    with pytest.raises(BisectError) as e:
+        bisect(_bisect_opts(tmp_path), runner=lambda *a: pytest.fail("ran"))
+    assert "3 of 3 are not (0.5.18, 0.5.19, 0.5.20)" in str(e.value)
+
+
+def test_a_refused_step_is_named_in_bisect_md(tmp_path: Path) -> None:
+    def refuse(version: str, ref: str, root: Path):
+        raise BisectError(f"site X is absent in {version}; nothing was launched")
+
+    with pytest.raises(BisectError):
+        bisect(_bisect_opts(tmp_path), runner=refuse, check=lambda vs: None)
+    folder = next((tmp_path / "ev").glob("*/*-bisect-*"))
+    assert "Stopped: site X is absent in 0.5.18" in (folder / "BISECT.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------------------ REFs
+def test_two_patches_in_one_ref_are_one_line_naming_the_fix() -> None:
+    with pytest.raises(RefError, match="one patch per REF"):
+        parse_ref("release:0.5.23+patch:a.patch+patch:b.patch")
+
+
+def test_a_folder_as_patch_is_named_a_folder(tmp_path: Path) -> None:
+    class Loc:
+        package = "sglang"
+
+    class Adapter:
+        ref_location = Loc()
+
+    with pytest.raises(RefError, match="is a folder, not a patch file"):
+        materialize(parse_ref(f"patch:{tmp_path}"), "/usr/bin/python3", Adapter(), choose=lambda p: "/usr/bin/python3")
