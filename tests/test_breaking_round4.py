@@ -126,3 +126,21 @@ def test_a_folder_as_patch_is_named_a_folder(tmp_path: Path) -> None:
 
     with pytest.raises(RefError, match="is a folder, not a patch file"):
         materialize(parse_ref(f"patch:{tmp_path}"), "/usr/bin/python3", Adapter(), choose=lambda p: "/usr/bin/python3")
+
+
+# ------------------------------------------------------------------------------------------- --release ''
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+
+@pytest.mark.parametrize("argv", [  # verbs that launch nothing even when the check regresses (run, demo, serve
+    ["sites", "scenarios/sglang/smoke_extra_allreduce.toml"],  # and hunt share sites' _release_python check)
+    ["reproduce", "tests/fixtures/reproduce/hicache_30760_sglang_0_5_18_real", "--no-run"],
+], ids=["sites", "reproduce"])
+def test_an_empty_release_is_refused_not_read_as_none(tmp_path: Path, argv: list[str]) -> None:
+    r = subprocess.run([sys.executable, "-m", "repro", *argv, "--release", "", *(
+        ["--out", str(tmp_path / "out")] if argv[0] == "reproduce" else [])], cwd=REPO, capture_output=True,
+        text=True, timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    assert r.returncode == 2 and lines == ["error: --release '': expected a release such as 0.5.23 (or leave "
+                                           "--release out for the default interpreter)"], r.stdout + r.stderr
