@@ -175,6 +175,26 @@ def _check_set_up(versions: list[str], adapter: Any) -> None:
                           f"{missing[0][1]}")
 
 
+def _check_patch_applies(versions: list[str], suffix: str, adapter: Any) -> None:
+    """With ``+patch:FILE``: the patch applies to every release of the range, checked (an overlay made and removed
+    per release, seconds each) before the first step runs, so no end runs for minutes before a later step refuses.
+
+    Raises:
+        BisectError: the first release it does not apply to, with the patch's own one-line reason.
+    """
+    if not suffix:
+        return
+    from repro.refs import RefError, materialize, parse_ref
+
+    for v in versions:
+        try:
+            materialize(parse_ref(ref_for(v, suffix)), None, adapter).close()
+        except RefError as e:
+            raise BisectError(f"{ref_for(v, suffix)}: {e} (bisect carries the same patch to every release from "
+                              f"{versions[0]} to {versions[-1]}; narrow the range or pick a patch that applies to all)"
+                              ) from None
+
+
 def _check_inputs(opts: BisectOptions, first_ref: str) -> None:
     """What can be checked without any release set up, before the set-up check (a user must not set a release
     up to learn that --tp or the patch was wrong): --tp, --requests, the REF's form and its patch file.
@@ -207,7 +227,8 @@ def bisect(opts: BisectOptions, runner: Optional[Runner] = None, check: Optional
     Args:
         opts: the bisection.
         runner: runs one release (default :func:`default_runner`); tests pass a stand-in.
-        check: refuses a range with a release not set up (default: every release's interpreter must exist).
+        check: refuses a range with a release not set up (default: every release's interpreter must exist, and a
+            ``+patch:`` must apply to every release).
         observe: ``("step", {"release", "ref"})`` before each run, ``("verdict", {...})`` after.
     Returns:
         A :class:`BisectResult` with ``exit_code`` per the module docstring.
@@ -226,7 +247,7 @@ def bisect(opts: BisectOptions, runner: Optional[Runner] = None, check: Optional
         raise BisectError(str(e)) from None
     versions, suffix = release_range(opts.good, opts.bad, adapter)
     _check_inputs(opts, ref_for(versions[0], suffix))
-    (check or (lambda vs: _check_set_up(vs, adapter)))(versions)
+    (check or (lambda vs: (_check_set_up(vs, adapter), _check_patch_applies(vs, suffix, adapter))))(versions)
     run_one = runner or default_runner(opts, adapter)
     res = BisectResult(versions)
     folder = _bisect_folder(opts.evidence_root, scen.name, opts.label or var.name)

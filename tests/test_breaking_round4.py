@@ -144,3 +144,27 @@ def test_an_empty_release_is_refused_not_read_as_none(tmp_path: Path, argv: list
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
     assert r.returncode == 2 and lines == ["error: --release '': expected a release such as 0.5.23 (or leave "
                                            "--release out for the default interpreter)"], r.stdout + r.stderr
+
+
+def test_a_patch_that_fails_on_one_release_is_refused_before_any_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import repro.refs
+    import repro.release_bisect as rb
+
+    monkeypatch.chdir(tmp_path)
+    Path("fix.patch").write_text("--- a/sglang/x.py\n+++ b/sglang/x.py\n")
+    monkeypatch.setattr(rb, "release_python", lambda v, a: "/usr/bin/python3")  # every release "set up"
+
+    class Made:
+        def close(self) -> None:
+            pass
+
+    def materialize(ref, python, adapter, **kw):
+        if ref.release == "0.5.20":
+            raise RefError("fix.patch does not apply: hunk #1 of sglang/x.py failed at line 3")
+        return Made()
+
+    monkeypatch.setattr(repro.refs, "materialize", materialize)
+    with pytest.raises(BisectError) as e:
+        bisect(_bisect_opts(tmp_path, "release:0.5.18+patch:fix.patch", "release:0.5.20+patch:fix.patch"),
+               runner=lambda *a: pytest.fail("a step ran before the patch was checked on every release"))
+    assert "release:0.5.20+patch:fix.patch: fix.patch does not apply" in str(e.value)
