@@ -168,3 +168,16 @@ def test_a_patch_that_fails_on_one_release_is_refused_before_any_step(tmp_path: 
         bisect(_bisect_opts(tmp_path, "release:0.5.18+patch:fix.patch", "release:0.5.20+patch:fix.patch"),
                runner=lambda *a: pytest.fail("a step ran before the patch was checked on every release"))
     assert "release:0.5.20+patch:fix.patch: fix.patch does not apply" in str(e.value)
+
+
+# ------------------------------------------------------------------------------------ cleanup after kill -9
+def test_the_verdict_cleanup_writes_records_the_exit_code_the_killed_run_ended_with(tmp_path: Path) -> None:
+    import json
+    import time
+
+    from repro.cleanup import _write_killed_report
+
+    _write_killed_report(tmp_path, {"pid": 4242, "time": time.time() - 30}, [], time.time())
+    v = json.loads((tmp_path / "verdict.json").read_text())
+    assert v["verdict"] == "INCONCLUSIVE" and v["harness_killed"] is True
+    assert v["exit_code"] == 137, v  # what the shell saw (128 + SIGKILL), never INCONCLUSIVE's 4
