@@ -98,7 +98,9 @@ def _sigterm_to_interrupt() -> None:
         # process started afterwards (a hunt's next server, a test's) would ignore SIGTERM and need SIGKILL.
         signal.signal(signal.SIGTERM, ignore)
         signal.signal(signal.SIGINT, ignore)
-        console.print("[yellow]interrupt: tearing down the server tree (further Ctrl-C is ignored until it is gone)[/]")
+        what = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        console.print(f"[yellow]interrupt ({what}): tearing down the server tree (further Ctrl-C and SIGTERM are "
+                      "ignored until it is gone)[/]")
         raise Interrupted(signum)  # a KeyboardInterrupt that carries its exit code (verdict.json records it)
 
     signal.signal(signal.SIGTERM, handler)

@@ -181,3 +181,42 @@ def test_the_verdict_cleanup_writes_records_the_exit_code_the_killed_run_ended_w
     v = json.loads((tmp_path / "verdict.json").read_text())
     assert v["verdict"] == "INCONCLUSIVE" and v["harness_killed"] is True
     assert v["exit_code"] == 137, v  # what the shell saw (128 + SIGKILL), never INCONCLUSIVE's 4
+
+
+# ------------------------------------------------------------------------------------------ small wording
+def test_a_v_prefixed_release_gets_a_did_you_mean() -> None:
+    idx = rel.load_index("sglang")
+    for typed in ("v0.5.18", "V0.5.18", "sglang-v0.5.18"):
+        with pytest.raises(rel.ReleaseError, match="did you mean 0.5.18\\?"):
+            idx.get(typed)
+    with pytest.raises(rel.ReleaseError) as e:
+        idx.get("latest")
+    assert "did you mean" not in str(e.value)
+
+
+def test_a_forced_release_the_frames_contradict_is_said() -> None:
+    idx = rel.load_index("sglang")
+    _, caps = read_dumps([str(DUMPS)])
+    choice = rel.choose_release(idx, forced="0.5.23", frames=dump_frames(caps))
+    assert choice.version == "0.5.23" and "point to 0.5.18, not 0.5.23" in choice.reason
+    assert "note" not in rel.choose_release(idx, forced="0.5.18", frames=dump_frames(caps)).reason
+
+
+def test_sigterm_is_named_sigterm_when_it_interrupts() -> None:
+    import signal
+    import textwrap
+
+    prog = textwrap.dedent("""
+        import os, signal, sys
+        sys.path.insert(0, %r)
+        from repro import cli
+        cli._sigterm_to_interrupt()
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.pause()
+        except KeyboardInterrupt:
+            sys.exit(cli._interrupted_exit())
+    """ % str(REPO))
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60,
+                       env={**__import__("os").environ, "COLUMNS": "200"})
+    assert r.returncode == 143 and "interrupt (SIGTERM): tearing down" in r.stdout + r.stderr, r
