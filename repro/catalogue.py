@@ -64,6 +64,9 @@ DEFAULT_CATALOGUE = catalogue_for(DEFAULT_ADAPTER)  # the default adapter's: a c
 
 
 # ----------------------------------------------------------------------------------------------------- catalogue
+LASTING_KINDS = ("fault", "clock", "state")  # actions whose effect outlives the trial (Perturbation.lasting)
+
+
 @dataclass(frozen=True)
 class Perturbation:
     """A way to perturb a decision point once: ``action`` is a scenario injection action (``repro.scenario``).
@@ -85,6 +88,13 @@ class Perturbation:
         from repro.scenario import nature_of
 
         return "control" if self.control else nature_of(self.action)
+
+    @property
+    def lasting(self) -> bool:
+        """Its effect outlives the trial in the server's processes: a ``fault`` (the thread it hit may have died), a
+        ``clock`` shift (the process keeps the shifted clock), a ``state`` take (the slots stay taken). The hunt
+        restarts the trial server after such a trial so the next one starts clean."""
+        return str(self.action.get("kind")) in LASTING_KINDS
 
 
 @dataclass(frozen=True)

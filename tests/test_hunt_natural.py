@@ -69,3 +69,26 @@ def test_hunt_rows_show_nature_fires_on_the_target_rank_and_the_effect(tmp_path:
     assert "equal again at tick 5" in md and "| control_leak | control |" in md
     rec = log.results[0].to_json()
     assert rec["nature"] == "natural" and rec["fired_on_target"] == 1 and rec["effect_status"] == "reconciled"
+
+
+def test_a_trial_whose_nemesis_outlives_it_gets_a_fresh_server_for_the_next_trial(tmp_path: Path) -> None:
+    """A fault can kill the thread it hit and a clock shift stays in the process: on a shared trial server the next
+    trial would run against that (measured: an io-aux fault on rank 0, then a crash in the next trial). Each such
+    trial is followed by a restart; a delay is not."""
+    import repro.hunt as H
+    from tests.test_hunt import BASE, FakeRunner
+
+    src = (REPO / "scenarios/sglang/hunt_catalogue.toml").read_text()
+    cat = tmp_path / "hunt_catalogue.toml"
+    cat.write_text(src.replace('perturbations = ["zero_once", "minus_one", "plus_one", "delay_once"]',
+                               'perturbations = ["zero_once", "minus_one", "plus_one", "delay_once", "fault_once"]', 1)
+                   + '\n[perturbations.fault_once]\naction = { kind = "fault" }\nsays = "raises once"\n')
+    (tmp_path / "hunt_workloads.toml").write_text((REPO / "scenarios/sglang/hunt_workloads.toml").read_text())
+    fr = FakeRunner({})
+    res = H.hunt(H.HuntOptions(scenario_path=BASE, evidence_root=tmp_path / "ev", only=("get_num_allocatable_reqs",),
+                               perturbations=("fault_once", "delay_once"), catalogue_path=cat, spare=False), runs=fr)
+    assert len(res.results) == 8
+    trial_s = fr.sessions[1]
+    # order per row: delay r0, delay r1, fault r0, fault r1; 4 fault trials, the last of them last of all: 3 restarts
+    faults = [r.trial.n for r in res.results if r.trial.perturbation.name == "fault_once"]
+    assert len(faults) == 4 and trial_s.starts == 1 + sum(1 for n in faults if n < 8)

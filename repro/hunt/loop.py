@@ -356,7 +356,8 @@ def _run_trials(runs: Runs, p: Any, ro: Any, base: Any, cat: Catalogue, trials: 
                                 want_spare=lambda: clock.remaining > 0 and started[0] + 1 < len(trials), log=log)
     by_name = {t.name: t for t in trials}
     items = [VariantItem(t.name, command=(opts.command_line or f"repro hunt {opts.scenario_path}") + f"  # trial {t.name}",
-                         seed=trial_seed(base, t), session_info={"hunt": str(log.folder)}) for t in trials]
+                         seed=trial_seed(base, t), session_info={"hunt": str(log.folder)},
+                         restart_after=t.perturbation.lasting) for t in trials]
 
     def before(i: int, item: Any) -> Optional[str]:
         return f"budget of {opts.budget_min:g} min ended before this trial" if clock.remaining <= 0 else None
