@@ -42,10 +42,31 @@ def catalogue_for(adapter: Any) -> Path:
     return Path(adapter.hunt_catalogue)
 
 
+NATURAL_CATALOGUE_NAME = "natural_nemeses.toml"  # beside the adapter's hunt catalogue
+
+
+def hunt_catalogue(adapter: Any, natural: bool = False) -> Path:
+    """The adapter's hunt catalogue, or with ``natural`` its natural catalogue (``natural_nemeses.toml`` beside it).
+
+    Raises:
+        HuntError: the adapter has none, or no natural catalogue (names the file and ``--catalogue``).
+    """
+    path = catalogue_for(adapter)
+    if not natural:
+        return path
+    nat = path.with_name(NATURAL_CATALOGUE_NAME)
+    if not nat.is_file():
+        raise HuntError(f"--natural: {nat} not found (the adapter's natural nemeses); pass --catalogue FILE")
+    return nat
+
+
 DEFAULT_CATALOGUE = catalogue_for(DEFAULT_ADAPTER)  # the default adapter's: a clone's scenarios/ or the installed wheel's copy
 
 
 # ----------------------------------------------------------------------------------------------------- catalogue
+LASTING_KINDS = ("fault", "clock", "state")  # actions whose effect outlives the trial (Perturbation.lasting)
+
+
 @dataclass(frozen=True)
 class Perturbation:
     """A way to perturb a decision point once: ``action`` is a scenario injection action (``repro.scenario``).
@@ -59,6 +80,21 @@ class Perturbation:
     action: dict
     says: str
     by_construction: bool = False
+    control: bool = False  # the natural hunt's control row: a forced action, run to show the oracle catches it
+
+    @property
+    def nature(self) -> str:
+        """``natural`` (an environment nemesis), ``forced`` (the engine's own bookkeeping) or ``control``."""
+        from repro.scenario import nature_of
+
+        return "control" if self.control else nature_of(self.action)
+
+    @property
+    def lasting(self) -> bool:
+        """Its effect outlives the trial in the server's processes: a ``fault`` (the thread it hit may have died), a
+        ``clock`` shift (the process keeps the shifted clock), a ``state`` take (the slots stay taken). The hunt
+        restarts the trial server after such a trial so the next one starts clean."""
+        return str(self.action.get("kind")) in LASTING_KINDS
 
 
 @dataclass(frozen=True)
@@ -173,7 +209,8 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
             Injection.model_validate({"id": "check", "site": "m:f", "action": spec["action"]})
         except ValidationError as e:
             raise HuntError(f"{p}: perturbations.{name}.action is not a valid injection action: {e.errors()[0]['msg']}") from None
-        perts[name] = Perturbation(name, dict(spec["action"]), str(spec.get("says", name)), bool(spec.get("by_construction", False)))
+        perts[name] = Perturbation(name, dict(spec["action"]), str(spec.get("says", name)), bool(spec.get("by_construction", False)),
+                                   bool(spec.get("control", False)))
     points = []
     for i, spec in enumerate(data.get("points") or []):
         where = f"{p}: points[{i}]"
@@ -210,6 +247,23 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
         apis.append(SiteApi(prefix, str(spec["owner"]), dict(spec["skip"]), spec.get("extra_group")))
     return Catalogue(p, tuple(points), perts, _tuple(cl.get("forward_frames")), _tuple(cl.get("idle_frames")), named, known,
                      _tuple(cl.get("crash_forward_functions")), tuple(apis))
+
+
+def check_natural(cat: Catalogue) -> None:
+    """A natural hunt's catalogue: every perturbation natural except those marked ``control = true`` (at most one).
+
+    Raises:
+        HuntError: naming each forced perturbation and the fix (make it natural, or mark the one control).
+    """
+    forced = sorted(n for n, pt in cat.perturbations.items() if pt.nature == "forced")
+    controls = sorted(n for n, pt in cat.perturbations.items() if pt.control)
+    if forced:
+        raise HuntError(f"{cat.path}: --natural: perturbation(s) {', '.join(forced)} force the engine's own "
+                        "bookkeeping (return_value / skip / state / extra_collective); a natural hunt takes only "
+                        "delay / stop / clock / fault / pending, plus one row marked control = true")
+    if len(controls) > 1:
+        raise HuntError(f"{cat.path}: --natural: {len(controls)} perturbations marked control ({', '.join(controls)}); "
+                        "keep one control")
 
 
 def short_frame(frame: str) -> str:

@@ -545,6 +545,22 @@ class BurstDriver:
             self._admin.append(rec)
         self._event_plain("admin", **rec)
 
+    def _warm_flush(self, warm: Any) -> None:
+        """Storage-warm workload (``repro.nemeses.WarmStorage``): wait for write-through backups, flush the caches;
+        recorded as admin call ``warm_storage`` (its HTTP status; a refused flush leaves the after requests warm in
+        the device cache instead, which the record shows)."""
+        time.sleep(warm.wait_s)
+        t0 = time.time()
+        rec: dict = {"call": "warm_storage", "n": 0, "method": "POST", "path": warm.flush_path, "in_flight": self._in_flight(),
+                     "done": True}
+        try:
+            resp = requests.post(self.base_url + warm.flush_path, headers=warm.headers or None, timeout=(5.0, warm.timeout_s))
+            rec.update(http_status=resp.status_code, ok=resp.status_code == 200, answer=resp.text[:300])
+        except Exception as e:
+            rec.update(ok=False, error=f"{type(e).__name__}: {e}")
+        rec["elapsed_s"] = round(time.time() - t0, 3)
+        self._admin_record(rec)
+
     def _after_burst(self) -> None:
         """Send the workload's ``after`` requests once every burst request has ended (answered, failed or cut)."""
         while not self._abandoned.is_set():
@@ -555,6 +571,9 @@ class BurstDriver:
             time.sleep(0.01)
         else:
             return
+        warm = getattr(self.workload, "warm_storage", None)
+        if warm is not None:
+            self._warm_flush(warm)
         self._event_plain("after_burst", requests=list(range(self._n_burst, len(self._records))))
         for rec in self._records[self._n_burst:]:
             try:

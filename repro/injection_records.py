@@ -93,6 +93,9 @@ class FireEvent:
     stack: tuple[str, ...]
     action: Mapping[str, Any]
     completed: Optional[bool] = None  # a matching ``fire_done`` line was seen (None: action still running / hung)
+    nature: str = ""  # natural / forced / observe / control (the injector's label; "" in logs older than it)
+    thread: str = ""  # the name of the thread the action ran on
+    effects: tuple[Mapping[str, Any], ...] = ()  # the natural action's own events for this id (NATURAL_EFFECT_EVENTS)
 
 
 @dataclass(frozen=True)
@@ -285,6 +288,10 @@ def read_fire_log(path: Union[str, Path], offset: int = 0, tail: bool = True) ->
     return events, offset + end
 
 
+# what a natural action's fire was followed by (injectors/repro_injector/_natural.py writes them)
+NATURAL_EFFECT_EVENTS = ("clock_shifted", "stopped", "stop_helper_exit", "fault_outcome", "pending_done")
+
+
 def _read_log(path: Path, pid: int) -> ProcessLog:
     events, _ = read_fire_log(path, tail=False)
     rank: Optional[int] = None
@@ -296,6 +303,7 @@ def _read_log(path: Path, pid: int) -> ProcessLog:
     done: dict[str, bool] = {}
     errors: list[str] = []
     seen: list[dict] = []
+    effects: dict[str, list] = {}
     for e in events:
         if e.get("rank") is not None:
             rank = e["rank"]
@@ -320,9 +328,12 @@ def _read_log(path: Path, pid: int) -> ProcessLog:
             errors.append(str(e.get("message")))
         elif kind == "seen":
             seen.append(e)
+        elif kind in NATURAL_EFFECT_EVENTS:
+            effects.setdefault(str(e.get("id")), []).append(e)
     fire_events = tuple(
         FireEvent(pid, f.get("rank"), f.get("id", ""), arm_seq, float(f.get("time", 0)), int(f.get("n", 0)), f.get("caller") or "",
-                  tuple(f.get("stack") or ()), f.get("action") or {}, done.get(f.get("id")))
+                  tuple(f.get("stack") or ()), f.get("action") or {}, done.get(f.get("id")), str(f.get("nature") or ""),
+                  str(f.get("thread") or ""), tuple(effects.get(str(f.get("id")), ())))
         for f in fires
     )
     return ProcessLog(pid, rank, arm_seq, armed_ids, disarmed, counts, fire_events, tuple(errors), tuple(seen))

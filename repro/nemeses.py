@@ -154,6 +154,18 @@ class AdminCall(_Strict):
         return fill(self.body)
 
 
+class WarmStorage(_Strict):
+    """A storage-warm workload: the ``after`` requests repeat the first burst prompts, and before they are sent the
+    driver waits ``wait_s`` seconds (write-through backups to the storage backend) and calls ``flush_path`` (the
+    device and host caches are flushed; a storage backend keeps its pages), so their prefixes are found in storage
+    only: a HiCache storage prefetch with page transfers. Recorded as an admin call named ``warm_storage``."""
+
+    wait_s: float = Field(2.0, ge=0, le=600, description="seconds after the burst before the flush")
+    flush_path: str = Field("/flush_cache", pattern=r"^/[A-Za-z0-9_./-]*$")
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout_s: float = Field(30.0, gt=0)
+
+
 class Workload(_Strict):
     """What the clients do during one burst (module docstring). Optional overrides of the burst's sizes."""
 
@@ -166,6 +178,14 @@ class Workload(_Strict):
     deadlines: Optional[Deadlines] = None
     admin: list[AdminCall] = Field(default_factory=list)
     after: int = Field(0, ge=0, le=100, description="requests sent after every other one ended")
+    warm_storage: Optional[WarmStorage] = Field(None, description="the after requests repeat the burst's first "
+                                                "prompts after a cache flush: found in storage only (needs after >= 1)")
+
+    @model_validator(mode="after")
+    def _warm_needs_after(self) -> "Workload":
+        if self.warm_storage is not None and self.after < 1:
+            raise ValueError("warm_storage repeats burst prompts as the 'after' requests: set after >= 1 (e.g. after = 4)")
+        return self
 
     def request_plan(self, i: int, input_len: int, max_new_tokens: int) -> "RequestPlan":
         """Request ``i``'s shape under this workload (``input_len``/``max_new_tokens``: the burst's values)."""
@@ -197,6 +217,18 @@ def request_plans(count: int, input_len: int, max_new_tokens: int, workload: Opt
         return [RequestPlan(input_len, max_new_tokens) for _ in range(count)]
     plans = [workload.request_plan(i, input_len, max_new_tokens) for i in range(count)]
     return plans + [RequestPlan(input_len, max_new_tokens) for _ in range(workload.after)]
+
+
+def warm_prompts(prompts: Sequence[list[int]], workload: Optional[Workload]) -> list[list[int]]:
+    """Under a ``warm_storage`` workload the last ``after`` prompts repeat the first ``after`` burst prompts
+    (their pages are then in storage); otherwise the prompts unchanged."""
+    out = [list(p) for p in prompts]
+    if workload is None or workload.warm_storage is None or not workload.after:
+        return out
+    n_burst = len(out) - workload.after
+    for k in range(workload.after):
+        out[n_burst + k] = list(out[k % n_burst])
+    return out
 
 
 def make_prompts_for(plans: Sequence[RequestPlan], seed: int, token_range: tuple[int, int]) -> list[list[int]]:

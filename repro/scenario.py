@@ -3,7 +3,8 @@
 A scenario is a TOML file under ``scenarios/``. It names the real bug it mirrors, the server to run, the request
 burst, the stall/budget times and one or more named variants. Each variant lists injections: *where* (a site,
 with alternatives across engine versions), *when* (a stack gate: caller frames, loop, ranks, occurrence) and
-*what* (an action: extra collective, skip, return value, delay, or none for a control).
+*what* (an action: extra collective, skip, return value, state (all *forced*); delay, stop, clock, fault, pending
+(the *natural* environment nemeses); or none for a control). ``nature_of`` labels an action.
 
 ``load_scenario`` validates with pydantic and raises :class:`ScenarioError` whose message names the file, the
 field and what was expected. ``compile_plan`` turns one variant into a plain-JSON dict: the contract with
@@ -202,10 +203,63 @@ class ReturnValue(_Strict):
 
 
 class Delay(_Strict):
-    """Sleep ``delay_s`` seconds before calling the original (the rank looks busy, not deadlocked)."""
+    """*Natural*: sleep ``delay_s`` seconds before calling the original (the rank looks busy, not deadlocked)."""
 
     kind: Literal["delay"]
     delay_s: float = Field(..., gt=0, le=3600)
+
+
+class Stop(_Strict):
+    """*Natural*: stop the whole rank process (SIGSTOP) and continue it (SIGCONT) ``stop_s`` seconds later: every
+    thread of the rank stops (OS scheduling, a paused VM), unlike ``delay`` which sleeps only the calling thread."""
+
+    kind: Literal["stop"]
+    stop_s: float = Field(..., gt=0, le=600, description="seconds the rank stays stopped")
+
+
+CLOCK_NAMES = ("monotonic", "time", "perf_counter", "monotonic_ns", "time_ns", "perf_counter_ns")
+
+
+class Clock(_Strict):
+    """*Natural*: from this fire on, the rank's ``time`` clocks read ``step_s`` seconds later plus ``skew`` extra
+    seconds per real second (for ``for_s`` real seconds; 0 = until the process exits). Only ``time.<name>`` looked
+    up at call time moves (``from time import monotonic`` bound earlier keeps the real clock); the injector's own
+    ledger and timers keep the real functions."""
+
+    kind: Literal["clock"]
+    clocks: list[Literal["monotonic", "time", "perf_counter", "monotonic_ns", "time_ns", "perf_counter_ns"]] = Field(
+        default_factory=lambda: ["monotonic", "time"], min_length=1)
+    step_s: float = Field(0.0, ge=-86_400, le=86_400, description="a step of the clock, seconds (may be negative)")
+    skew: float = Field(0.0, ge=-0.9, le=100, description="extra seconds per real second from the fire (a fast/slow clock)")
+    for_s: float = Field(0.0, ge=0, description="real seconds the shift lasts; 0 = until exit")
+
+    @model_validator(mode="after")
+    def _moves(self) -> "Clock":
+        if self.step_s == 0 and self.skew == 0:
+            raise ValueError("a clock action must move the clock: set step_s (seconds, e.g. 30) or skew (e.g. 0.5)")
+        return self
+
+
+class Fault(_Strict):
+    """*Natural*: the call raises ``exception`` once on the chosen rank (a failed transfer, a storage error):
+    ``when`` = before (instead of the call) or after (the operation ran, its caller sees a failure). The fire log's
+    ``fault_outcome`` says ``observe_s`` later what the thread did: died, caught it and called again, or neither."""
+
+    kind: Literal["fault"]
+    exception: Literal["RuntimeError", "OSError", "TimeoutError", "ConnectionError", "ValueError"] = "RuntimeError"
+    message: str = ""
+    when: Literal["before", "after"] = "before"
+    observe_s: float = Field(5.0, gt=0, le=600, description="seconds after the fault to check the thread")
+
+
+class Pending(_Strict):
+    """*Natural*: a completion poll (an event's ``query``, a ``done()``) answers not-done (``value``) for ``polls``
+    consecutive matching calls from the fire on: a device or transfer that completes later on this rank only."""
+
+    kind: Literal["pending"]
+    polls: int = Field(..., ge=1, le=100_000, description="how many consecutive polls answer not-done")
+    value: Any = Field(False, description="the not-done answer (False for Event.query / Future.done)")
+    call_original: bool = Field(False, description="still call the poll (a poll with side effects)")
 
 
 class Observe(_Strict):
@@ -238,7 +292,21 @@ class State(_Strict):
         return self
 
 
-Action = Union[ExtraCollective, Skip, ReturnValue, Delay, Observe, State]
+Action = Union[ExtraCollective, Skip, ReturnValue, Delay, Observe, State, Stop, Clock, Fault, Pending]
+
+# Natural: the engine gets an answer from outside its replicated state (a clock, storage, a device or completion
+# event, OS scheduling, an exception) as the environment could give it on one rank; forced: another value of the
+# engine's own bookkeeping (however plausible). Mirrors injectors/repro_injector/_natural.py:NATURE (a test checks).
+NATURE = {
+    "delay": "natural", "stop": "natural", "clock": "natural", "fault": "natural", "pending": "natural",
+    "return_value": "forced", "skip": "forced", "state": "forced", "extra_collective": "forced", "none": "observe",
+}
+
+
+def nature_of(action: Any) -> str:
+    """``natural`` / ``forced`` / ``observe`` for an action (model or dict); a dict's own ``nature`` (``control``) wins."""
+    d = action.model_dump() if isinstance(action, BaseModel) else dict(action or {})
+    return str(d.get("nature") or NATURE.get(str(d.get("kind", "none")), "forced"))
 
 
 class LedgerTable(_Strict):
@@ -475,7 +543,7 @@ def compile_plan(
                 "id": inj.id,
                 "site": {"alternatives": list(inj.site), "aliases": list(inj.aliases)},
                 "gate": inj.gate.model_dump(),
-                "action": inj.action.model_dump(),
+                "action": {**inj.action.model_dump(), "nature": nature_of(inj.action)},
             }
         )
     return {

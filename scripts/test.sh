@@ -12,12 +12,14 @@
 # silently. Every requested stage runs (so one failure does not hide another); the exit code is the first failing
 # stage's.
 #
-# Start-up (issue 36): the hang, pd and multihost stages run with REPRO_FORK_RANKS=1 (the injector forks sglang's
+# Start-up (issue 36): the hang, pd, release and multihost stages run with REPRO_FORK_RANKS=1 (the injector forks sglang's
 # ranks from the launcher after its imports instead of spawning them: same targets, same process layout, ~25 s less
 # to /health per launch on the 2-core box; README "Faster start-up", benchmarks/RESULTS.md "Ranks forked from the
 # launcher"), since they launch a server per deadlock. The sglang stage runs with it unset, so the default spawn
-# path stays covered; the fast, vllm and release stages leave the caller's environment as it is.
-# REPRO_CI_FORK_RANKS=0 runs the hang, pd and multihost stages spawned too (for a before/after timing).
+# path stays covered; the fast and vllm stages leave the caller's environment as it is (vLLM's ranks are not forked).
+# sglang 0.5.18 (the release stage) makes the same `mp.set_start_method("spawn", force=True)` call in
+# `engine._set_envs_and_config` (line 1747 of its wheel) that the opt-in switches.
+# REPRO_CI_FORK_RANKS=0 runs the hang, pd, release and multihost stages spawned too (for a before/after timing).
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -73,7 +75,7 @@ for stage in "${stages[@]}"; do
   fi
   # the fork-ranks opt-in per stage (header): on for the stages that launch a server per deadlock, off for sglang
   case "$stage" in
-    hang|pd|multihost) stage_env=(env "REPRO_FORK_RANKS=${REPRO_CI_FORK_RANKS:-1}") ;;
+    hang|pd|release|multihost) stage_env=(env "REPRO_FORK_RANKS=${REPRO_CI_FORK_RANKS:-1}") ;;
     sglang) stage_env=(env -u REPRO_FORK_RANKS) ;;
     *) stage_env=() ;;
   esac

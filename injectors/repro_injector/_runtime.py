@@ -14,8 +14,10 @@ contract is ``repro.scenario.compile_plan``; this package never imports ``repro`
 - ``fires-<pid>.jsonl``, one JSON object per line, flushed per line; every line has ``event``, ``time``, ``pid``,
   ``rank``: ``armed`` / ``disarmed`` (``ids``, ``arm_seq``; ``armed`` also ``arm_file_mtime``); ``counts``
   (``arm_seq``, ``armed``, ``counts`` = {id: {entered, matched, fired, first_/last_entered, first_/last_matched,
-  first_/last_fired, entered_before_poll}}); ``fire`` (``id``, ``arm_seq``, ``n``, ``action``, ``caller``,
-  ``stack``), written before the action runs; ``seen`` (observe mode: ``id``, ``caller``, ``line``, ``stack``,
+  first_/last_fired, entered_before_poll}}); ``fire`` (``id``, ``arm_seq``, ``n``, ``action``, ``nature``
+  (natural / forced / observe / control, ``_natural.nature_of``), ``thread`` (the calling thread's name), ``caller``,
+  ``stack``), written before the action runs; the natural actions' own events (``_natural``): ``clock_shifted``,
+  ``stopped`` / ``stop_helper_exit``, ``fault_outcome``, ``pending_done``; ``seen`` (observe mode: ``id``, ``caller``, ``line``, ``stack``,
   ``loops``; see ``Runtime.record_caller``); ``fire_done`` (``id``, ``duration_s``, ``error``); ``error`` (``id``,
   ``message``). With the ``REPRO_FORK_RANKS=1`` opt-in (``_fork``): ``start_method`` / ``fork_ranks_refused`` and
   ``fork_point`` (threads at each fork) in the launcher's log, ``forked_rank`` (``parent``, ``signals_restored``) in
@@ -51,7 +53,8 @@ from . import files as _files
 from . import gate as _gate
 from ._hooks import _HookFinder
 from ._proc import _dist, _monotonic, _proc_start, _proctitle, _sleep, _wall
-from ._site import Counts, Site
+from . import _natural
+from ._site import HOLD, Counts, Site
 from .resolve import Target, resolve_in_module, split_site
 
 PLAN_ENV = "REPRO_PLAN"
@@ -312,14 +315,18 @@ class Runtime:
                 fire = False
             if site.held and site.release_due():
                 site.release()
+            if site.fault_thread is not None:
+                _natural.note_entry(site)
             if not fire:
                 return orig(*args, **kwargs)
+            if fire is HOLD:
+                return _natural.hold_poll(site, lambda: orig(*args, **kwargs))
             caller = sys._getframe(1)
             if rt.rank is None:
                 rt.see_rank()
             rt.write_counts()  # synchronously: a fire is on disk before a hang
             rt.event("fire", id=inj_id, arm_seq=rt.arm_seq, n=site.counts.fired, action=site.action,
-                     caller=site.gate.last_caller or _gate.frame_name(caller), stack=_gate.caller_chain(caller))
+                     nature=site.nature, thread=_natural.thread_name(), caller=site.gate.last_caller or _gate.frame_name(caller), stack=_gate.caller_chain(caller))
             t0 = _monotonic()
             try:
                 res = site.run(self_obj, lambda: orig(*args, **kwargs), args)

@@ -1,6 +1,7 @@
 """One injection of the plan in one process (:class:`Site`): its gate, occurrence counters (:class:`Counts`), the
 action it runs around the patched call (``extra_collective``, ``skip``, ``return_value``, ``delay``, ``state``) and
-its patch state. Created by :class:`repro_injector._runtime.Runtime`; on the hot path of every patched call.
+its patch state. The environment nemeses (``delay``, ``stop``, ``clock``, ``fault``, ``pending``: *natural*) live in
+``_natural``. Created by :class:`repro_injector._runtime.Runtime`; on the hot path of every patched call.
 
 The injector's frames in a py-spy dump include ``Site.run`` and ``Site._collective`` (file
 ``repro_injector/_site.py``)."""
@@ -12,12 +13,26 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tuple
 
+from . import _natural
 from . import gate as _gate
-from ._proc import _attr_path, _dist, _module_group, _sleep, _wall
+from ._proc import _attr_path, _dist, _module_group, _wall
 from .resolve import Target
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
+
+
+class _Hold:
+    """:meth:`Site.enter`'s answer for a pending action's later polls: answer not-done, write no fire event."""
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "HOLD"
+
+
+HOLD = _Hold()
 
 
 class Counts:
@@ -67,6 +82,11 @@ class Site:
         self.error: Optional[str] = None
         self.tried: Dict[str, Dict[str, Any]] = {s: {"site": s, "status": "pending", "error": None} for s in self.alternatives}
         self.held: List[Tuple[Any, Any, int]] = []  # state action: (pool, slots taken, ledger tick when taken)
+        self.nature: str = _natural.nature_of(self.action)  # natural / forced / observe / control (the plan's label)
+        self.pending_left = 0  # pending action: polls still to answer not-done after the fire
+        self.pending_held = 0
+        self.fault_thread: Optional[int] = None  # fault action: the thread that got the exception, and its later calls
+        self.fault_reentries = 0
 
     def record(self) -> Dict[str, Any]:
         """The loaded marker's entry for this injection. An alternative whose module this process never imported
@@ -122,6 +142,9 @@ class Site:
         c.last_matched = now
         if self.kind == "none":
             return False
+        if self.pending_left > 0:  # a pending action's later polls: held, not new fires
+            self.pending_left -= 1
+            return HOLD  # type: ignore[return-value]
         if self.max_fires and c.fired >= self.max_fires:
             return False
         if self.mode == "first":
@@ -211,9 +234,8 @@ class Site:
             if a.get("call_original", True):
                 call()
             return copy.deepcopy(a.get("value"))
-        if kind == "delay":
-            _sleep(float(a.get("delay_s", 0)))
-            return call()
+        if kind in _natural.NATURAL_KINDS:
+            return _natural.run_natural(self, self_obj, call)
         if kind == "state":
             self.take(self_obj)
             return call()

@@ -49,7 +49,16 @@ def finding_markdown(r: Any, cat: Any, base_path: Path, tolerated: Sequence[Any]
     guard = candidates[0].guard if candidates else ""
     coll = d.collective if d else "?"
     others = ", ".join(str(k) for k in sorted(set(range(max([*d.in_ranks, t.rank]) + 1)) - set(d.in_ranks))) if d else "?"
+    nature = t.perturbation.nature
+    trigger = (f"**Trigger: natural** — an environment nemesis (`{t.perturbation.action.get('kind')}`: "
+               f"{t.perturbation.says}) on rank {t.rank}; the engine's own bookkeeping was not forced."
+               if nature == "natural" else
+               f"**Trigger: forced** — `{point.name}` {t.perturbation.says} on rank {t.rank} (`"
+               f"{t.perturbation.action.get('kind')}` changes the engine's own bookkeeping). Precondition not shown: "
+               "no natural trigger (clock, storage, completion event, OS scheduling, exception) was found to make "
+               "this value differ on one rank.")
     lines = [f"# Finding: {point.name} {t.perturbation.says} on rank {t.rank} deadlocks the TP group", "",
+             trigger, "",
              "## Hazard", "",
              (f"In `{short_frame(t.row.caller)}` ({t.row.where}), the rank-local value of `{short_frame(point.sites[0])}` steers "
               f"control flow around a collective. When it {t.perturbation.says} on rank {t.rank} only, that rank "
@@ -141,6 +150,7 @@ def write_workload_finding(base: Any, opts: HuntOptions, cat: Catalogue, w: str,
                                         f"Run: repro run <this file>   (expects {v.verdict})"))
     finding = store.workload_finding(w)
     lines = [f"# {v.verdict} under workload `{w}`, with no perturbation", "",
+             "**Trigger: natural** — the workload alone (client-side load and admin calls), no injected perturbation.", "",
              f"**The load:** {spec.says}. Engine flags: `{' '.join(base.server.args)}`.", "",
              f"**What happened:** {v.reason}", ""]
     if diag is not None:

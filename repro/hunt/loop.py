@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from repro import evidence as ev
-from repro.catalogue import Catalogue, DecisionPoint, HuntError, catalogue_for, load_catalogue, short_frame
+from repro.catalogue import (Catalogue, DecisionPoint, HuntError, catalogue_for, check_natural, hunt_catalogue, load_catalogue,
+                             short_frame)
 from repro.hunt.classify import FAMILY_SCHED, crash_diagnosis, desync_diagnosis, diagnose, hazard_statement
 from repro.hunt.findings import finding_scenario, write_findings, write_workload_finding
 from repro.hunt.options import Clock, HuntOptions, HuntResult, Observer, noop
@@ -80,7 +81,9 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
     from repro.targets.registry import get_adapter
 
     adapter = get_adapter(base.server.adapter)  # the run's engine (the scenario validated the name), passed down
-    cat = load_catalogue(opts.catalogue_path or catalogue_for(adapter))
+    cat = load_catalogue(opts.catalogue_path or hunt_catalogue(adapter, opts.natural))
+    if opts.natural:
+        check_natural(cat)
     disc = None  # discovery's state (repro/discover/hunting.py) when --discover
     if opts.discover:
         from repro.discover import hunting
@@ -353,7 +356,8 @@ def _run_trials(runs: Runs, p: Any, ro: Any, base: Any, cat: Catalogue, trials: 
                                 want_spare=lambda: clock.remaining > 0 and started[0] + 1 < len(trials), log=log)
     by_name = {t.name: t for t in trials}
     items = [VariantItem(t.name, command=(opts.command_line or f"repro hunt {opts.scenario_path}") + f"  # trial {t.name}",
-                         seed=trial_seed(base, t), session_info={"hunt": str(log.folder)}) for t in trials]
+                         seed=trial_seed(base, t), session_info={"hunt": str(log.folder)},
+                         restart_after=t.perturbation.lasting) for t in trials]
 
     def before(i: int, item: Any) -> Optional[str]:
         return f"budget of {opts.budget_min:g} min ended before this trial" if clock.remaining <= 0 else None
@@ -467,11 +471,34 @@ def _trial_result(runs: Runs, p: Any, base: Any, cat: Catalogue, t: Trial, varia
             tr.ledger = str(((led.get("divergence") or {}) if isinstance(led, dict) else {}).get("summary") or "")
     if verdict == DESYNCED:
         tr.ledger = str((getattr(v, "desync", None) or {}).get("summary") or v.reason)
+    tr.effect_status, tr.effect = _effect(p, rank_pids, t)
     if verdict in (DEADLOCKED, DESYNCED):
         f = ev.EvidenceDir.open(hunt_folder).hunt_scenario(ev.Layout.trial_scenario(t.name))
         f.write_text(finding_scenario(base, opts.scenario_path, cat, t, diag, verdict, trial_extra(opts, cat, t)), encoding="utf-8")
         tr.scenario_file = f
     return tr
+
+
+def _effect(p: Any, rank_pids: dict, t: Trial) -> tuple[str, str]:
+    """(status, sentence) of :func:`repro.natural_effect.natural_effect` over this trial's ledgers, from the tick of
+    the trial's first fire on its rank (the server's ledgers hold every earlier trial too); ("", "") when the run
+    has no ledgers to read (a stand-in runner, ledger off) or the perturbation never fired."""
+    try:
+        from repro.injection_records import read_injector_dir
+        from repro.ledger import load_ledgers
+        from repro.natural_effect import natural_effect
+
+        folder = getattr(getattr(p, "evidence", None), "injector_dir", None)
+        if folder is None or not Path(folder).is_dir():
+            return "", ""
+        fires = [f.time for log in read_injector_dir(folder).logs for f in log.fires
+                 if f.injection_id == t.name and f.rank == t.rank]
+        if not fires:
+            return "", ""
+        eff = natural_effect(load_ledgers(folder, list(rank_pids.values()) or None), t.rank, since_time=min(fires))
+        return eff.status, eff.summary
+    except Exception as e:  # the effect column never fails a trial
+        return "", f"effect not read: {type(e).__name__}: {e}"
 
 
 def _confirm(runs: Runs, log: HuntLog, python: Optional[str], prepend: tuple, opts: HuntOptions, clock: Clock,

@@ -9,7 +9,7 @@ from typing import Optional
 
 from repro import evidence as ev
 from repro import nemeses
-from repro.catalogue import HuntError, catalogue_for, load_catalogue
+from repro.catalogue import HuntError, check_natural, hunt_catalogue, load_catalogue
 from repro.hunt.loop import hunt_group
 from repro.hunt.options import Clock, HuntOptions, HuntResult, Observer, noop
 from repro.hunt.report import matrix_markdown
@@ -39,7 +39,9 @@ def hunt_matrix(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[R
         base = load_scenario(opts.scenario_path)
     except ScenarioError as e:
         raise HuntError(str(e)) from None
-    cat = load_catalogue(opts.catalogue_path or catalogue_for(base.server.adapter))
+    cat = load_catalogue(opts.catalogue_path or hunt_catalogue(base.server.adapter, opts.natural))
+    if opts.natural:
+        check_natural(cat)
     ncat = nemeses_for(opts, cat)
     wanted = list(opts.workloads)
     if "all" in wanted:

@@ -39,6 +39,9 @@ class HuntOptions:
             server is healthy; after a hang or a crash the hunt swaps to it instead of restarting (False, the
             default: restart). Pays where start-up leaves the CPU idle (weights read from disk); on the 2-core CPU
             testbed start-up is CPU-bound and it did not (benchmarks/RESULTS.md, benchmarks/hunt_restarts.py).
+        natural: the natural hunt (``--natural``): the catalogue defaults to ``natural_nemeses.toml`` beside the
+            adapter's hunt catalogue and must hold only natural perturbations plus at most one ``control = true``
+            (``repro.catalogue.check_natural``); rows carry the nature and the state effect (``repro.natural_effect``).
     """
 
     scenario_path: Path
@@ -65,6 +68,7 @@ class HuntOptions:
     clean_only: bool = False  # with workloads: only each workload's clean run (no trials): "is the engine safe under it?"
     spare: bool = False  # keep a spare trial server starting in the background; a hang swaps to it (SparedSession)
     shard: Optional[tuple[int, int]] = None  # (K, N): only the trials of shard K of N (repro.shard); None: all
+    natural: bool = False  # only natural nemeses (+ one control row): the adapter's natural catalogue by default
 
 
 @dataclass

@@ -155,8 +155,8 @@ class HuntLog:
                 out.append(f"- **[{fam}]** {_md(r.hazard)}. Evidence: [{rel_path(r.evidence, self.folder)}]"
                            f"({rel_path(ev.Layout.SERVER_LOG.at(r.evidence), self.folder) if r.evidence else ''})")
         out += ["", "## Trials", "",
-                "| # | decision point | row (caller, loop) | perturbation | rank | verdict | s to verdict | diverged in | family | hazard | evidence |",
-                "|---|---|---|---|---|---|---|---|---|---|---|"]
+                "| # | decision point | row (caller, loop) | perturbation | nature | rank | fired on rank | verdict | s to verdict | effect (probe moved; reconciled / first divergent state) | diverged in | family | hazard | evidence |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in res:
             t, d = r.trial, r.diagnosis
             div = d.collective if (d and (r.verdict == DEADLOCKED or r.desync_crash)) else ""
@@ -165,8 +165,9 @@ class HuntLog:
             if r.scenario_file:
                 evl += f" · [scenario]({rel_path(r.scenario_file, self.folder)})"
             secs = f"{r.to_verdict_s:.1f}" if r.verdict != NOT_RUN else ""
-            out.append(f"| {t.n} | `{t.row.point}` | {_md(t.row.where)} | {t.perturbation.name}{' under ' + t.workload if t.workload else ''} | {t.rank} | {r.verdict} | "
-                       f"{secs} | {_md(div)} | {fam} | {_md(r.hazard or r.reason)} | {evl} |")
+            out.append(f"| {t.n} | `{t.row.point}` | {_md(t.row.where)} | {t.perturbation.name}{' under ' + t.workload if t.workload else ''} | "
+                       f"{r.nature} | {t.rank} | {r.fired_on_target if r.verdict != NOT_RUN else ''} | {r.verdict} | "
+                       f"{secs} | {_md(r.effect)} | {_md(div)} | {fam} | {_md(r.hazard or r.reason)} | {evl} |")
         if self.rows:
             out += ["", "## Rows seen in the baseline burst", "", "| decision point | caller | loop | ranks | stack |", "|---|---|---|---|---|"]
             for row in self.rows:

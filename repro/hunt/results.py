@@ -37,6 +37,18 @@ class TrialResult:
     notes: tuple[str, ...] = ()
     confirmed: Optional[bool] = None
     ledger: str = ""  # the collective ledger's first-divergence sentence (ledger.json), when the run recorded one
+    effect: str = ""  # what the perturbation moved in the lockstep state, and where it was reconciled (natural_effect)
+    effect_status: str = ""  # reconciled / diverged / none moved / not recorded ("" when not read)
+
+    @property
+    def nature(self) -> str:
+        """natural / forced / control: the perturbation's label (``repro.catalogue.Perturbation.nature``)."""
+        return self.trial.perturbation.nature
+
+    @property
+    def fired_on_target(self) -> int:
+        """How often the action fired on the trial's own rank."""
+        return int(self.fired.get(self.trial.rank, 0) or 0)
 
     @property
     def desync_crash(self) -> bool:
@@ -55,13 +67,25 @@ class TrialResult:
             "scenario_file": str(self.scenario_file) if self.scenario_file else None,
             "entered": {str(k): v for k, v in self.entered.items()}, "matched": {str(k): v for k, v in self.matched.items()},
             "fired": {str(k): v for k, v in self.fired.items()}, "notes": list(self.notes), "confirmed": self.confirmed,
-            "desync_crash": self.desync_crash, "ledger": self.ledger,
+            "desync_crash": self.desync_crash, "ledger": self.ledger, "nature": self.nature, "effect": self.effect,
+            "effect_status": self.effect_status, "fired_on_target": self.fired_on_target,
             "time": time.time(),
         }
 
 
 def rank_key(r: TrialResult) -> tuple:
-    """Sort order of HUNT.md: scheduling/cache deadlocks first, then forward ones, other deadlocks, the rest."""
+    """Sort order of HUNT.md: natural deadlocks and desyncs first, then natural divergences without a hang (a first
+    divergent state, requests answered), then the other natural rows, then forced and control rows; within each:
+    scheduling/cache deadlocks first, then forward ones, other deadlocks, the rest."""
+    if r.nature == "natural":
+        hang = r.verdict in (DEADLOCKED, DESYNCED) or r.desync_crash
+        tier = 0 if hang else (1 if r.effect_status == "diverged" else 2)
+    else:
+        tier = 3
+    return (tier,) + _verdict_key(r)
+
+
+def _verdict_key(r: TrialResult) -> tuple:
     d = r.diagnosis
     if r.verdict == DEADLOCKED:
         fam = 0 if d and d.family == FAMILY_SCHED else (1 if d and d.family == FAMILY_FORWARD else 2)

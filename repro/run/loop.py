@@ -139,6 +139,8 @@ class VariantItem:
         command: the line written to the run folder's ``command.txt``.
         seed: burst seed for this variant only (None: the scenario's); fresh prompts avoid warm prefix caches.
         session_info: extra keys for the run folder's ``session.json`` (after ``session``, before ``rank_pids``).
+        restart_after: the item leaves lasting effects in the server's processes even when it ends clean (a
+            thread killed by a fault, a shifted clock, leaked slots): restart before the next item.
     """
 
     variant: str
@@ -146,6 +148,7 @@ class VariantItem:
     command: str = ""
     seed: Optional[int] = None
     session_info: dict = field(default_factory=dict)
+    restart_after: bool = False
 
 
 @dataclass
@@ -300,7 +303,7 @@ def run_variants(
         d = VariantDone(i, item, variant, outcome, run_dir, res, log_off, time.time())
         done.append(d)
         on_result(d)
-        if failed is None and not outcome.clean:
+        if failed is None and (not outcome.clean or item.restart_after):
             need_restart = True
         elif outcome.clean:
             last_clean = d

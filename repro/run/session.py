@@ -259,6 +259,7 @@ class Session(RunEvidence):
         prompts = (make_prompts(n_requests or n_req, input_len, burst.seed) if workload is None else
                    nemeses.make_prompts_for(nemeses.request_plans(n_requests or n_req, input_len, max_new, workload),
                                             burst.seed, TOKEN_ID_RANGE))
+        prompts = nemeses.warm_prompts(prompts, workload)  # storage-warm: the after requests repeat burst prompts
         driver = BurstDriver(p.adapter, server.url, prompts, max_new, concurrency,
                              run_dir.requests.path, burst.request_timeout_s,
                              abort=AbortPlan.from_spec(getattr(variant, "abort", None) or getattr(burst, "abort", None)),  # the mass-abort action

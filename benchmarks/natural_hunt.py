@@ -1,0 +1,77 @@
+"""The full natural hunt on the CPU testbed (issue 35): ``repro hunt --natural`` over plain + HiCache (each prefetch
+policy through the workload file's configs), with the storage-warm base scenario.
+
+Runs ``repro hunt BASE --natural --json`` as a child in its own process group (wrap it in /work/bin/server-slot on a
+shared box), measures the wall time and trials/hour, and prints per trial: nature, fires on the target rank, the
+effect (the probe that moved and where it was reconciled, or the first divergent state) and the verdict — the table
+for benchmarks/RESULTS.md. Checks that nothing of the hunt is left running afterwards.
+
+    python benchmarks/natural_hunt.py [--scenario scenarios/sglang/natural_hunt_hicache.toml] [--budget-min 60]
+        [--evidence-dir /tmp/repro-natural-hunt] [--extra --config prefetch_wait_complete ...] [--json-out out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from repro.procs import processes_mentioning  # noqa: E402
+
+BASE = REPO / "scenarios" / "sglang" / "natural_hunt_hicache.toml"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", type=Path, default=BASE)
+    ap.add_argument("--budget-min", type=float, default=60.0)
+    ap.add_argument("--evidence-dir", type=Path, default=Path("/tmp/repro-natural-hunt"))
+    ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more `repro hunt` options")
+    ap.add_argument("--json-out", type=Path, default=None)
+    args = ap.parse_args()
+    root = args.evidence_dir.resolve()
+    cmd = [sys.executable, "-m", "repro.cli", "hunt", str(args.scenario), "--natural", "--budget-min", str(args.budget_min),
+           "--evidence-dir", str(root), "--json", *args.extra]
+    t0 = time.time()
+    child = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = child.communicate(timeout=args.budget_min * 60 + 1800)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        stdout, stderr = child.communicate()
+    wall = time.time() - t0
+    time.sleep(2.0)
+    left = processes_mentioning(root)
+    summary: dict = {"rc": child.returncode, "wall_s": round(wall, 1), "left_running": left}
+    if not stdout.strip().startswith("{"):
+        summary["stderr_tail"] = stderr[-3000:]
+        print(json.dumps(summary, indent=1))
+        return 1
+    out = json.loads(stdout)
+    res = [r for r in out["results"] if r["verdict"] != "NOT RUN"]
+    summary.update({"folder": out["folder"], "rows": len(out["rows"]), "trials": len(res),
+                    "trials_per_hour": round(len(res) / (wall / 3600.0), 1) if wall else None,
+                    "verdicts": dict(Counter(r["verdict"] for r in res)),
+                    "natures": dict(Counter(r.get("nature") for r in res))})
+    print(json.dumps(summary, indent=1))
+    if args.json_out:
+        args.json_out.write_text(json.dumps({"summary": summary, "results": res}, indent=1))
+    print("| # | point | perturbation | nature | rank | fired on rank | effect | verdict |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in res:
+        print(f"| {r['n']} | `{r['point']}` | {r['perturbation']}{' under ' + r['workload'] if r.get('workload') else ''} | "
+              f"{r.get('nature')} | {r['rank']} | {r.get('fired_on_target')} | {(r.get('effect') or '').replace('|', '/')} | {r['verdict']} |")
+    return 0 if not left else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""The natural actions (environment nemeses) on a real 2-process gloo group, fired on rank 0 only: ``delay`` sleeps
+the calling thread (the rank's other threads go on), ``stop`` stops the whole process (its other threads too),
+``clock`` shifts ``time.time`` / ``time.monotonic`` from the fire on (the injector's records keep the real clock),
+``fault`` raises once in a background thread (``fault_outcome`` says what the thread did), ``pending`` holds a
+completion poll not-done for k polls. Every fire is labelled ``natural`` in the fire log. Lower bounds only (no
+speed assertions): a stopped or delayed call takes at least its seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from repro.injection_records import read_injector_dir
+
+REPO = Path(__file__).resolve().parent.parent
+INJECTORS = REPO / "injectors"
+GLOO_TIMEOUT_S = 60
+
+MODULE = textwrap.dedent(
+    """
+    class Worker:
+        def step(self):
+            return "original"
+
+    def step(w):
+        return w.step()
+
+    def transfer(i):
+        return i
+
+    class Event:
+        def query(self):
+            return True
+    """
+)
+
+PROGRAM = textwrap.dedent(
+    """
+    import datetime, json, os, sys, threading, time
+    from time import monotonic as early_monotonic
+    import torch
+    import torch.distributed as dist
+    import nmod
+
+    rank, world, init_file, out, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=%d))
+    res = {"rank": rank}
+
+    def wait_for_event(name):
+        folder = json.load(open(os.environ["REPRO_PLAN"]))["out_dir"]
+        for _ in range(3000):
+            for f in os.listdir(folder):
+                if f.startswith("fires-") and f'"event": "{name}"' in open(os.path.join(folder, f)).read():
+                    return True
+            time.sleep(0.01)
+        return False
+
+    if mode in ("delay", "stop"):
+        ticks, done = [], threading.Event()
+        def ticker():
+            while not done.is_set():
+                ticks.append(time.monotonic())
+                time.sleep(0.01)
+        th = threading.Thread(target=ticker, daemon=True)
+        th.start()
+        while not ticks:
+            time.sleep(0.001)
+        t0 = time.monotonic()
+        res["step"] = nmod.step(nmod.Worker())
+        t1 = time.monotonic()
+        done.set(); th.join()
+        res["call_s"] = t1 - t0
+        res["ticks_during"] = len([t for t in ticks if t0 < t < t1])
+        res["max_gap_s"] = max(b - a for a, b in zip(ticks, ticks[1:])) if len(ticks) > 1 else 0.0
+    elif mode == "clock":
+        before_wall, before_mono = time.time(), time.monotonic()
+        res["step"] = nmod.step(nmod.Worker())
+        res["wall_moved_s"] = time.time() - before_wall
+        res["mono_moved_s"] = time.monotonic() - before_mono
+        res["early_bound_gap_s"] = time.monotonic() - early_monotonic()
+        res["wall_after"] = time.time()
+    elif mode in ("fault_caught", "fault_die"):
+        errors = []
+        def io_aux():
+            for i in range(3):
+                if mode == "fault_caught":
+                    try:
+                        nmod.transfer(i)
+                    except Exception as e:
+                        errors.append(type(e).__name__)
+                else:
+                    nmod.transfer(i)
+        th = threading.Thread(target=io_aux, name="io-aux")
+        th.start(); th.join()
+        res["errors"] = errors
+        if rank == 0:
+            res["outcome_seen"] = wait_for_event("fault_outcome")
+    elif mode == "pending":
+        ev, polls = nmod.Event(), 0
+        while not ev.query():
+            polls += 1
+        res["not_done_polls"] = polls
+    t = torch.tensor([1], dtype=torch.int32)
+    dist.all_reduce(t)  # the ranks are still in step afterwards
+    res["after"] = int(t.item())
+    with open(out, "w") as fh:
+        json.dump(res, fh)
+    dist.destroy_process_group()
+    """
+    % GLOO_TIMEOUT_S
+)
+
+SITES = {"delay": "nmod:Worker.step", "stop": "nmod:Worker.step", "clock": "nmod:Worker.step",
+         "fault_caught": "nmod:transfer", "fault_die": "nmod:transfer", "pending": "nmod:Event.query"}
+
+
+def _run(python: str, tmp: Path, mode: str, action: dict) -> tuple[list[dict], Path]:
+    inj = {"id": "nat", "site": {"alternatives": [SITES[mode]], "aliases": []},
+           "gate": {"called_from": [], "not_called_from": [], "max_depth": 16, "inside_loop": None, "ranks": [0],
+                    "rank_group": None, "occurrence": {"mode": "first", "nth": 1, "max_fires": 0}},
+           "action": action}
+    plan = {"version": 1, "scenario": "natural", "variant": mode, "out_dir": str(tmp / "out"),
+            "arm_file": str(tmp / "arm"), "arm_poll_s": 0.1, "injections": [inj], "faulthandler_signal": "SIGUSR2"}
+    (tmp / "arm").write_text("nat\n")
+    (tmp / "plan.json").write_text(json.dumps(plan))
+    (tmp / "prog.py").write_text(PROGRAM)
+    (tmp / "nmod.py").write_text(MODULE)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "REPRO_PLAN")}
+    env.update(PYTHONPATH=os.pathsep.join([str(INJECTORS), str(tmp)]), REPRO_PLAN=str(tmp / "plan.json"),
+               GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([python, str(tmp / "prog.py"), str(r), "2", str(tmp / "init"), str(tmp / f"res{r}.json"), mode],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+             for r in range(2)]
+    errs = []
+    try:
+        for p in procs:
+            errs.append(p.communicate(timeout=GLOO_TIMEOUT_S * 3)[1])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    for p, err in zip(procs, errs):
+        assert p.returncode == 0, err[-3000:]
+    return [json.loads((tmp / f"res{r}.json").read_text()) for r in range(2)], tmp / "out"
+
+
+def _fires(out: Path):
+    rep = read_injector_dir(out)
+    fires = [f for log in rep.logs for f in log.fires]
+    assert [f.rank for f in fires] == [0], fires  # the target rank only
+    assert fires[0].nature == "natural"
+    return fires[0]
+
+
+def test_delay_sleeps_only_the_calling_thread(torch_python: str, tmp_path: Path):
+    (r0, r1), out = _run(torch_python, tmp_path, "delay", {"kind": "delay", "delay_s": 1.5})
+    assert r0["call_s"] >= 1.5 and r0["step"] == "original"
+    assert r0["ticks_during"] >= 1  # the rank's other thread went on during the delay
+    assert r0["after"] == r1["after"] == 2
+    assert _fires(out).thread == "MainThread"
+
+
+def test_stop_stops_every_thread_of_the_rank(torch_python: str, tmp_path: Path):
+    (r0, r1), out = _run(torch_python, tmp_path, "stop", {"kind": "stop", "stop_s": 1.5})
+    assert r0["call_s"] >= 1.5
+    assert r0["max_gap_s"] >= 1.4  # the other thread stopped too: a gap in its ticks as long as the stop
+    assert r0["after"] == r1["after"] == 2
+    f = _fires(out)
+    stopped = [e for e in f.effects if e["event"] == "stopped"]
+    assert stopped and stopped[0]["stopped_s"] >= 1.4
+
+
+def test_clock_step_moves_time_on_one_rank_but_not_the_injectors_records(torch_python: str, tmp_path: Path):
+    (r0, r1), out = _run(torch_python, tmp_path, "clock", {"kind": "clock", "clocks": ["monotonic", "time"], "step_s": 1000.0})
+    assert r0["wall_moved_s"] >= 1000 and r0["mono_moved_s"] >= 1000
+    assert r1["wall_moved_s"] < 1000 and r1["mono_moved_s"] < 1000
+    assert abs(r0["early_bound_gap_s"]) < 1000 <= r0["mono_moved_s"]  # bound before the fire: still the real clock
+    f = _fires(out)
+    assert f.time < r0["wall_after"] - 900  # the fire log's clock is the real one
+    assert [e["step_s"] for e in f.effects if e["event"] == "clock_shifted"] == [1000.0]
+
+
+def test_fault_caught_by_the_thread_is_recorded_as_caught(torch_python: str, tmp_path: Path):
+    (r0, r1), out = _run(torch_python, tmp_path, "fault_caught", {"kind": "fault", "exception": "OSError", "observe_s": 0.5})
+    assert r0["errors"] == ["OSError"] and r1["errors"] == []
+    assert r0["outcome_seen"]
+    f = _fires(out)
+    assert f.thread == "io-aux"
+    (oc,) = [e for e in f.effects if e["event"] == "fault_outcome"]
+    assert oc["reentries"] == 2 and oc["outcome"].startswith("caught")
+
+
+def test_fault_that_kills_the_thread_is_recorded_as_died(torch_python: str, tmp_path: Path):
+    (r0, r1), out = _run(torch_python, tmp_path, "fault_die", {"kind": "fault", "observe_s": 0.5})
+    assert r0["outcome_seen"]
+    (oc,) = [e for e in _fires(out).effects if e["event"] == "fault_outcome"]
+    assert oc["alive"] is False and oc["outcome"] == "thread died" and oc["thread"] == "io-aux"
+
+
+def test_pending_holds_a_completion_poll_not_done_for_k_polls(torch_python: str, tmp_path: Path):
+    (r0, r1), out = _run(torch_python, tmp_path, "pending", {"kind": "pending", "polls": 5, "value": False})
+    assert r0["not_done_polls"] == 5 and r1["not_done_polls"] == 0
+    f = _fires(out)
+    assert [e["polls_held"] for e in f.effects if e["event"] == "pending_done"] == [5]
+    rep = read_injector_dir(out)
+    assert rep.counts_by_rank("nat")["fired"] == {0: 1, 1: 0}  # one fire, its later polls held (not new fires)
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_clock():
+    yield
