@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -88,9 +89,43 @@ def launches(root: Path) -> list[dict]:
         tf = vf.parent / "teardown.json"
         td = json.loads(tf.read_text()) if tf.exists() else {}
         rows.append({"run": vf.parent.name, "verdict": v.get("verdict"), "healthy_s": t.get("healthy_s"),
+                     "phases": log_phases(vf.parent),
                      "to_verdict_s": t.get("to_verdict_s"), "teardown": {k: td.get(k) for k in ("grace_s", "wedged", "stop_s")}
                      if td else None})
     return rows
+
+
+# sglang 0.5.23's log lines that mark the start-up phases (as benchmarks/startup_phases.py's PHASES); each line is
+# stamped by sglang to the second ("[2026-12-06 08:25:32] ..."), so these phases are ±1 s
+LOG_PHASES = [("launcher imports done (server_args line)", re.compile(r"server_args=")),
+              ("first rank line", re.compile(r"\bTP\d\]")),
+              ("weights loaded (dummy)", re.compile(r"Load weight end")),
+              ("KV pool allocated", re.compile(r"KV Cache is allocated")),
+              ("Uvicorn listening", re.compile(r"Uvicorn running on")),
+              ("warm-up done", re.compile(r"The server is fired up"))]
+_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+
+
+def log_phases(run_dir: Path) -> dict:
+    """Seconds from the launcher's start (``processes.json`` root ``create_time``) to the first log line of each
+    phase in the run's ``server.log`` (sglang's own stamps, UTC, whole seconds); {} when either file is missing."""
+    import calendar
+
+    try:
+        t0 = json.loads((run_dir / "processes.json").read_text())["root"]["create_time"]
+        lines = (run_dir / "server.log").read_text(errors="replace").splitlines()
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    out: dict = {}
+    for ln in lines:
+        m = _STAMP.match(ln)
+        if not m:
+            continue
+        t = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
+        for name, pat in LOG_PHASES:
+            if name not in out and pat.search(ln):
+                out[name] = round(t - t0, 1)
+    return out
 
 
 def one(verb: str, arm: str, i: int, args: argparse.Namespace) -> dict:
@@ -178,6 +213,21 @@ def main() -> int:
         tph = f"{s.get('trials_per_hour', '')}; {s.get('trials_per_hour_trial_phase', '')}" if s["verb"] == "hunt" else ""
         print(f"| {s['verb']} | {s['arm']} | {s['i']} | {s['rc']} | {s['wall_s']:.0f} s | {verdicts(s)} | {tph} | "
               f"{s['load_before']:.1f} → {s['load_after']:.1f} | {len(s['left_running'])} |")
+    # start-up phases per launch (a compare side, a demo variant: each its own server and server.log), by arm
+    for arm in ("spawn", "fork"):
+        # demo and compare: one launch per run folder; a hunt's trial folders share servers (their logs hold several)
+        rows = [r for s in out if s["arm"] == arm and s["verb"] != "hunt" for r in s.get("launches") or []
+                if r.get("phases")]
+        if not rows:
+            continue
+        print(f"\n{arm}: phase (s from the launcher's start; sglang's stamps, ±1 s) | median | min | max | n")
+        for name, _ in LOG_PHASES:
+            v = [r["phases"][name] for r in rows if name in r["phases"]]
+            if v:
+                print(f"| {name} | {statistics.median(v):.1f} | {min(v):.1f} | {max(v):.1f} | {len(v)} |")
+        h = [r["healthy_s"] for r in rows if r.get("healthy_s")]
+        if h:
+            print(f"| healthy_s (the harness's, from its Popen) | {statistics.median(h):.1f} | {min(h):.1f} | {max(h):.1f} | {len(h)} |")
     for verb in dict.fromkeys(s["verb"] for s in out):
         for arm in ("spawn", "fork"):
             w = [s["wall_s"] for s in out if s["verb"] == verb and s["arm"] == arm]
