@@ -231,7 +231,8 @@ class TeardownRecord(_Record):
 
     left_running: list[int] = Field(default_factory=list)
     time: float
-    grace_s: Optional[float] = None  # seconds between SIGTERM and SIGKILL (repro.runner.WEDGED_STOP_GRACE_S when wedged)
+    # seconds between SIGTERM and SIGKILL; 0: no SIGTERM, SIGKILL at once (repro.runner.WEDGED_STOP_GRACE_S, wedged)
+    grace_s: Optional[float] = None
     wedged: Optional[bool] = None  # the burst left the tree deadlocked / desynced / with a dead rank
     stop_s: Optional[float] = None  # seconds the stop took
 

@@ -19,7 +19,7 @@ import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import requests
 
@@ -295,20 +295,33 @@ class Server:
 
 
 FORK_RANKS_ENV = "REPRO_FORK_RANKS"  # read by the injector in the launcher (injectors/repro_injector/_fork.py)
+# the harness's opt-ins a server reads from its environment: a local launch inherits them with os.environ; a launch
+# whose environment starts empty (a multi-host node over ssh, repro.multihost) must carry them (harness_opt_ins)
+HARNESS_OPT_INS = (FORK_RANKS_ENV,)
 
 
-def check_fork_ranks(env: dict[str, str], args: list[str]) -> None:
+def harness_opt_ins(env: Mapping[str, str]) -> dict[str, str]:
+    """The harness opt-ins set in ``env`` (``HARNESS_OPT_INS``: ``REPRO_FORK_RANKS``), as a launch environment's base
+    for a server that does not inherit the harness's environment (a node started over ssh or a command template)."""
+    return {k: env[k] for k in HARNESS_OPT_INS if k in env}
+
+
+def check_fork_ranks(env: dict[str, str], args: list[str], forks: bool = True) -> None:
     """Check the fork-ranks opt-in before a launch: ``REPRO_FORK_RANKS`` unset, ``0`` or ``1``, and ``1`` only with
     ``--device cpu`` in the server's ``args`` (the injector forks SGLang's ranks instead of spawning them; after
     CUDA/NCCL initialisation that is unsafe, so a GPU launch must keep spawn).
 
+    Args:
+        forks: whether the server's adapter declares a call the injector may switch (``InjectorProfile.fork_plan``);
+            False (a PD stack's router, an engine without one): the opt-in does not apply to it, only its value is
+            checked.
     Raises:
         LaunchError: another value, or ``1`` without ``--device cpu`` (the message names the fix).
     """
     v = env.get(FORK_RANKS_ENV, "")
     if v not in ("", "0", "1"):
         raise LaunchError(f"{FORK_RANKS_ENV}={v!r}: expected 1 (fork the ranks) or 0 / unset (spawn them, the default)")
-    if v == "1" and flag_value(args, "--device") != "cpu":
+    if v == "1" and forks and flag_value(args, "--device") != "cpu":
         raise LaunchError(f"{FORK_RANKS_ENV}=1 is for CPU servers only (this launch has --device "
                           f"{flag_value(args, '--device')!r}): forking ranks after CUDA/NCCL initialisation is unsafe; "
                           f"unset {FORK_RANKS_ENV}")
@@ -344,7 +357,7 @@ def start_server(adapter: Adapter, spec: LaunchSpec, log_path: Path) -> Server:
 
     command = adapter.launch_command(spec)
     env = adapter.launch_env(spec, dict(os.environ))
-    check_fork_ranks(env, spec.args)
+    check_fork_ranks(env, spec.args, forks=bool(adapter.injector_profile.fork_plan()))
     # a per-launch secret every process of the tree inherits: `repro cleanup` signals a recorded pid only when its
     # /proc/<pid>/environ carries it (a hand-written processes.json cannot name it for an unrelated process)
     env[_procs.LAUNCH_TOKEN_ENV] = secrets.token_hex(16)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import secrets
 import shlex
 import time
@@ -39,10 +40,11 @@ from typing import Any, Callable, Optional, Sequence
 from repro import evidence as ev
 from repro import resources
 from repro.hosts import HostError, HostSpec, RemoteRank, Runner, in_parallel
+from repro.launcher import harness_opt_ins
 from repro.procs import LAUNCH_TOKEN_ENV
 from repro.run.arm import write_arm_file
 from repro.run.options import Observer, RunOptions, _noop
-from repro.run.session import Session
+from repro.run.session import WEDGED_STOP_GRACE_S, Session
 from repro.scenario import PLAN_ENV
 from repro.verdict import DEADLOCKED, INCONCLUSIVE, InjectionCheck, Verdict, judge_completion
 
@@ -345,15 +347,7 @@ class MultiHostSession(Session):
             plan = dict(p.plan, out_dir=self.injector_dir(n), arm_file=self.arm_path(n))
             n.runner.put(json.dumps(plan, indent=2).encode(), f"{n.workdir}/{ev.Layout.PLAN.name}")
             n.runner.put(arm_bytes, self.arm_path(n))
-            extra_args, extra_env = adapter.multinode(len(self.nodes), n.host.node_rank, dist_addr,  # type: ignore[misc]
-                                                      n.host.address, n.host.ifname)
-            prepend = [f"{n.workdir}/injectors" if x == local_prepend else x for x in p.spec.pythonpath_prepend]
-            spec = dataclasses.replace(p.spec, host="0.0.0.0", port=n.http_port, nccl_port=ports[n.name][1],
-                                       args=[*p.spec.args, *extra_args],
-                                       env={**p.spec.env, **extra_env, PLAN_ENV: f"{n.workdir}/{ev.Layout.PLAN.name}"},
-                                       pythonpath_prepend=prepend)
-            env = adapter.launch_env(spec, {})
-            argv = adapter.launch_command(spec)
+            argv, env = self.node_launch(n, dist_addr, ports[n.name][1], local_prepend)
             self.observe("node_launch", {"host": n.name, "argv": argv})
             n.root_pid = self.start_node(n, argv, env, self.log_path(n))
             self.started = True
@@ -392,6 +386,29 @@ class MultiHostSession(Session):
             return Verdict(INCONCLUSIVE, f"expected scheduler ranks {expected} across the hosts, found "
                                          f"{ {k: f'{r.host}:{r.pid}' for k, r in sorted(self.ranks.items())} }")
         return None
+
+    def node_launch(self, n: Node, dist_addr: str, nccl_port: int, local_prepend: str) -> tuple[list[str], dict]:
+        """The command line and the whole environment node ``n`` is started with (``n.http_port`` already picked).
+
+        The environment is built from nothing but the launch spec (a node started over ssh or a command template does
+        not inherit this process's environment), the adapter's multi-node variables, the plan's path on the host and
+        the harness's opt-ins set here (``repro.launcher.harness_opt_ins``: ``REPRO_FORK_RANKS=1`` forks the node's
+        ranks as a local launch's are; without it in the node's own environment a node silently spawned them).
+
+        Args:
+            dist_addr: node 0's ``address:port`` for the engine's distributed init.
+            nccl_port: the node's rendezvous port.
+            local_prepend: this machine's injectors folder; in the spec's PYTHONPATH prepend it becomes the host's copy.
+        """
+        p, adapter = self.p, self.p.adapter
+        extra_args, extra_env = adapter.multinode(len(self.nodes), n.host.node_rank, dist_addr,  # type: ignore[misc]
+                                                  n.host.address, n.host.ifname)
+        prepend = [f"{n.workdir}/injectors" if x == local_prepend else x for x in p.spec.pythonpath_prepend]
+        spec = dataclasses.replace(p.spec, host="0.0.0.0", port=n.http_port, nccl_port=nccl_port,
+                                   args=[*p.spec.args, *extra_args],
+                                   env={**p.spec.env, **extra_env, PLAN_ENV: f"{n.workdir}/{ev.Layout.PLAN.name}"},
+                                   pythonpath_prepend=prepend)
+        return adapter.launch_command(spec), adapter.launch_env(spec, harness_opt_ins(os.environ))
 
     def _health_ok(self) -> bool:
         import requests
@@ -675,8 +692,11 @@ class MultiHostSession(Session):
         self.run_dir.server_log.write("\n".join(logs))
 
     def stop(self) -> dict[str, list]:
-        """Node 0's group SIGTERM first, then every node's group SIGKILL after ``STOP_GRACE_S``; gather the logs and
-        records; remove each host's run folder. Returns host -> pids still in its session (empty lists: clean)."""
+        """Node 0's group SIGTERM first, then every node's group SIGKILL after ``STOP_GRACE_S`` — at once, with no
+        SIGTERM, when the burst left the tree wedged (``self.wedged``: a rank blocked in a collective never runs its
+        handler; ``WEDGED_STOP_GRACE_S``); gather the logs and records; remove each host's run folder. ``teardown.json``
+        records the grace used, ``wedged`` and the seconds until every node's session was checked.
+        Returns host -> pids still in its session (empty lists: clean)."""
         if not self.started:
             return {}
         self.run_dir = self.p.evidence  # the stop's copies and teardown.json go to the session's folder
@@ -685,9 +705,12 @@ class MultiHostSession(Session):
         self.mirror = None
         left: dict[str, list] = {}
         n0 = self.nodes[0]
+        grace = WEDGED_STOP_GRACE_S if self.wedged else STOP_GRACE_S
+        t0 = time.time()
         try:
-            n0.runner.signal_group(n0.root_pid, "TERM")
-            deadline = time.time() + STOP_GRACE_S
+            if grace > 0:
+                n0.runner.signal_group(n0.root_pid, "TERM")
+            deadline = time.time() + grace
             while time.time() < deadline and n0.runner.session_procs(n0.root_pid):
                 time.sleep(0.5)
         except HostError:
@@ -705,6 +728,7 @@ class MultiHostSession(Session):
                 left[n.name] = [pid for pid, _ in n.runner.session_procs(n.root_pid)]
             except HostError as e:
                 left[n.name] = [f"not reachable to check: {e}"]
+        stop_s = round(time.time() - t0, 3)
         gathered = self.gather()
         self.write_server_log()
         for n in self.nodes:
@@ -714,8 +738,10 @@ class MultiHostSession(Session):
                 pass
         # left_running: the pids (each as its host sees it; by_host says which host, or why it could not be checked)
         self.p.evidence.teardown.write({"left_running": [pid for pids in left.values() for pid in pids if isinstance(pid, int)],
-                                        "by_host": left, "gathered": gathered, "time": time.time()})
+                                        "by_host": left, "gathered": gathered, "time": time.time(),
+                                        "grace_s": grace, "wedged": self.wedged, "stop_s": stop_s})
         self.started = False
+        self.wedged = False
         return left
 
 

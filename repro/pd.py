@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -298,18 +299,36 @@ class Stack:
         return "\n".join(f"== {n} ==\n{self.servers[n].log_tail(lines)}" for n in order)
 
     def stop(self, grace_s: float = 10.0) -> list:
-        """Stop every role, the entry (router) first, then the engine servers in reverse start order. Idempotent;
-        a KeyboardInterrupt during one stop does not skip the others (it is re-raised at the end)."""
-        left: list = []
-        interrupted = False
-        order = sorted(self.servers, key=lambda n: n != self.entry)
-        order = order[:1] + list(reversed(order[1:]))
-        for n in order:
+        """Stop every role at once, each :meth:`repro.launcher.Server.stop` in a thread of its own (issue 36: one after
+        another, a stack's stop was the sum of its roles' grace periods). Idempotent; a KeyboardInterrupt while
+        waiting (it reaches the main thread only) does not skip any role: the wait goes on and it is re-raised at the
+        end. A role whose stop raised is stopped again here (Server.stop retries what did not finish).
+
+        Returns:
+            Every role's processes still alive after SIGKILL (empty: the whole stack ended).
+        """
+        results: dict[str, list] = {}
+        failed: dict[str, BaseException] = {}
+
+        def one(name: str) -> None:
             try:
-                left += self.servers[n].stop(grace_s=grace_s)
-            except KeyboardInterrupt:
-                interrupted = True
-                left += self.servers[n].stop(grace_s=grace_s)
+                results[name] = self.servers[name].stop(grace_s=grace_s)
+            except BaseException as e:  # reported below, after every role's stop ended
+                failed[name] = e
+
+        threads = [threading.Thread(target=one, args=(n,), name=f"repro-stop-{n}", daemon=True) for n in self.servers]
+        for t in threads:
+            t.start()
+        interrupted = False
+        for t in threads:
+            while t.is_alive():
+                try:
+                    t.join()
+                except KeyboardInterrupt:
+                    interrupted = True
+        for name in failed:
+            results[name] = self.servers[name].stop(grace_s=grace_s)
+        left = [p for n in self.servers for p in results.get(n, [])]
         if interrupted:
             raise KeyboardInterrupt
         return left

@@ -314,7 +314,8 @@ def stop_procs(procs: Iterable[ProcInfo], grace_s: float = 10.0, kill_wait_s: fl
 
     Args:
         procs: snapshot of the processes to end (e.g. from :func:`snapshot_tree` or :func:`load_procs`).
-        grace_s: seconds to wait after SIGTERM before SIGKILL.
+        grace_s: seconds to wait after SIGTERM before SIGKILL; 0 (or less): no SIGTERM at all, SIGKILL at once (a
+            wedged tree: a rank blocked in a collective never runs its SIGTERM handler, issue 36).
         kill_wait_s: seconds to wait after SIGKILL for the processes to disappear.
     Returns:
         The processes still alive at the end (should be empty; e.g. uninterruptible sleep in the kernel).
@@ -324,10 +325,12 @@ def stop_procs(procs: Iterable[ProcInfo], grace_s: float = 10.0, kill_wait_s: fl
     if not todo:
         _reap(procs)
         return []
-    # Children first, root last, so a parent that restarts workers does not see them die one by one first.
-    for p in reversed(todo):
-        _signal(p, signal.SIGTERM)
-    left = _wait_gone(todo, grace_s)
+    left = todo
+    if grace_s > 0:
+        # Children first, root last, so a parent that restarts workers does not see them die one by one first.
+        for p in reversed(todo):
+            _signal(p, signal.SIGTERM)
+        left = _wait_gone(todo, grace_s)
     for p in left:
         _signal(p, signal.SIGKILL)
     still = _wait_gone(left, kill_wait_s)

@@ -319,6 +319,19 @@ def version_in_text(text: str, index: ReleaseIndex) -> Optional[tuple[str, str]]
     return None
 
 
+def versions_in_text(text: str, index: ReleaseIndex) -> list[tuple[str, str]]:
+    """Every distinct version ``text`` names by any of the index's patterns, as ``(version, the line that said it)``
+    in order of first appearance (a pasted report holding two ``check_env`` blocks names two)."""
+    found: dict[str, tuple[int, str]] = {}
+    for pat in index.patterns:
+        for m in re.finditer(pat, text):
+            start = text.rfind("\n", 0, m.start()) + 1
+            end = text.find("\n", m.end())
+            if m.group(1) not in found or m.start() < found[m.group(1)][0]:
+                found[m.group(1)] = (m.start(), text[start:end if end >= 0 else None].strip())
+    return [(v, line) for v, (_, line) in sorted(found.items(), key=lambda kv: kv[1][0])]
+
+
 @dataclass
 class ReleaseChoice:
     """Which release to use and why.
@@ -372,6 +385,14 @@ def infer_releases(frames: Iterable[FrameRef], index: ReleaseIndex) -> tuple[lis
     Returns:
         (candidate versions in release order, excluded version → why, number of frames that counted).
     """
+    cands, excluded, counted, _ = infer_releases_scored(frames, index)
+    return cands, excluded, counted
+
+
+def infer_releases_scored(frames: Iterable[FrameRef], index: ReleaseIndex
+                          ) -> tuple[list[str], dict[str, str], int, int]:
+    """:func:`infer_releases` plus how many of the counted frames the candidates hold at their lines: equal to the
+    count when some release has them all, fewer when none does (a release outside the index, a local edit)."""
     n = len(index.releases)
     everything = (1 << n) - 1
     masks = []
@@ -384,10 +405,11 @@ def infer_releases(frames: Iterable[FrameRef], index: ReleaseIndex) -> tuple[lis
         masks.append(m)
         classes |= index.frame_classes(f) & universe
     if not masks:
-        return [], {}, 0
+        return [], {}, 0, 0
     mask = everything
     for m in masks:
         mask &= m
+    best = len(masks)
     if mask == 0:  # no release has every frame (a local edit, a backport): the releases matching the most frames
         score = [sum(m >> i & 1 for m in masks) for i in range(n)]
         best = max(score)
@@ -400,7 +422,7 @@ def infer_releases(frames: Iterable[FrameRef], index: ReleaseIndex) -> tuple[lis
         if missing:
             excluded[r.version] = f"its factory does not build {', '.join(missing)}"
     kept = [v for v in index.mask_versions(mask) if v not in excluded]
-    return (kept or index.mask_versions(mask)), (excluded if kept else {}), len(masks)
+    return (kept or index.mask_versions(mask)), (excluded if kept else {}), len(masks), best
 
 
 def choose_release(index: ReleaseIndex, *, forced: Optional[str] = None, texts: Sequence[tuple[str, str]] = (),
@@ -410,27 +432,38 @@ def choose_release(index: ReleaseIndex, *, forced: Optional[str] = None, texts: 
     ``is_set_up(version)`` (default: all count as set up), else the newest candidate.
 
     Raises:
-        ReleaseError: ``forced`` or the named version is not in the index.
+        ReleaseError: ``forced`` or the named version is not in the index; the texts name two or more releases
+            (never one chosen silently).
     """
     if forced:
         index.get(forced)
         return ReleaseChoice(forced, "forced", f"{index.engine} {forced}: forced with --release")
+    named: dict[str, tuple[str, str]] = {}  # version -> (source, line): every release the texts name
     for src, text in texts:
-        hit = version_in_text(text, index)
-        if hit:
-            v, line = hit
-            if v not in index.versions():
-                raise ReleaseError(f"{src} names {index.engine} {v} ({line!r}), which is not in the release index "
-                                   f"({index.versions()[0]}–{index.versions()[-1]}); force one with --release V")
-            return ReleaseChoice(v, "report", f"{index.engine} {v}: named by {src} ({line!r})")
-    cands, excluded, counted = infer_releases(frames, index)
+        for v, line in versions_in_text(text, index):
+            named.setdefault(v, (src, line))
+    if len(named) > 1:  # a report that names two releases cannot pick one: never choose silently
+        raise ReleaseError(f"the reports name {len(named)} {index.engine} releases: " + "; ".join(
+            f"{v} in {src} ({line!r})" for v, (src, line) in named.items())
+            + "; pass the one the dumps came from with --release V")
+    for v, (src, line) in named.items():
+        if v not in index.versions():
+            raise ReleaseError(f"{src} names {index.engine} {v} ({line!r}), which is not in the release index "
+                               f"({index.versions()[0]}–{index.versions()[-1]}); force one with --release V")
+        return ReleaseChoice(v, "report", f"{index.engine} {v}: named by {src} ({line!r})")
+    cands, excluded, counted, fit = infer_releases_scored(frames, index)
     if not cands:
         return ReleaseChoice(None, "none", f"no frame is in the {index.engine} release index "
                              f"({index.versions()[0]}–{index.versions()[-1]}); no release inferred")
     ok = is_set_up or (lambda v: True)
     chosen = next((v for v in reversed(cands) if ok(v)), cands[-1])
     rng = cands[0] if len(cands) == 1 else f"{cands[0]}–{cands[-1]} ({len(cands)} releases: {', '.join(cands)})"
-    why = f"{index.engine} {chosen}: the dump's {counted} indexed frame(s) fit {rng}"
+    if fit == counted:
+        why = f"{index.engine} {chosen}: the dump's {counted} indexed frame(s) fit {rng}"
+    else:  # never say the frames fit when none of the indexed releases holds them all
+        why = (f"{index.engine} {chosen}: no indexed release ({index.versions()[0]}–{index.versions()[-1]}) holds "
+               f"all {counted} indexed frame(s) at their lines (a release outside the index, or local edits?); "
+               f"the closest, {fit} of {counted}: {rng}")
     if excluded:
         why += "; left out " + "; ".join(f"{v} ({w})" for v, w in excluded.items())
     if len(cands) > 1:

@@ -77,6 +77,9 @@ def pick_release(adapter: Any, captures: Sequence[RankCapture], dump_paths: Sequ
         return None, ReleaseChoice(None, "none", str(e))
     choice = choose_release(index, forced=forced, texts=report_texts(dump_paths, reports), frames=dump_frames(captures),
                             is_set_up=lambda v: release_setup(v, adapter).python is not None)
+    if reports and choice.source != "report":  # a --report that named nothing is said, never silently passed over
+        choice.reason += (f" ({', '.join(map(str, reports))} named no {index.engine} release: no line like "
+                          f"'{index.engine}: 0.5.18', '{index.engine}==0.5.18' or '{index.engine} version 0.5.18')")
     if python or choice.version is None:
         if python and choice.version:
             choice.reason += f" (--python {python} given: the frames are mapped onto that interpreter's engine)"

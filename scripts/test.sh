@@ -11,6 +11,15 @@
 # duration. A stage that collects no tests (pytest exit 5) fails: a marker nobody uses any more must not pass
 # silently. Every requested stage runs (so one failure does not hide another); the exit code is the first failing
 # stage's.
+#
+# Start-up (issue 36): the hang, pd, release and multihost stages run with REPRO_FORK_RANKS=1 (the injector forks sglang's
+# ranks from the launcher after its imports instead of spawning them: same targets, same process layout, ~25 s less
+# to /health per launch on the 2-core box; README "Faster start-up", benchmarks/RESULTS.md "Ranks forked from the
+# launcher"), since they launch a server per deadlock. The sglang stage runs with it unset, so the default spawn
+# path stays covered; the fast and vllm stages leave the caller's environment as it is (vLLM's ranks are not forked).
+# sglang 0.5.18 (the release stage) makes the same `mp.set_start_method("spawn", force=True)` call in
+# `engine._set_envs_and_config` (line 1747 of its wheel) that the opt-in switches.
+# REPRO_CI_FORK_RANKS=0 runs the hang, pd, release and multihost stages spawned too (for a before/after timing).
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -64,7 +73,14 @@ for stage in "${stages[@]}"; do
   if [ "$stage" = release ] && ! bash scripts/cpu_testbed/setup.sh --release "$OLD_RELEASE"; then
     echo "test.sh: the sglang $OLD_RELEASE testbed could not be set up; the release stage's test fails without it" >&2
   fi
-  "$PY" -m pytest -m "$(marker "$stage")" --durations=10 "${extra[@]}"
+  # the fork-ranks opt-in per stage (header): on for the stages that launch a server per deadlock, off for sglang
+  case "$stage" in
+    hang|pd|release|multihost) stage_env=(env "REPRO_FORK_RANKS=${REPRO_CI_FORK_RANKS:-1}") ;;
+    sglang) stage_env=(env -u REPRO_FORK_RANKS) ;;
+    *) stage_env=() ;;
+  esac
+  [ ${#stage_env[@]} -gt 0 ] && echo "test.sh: stage '$stage' runs with: ${stage_env[*]:1}"
+  ${stage_env[@]+"${stage_env[@]}"} "$PY" -m pytest -m "$(marker "$stage")" --durations=10 ${extra[@]+"${extra[@]}"}
   rc=$?
   dt=$(( $(date +%s) - t0 ))
   summary+=("$(printf '%-7s %5d s  exit %d  load %s' "$stage" "$dt" "$rc" "$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)")")

@@ -131,3 +131,49 @@ def test_host_lists_are_checked():
         hosts_from_json([{"name": "a", "node_rank": 0, "shh": "x"}])
     with pytest.raises(ValueError, match="either ssh or template"):
         HostSpec("a", 0, ssh="x", template="y")
+
+
+def test_every_node_is_launched_with_the_harness_fork_ranks_opt_in(tmp_path: Path, monkeypatch):
+    """REPRO_FORK_RANKS=1 set for the harness is in each node's launch environment: a node started over ssh (or a
+    command template) gets only the environment MultiHostSession hands it, not this process's, so without it there
+    the nodes' ranks were spawned while the run claimed the opt-in (the multihost stage of scripts/test.sh sets it)."""
+    from repro import evidence as ev
+    from repro import resources
+    from repro.multihost import MultiHostSession
+    from repro.targets.base import LaunchSpec
+    from repro.targets.sglang import SGLangAdapter
+
+    class _Started(Exception):
+        pass
+
+    class P:  # the members MultiHostSession.start reads before the nodes are up
+        evidence = ev.EvidenceDir(tmp_path / "evidence", "mh", "fork")
+        plan = {"injections": []}
+        arm_file = tmp_path / "ARM"
+        adapter = SGLangAdapter()
+        spec = LaunchSpec(python=sys.executable, model="/m", tp_size=2, args=["--device", "cpu"], env={"A": "1"},
+                          pythonpath_prepend=[str(resources.injectors_dir())])
+
+    hosts = [HostSpec(name=f"h{k}", node_rank=k, python=sys.executable, address="127.0.0.1",
+                      workdir=str(tmp_path / f"wd{k}")) for k in (0, 1)]
+    envs: dict[str, dict] = {}
+
+    def start_node(self, n, argv, env, log_path):
+        envs[n.name] = dict(env)
+        if len(envs) == len(hosts):
+            raise _Started
+        return 0
+
+    monkeypatch.setattr(MultiHostSession, "start_node", start_node)
+    for value in ("1", None):
+        if value is None:
+            monkeypatch.delenv("REPRO_FORK_RANKS", raising=False)
+        else:
+            monkeypatch.setenv("REPRO_FORK_RANKS", value)
+        envs.clear()
+        with pytest.raises(_Started):
+            MultiHostSession(P(), hosts).start()
+        assert set(envs) == {"h0", "h1"}
+        for name, env in envs.items():
+            assert env.get("REPRO_FORK_RANKS") == value and env["A"] == "1", (name, env)
+            assert "PATH" not in env  # nothing else of this process's environment is handed over

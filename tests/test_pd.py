@@ -3,6 +3,7 @@ per-server plans, and the stack's life-cycle on stand-in servers (tests/fake_ser
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -200,6 +201,58 @@ def test_stack_waits_for_the_routers_workers_then_stops_every_tree(tmp_path: Pat
     finally:
         left = stack.stop()
     assert left == [] and not any(_procs.alive(p) for p in procs)
+
+
+def test_a_stack_under_the_fork_ranks_opt_in_starts_its_router_too(tmp_path: Path, monkeypatch):
+    """REPRO_FORK_RANKS=1 (the pd stage of scripts/test.sh sets it) applies to the servers whose adapter declares a
+    call to switch (the engines, ``--device cpu``); the router declares none and has no ``--device``: it starts, with
+    the variable left in its environment, where before every PD launch was refused ("--device None")."""
+    from repro.targets.base import InjectorProfile
+
+    class ForkingEngine(FakeAdapter):
+        injector_profile = InjectorProfile(fork_caller="engine:launch", fork_device="server_args.device")
+
+    monkeypatch.setenv("REPRO_FORK_RANKS", "1")
+    stack = _stack(tmp_path)
+    for r in stack.roles:
+        if r.is_engine:
+            r.adapter = ForkingEngine()
+            r.spec = dataclasses.replace(r.spec, args=[*r.spec.args, "--device", "cpu"])
+    try:
+        stack.start()
+        stack.wait_healthy(30)
+        assert all(s.env.get("REPRO_FORK_RANKS") == "1" for s in stack.servers.values())
+    finally:
+        assert stack.stop() == []
+    # an engine that declares the call still needs --device cpu
+    bad = _stack(tmp_path / "bad")
+    bad.roles[0].adapter = ForkingEngine()
+    with pytest.raises(LaunchError, match="REPRO_FORK_RANKS=1 is for CPU servers only"):
+        bad.start()
+    assert bad.procs() == []
+
+
+def test_a_stacks_roles_are_stopped_at_once_not_one_after_another():
+    """Stack.stop runs every role's stop at the same time (issue 36: one after another, a wedged PD stack's teardown
+    was the sum of three roles' stops): each fake role's stop waits until all three are inside theirs."""
+    import threading
+
+    barrier = threading.Barrier(3, timeout=20)
+
+    class _Role:
+        def __init__(self, name):
+            self.name, self.grace = name, None
+
+        def stop(self, grace_s=10.0):
+            self.grace = grace_s
+            barrier.wait()  # BrokenBarrierError (after 20 s) when the roles are stopped one at a time
+            return [f"{self.name}-left"]
+
+    stack = Stack([], entry="router")
+    stack.servers = {n: _Role(n) for n in ("prefill", "decode", "router")}
+    left = stack.stop(grace_s=0)
+    assert sorted(left) == ["decode-left", "prefill-left", "router-left"]
+    assert all(r.grace == 0 for r in stack.servers.values())
 
 
 def test_a_role_that_dies_during_start_up_is_named_and_nothing_is_left(tmp_path: Path):

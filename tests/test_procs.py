@@ -185,3 +185,21 @@ def test_old_snapshot_without_start_ticks_is_read_and_checked_by_create_time(tmp
     finally:
         victim.kill()
         victim.wait(timeout=10)
+
+
+def test_stop_with_no_grace_sends_no_sigterm_and_kills_the_tree_at_once(tree, monkeypatch):
+    """grace_s=0 (a wedged tree, repro.runner.WEDGED_STOP_GRACE_S): SIGKILL at once, no SIGTERM first — a rank blocked
+    in a collective never runs its SIGTERM handler, so sending one only gives a healthy child time to react."""
+    import signal
+
+    from repro import procs as _procs
+
+    root, child, grandchild = tree
+    snap = snapshot_tree(root.pid)
+    sent: list[int] = []
+    real = _procs._signal
+    monkeypatch.setattr(_procs, "_signal", lambda p, sig: (sent.append(sig), real(p, sig))[1])
+    assert stop_procs(snap, grace_s=0) == []
+    assert not any(alive(p) for p in snap)
+    assert signal.SIGTERM not in sent and signal.SIGKILL in sent, sent
+    root.wait(timeout=10)

@@ -119,7 +119,7 @@ def _decide(opts: RunOptions, variants: Optional[Sequence[str]]) -> tuple:
     from repro.launcher import LaunchError, check_fork_ranks
 
     try:  # the fork-ranks opt-in off a CPU device: bad input, before any server exists (the launcher checks again)
-        check_fork_ranks({**os.environ, **spec.env}, spec.args)
+        check_fork_ranks({**os.environ, **spec.env}, spec.args, forks=bool(adapter.injector_profile.fork_plan()))
     except LaunchError as e:
         _remove_owned(adapter, spec)
         raise RunError(str(e)) from None

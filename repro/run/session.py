@@ -18,10 +18,11 @@ from repro.scenario import Variant
 from repro.verdict import DEADLOCKED, INCONCLUSIVE, Verdict, interrupt_exit_code, judge_completion
 
 
-# Seconds stop() waits after SIGTERM before SIGKILL once a burst left the tree wedged (Session.wedged): a rank blocked
-# in a gloo/NCCL collective never returns to the interpreter to run its handler, so waiting longer only delays the
-# next run (docs: benchmarks/RESULTS.md, "Teardown of a wedged tree").
-WEDGED_STOP_GRACE_S = 0.5
+# Seconds stop() waits after SIGTERM before SIGKILL once a burst left the tree wedged (Session.wedged): 0, i.e. no
+# SIGTERM, SIGKILL at once (repro.procs.stop_procs). A rank blocked in a gloo/NCCL collective never returns to the
+# interpreter to run its handler, and the evidence is written before the stop, so any wait only delays the next run
+# (docs: benchmarks/RESULTS.md, "Teardown of a wedged tree").
+WEDGED_STOP_GRACE_S = 0.0
 
 
 class Session(RunEvidence):
@@ -50,8 +51,8 @@ class Session(RunEvidence):
         # after a child died before it exits, and a hunt's servers have nothing to drain)
         self.stop_grace_s = 10.0
         # set by drive() when a burst ended with the tree wedged (a deadlock, a desync, a dead rank): stop() then
-        # SIGKILLs after WEDGED_STOP_GRACE_S — a rank blocked in a collective never runs its SIGTERM handler, and the
-        # evidence is already written (issue 36: the tree is gone within 2 s of verdict.json)
+        # SIGKILLs at once (WEDGED_STOP_GRACE_S = 0, no SIGTERM) — a rank blocked in a collective never runs its SIGTERM
+        # handler, and the evidence is already written (issue 36: the tree is gone within 2 s of verdict.json)
         self.wedged = False
 
     def start(self) -> Optional[Verdict]:
