@@ -1,0 +1,48 @@
+"""Breaking pass round 4, natural nemeses (issue 29): bad natural actions in a scenario file are refused with the
+file, the field and what was expected — never coerced into another action than the one written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from repro.scenario import ScenarioError, load_scenario
+
+HEAD = """
+name = "nat"
+[[variants]]
+name = "v"
+expect = "success"
+[[variants.injections]]
+id = "n"
+site = "sglang.srt.managers.scheduler:Scheduler.run_batch"
+"""
+
+
+@pytest.mark.parametrize("action, field, expected", [
+    # a boolean was read as a 1 s stop, a string as a number: a different action than written
+    ('{ kind = "stop", stop_s = true }', "stop.stop_s", "a valid number (got True)"),
+    ('{ kind = "delay", delay_s = "2" }', "delay.delay_s", "a valid number (got '2')"),
+    ('{ kind = "pending", polls = "5" }', "pending.polls", "a valid integer (got '5')"),
+    ('{ kind = "pending", polls = true }', "pending.polls", "a valid integer (got True)"),
+    ('{ kind = "fault", observe_s = false }', "fault.observe_s", "a valid number (got False)"),
+    # nan passed no bound but was named as over one ("less than or equal to 3600 (got nan)"); inf likewise
+    ('{ kind = "delay", delay_s = nan }', "delay.delay_s", "a finite number (got nan)"),
+    ('{ kind = "stop", stop_s = inf }', "stop.stop_s", "a finite number (got inf)"),
+    ('{ kind = "clock", step_s = nan }', "clock.step_s", "a finite number (got nan)"),
+    ('{ kind = "clock", skew = 0.5, for_s = nan }', "clock.for_s", "a finite number (got nan)"),
+])
+def test_natural_action_numbers_are_numbers_and_finite(tmp_path: Path, action: str, field: str, expected: str):
+    p = tmp_path / "s.toml"
+    p.write_text(HEAD + f"action = {action}\n")
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(p)
+    msg = str(e.value)
+    assert str(p) in msg and field in msg and expected in msg, msg
+
+
+def test_integers_still_load_as_seconds(tmp_path: Path):
+    p = tmp_path / "s.toml"
+    p.write_text(HEAD + 'action = { kind = "clock", step_s = -30, skew = 1, for_s = 10 }\n')
+    assert load_scenario(p).variants[0].injections[0].action.step_s == -30
