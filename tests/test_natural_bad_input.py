@@ -46,3 +46,21 @@ def test_integers_still_load_as_seconds(tmp_path: Path):
     p = tmp_path / "s.toml"
     p.write_text(HEAD + 'action = { kind = "clock", step_s = -30, skew = 1, for_s = 10 }\n')
     assert load_scenario(p).variants[0].injections[0].action.step_s == -30
+
+
+def test_natural_with_discover_is_refused_before_any_scan_folder_or_server(tmp_path: Path):
+    """The discovery rules map what they find only to forced perturbations (zero_once, empty_once, …), none of them
+    in the natural catalogue: `hunt --natural --discover` scanned the engine (~20-60 s), launched a baseline server
+    and added 0 points (measured in the breaking pass). Now one line before anything, exit 2 (a HuntError)."""
+    import repro.hunt as H
+    from repro.catalogue import HuntError
+    from tests.test_hunt import BASE, FakeRunner
+
+    fr = FakeRunner({})
+    with pytest.raises(HuntError) as e:
+        H.hunt(H.HuntOptions(scenario_path=BASE, evidence_root=tmp_path / "ev", natural=True, discover=True,
+                             spare=False), runs=fr)
+    msg = str(e.value)
+    assert "--natural --discover" in msg and "discover_rules.toml" in msg and "zero_once" in msg, msg
+    assert "drop --discover" in msg and "delay_2s" in msg, msg
+    assert not fr.sessions and not (tmp_path / "ev").exists()

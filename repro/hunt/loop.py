@@ -88,6 +88,8 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
     if opts.discover:
         from repro.discover import hunting
 
+        if opts.natural:
+            hunting.check_natural_rules(cat, opts.discover_rules, adapter)
         cat, disc = hunting.prepare(cat, _discovery_python(opts, adapter), rules_path=opts.discover_rules,
                                     keep_hand_points=opts.hand_points, adapter=adapter)
     elif not opts.hand_points:
