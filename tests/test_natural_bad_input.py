@@ -9,6 +9,8 @@ import pytest
 
 from repro.scenario import ScenarioError, load_scenario
 
+REPO = Path(__file__).resolve().parent.parent
+
 HEAD = """
 name = "nat"
 [[variants]]
@@ -64,3 +66,36 @@ def test_natural_with_discover_is_refused_before_any_scan_folder_or_server(tmp_p
     assert "--natural --discover" in msg and "discover_rules.toml" in msg and "zero_once" in msg, msg
     assert "drop --discover" in msg and "delay_2s" in msg, msg
     assert not fr.sessions and not (tmp_path / "ev").exists()
+
+
+def test_natural_with_sites_is_refused_even_when_the_catalogue_has_sites_apis(tmp_path: Path):
+    """--sites makes forced rows (skip / extra collective) after the baseline, which check_natural never sees: with a
+    natural catalogue that has [sites.apis] the old code would have run them in a `--natural` hunt."""
+    import repro.hunt as H
+    from repro.catalogue import HuntError
+    from tests.test_hunt import BASE, FakeRunner
+
+    apis = ('[sites.apis.GroupCoordinator]\nowner = "sglang.srt.distributed.parallel_state:GroupCoordinator"\n'
+            'skip = { kind = "skip", return_arg = 1 }\nextra_group = "cpu_group"\n')
+    cat = tmp_path / "natural_nemeses.toml"
+    cat.write_text((REPO / "scenarios/sglang/natural_nemeses.toml").read_text() + "\n" + apis)
+    fr = FakeRunner({})
+    with pytest.raises(HuntError) as e:
+        H.hunt(H.HuntOptions(scenario_path=BASE, evidence_root=tmp_path / "ev", natural=True, sites=True,
+                             catalogue_path=cat, spare=False), runs=fr)
+    assert "--natural --sites" in str(e.value) and "drop --sites" in str(e.value), str(e.value)
+    assert not fr.sessions and not (tmp_path / "ev").exists()
+
+
+def test_bad_catalogue_action_names_the_field_and_the_value(tmp_path: Path):
+    """Was 'perturbations.delay_2s.action is not a valid injection action: Input should be greater than 0': no field,
+    no value."""
+    from repro.catalogue import HuntError, load_catalogue
+
+    cat = tmp_path / "c.toml"
+    cat.write_text((REPO / "scenarios/sglang/natural_nemeses.toml").read_text().replace(
+        'action = { kind = "stop", stop_s = 3.0 }', 'action = { kind = "stop", stop_s = 1e9 }', 1))
+    with pytest.raises(HuntError) as e:
+        load_catalogue(cat)
+    assert "perturbations.stop_3s.action" in str(e.value)
+    assert "stop_s: Input should be less than or equal to 600 (got 1000000000.0)" in str(e.value), str(e.value)

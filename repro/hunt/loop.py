@@ -81,6 +81,10 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
     from repro.targets.registry import get_adapter
 
     adapter = get_adapter(base.server.adapter)  # the run's engine (the scenario validated the name), passed down
+    if opts.natural and opts.sites:  # its skip / extra collective rows are forced: check_natural never sees them
+        raise HuntError("--natural --sites: --sites adds a skipped and an extra collective at every call site, both "
+                        "forced (the engine's own collectives); a natural hunt takes none: drop --sites, or run "
+                        "--sites without --natural")
     cat = load_catalogue(opts.catalogue_path or hunt_catalogue(adapter, opts.natural))
     if opts.natural:
         check_natural(cat)
