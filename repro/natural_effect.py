@@ -120,8 +120,9 @@ def natural_effect(ledgers: Mapping[int, Any], target_rank: int, kinds: Optional
         last = tr.values_at(end) or {}
         moved_local = [p for p in local if json.dumps(first.get(p), sort_keys=True) != json.dumps(last.get(p), sort_keys=True)]
     if not episodes:
-        return NaturalEffect("none moved", f"none moved: {len(compared)} lockstep probes equal at every tick {start}–{end}",
-                             (), tuple(moved_local), (start, end))
+        local_txt = (f"; local probes that changed on rank {target_rank}: {', '.join(moved_local)}" if moved_local else "")
+        return NaturalEffect("none moved", f"none moved: {len(compared)} lockstep probes equal at every tick {start}–{end}"
+                             + local_txt, (), tuple(moved_local), (start, end))
     parts = []
     for e in episodes:
         vals = ", ".join(f"rank {r} = {v}" for r, v in e.values.items())

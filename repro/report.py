@@ -29,14 +29,14 @@ def rank_table(analysis: Any) -> list[str]:
 
 
 def injection_table(checks: Sequence[Any], ranks: Sequence[int]) -> list[str]:
-    """Markdown rows: injection → site → per rank entered/matched/fired (after the last arming)."""
+    """Markdown rows: injection → nature (natural / forced / observe) → site → per rank entered/matched/fired (after the last arming)."""
     if not checks:
         return ["(no injections in this variant)"]
-    head = "| injection | site | " + " | ".join(f"TP{k} entered/matched/fired" for k in ranks) + " |"
-    lines = [head, "|---|---|" + "---|" * len(ranks)]
+    head = "| injection | nature | site | " + " | ".join(f"TP{k} entered/matched/fired" for k in ranks) + " |"
+    lines = [head, "|---|---|---|" + "---|" * len(ranks)]
     for c in checks:
         cells = " | ".join(f"{c.entered.get(k, 0)} / {c.matched.get(k, 0)} / {c.fired.get(k, 0)}" for k in ranks)
-        lines.append(f"| `{c.injection_id}` | `{c.site}` | {cells} |")
+        lines.append(f"| `{c.injection_id}` | {getattr(c, 'nature', '') or '?'} | `{c.site}` | {cells} |")
     return lines
 
 

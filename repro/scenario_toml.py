@@ -63,6 +63,8 @@ def scenario_toml(base: Any, name: str, description: str, variants: Sequence[tup
         for inj in injections:
             lines += ["", "[[variants.injections]]", f"id = {_toml_value(inj['id'])}", f"site = {_toml_value(inj['site'])}",
                       f"action = {_toml_value(inj['action'])}"]
+            if inj.get("required") is False:  # an observe-only counter (repro.scenario.Injection.required)
+                lines.append("required = false")
             if inj.get("gate"):
                 lines += ["", "[variants.injections.gate]"]
                 for k, v in inj["gate"].items():

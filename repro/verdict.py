@@ -165,6 +165,7 @@ class InjectionCheck:
     fired: Mapping[int, int]
     absent: Optional[str] = None  # the injector found the site absent in every process that looked (why), else None
     required: bool = True  # False: an observe-only counter (scenario ``required = false``); zero entries are a count
+    nature: str = ""  # natural / forced / observe (repro.scenario.nature_of of its action); "" when not known
 
 
 def judge_completion(

@@ -92,3 +92,20 @@ def test_a_trial_whose_nemesis_outlives_it_gets_a_fresh_server_for_the_next_tria
     # order per row: delay r0, delay r1, fault r0, fault r1; 4 fault trials, the last of them last of all: 3 restarts
     faults = [r.trial.n for r in res.results if r.trial.perturbation.name == "fault_once"]
     assert len(faults) == 4 and trial_s.starts == 1 + sum(1 for n in faults if n < 8)
+
+
+def test_workload_baseline_probes_are_observe_only_counters_so_an_unreached_point_is_a_row_less(tmp_path: Path):
+    """Measured: `repro hunt --natural --config …` failed both groups' clean runs because one catalogue point (the
+    storage hit query) was never entered; a point a workload never reaches must only mean no row."""
+    from repro.scenario import load_scenario
+    from repro.scenario_toml import scenario_toml
+
+    base = load_scenario(REPO / "scenarios/sglang/natural_hunt_hicache.toml")
+    text = scenario_toml(base, base.name, "x", [("v", "success", "d", [
+        {"id": "p", "site": ["m:f"], "action": {"kind": "none", "record_callers": True},
+         "gate": {"occurrence": {"mode": "every"}}, "required": False}])])
+    f = tmp_path / "s.toml"
+    f.write_text(text)
+    assert load_scenario(f).variants[0].injections[0].required is False
+    src = (REPO / "repro/hunt/loop.py").read_text()
+    assert '"gate": {"occurrence": {"mode": "every"}}, "required": False}' in src  # the workload baseline's probes

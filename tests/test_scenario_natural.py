@@ -76,3 +76,13 @@ def test_control_label_wins_and_tables_agree_with_the_injector():
     finally:
         sys.path.remove(str(REPO / "injectors"))
     assert _natural.NATURE == NATURE
+
+
+def test_report_injection_table_shows_each_injections_nature():
+    from repro.report import injection_table
+    from repro.verdict import InjectionCheck
+
+    rows = injection_table([InjectionCheck("f", "m:C.f", {0: 1}, {0: 1}, {0: 1}, nature="natural"),
+                            InjectionCheck("z", "m:C.g", {0: 1}, {0: 1}, {0: 1}, nature="forced")], [0])
+    assert rows[0].startswith("| injection | nature | site |")
+    assert rows[2].startswith("| `f` | natural |") and rows[3].startswith("| `z` | forced |")

@@ -42,6 +42,7 @@ NATURAL_KINDS = frozenset(k for k, v in NATURE.items() if v == "natural")
 CLOCKS: Dict[str, bool] = {"monotonic": False, "time": False, "perf_counter": False,
                            "monotonic_ns": True, "time_ns": True, "perf_counter_ns": True}
 _REAL_CLOCKS: Dict[str, Callable[[], Any]] = {name: getattr(time, name) for name in CLOCKS}
+STOP_WAIT_S = 30.0  # seconds the stop helper waits for the rank to be stopped before it continues it anyway
 _EXCEPTIONS = {"RuntimeError": RuntimeError, "OSError": OSError, "TimeoutError": TimeoutError,
                "ConnectionError": ConnectionError, "ValueError": ValueError}
 
@@ -132,13 +133,18 @@ def hold_poll(site: "Site", call: Callable[[], Any]) -> Any:
 
 
 def stop_self(site: "Site", stop_s: float) -> None:
-    """Stop this whole process with SIGSTOP; a helper (``sh``, its own session) sends SIGCONT ``stop_s`` later.
+    """Stop this whole process with SIGSTOP; a helper (``sh``, its own session) sends SIGCONT ``stop_s`` seconds after
+    it saw the process stopped.
 
     The helper is started first, so the stop always ends; its exit is waited for by a daemon thread (no zombie) and
     recorded as ``stop_helper_exit``. Raises OSError when the helper cannot start (then nothing was stopped).
     """
     pid = os.getpid()
-    helper = subprocess.Popen(["/bin/sh", "-c", f"sleep {stop_s:.3f}; kill -CONT {pid}"], start_new_session=True,
+    # the helper counts stop_s from the moment the rank is really stopped (state T in /proc/<pid>/stat), so a loaded
+    # box that delays the SIGSTOP never shortens the stop; it gives up waiting after STOP_WAIT_S and continues anyway
+    script = (f"n=0; while [ \"$(sed 's/.*) //' /proc/{pid}/stat | cut -c1)\" != T ] && [ $n -lt {int(STOP_WAIT_S * 100)} ]; "
+              f"do sleep 0.01; n=$((n+1)); done; sleep {stop_s:.3f}; kill -CONT {pid}")
+    helper = subprocess.Popen(["/bin/sh", "-c", script], start_new_session=True,
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def reap() -> None:

@@ -81,6 +81,10 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
     from repro.targets.registry import get_adapter
 
     adapter = get_adapter(base.server.adapter)  # the run's engine (the scenario validated the name), passed down
+    if opts.natural and opts.sites:  # its skip / extra collective rows are forced: check_natural never sees them
+        raise HuntError("--natural --sites: --sites adds a skipped and an extra collective at every call site, both "
+                        "forced (the engine's own collectives); a natural hunt takes none: drop --sites, or run "
+                        "--sites without --natural")
     cat = load_catalogue(opts.catalogue_path or hunt_catalogue(adapter, opts.natural))
     if opts.natural:
         check_natural(cat)
@@ -88,6 +92,8 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
     if opts.discover:
         from repro.discover import hunting
 
+        if opts.natural:
+            hunting.check_natural_rules(cat, opts.discover_rules, adapter)
         cat, disc = hunting.prepare(cat, _discovery_python(opts, adapter), rules_path=opts.discover_rules,
                                     keep_hand_points=opts.hand_points, adapter=adapter)
     elif not opts.hand_points:
@@ -546,7 +552,8 @@ def _hunt_workloads(runs: Runs, base: Any, adapter: Any, cat: Catalogue, ncat: A
         base, base.name, "repro hunt baseline: each workload clean, observe-only probes on every decision point",
         [(vname[w], "success", f"clean run under workload {w}: {specs[w].says}",
           [{"id": pid, "site": list(cat.point(pn).sites), "action": {"kind": "none", "record_callers": True},
-            "gate": {"occurrence": {"mode": "every"}}} for pid, pn in probes_by[w].items()], workload_extra(specs[w]))
+            "gate": {"occurrence": {"mode": "every"}}, "required": False}  # a point a workload never reaches
+           for pid, pn in probes_by[w].items()], workload_extra(specs[w]))  # is a row less, not a failed clean run
          for w in names]))
     ro = RunOptions(scenario_path=probe_file, python=python, evidence_root=opts.evidence_root, label="hunt-baseline",
                            requests=opts.requests, pythonpath_prepend=prepend, command_line=opts.command_line)

@@ -11,6 +11,13 @@ from repro.scenario import Variant
 from repro.verdict import InjectionCheck
 
 
+def _nature(inj: Any) -> str:
+    """natural / forced / observe of an injection's action (``repro.scenario.nature_of``)."""
+    from repro.scenario import nature_of
+
+    return nature_of(inj.action) if getattr(inj, "action", None) is not None else ""
+
+
 def collect_versions(injector_dir: Any, python: str, adapter: Any) -> dict:
     """Versions for env.json: harness Python, platform, target interpreter, the run's engine (``engine``: the adapter's
     name) and the python/torch/engine versions the injector's loaded markers recorded inside the server (the harness
@@ -69,5 +76,5 @@ def injection_checks(injector_dir: Any, variant: Variant, rank_pids: dict[int, i
         c = rep.counts_by_rank(inj.id)
         site = rep.resolved_site(inj.id) or inj.site[0]
         checks.append(InjectionCheck(inj.id, site, c["entered"], c["matched"], c["fired"], rep.absent_detail(inj.id),
-                                     getattr(inj, "required", True)))
+                                     getattr(inj, "required", True), _nature(inj)))
     return loaded, armed, checks, rep
