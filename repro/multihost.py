@@ -18,7 +18,7 @@ or PID namespace):
   CPU use over the whole check: ``repro.checker.check_stall`` on ``repro.hosts.HostRanks``) — unless a
   host's data link is down or a host cannot be reached, which makes the run INCONCLUSIVE naming that host;
 - stop: node 0's group gets SIGTERM first (sglang's nodes ≥ 1 ignore SIGTERM and wait for node 0's shutdown), then
-  every node's group SIGKILL; each host's session is checked empty; each host's server log and injector records
+  every node's group SIGKILL (a wedged tree: SIGKILL at once, no SIGTERM); each host's session is checked empty; each host's server log and injector records
   are copied back under ``hosts/<host>/`` and its run folder removed.
 
 Run: ``python -m repro.remote_run SCENARIO --variant V --hosts HOSTS.json [--evidence-dir D] [--expect E]``
