@@ -179,6 +179,16 @@ def _tuple(v: Any) -> tuple[str, ...]:
     return (v,) if isinstance(v, str) else tuple(str(x) for x in v)
 
 
+def _action_error(e: Any) -> str:
+    """The first problem of an action's validation: the field (``delay_s``; none for a bad ``kind``), what was
+    expected and the value given (``Input should be greater than 0 (got -2.0)``), as a scenario file's errors say."""
+    err = e.errors()[0]
+    loc = [str(x) for x in err["loc"] if x not in ("id", "site", "action")][1:]  # [kind, field…] → the field
+    got = err.get("input")
+    extra = f" (got {got!r})" if err["type"] not in ("missing", "extra_forbidden") and not isinstance(got, dict) else ""
+    return f"{'.'.join(loc) + ': ' if loc else ''}{err['msg']}{extra}"
+
+
 def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
     """Read and check a hunt catalogue TOML file.
 
@@ -208,7 +218,7 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
         try:
             Injection.model_validate({"id": "check", "site": "m:f", "action": spec["action"]})
         except ValidationError as e:
-            raise HuntError(f"{p}: perturbations.{name}.action is not a valid injection action: {e.errors()[0]['msg']}") from None
+            raise HuntError(f"{p}: perturbations.{name}.action is not a valid injection action: {_action_error(e)}") from None
         perts[name] = Perturbation(name, dict(spec["action"]), str(spec.get("says", name)), bool(spec.get("by_construction", False)),
                                    bool(spec.get("control", False)))
     points = []
@@ -243,7 +253,7 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
         try:
             Injection.model_validate({"id": "check", "site": "m:f", "action": spec["skip"]})
         except ValidationError as e:
-            raise HuntError(f"{p}: sites.apis.{prefix}.skip is not a valid injection action: {e.errors()[0]['msg']}") from None
+            raise HuntError(f"{p}: sites.apis.{prefix}.skip is not a valid injection action: {_action_error(e)}") from None
         apis.append(SiteApi(prefix, str(spec["owner"]), dict(spec["skip"]), spec.get("extra_group")))
     return Catalogue(p, tuple(points), perts, _tuple(cl.get("forward_frames")), _tuple(cl.get("idle_frames")), named, known,
                      _tuple(cl.get("crash_forward_functions")), tuple(apis))

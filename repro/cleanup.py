@@ -52,6 +52,7 @@ from repro.procs import ProcInfo
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
+EXIT_HARNESS_KILLED = 137  # verdict.json of a run whose harness was SIGKILLed: what a shell saw it end with
 
 
 class CleanupError(Exception):
@@ -230,7 +231,11 @@ def _write_killed_report(folder: Path, run: dict, stopped: list[ProcInfo], when:
               f"server tree it left ({len(stopped)} processes) at {at}")
     notes = [f"`repro analyze {folder}` gives the ledger diagnosis and the rank states from what was recorded",
              f"{Layout.SERVER_LOG.name} and {Layout.REQUESTS.name} hold what happened up to the kill"]
-    write_json_atomic(Layout.VERDICT.at(folder), {"verdict": "INCONCLUSIVE", "reason": reason, "notes": notes, "exit_code": 4,
+    # the exit code the run ended with, as README promises: a harness that wrote no verdict of its own was SIGKILLed
+    # (SIGINT/SIGTERM are handled and write one), and a shell reports a SIGKILLed process as 128 + 9
+    notes.append("exit_code 137: the harness was SIGKILLed (128 + 9, as a shell reports it); it recorded no status")
+    write_json_atomic(Layout.VERDICT.at(folder), {"verdict": "INCONCLUSIVE", "reason": reason, "notes": notes,
+                                                "exit_code": EXIT_HARNESS_KILLED,
                                                 "partial": True, "harness_killed": True, "cleaned_up_time": when,
                                                 "run_started_time": started, "evidence": str(folder)})
     if not Layout.REPORT.at(folder).exists():

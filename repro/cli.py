@@ -98,7 +98,9 @@ def _sigterm_to_interrupt() -> None:
         # process started afterwards (a hunt's next server, a test's) would ignore SIGTERM and need SIGKILL.
         signal.signal(signal.SIGTERM, ignore)
         signal.signal(signal.SIGINT, ignore)
-        console.print("[yellow]interrupt: tearing down the server tree (further Ctrl-C is ignored until it is gone)[/]")
+        what = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        console.print(f"[yellow]interrupt ({what}): tearing down the server tree (further Ctrl-C and SIGTERM are "
+                      "ignored until it is gone)[/]")
         raise Interrupted(signum)  # a KeyboardInterrupt that carries its exit code (verdict.json records it)
 
     signal.signal(signal.SIGTERM, handler)
@@ -259,10 +261,19 @@ def _render_result(res, as_json: bool) -> None:
         out.print(f"expected {res.expected}: {'match' if res.exit_code == 0 else 'MISMATCH (exit 5)'}")
 
 
+def _release_given(release: Optional[str]) -> None:
+    """``--release ''`` (an unset shell variable) is refused in one line (exit 2), never read as no --release."""
+    if release is not None and not release.strip():
+        console.print("[red]error:[/] --release '': expected a release such as 0.5.23 (or leave --release out for "
+                      "the default interpreter)", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
+
+
 def _release_python(release: Optional[str], python: Optional[str], scenario: Optional[Path]) -> Optional[str]:
     """``--release V``'s interpreter (``repro.releases.release_python`` of the scenario's engine; ``scenario`` None:
     the default adapter's, for ``repro demo``), else ``--python`` as given; both, an unknown release or one not set
     up: one error line (exit 2) naming the fix. A scenario that does not load is left to the verb's own error."""
+    _release_given(release)
     if not release:
         return python
     from repro.releases import ReleaseError, release_python
@@ -1054,6 +1065,7 @@ def reproduce(
     """
     from repro.reproduce import ReproduceInputError, write_candidates
 
+    _release_given(release)
     try:
         w = write_candidates([str(d) for d in dumps], out_dir, base_path=base, python=python, tp=tp, model=model,
                              release=release, reports=[str(r) for r in report or []])

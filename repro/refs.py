@@ -89,6 +89,9 @@ def parse_ref(text: str) -> Ref:
     if release is not None:
         if not rest:
             return Ref("release", t, release=release)
+        if "+patch:" in rest or "+release:" in rest:
+            raise RefError(f"REF {t!r}: one patch per REF; combine the patches into one unified diff (cat A.patch "
+                           "B.patch > AB.patch when they touch different files) and pass release:V+patch:AB.patch")
         inner = parse_ref(rest)
         if inner.kind != "patch":
             raise RefError(f"REF {t!r}: only patch:FILE composes with release:V (got {inner.kind}:); "
@@ -470,6 +473,8 @@ def materialize(ref: Ref, python: Optional[str], adapter: Any, choose: Optional[
     if ref.kind == "patch":
         assert ref.path is not None
         pf = resources.find_data_file(ref.path).resolve()  # also scenarios/... from outside a clone (the wheel's copy)
+        if pf.is_dir():
+            raise RefError(f"REF {ref.text!r}: {ref.path} is a folder, not a patch file; pass patch:FILE with a unified diff")
         if not pf.is_file():
             raise RefError(f"REF {ref.text!r}: patch file {ref.path} not found; pass patch:FILE with a unified diff")
         text = pf.read_text(encoding="utf-8", errors="replace")

@@ -71,6 +71,7 @@ class BisectResult:
         last_same: the release before it (the last one with the good end's verdict).
         folder: the bisect folder holding ``BISECT.md`` and ``bisect.json``.
         exit_code: see the module docstring.
+        stopped: why the bisection stopped before an answer (a step refused: its one-line reason); empty otherwise.
     """
 
     releases: list[str]
@@ -79,10 +80,12 @@ class BisectResult:
     last_same: Optional[str] = None
     folder: Optional[Path] = None
     exit_code: int = 2
+    stopped: str = ""
 
     def to_json(self) -> dict:
         return {"releases": self.releases, "first_changed": self.first_changed, "last_same": self.last_same,
                 "exit_code": self.exit_code, "folder": str(self.folder) if self.folder else None,
+                "stopped": self.stopped or None,
                 "steps": [{"release": s.release, "ref": s.ref, "verdict": s.verdict, "evidence": str(s.evidence),
                            "reason": s.reason, "testbed": s.testbed} for s in self.steps]}
 
@@ -158,11 +161,63 @@ def default_runner(opts: BisectOptions, adapter: Any) -> Runner:
 
 
 def _check_set_up(versions: list[str], adapter: Any) -> None:
+    """Every release of the range set up; else one line naming all that are not and the first one's set-up."""
+    missing: list[tuple[str, str]] = []
     for v in versions:
         try:
             release_python(v, adapter)
         except ReleaseError as e:
-            raise BisectError(f"bisect needs every release from {versions[0]} to {versions[-1]} set up: {e}") from None
+            missing.append((v, str(e)))
+    if missing:
+        more = (f"{len(missing)} of {len(versions)} are not ({', '.join(v for v, _ in missing)}); the first: "
+                if len(missing) > 1 else "")
+        raise BisectError(f"bisect needs every release from {versions[0]} to {versions[-1]} set up: {more}"
+                          f"{missing[0][1]}")
+
+
+def _check_patch_applies(versions: list[str], suffix: str, adapter: Any) -> None:
+    """With ``+patch:FILE``: the patch applies to every release of the range, checked (an overlay made and removed
+    per release, seconds each) before the first step runs, so no end runs for minutes before a later step refuses.
+
+    Raises:
+        BisectError: the first release it does not apply to, with the patch's own one-line reason.
+    """
+    if not suffix:
+        return
+    from repro.refs import RefError, materialize, parse_ref
+
+    for v in versions:
+        try:
+            materialize(parse_ref(ref_for(v, suffix)), None, adapter).close()
+        except RefError as e:
+            raise BisectError(f"{ref_for(v, suffix)}: {e} (bisect carries the same patch to every release from "
+                              f"{versions[0]} to {versions[-1]}; narrow the range or pick a patch that applies to all)"
+                              ) from None
+
+
+def _check_inputs(opts: BisectOptions, first_ref: str) -> None:
+    """What can be checked without any release set up, before the set-up check (a user must not set a release
+    up to learn that --tp or the patch was wrong): --tp, --requests, the REF's form and its patch file.
+
+    Raises:
+        BisectError: one line naming the option and what is expected.
+    """
+    from repro import resources
+    from repro.refs import RefError, parse_ref
+
+    for name, value in (("--tp", opts.tp), ("--requests", opts.requests)):
+        if value is not None and value < 1:
+            raise BisectError(f"{name} must be ≥ 1 (got {value})")
+    try:
+        ref = parse_ref(first_ref)
+    except RefError as e:
+        raise BisectError(f"--good/--bad: {e}") from None
+    if ref.kind == "patch" and ref.path is not None:
+        pf = resources.find_data_file(ref.path)
+        if pf.is_dir():
+            raise BisectError(f"--good/--bad patch:{ref.path}: is a folder; pass patch:FILE with a unified diff")
+        if not pf.is_file():
+            raise BisectError(f"--good/--bad patch:{ref.path}: not found; pass patch:FILE with a unified diff")
 
 
 def bisect(opts: BisectOptions, runner: Optional[Runner] = None, check: Optional[Callable[[list[str]], None]] = None,
@@ -172,7 +227,8 @@ def bisect(opts: BisectOptions, runner: Optional[Runner] = None, check: Optional
     Args:
         opts: the bisection.
         runner: runs one release (default :func:`default_runner`); tests pass a stand-in.
-        check: refuses a range with a release not set up (default: every release's interpreter must exist).
+        check: refuses a range with a release not set up (default: every release's interpreter must exist, and a
+            ``+patch:`` must apply to every release).
         observe: ``("step", {"release", "ref"})`` before each run, ``("verdict", {...})`` after.
     Returns:
         A :class:`BisectResult` with ``exit_code`` per the module docstring.
@@ -190,7 +246,8 @@ def bisect(opts: BisectOptions, runner: Optional[Runner] = None, check: Optional
     except (ScenarioError, UnknownAdapterError) as e:
         raise BisectError(str(e)) from None
     versions, suffix = release_range(opts.good, opts.bad, adapter)
-    (check or (lambda vs: _check_set_up(vs, adapter)))(versions)
+    _check_inputs(opts, ref_for(versions[0], suffix))
+    (check or (lambda vs: (_check_set_up(vs, adapter), _check_patch_applies(vs, suffix, adapter))))(versions)
     run_one = runner or default_runner(opts, adapter)
     res = BisectResult(versions)
     folder = _bisect_folder(opts.evidence_root, scen.name, opts.label or var.name)
@@ -222,6 +279,9 @@ def bisect(opts: BisectOptions, runner: Optional[Runner] = None, check: Optional
                     hi = mid
             res.first_changed, res.last_same = versions[hi], versions[lo]
             res.exit_code = EXIT_FOUND
+    except BisectError as e:  # a step refused (a site absent in that release): BISECT.md says why it stopped
+        res.stopped = str(e)
+        raise
     finally:
         _write(res, opts, scen.name, var.name, verdicts)
     return res
@@ -253,6 +313,8 @@ def bisect_markdown(res: BisectResult, opts: BisectOptions, scenario: str, varia
                 f"{res.releases[0]} and {res.releases[-1]}.")
     else:
         head = "# Incomplete\n\nThe bisection stopped before the change was found; the steps so far are below."
+        if res.stopped:
+            head += f"\n\nStopped: {res.stopped}"
     lines = [head, "", f"Scenario `{opts.scenario_path}` ({scenario}), variant `{variant}`; "
              f"good `{opts.good}`, bad `{opts.bad}`; {len(res.steps)} of {len(res.releases)} releases run.", "",
              "| release | REF | testbed | verdict | evidence |", "|---|---|---|---|---|"]

@@ -102,7 +102,9 @@ class ReleaseIndex:
         for r in self.releases:
             if r.version == version:
                 return r
-        raise ReleaseError(f"{self.engine} release {version!r} is not in the release index; known: "
+        bare = re.sub(rf"^(?:{re.escape(self.engine)}[-_=@ ]*)?[vV]", "", version.strip())
+        hint = f"did you mean {bare}? " if bare in self.versions() else ""
+        raise ReleaseError(f"{self.engine} release {version!r} is not in the release index; {hint}known: "
                            f"{', '.join(self.versions())} (add one with scripts/build_release_index.py)")
 
     def between(self, first: str, last: str) -> list[Release]:
@@ -437,7 +439,12 @@ def choose_release(index: ReleaseIndex, *, forced: Optional[str] = None, texts: 
     """
     if forced:
         index.get(forced)
-        return ReleaseChoice(forced, "forced", f"{index.engine} {forced}: forced with --release")
+        why = f"{index.engine} {forced}: forced with --release"
+        cands, _, counted, _ = infer_releases_scored(frames, index)
+        if cands and forced not in cands:  # forced wins, but a choice the frames contradict is said
+            rng = cands[0] if len(cands) == 1 else f"{cands[0]}–{cands[-1]}"
+            why += f" (note: the dump's {counted} indexed frame(s) point to {rng}, not {forced})"
+        return ReleaseChoice(forced, "forced", why)
     named: dict[str, tuple[str, str]] = {}  # version -> (source, line): every release the texts name
     for src, text in texts:
         for v, line in versions_in_text(text, index):

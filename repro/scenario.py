@@ -202,11 +202,16 @@ class ReturnValue(_Strict):
     offset: Optional[Union[int, float]] = Field(None, description="return the original's result plus this number instead of value (drift, e.g. -1)")
 
 
+# The natural actions' numbers: a number written as a number (``stop_s = true`` is not a 1 s stop, ``"2"`` is not 2)
+# and finite (``nan`` fails every bound check with a message that names the bound, not the nan). Integers are fine.
+_SECONDS: dict = {"strict": True, "allow_inf_nan": False}
+
+
 class Delay(_Strict):
     """*Natural*: sleep ``delay_s`` seconds before calling the original (the rank looks busy, not deadlocked)."""
 
     kind: Literal["delay"]
-    delay_s: float = Field(..., gt=0, le=3600)
+    delay_s: float = Field(..., gt=0, le=3600, **_SECONDS)
 
 
 class Stop(_Strict):
@@ -214,7 +219,7 @@ class Stop(_Strict):
     thread of the rank stops (OS scheduling, a paused VM), unlike ``delay`` which sleeps only the calling thread."""
 
     kind: Literal["stop"]
-    stop_s: float = Field(..., gt=0, le=600, description="seconds the rank stays stopped")
+    stop_s: float = Field(..., gt=0, le=600, description="seconds the rank stays stopped", **_SECONDS)
 
 
 CLOCK_NAMES = ("monotonic", "time", "perf_counter", "monotonic_ns", "time_ns", "perf_counter_ns")
@@ -229,9 +234,9 @@ class Clock(_Strict):
     kind: Literal["clock"]
     clocks: list[Literal["monotonic", "time", "perf_counter", "monotonic_ns", "time_ns", "perf_counter_ns"]] = Field(
         default_factory=lambda: ["monotonic", "time"], min_length=1)
-    step_s: float = Field(0.0, ge=-86_400, le=86_400, description="a step of the clock, seconds (may be negative)")
-    skew: float = Field(0.0, ge=-0.9, le=100, description="extra seconds per real second from the fire (a fast/slow clock)")
-    for_s: float = Field(0.0, ge=0, description="real seconds the shift lasts; 0 = until exit")
+    step_s: float = Field(0.0, ge=-86_400, le=86_400, description="a step of the clock, seconds (may be negative)", **_SECONDS)
+    skew: float = Field(0.0, ge=-0.9, le=100, description="extra seconds per real second from the fire (a fast/slow clock)", **_SECONDS)
+    for_s: float = Field(0.0, ge=0, description="real seconds the shift lasts; 0 = until exit", **_SECONDS)
 
     @model_validator(mode="after")
     def _moves(self) -> "Clock":
@@ -249,7 +254,7 @@ class Fault(_Strict):
     exception: Literal["RuntimeError", "OSError", "TimeoutError", "ConnectionError", "ValueError"] = "RuntimeError"
     message: str = ""
     when: Literal["before", "after"] = "before"
-    observe_s: float = Field(5.0, gt=0, le=600, description="seconds after the fault to check the thread")
+    observe_s: float = Field(5.0, gt=0, le=600, description="seconds after the fault to check the thread", **_SECONDS)
 
 
 class Pending(_Strict):
@@ -257,7 +262,7 @@ class Pending(_Strict):
     consecutive matching calls from the fire on: a device or transfer that completes later on this rank only."""
 
     kind: Literal["pending"]
-    polls: int = Field(..., ge=1, le=100_000, description="how many consecutive polls answer not-done")
+    polls: int = Field(..., ge=1, le=100_000, description="how many consecutive polls answer not-done", strict=True)
     value: Any = Field(False, description="the not-done answer (False for Event.query / Future.done)")
     call_original: bool = Field(False, description="still call the poll (a poll with side effects)")
 

@@ -55,7 +55,9 @@ def test_bisect_between_0_5_18_and_0_5_20_finds_0_5_19(tmp_path: Path) -> None:
     assert json.loads((res.folder / "bisect.json").read_text())["first_changed"] == "0.5.19"
 
 
-def test_bisect_over_the_whole_index_is_a_binary_search_in_release_order(tmp_path: Path) -> None:
+def test_bisect_over_the_whole_index_is_a_binary_search_in_release_order(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("fix.patch").write_text("--- a/sglang/x.py\n+++ b/sglang/x.py\n")  # checked to exist before anything runs
     run = StandIn()
     with pytest.raises(BisectError, match="differ only in the release"):
         bisect(_opts(tmp_path, "release:0.5.14", "release:0.5.23+patch:fix.patch"), runner=run, check=lambda vs: None)

@@ -62,6 +62,37 @@ def prepare(cat: Any, python: str, *, rules_path: Optional[Path] = None, keep_ha
                                   unpatchable=unpatchable)
 
 
+def check_natural_rules(cat: Any, rules_path: Optional[Path], adapter: Any) -> None:
+    """``--natural --discover``, before the scan: the rules must be able to propose a natural perturbation.
+
+    Discovery gives a point the perturbations its rules map the point's source kind / return type to
+    (``perturbations_by_kind`` / ``perturbations_by_return``) that the catalogue defines; a natural hunt takes only the
+    natural ones (``repro.catalogue.check_natural``). When no name the rules map to is a natural perturbation of
+    ``cat``, discovery cannot add a single point: refused here, before a scan (~20-60 s) and a baseline server that
+    would change nothing.
+
+    Raises:
+        repro.catalogue.HuntError: one line naming the rules file, what it maps to, and the fix.
+    """
+    from repro.catalogue import HuntError
+
+    path = Path(rules_path) if rules_path else default_rules_path(adapter, cat.path)
+    try:
+        rules = _rules(path)
+    except DiscoverError as e:
+        raise HuntError(f"--discover: {e}") from None
+    names: list[str] = []
+    for table in ("perturbations_by_kind", "perturbations_by_return"):
+        for vals in (rules.get(table) or {}).values():
+            names += [n for n in (vals if isinstance(vals, list) else []) if n not in names]
+    natural = sorted(n for n, pt in cat.perturbations.items() if pt.nature == "natural")
+    if not any(n in natural for n in names):
+        raise HuntError(f"--natural --discover: {path} maps what it finds only to {', '.join(names) or 'nothing'}, none "
+                        f"of them a natural perturbation of {cat.path} ({', '.join(natural)}), so discovery could add "
+                        "no point; drop --discover, or map a source kind to one of those names in the rules' "
+                        "[perturbations_by_kind]")
+
+
 def _unpatchable(points: Sequence[DiscoveredPoint], python: str) -> dict:
     """Discovered points whose site the injector cannot patch in ``python`` (its module does not import there —
     an optional dependency such as lmcache missing —, or the name is no function or method), from one preflight of

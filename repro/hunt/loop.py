@@ -81,6 +81,10 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
     from repro.targets.registry import get_adapter
 
     adapter = get_adapter(base.server.adapter)  # the run's engine (the scenario validated the name), passed down
+    if opts.natural and opts.sites:  # its skip / extra collective rows are forced: check_natural never sees them
+        raise HuntError("--natural --sites: --sites adds a skipped and an extra collective at every call site, both "
+                        "forced (the engine's own collectives); a natural hunt takes none: drop --sites, or run "
+                        "--sites without --natural")
     cat = load_catalogue(opts.catalogue_path or hunt_catalogue(adapter, opts.natural))
     if opts.natural:
         check_natural(cat)
@@ -88,6 +92,8 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
     if opts.discover:
         from repro.discover import hunting
 
+        if opts.natural:
+            hunting.check_natural_rules(cat, opts.discover_rules, adapter)
         cat, disc = hunting.prepare(cat, _discovery_python(opts, adapter), rules_path=opts.discover_rules,
                                     keep_hand_points=opts.hand_points, adapter=adapter)
     elif not opts.hand_points:
