@@ -327,9 +327,13 @@ def _cleanup_run(folder: Path, force: bool, adapters: list) -> CleanupResult:
                              + ", ".join(f"pid {p.pid} ({p.title[:60]})" for p in foreign), refused=True,
                              left_alone=[(p, why) for p in foreign])
     gone = len(recorded) - len(live)
+    keys = {p.key for p in recorded}  # + what the tree started after the record (a stop nemesis's SIGCONT helper)
+    unrec = [p for p in _procs.token_carriers(tokens) if p.key not in keys]
     shm = _procs.shm_files_of(live)  # read before the tree is signalled (see repro.launcher.Server.stop)
-    left = _procs.stop_procs(live) if live else []
+    left = _procs.stop_procs(live + unrec) if live or unrec else []
     stopped = [p for p in live if p not in left]
+    extra = ("; also stopped " + ", ".join(f"pid {p.pid} ({p.title[:60]})" for p in unrec if p not in left)
+             + ": not recorded, carrying this run's launch token") if [p for p in unrec if p not in left] else ""
     removed = _remove_owned_dirs(folder, adapters) if not left else []
     if live and not left:
         starts = [_procs.started_at(p.start_ticks) for p in live]
@@ -343,11 +347,14 @@ def _cleanup_run(folder: Path, force: bool, adapters: list) -> CleanupResult:
         _write_killed_report(folder, run, stopped, now)
     rm = f"; removed {', '.join(removed)}" if removed else ""
     if not live:
-        return CleanupResult(folder, EXIT_OK, f"nothing to clean: none of the {len(recorded)} recorded processes is "
-                             f"running{rm}", removed=removed)
+        return CleanupResult(folder, EXIT_OK if not left else EXIT_INTERNAL, ("" if extra else "nothing to clean: ")
+                             + f"none of the {len(recorded)} recorded processes is running"
+                             + extra.replace("; also stopped", "; stopped", 1)
+                             + (f"; still running: {[p.pid for p in left]}" if left else "") + rm, removed=removed,
+                             still_running=left)
     msg = (f"stopped {len(stopped)} of {len(live)} live recorded processes"
            + (f" ({gone} recorded ones had already exited or their pid now belongs to another process: left alone)" if gone else "")
-           + (f"; still running: {[p.pid for p in left]}" if left else "") + rm)
+           + extra + (f"; still running: {[p.pid for p in left]}" if left else "") + rm)
     return CleanupResult(folder, EXIT_OK if not left else EXIT_INTERNAL, msg, stopped=stopped, still_running=left,
                          removed=removed)
 

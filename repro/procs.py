@@ -372,6 +372,30 @@ def has_launch_token(p: ProcInfo, token: str) -> bool:
     return f"{LAUNCH_TOKEN_ENV}={token}".encode() in raw.split(b"\0")
 
 
+def token_carriers(tokens: Sequence[str]) -> list[ProcInfo]:
+    """Every live process (zombies left out) whose environment carries ``REPRO_LAUNCH_TOKEN=<one of tokens>``: what a
+    launched tree left running that its ``processes.json`` never recorded — a child a rank started after the record,
+    in its own session (the ``stop`` nemesis's SIGCONT helper, ``injectors/repro_injector/_natural.py``), or an
+    orphan re-parented away. One pass over ``/proc/*/environ``; this process itself is never listed."""
+    needles = {f"{LAUNCH_TOKEN_ENV}={t}".encode() for t in tokens if t}
+    out: list[ProcInfo] = []
+    if not needles:
+        return out
+    me = os.getpid()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == me:
+            continue
+        try:
+            raw = (d / "environ").read_bytes()
+        except OSError:
+            continue
+        if needles & set(raw.split(b"\0")):
+            info = proc_info(int(d.name))
+            if info is not None:
+                out.append(info)
+    return out
+
+
 def launch_mark(root: Optional[ProcInfo], root_pid: Optional[int] = None, tokens: Sequence[str] = ()) -> dict:
     """The mark that says this harness process itself started the tree under ``root`` (see :func:`save_procs`):
     ``{"launched_by_repro": true, "root": {pid, start_ticks, create_time}, "harness": {pid, start_ticks,
