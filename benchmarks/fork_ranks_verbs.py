@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -75,6 +76,58 @@ def hunt_summary(root: Path, wall_s: float) -> dict:
             "trials_per_hour_trial_phase": round(len(ran) / phase * 3600, 1) if phase else None}
 
 
+def launches(root: Path) -> list[dict]:
+    """Per run folder under ``root`` (one server launch each, or a variant on a shared server): its verdict, seconds
+    to healthy and to the verdict (``verdict.json`` timings) and its teardown (``teardown.json``: grace, wedged, stop)."""
+    rows = []
+    for vf in sorted(root.glob("**/verdict.json"), key=lambda f: f.stat().st_mtime):
+        try:
+            v = json.loads(vf.read_text())
+        except ValueError:
+            continue
+        t = v.get("timings") or {}
+        tf = vf.parent / "teardown.json"
+        td = json.loads(tf.read_text()) if tf.exists() else {}
+        rows.append({"run": vf.parent.name, "verdict": v.get("verdict"), "healthy_s": t.get("healthy_s"),
+                     "phases": log_phases(vf.parent),
+                     "to_verdict_s": t.get("to_verdict_s"), "teardown": {k: td.get(k) for k in ("grace_s", "wedged", "stop_s")}
+                     if td else None})
+    return rows
+
+
+# sglang 0.5.23's log lines that mark the start-up phases (as benchmarks/startup_phases.py's PHASES); each line is
+# stamped by sglang to the second ("[2026-12-06 08:25:32] ..."), so these phases are ±1 s
+LOG_PHASES = [("launcher imports done (server_args line)", re.compile(r"server_args=")),
+              ("first rank line", re.compile(r"\bTP\d\]")),
+              ("weights loaded (dummy)", re.compile(r"Load weight end")),
+              ("KV pool allocated", re.compile(r"KV Cache is allocated")),
+              ("Uvicorn listening", re.compile(r"Uvicorn running on")),
+              ("warm-up done", re.compile(r"The server is fired up"))]
+_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+
+
+def log_phases(run_dir: Path) -> dict:
+    """Seconds from the launcher's start (``processes.json`` root ``create_time``) to the first log line of each
+    phase in the run's ``server.log`` (sglang's own stamps, UTC, whole seconds); {} when either file is missing."""
+    import calendar
+
+    try:
+        t0 = json.loads((run_dir / "processes.json").read_text())["root"]["create_time"]
+        lines = (run_dir / "server.log").read_text(errors="replace").splitlines()
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    out: dict = {}
+    for ln in lines:
+        m = _STAMP.match(ln)
+        if not m:
+            continue
+        t = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
+        for name, pat in LOG_PHASES:
+            if name not in out and pat.search(ln):
+                out[name] = round(t - t0, 1)
+    return out
+
+
 def one(verb: str, arm: str, i: int, args: argparse.Namespace) -> dict:
     root = (args.evidence_dir / f"{verb}-{arm}-{i}").resolve()
     cmd = command(verb, root, args.hunt_budget_min)
@@ -101,9 +154,10 @@ def one(verb: str, arm: str, i: int, args: argparse.Namespace) -> dict:
                "load_before": load0, "load_after": load1(), "left_running": [p.pid for p in processes_mentioning(root)],
                "command": " ".join(["repro", *cmd[3:]])}
     try:
-        s["json"] = json.loads(out.strip().splitlines()[-1]) if out.strip() else None
-    except (ValueError, IndexError):
+        s["json"] = json.loads(out) if out.strip() else None
+    except ValueError:
         s["json"] = None
+    s["launches"] = launches(root)
     if verb == "hunt":
         s.update(hunt_summary(root, wall))
     if child.returncode not in (0,):
@@ -116,38 +170,64 @@ def verdicts(s: dict) -> str:
     j = s.get("json")
     if s["verb"] == "hunt":
         return ", ".join(f"{k} {v}" for k, v in sorted(s.get("verdicts", {}).items()))
-    if isinstance(j, dict):
-        pairs = [(k, v) for k, v in j.items() if isinstance(v, dict) and "verdict" in v]
-        if pairs:
-            return " / ".join(f"{k}: {v['verdict']}" for k, v in pairs)
-    return "?"
+    rows = s.get("launches") or []
+    if rows:
+        return " / ".join(f"{r['verdict']} (healthy {r['healthy_s']:.0f} s)" if r.get("healthy_s") else str(r["verdict"])
+                          for r in rows)
+    return "?" if j is None else str(j)[:80]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--verbs", default="demo,compare,hunt")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--first-repeat", type=int, default=0, help="index of the first repeat (a later run adds repeats "
+                    "to an earlier one's folders: index 1 runs fork first)")
     ap.add_argument("--hunt-budget-min", type=float, default=5.0)
     ap.add_argument("--timeout-s", type=float, default=1500.0)
     ap.add_argument("--evidence-dir", type=Path, default=Path("/tmp/repro-fork-verbs"))
     ap.add_argument("--json-out", type=Path, default=None)
+    ap.add_argument("--from-json", type=Path, default=None,
+                    help="run nothing: render the table of an earlier --json-out (its folders re-read under --evidence-dir)")
     args = ap.parse_args()
     out: list[dict] = []
-    for verb in [v.strip() for v in args.verbs.split(",") if v.strip()]:
-        for i in range(args.repeats):
+    if args.from_json:
+        out = json.loads(args.from_json.read_text())
+        for s in out:
+            s["launches"] = launches((args.evidence_dir / f"{s['verb']}-{s['arm']}-{s['i']}").resolve())
+            if s["verb"] == "hunt" and "trials" not in s:
+                s.update(hunt_summary((args.evidence_dir / f"hunt-{s['arm']}-{s['i']}").resolve(), s["wall_s"]))
+    for verb in [] if args.from_json else [v.strip() for v in args.verbs.split(",") if v.strip()]:
+        for i in range(args.first_repeat, args.first_repeat + args.repeats):
             for arm in (("spawn", "fork") if i % 2 == 0 else ("fork", "spawn")):
                 s = one(verb, arm, i, args)
                 out.append(s)
                 print(json.dumps({k: v for k, v in s.items() if k != "json"}), file=sys.stderr, flush=True)
                 if args.json_out:
                     args.json_out.write_text(json.dumps(out, indent=1))
-    print(json.dumps(out, indent=1))
+    if not args.from_json:
+        print(json.dumps(out, indent=1))
     print("| verb | arm | # | exit | wall | verdicts | trials/h (whole; trial phase) | load before → after | left running |")
     print("|---|---|---|---|---|---|---|---|---|")
     for s in out:
         tph = f"{s.get('trials_per_hour', '')}; {s.get('trials_per_hour_trial_phase', '')}" if s["verb"] == "hunt" else ""
         print(f"| {s['verb']} | {s['arm']} | {s['i']} | {s['rc']} | {s['wall_s']:.0f} s | {verdicts(s)} | {tph} | "
               f"{s['load_before']:.1f} → {s['load_after']:.1f} | {len(s['left_running'])} |")
+    # start-up phases per launch (a compare side, a demo variant: each its own server and server.log), by arm
+    for arm in ("spawn", "fork"):
+        # demo and compare: one launch per run folder; a hunt's trial folders share servers (their logs hold several)
+        rows = [r for s in out if s["arm"] == arm and s["verb"] != "hunt" for r in s.get("launches") or []
+                if r.get("phases")]
+        if not rows:
+            continue
+        print(f"\n{arm}: phase (s from the launcher's start; sglang's stamps, ±1 s) | median | min | max | n")
+        for name, _ in LOG_PHASES:
+            v = [r["phases"][name] for r in rows if name in r["phases"]]
+            if v:
+                print(f"| {name} | {statistics.median(v):.1f} | {min(v):.1f} | {max(v):.1f} | {len(v)} |")
+        h = [r["healthy_s"] for r in rows if r.get("healthy_s")]
+        if h:
+            print(f"| healthy_s (the harness's, from its Popen) | {statistics.median(h):.1f} | {min(h):.1f} | {max(h):.1f} | {len(h)} |")
     for verb in dict.fromkeys(s["verb"] for s in out):
         for arm in ("spawn", "fork"):
             w = [s["wall_s"] for s in out if s["verb"] == verb and s["arm"] == arm]

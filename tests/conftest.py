@@ -129,7 +129,8 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Name every process this test session started that is still running (with its CPU): a leaked server or a
+    """Name every process started while this test session ran that is still running (with its CPU; start time is what
+    ties it to the session, so on a box shared with other jobs their processes are listed too): a leaked server or a
     spinning rank slows every later stage of CI (`scripts/test.sh` runs them one after another on the same box).
     Then the lockstep state check's word on every run folder it read (clean runs held to it, skipped ones and why)."""
     if _STATE_CHECKS:
@@ -140,7 +141,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                 terminalreporter.write_line(f"    {p}")
     left = left_running(_SESSION_T0)
     if left:
-        terminalreporter.section("processes started by this session and still running")
+        terminalreporter.section("processes started while this session ran and still running (this session's, or another "
+                                 "job's on a shared box)")
         for pid, cpu, cmd in left:
             terminalreporter.write_line(f"pid {pid}  {cpu:5.1f} % CPU  {cmd}")
 
