@@ -497,14 +497,27 @@ def _effect(p: Any, rank_pids: dict, t: Trial) -> tuple[str, str]:
         folder = getattr(getattr(p, "evidence", None), "injector_dir", None)
         if folder is None or not Path(folder).is_dir():
             return "", ""
-        fires = [f.time for log in read_injector_dir(folder).logs for f in log.fires
-                 if f.injection_id == t.name and f.rank == t.rank]
-        if not fires:
+        mine = [f for log in read_injector_dir(folder).logs for f in log.fires
+                if f.injection_id == t.name and f.rank == t.rank]
+        if not mine:
             return "", ""
-        eff = natural_effect(load_ledgers(folder, list(rank_pids.values()) or None), t.rank, since_time=min(fires))
-        return eff.status, eff.summary
+        eff = natural_effect(load_ledgers(folder, list(rank_pids.values()) or None), t.rank,
+                             since_time=min(f.time for f in mine))
+        return eff.status, eff.summary + fault_fates(mine)
     except Exception as e:  # the effect column never fails a trial
         return "", f"effect not read: {type(e).__name__}: {e}"
+
+
+def fault_fates(fires: Any) -> str:
+    """``"; fault on thread T: <outcome>"`` for each ``fault_outcome`` event of ``fires`` (``FireEvent``s of one
+    trial, ``repro/injection_records.py``; the injector writes it ``observe_s`` after a ``fault`` nemesis raised,
+    injectors/repro_injector/_natural.py), so a hunt row says whether the faulted thread died; "" when none."""
+    out = []
+    for f in fires:
+        for e in f.effects:
+            if e.get("event") == "fault_outcome":
+                out.append(f"; fault on thread {e.get('thread') or f.thread or '?'}: {e.get('outcome') or 'outcome unknown'}")
+    return "".join(dict.fromkeys(out))
 
 
 def _confirm(runs: Runs, log: HuntLog, python: Optional[str], prepend: tuple, opts: HuntOptions, clock: Clock,
