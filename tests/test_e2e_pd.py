@@ -25,7 +25,7 @@ from typing import Optional
 import pytest
 
 from repro import testbed
-from repro.procs import processes_mentioning
+from repro.procs import alive, load_procs, processes_mentioning
 from repro.runner import RunOptions, run_many
 from repro.verdict import DEADLOCKED, SUCCEEDED
 
@@ -356,3 +356,27 @@ def test_compare_with_a_noop_patch_on_the_pd_scenario_runs_both_sides_on_stacks_
     assert processes_mentioning(root) == []
     print("COMPARE_PD_TIMINGS " + json.dumps({"wall_s": res["wall_s"], **{
         n: {k: s["timings"].get(k) for k in ("healthy_s", "to_verdict_s", "total_s")} for n, s in sides.items()}}))
+
+
+def test_a_deadlocked_pd_stack_is_gone_within_2_s_of_its_verdict(tmp_path: Path):
+    """Issue 36: no process of a deadlocked PD tree (prefill TP ranks, decode, router) is alive 2 s after the run's
+    verdict.json is written. The module's shared stack keeps the wedged stack up for the watch case, so this is the
+    divergence variant as a run of its own (`repro run`, one stack, stopped right after its verdict)."""
+    py = _testbed_python()
+    root = tmp_path / "alone"
+    r = subprocess.run([sys.executable, "-m", "repro.cli", "run", str(DISAGG), "--variant", "divergence", "--python", py,
+                        "--evidence-dir", str(root), "--json", "--expect", "deadlock"],
+                       cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout[-2000:]}\nstderr:\n{r.stderr[-3000:]}"
+    out = json.loads(r.stdout)
+    assert out["verdict"] == DEADLOCKED, out.get("reason")
+    run = Path(out["evidence"])
+    written = (run / "verdict.json").stat().st_mtime
+    teardown = json.loads((run / "teardown.json").read_text())  # a run of its own: the stack's records are the run's
+    assert teardown.get("wedged") is True and teardown["left_running"] == [], teardown
+    assert teardown["time"] - written <= 2.0, (teardown, written)
+    procs = [p for f in sorted(run.rglob("processes.json")) for p in load_procs(f)]
+    assert len(procs) >= 5, f"{run}: processes.json lists {len(procs)} processes (expected the router, 4 prefill and 1 decode rank's tree)"
+    left = [(p.pid, p.title) for p in procs if alive(p)]
+    assert not left, f"left running: {left}"
+    assert processes_mentioning(root) == []
