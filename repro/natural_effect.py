@@ -31,7 +31,8 @@ from typing import Any, Mapping, Optional
 from repro.state_digest import read_rank_states
 
 MAX_COLLECTIVES = 4  # call sites named per reconciling tick
-MAX_TRANSIENT_SHOWN = 3  # transient probes described in a summary (the longest episode of each)
+MAX_TRANSIENT_SHOWN = 2  # transient probes described in a summary (the longest episode of each)
+TRANSIENT_COLLECTIVES = 2  # collectives named per transient episode (MIN/MAX first), each by 3 frames
 STATUSES = ("diverged", "reconciled", "transient reconciled", "transient open", "none moved", "not recorded")
 RECONCILING_REDUCE_OPS = ("MIN", "MAX")  # a transient episode's collectives: these first (then the others)
 
@@ -40,7 +41,7 @@ RECONCILING_REDUCE_OPS = ("MIN", "MAX")  # a transient episode's collectives: th
 class Episode:
     """One probe different between the ranks from ``start_tick`` until ``end_tick`` (None: never equal again within
     the compared ticks); ``values``: rank → value at ``start_tick``; ``collectives``: the target rank's collectives
-    of tick ``end_tick - 1`` (lockstep: ``op call site``; transient: ``op RED @ call site chain [thread]``, MIN/MAX
+    of tick ``end_tick - 1`` (lockstep: ``op call site``; transient: ``op RED @ 3-frame call site chain [thread]``, MIN/MAX
     reductions first)."""
 
     @property
@@ -93,7 +94,7 @@ def _collectives_at(ledger: Any, tick: int) -> tuple[str, ...]:
 
 def _reconciling_at(ledger: Any, tick: int) -> tuple[str, ...]:
     """The target rank's collectives of ``tick`` for a transient episode: MIN/MAX reductions first (what
-    reconciles a per-rank input), then the others; each ``op RED @ site chain [thread]``, deduplicated."""
+    reconciles a per-rank input), then the others; each ``op RED @ 3-frame site chain [thread]``, deduplicated."""
     first: list[str] = []
     rest: list[str] = []
     for r in getattr(ledger, "records", []) or []:
@@ -101,11 +102,11 @@ def _reconciling_at(ledger: Any, tick: int) -> tuple[str, ...]:
             continue
         thread = f" [{r.thread}]" if getattr(r, "thread", "") and r.thread != "MainThread" else ""
         red = f" {r.red}" if r.red else ""
-        name = f"{r.op}{red} @ {r.call_site(4)}{thread}"
+        name = f"{r.op}{red} @ {r.call_site(3)}{thread}"
         bucket = first if r.red in RECONCILING_REDUCE_OPS else rest
         if name not in first and name not in rest:
             bucket.append(name)
-    return tuple((first + rest)[:MAX_COLLECTIVES])
+    return tuple((first + rest)[:TRANSIENT_COLLECTIVES])
 
 
 def _tick_at(ledger: Any, since_time: float) -> Optional[int]:

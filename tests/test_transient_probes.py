@@ -149,7 +149,8 @@ def test_a_transient_probe_that_moved_and_was_equal_again_names_the_min_of_the_t
     (e,) = eff.transient
     assert (e.probe, e.start_tick, e.end_tick, e.moved, e.values) == ("acks", 4, 7, (0,), {0: 1, 1: 0})
     assert e.collectives[0] == ("all_reduce MIN @ UnifiedRadixCache._all_reduce_attn_groups ← UnifiedRadixCache._all_reduce"
-                                " ← UnifiedRadixCache._sync_hicache_ready_counts ← UnifiedRadixCache.check_hicache_events")
+                                " ← UnifiedRadixCache._sync_hicache_ready_counts")
+    assert len(e.collectives) == 2 and e.collectives[1].startswith("broadcast @ Scheduler.recv_requests")  # SUM-free
     assert "moved on rank 0 at tick 4" in eff.summary and "equal again at tick 7, reconciled in tick 6 by all_reduce MIN" in eff.summary
 
 
