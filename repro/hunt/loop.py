@@ -512,12 +512,9 @@ def fault_fates(fires: Any) -> str:
     """``"; fault on thread T: <outcome>"`` for each ``fault_outcome`` event of ``fires`` (``FireEvent``s of one
     trial, ``repro/injection_records.py``; the injector writes it ``observe_s`` after a ``fault`` nemesis raised,
     injectors/repro_injector/_natural.py), so a hunt row says whether the faulted thread died; "" when none."""
-    out = []
-    for f in fires:
-        for e in f.effects:
-            if e.get("event") == "fault_outcome":
-                out.append(f"; fault on thread {e.get('thread') or f.thread or '?'}: {e.get('outcome') or 'outcome unknown'}")
-    return "".join(dict.fromkeys(out))
+    from repro.injection_records import fault_outcomes
+
+    return "".join(f"; {o}" for o in fault_outcomes(fires))
 
 
 def _confirm(runs: Runs, log: HuntLog, python: Optional[str], prepend: tuple, opts: HuntOptions, clock: Clock,
