@@ -682,13 +682,16 @@ def sites(
     """
     python = _release_python(release, python, scenario)
     from repro.interpreter import InterpreterError, choose_python
-    from repro.scenario import ScenarioError, load_scenario
+    from repro.scenario import ScenarioError, gate_rank_problem, load_scenario
     from repro.sites import SitesPreflightError, check_sites
 
     try:
         sc = load_scenario(scenario)
         if variant is not None:
             sc.variant(variant)
+        bad_ranks = gate_rank_problem([sc.variant(variant)] if variant is not None else sc.variants, sc.server.tp_size)
+        if bad_ranks:  # what `run` refuses before launch (repro.run.prepare), said before resolving anything
+            raise ScenarioError(f"{scenario}: {bad_ranks}")
         from repro.targets.registry import get_adapter
 
         ad = get_adapter(sc.server.adapter)  # the run's engine, from the scenario

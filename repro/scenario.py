@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -409,6 +409,19 @@ class Scenario(_Strict):
             if v.name == name:
                 return v
         raise ScenarioError(f"scenario {self.name!r} has no variant {name!r}; known: {', '.join(v.name for v in self.variants)}")
+
+
+def gate_rank_problem(variants: Sequence[Variant], tp_size: int) -> Optional[str]:
+    """The first gate of ``variants`` whose ``ranks`` name a rank outside a TP group of ``tp_size`` (a gate with
+    ``rank_group`` counts ranks in that group and is not checked), as the sentence ``run`` and ``sites`` both refuse
+    with (the caller prefixes the file); None when every gate's ranks fit."""
+    for v in variants:
+        for inj in v.injections:
+            bad = [k for k in inj.gate.ranks if inj.gate.rank_group is None and not 0 <= k < tp_size]
+            if bad:
+                return (f"variants.{v.name}.injections.{inj.id}.gate.ranks lists rank(s) {bad}, outside the TP group of "
+                        f"size {tp_size} (expected 0..{tp_size - 1})")
+    return None
 
 
 def _model_fields_at(loc: tuple, data: Any) -> tuple[list[str], str]:
