@@ -184,9 +184,9 @@ def _action_error(e: Any) -> str:
     expected and the value given (``Input should be greater than 0 (got -2.0)``), as a scenario file's errors say."""
     err = e.errors()[0]
     loc = [str(x) for x in err["loc"] if x not in ("id", "site", "action")][1:]  # [kind, field…] → the field
-    got = err.get("input")
-    extra = f" (got {got!r})" if err["type"] not in ("missing", "extra_forbidden") and not isinstance(got, dict) else ""
-    return f"{'.'.join(loc) + ': ' if loc else ''}{err['msg']}{extra}"
+    from repro.scenario import got_clause
+
+    return f"{'.'.join(loc) + ': ' if loc else ''}{err['msg']}{got_clause(err)}"
 
 
 def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
