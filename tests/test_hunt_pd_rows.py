@@ -117,3 +117,19 @@ def test_a_pd_trials_counts_and_effect_come_from_its_own_server(tmp_path: Path) 
                             tmp_path, SimpleNamespace())
     assert asked == [("decode-records", "v-decode", {0: 20, 1: 21})]
     assert tr.fired == {0: 0, 1: 3} and tr.fired_on_target == 3
+
+
+def test_generated_hunt_scenarios_keep_a_pd_base_stack_and_the_injections_server(tmp_path: Path) -> None:
+    """Measured: the hunt's baseline.toml / trials.toml of natural_hunt_pd.toml lost `topology = "pd"` and the
+    `[server.roles.decode]` table, so the whole "PD" hunt ran on one plain TP=2 server (every PD row not reached)."""
+    from repro.scenario import load_scenario
+    from repro.scenario_toml import scenario_toml
+
+    base = load_scenario(REPO / "scenarios/sglang/natural_hunt_pd.toml")
+    text = scenario_toml(base, base.name, "d", [("v", "success", "d", [
+        {"id": "t1", "site": [SENDER_POLL], "action": {"kind": "none"}, "server": "prefill", "gate": {"ranks": [1]}}])])
+    f = tmp_path / "s.toml"
+    f.write_text(text)
+    s = load_scenario(f)
+    assert s.server.topology == "pd" and s.server.roles["decode"].tp_size == 2
+    assert s.variants[0].injections[0].server == "prefill"
