@@ -38,7 +38,7 @@ class TrialResult:
     confirmed: Optional[bool] = None
     ledger: str = ""  # the collective ledger's first-divergence sentence (ledger.json), when the run recorded one
     effect: str = ""  # what the perturbation moved in the lockstep state, and where it was reconciled (natural_effect)
-    effect_status: str = ""  # reconciled / diverged / none moved / not recorded ("" when not read)
+    effect_status: str = ""  # one of repro.natural_effect.STATUSES ("" when not read)
 
     @property
     def nature(self) -> str:
