@@ -64,7 +64,7 @@ DEFAULT_CATALOGUE = catalogue_for(DEFAULT_ADAPTER)  # the default adapter's: a c
 
 
 # ----------------------------------------------------------------------------------------------------- catalogue
-LASTING_KINDS = ("fault", "clock", "state")  # actions whose effect outlives the trial (Perturbation.lasting)
+LASTING_KINDS = ("fault", "clock", "state", "fail")  # actions whose effect outlives the trial (Perturbation.lasting; fail: pages never written)
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,8 @@ class Perturbation:
     @property
     def lasting(self) -> bool:
         """Its effect outlives the trial in the server's processes: a ``fault`` (the thread it hit may have died), a
-        ``clock`` shift (the process keeps the shifted clock), a ``state`` take (the slots stay taken). The hunt
+        ``clock`` shift (the process keeps the shifted clock), a ``state`` take (the slots stay taken), a storage ``fail``
+        (the pages it did not write stay missing from that rank's storage). The hunt
         restarts the trial server after such a trial so the next one starts clean."""
         return str(self.action.get("kind")) in LASTING_KINDS
 
@@ -270,7 +271,7 @@ def check_natural(cat: Catalogue) -> None:
     if forced:
         raise HuntError(f"{cat.path}: --natural: perturbation(s) {', '.join(forced)} force the engine's own "
                         "bookkeeping (return_value / skip / state / extra_collective); a natural hunt takes only "
-                        "delay / stop / clock / fault / pending, plus one row marked control = true")
+                        "delay / stop / clock / fault / pending / miss / fail, plus one row marked control = true")
     if len(controls) > 1:
         raise HuntError(f"{cat.path}: --natural: {len(controls)} perturbations marked control ({', '.join(controls)}); "
                         "keep one control")

@@ -1249,7 +1249,7 @@ def hunt(
     workload_file: Optional[Path] = typer.Option(None, "--workload-file", callback=_path_check("text", f"a workloads TOML like {EXAMPLES_DIR}/hunt_workloads.toml"), help="workloads/configurations TOML (default: hunt_workloads.toml beside the catalogue)"),
     spare: bool = typer.Option(False, "--spare/--no-spare", help="keep a spare trial server starting in the background and swap to it after a hang (default: restart the hung server; on a 2-core CPU box the spare does not pay)"),
     shard: Optional[str] = typer.Option(None, "--shard", help="run only shard K of N of the trial plan (K/N, e.g. 2/4; split on point × perturbation × rank before the baseline); join the folders with `repro hunt-merge`"),
-    natural: bool = typer.Option(False, "--natural", help="only natural nemeses (delay, stop, clock, fault, pending: what one rank's environment can do) plus one control row; catalogue: natural_nemeses.toml beside the hunt catalogue"),
+    natural: bool = typer.Option(False, "--natural", help="only natural nemeses (delay, stop, clock, fault, pending, storage miss / fail: what one rank's environment can do) plus one control row; catalogue: natural_nemeses.toml beside the hunt catalogue"),
     as_json: bool = typer.Option(False, "--json", help="print the results as JSON on stdout"),
 ) -> None:
     """Search a live server for collective-desync hazards: perturb each rank-local decision point once, on one rank

@@ -3,8 +3,8 @@
 A scenario is a TOML file under ``scenarios/``. It names the real bug it mirrors, the server to run, the request
 burst, the stall/budget times and one or more named variants. Each variant lists injections: *where* (a site,
 with alternatives across engine versions), *when* (a stack gate: caller frames, loop, ranks, occurrence) and
-*what* (an action: extra collective, skip, return value, state (all *forced*); delay, stop, clock, fault, pending
-(the *natural* environment nemeses); or none for a control). ``nature_of`` labels an action.
+*what* (an action: extra collective, skip, return value, state (all *forced*); delay, stop, clock, fault, pending,
+miss, fail (the *natural* environment nemeses); or none for a control). ``nature_of`` labels an action.
 
 ``load_scenario`` validates with pydantic and raises :class:`ScenarioError` whose message names the file, the
 field and what was expected. ``compile_plan`` turns one variant into a plain-JSON dict: the contract with
@@ -268,6 +268,29 @@ class Pending(_Strict):
     call_original: bool = Field(False, description="still call the poll (a poll with side effects)")
 
 
+class Miss(_Strict):
+    """*Natural* (on a storage backend's method: an answer from outside the replicated state): the call runs, and its
+    answer says the pages from index ``keep_pages`` on are not there — "not stored" on a query (``batch_exists`` →
+    at most ``keep_pages``) or a read (``batch_get`` → None per missed key), the failure answer on a write
+    (``batch_set`` → False). With ``only_hits`` a call that found no more than ``keep_pages`` pages is no fire and no
+    match, so occurrence ``first`` / ``nth`` picks the first / n-th call that found pages (a chosen request)."""
+
+    kind: Literal["miss"]
+    keep_pages: int = Field(0, ge=0, le=1_000_000, strict=True, description="leading pages that keep their true answer")
+    only_hits: bool = Field(True, strict=True, description="a call with nothing to miss is no fire (and no match)")
+
+
+class Fail(_Strict):
+    """*Natural* (on a storage backend's method): the call reports failure without doing its work (nothing read or
+    written): it answers ``answer`` — ``false`` (sglang 0.5.23 ``HiCacheFile.batch_set`` / ``set``), ``none``
+    (``get``), ``zero`` (``batch_exists``) — or with ``per_key`` a list of it, one per key of the call's first list
+    argument (``batch_get`` → ``none``). A storage call that *raises* is ``fault``."""
+
+    kind: Literal["fail"]
+    answer: Literal["false", "none", "zero"] = "false"
+    per_key: bool = Field(False, strict=True, description="answer one per key of the call's first list argument")
+
+
 class Observe(_Strict):
     """Control: the site stays patched and counted (entered/matched) but nothing ever fires."""
 
@@ -298,14 +321,14 @@ class State(_Strict):
         return self
 
 
-Action = Union[ExtraCollective, Skip, ReturnValue, Delay, Observe, State, Stop, Clock, Fault, Pending]
+Action = Union[ExtraCollective, Skip, ReturnValue, Delay, Observe, State, Stop, Clock, Fault, Pending, Miss, Fail]
 
 # Natural: the engine gets an answer from outside its replicated state (a clock, storage, a device or completion
 # event, OS scheduling, an exception) as the environment could give it on one rank; forced: another value of the
 # engine's own bookkeeping (however plausible). Mirrors injectors/repro_injector/_natural.py:NATURE (a test checks).
 NATURE = {
     "delay": "natural", "stop": "natural", "clock": "natural", "fault": "natural", "pending": "natural",
-    "return_value": "forced", "skip": "forced", "state": "forced", "extra_collective": "forced", "none": "observe",
+    "miss": "natural", "fail": "natural", "return_value": "forced", "skip": "forced", "state": "forced", "extra_collective": "forced", "none": "observe",
 }
 
 
