@@ -239,6 +239,12 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
             Injection.model_validate({"id": "check", "site": list(_tuple(spec["site"])), "action": {"kind": "none"}})
         except ValidationError as e:
             raise HuntError(f"{where}.site: {e.errors()[0]['msg']}") from None
+        servers = spec.get("servers")
+        if servers is not None and not (isinstance(servers, str) or (isinstance(servers, list) and all(isinstance(x, str) for x in servers))):
+            from repro.scenario import toml_value
+
+            raise HuntError(f"{where}.servers: expected a list of server names, e.g. servers = [\"prefill\"] "
+                            f"(got {toml_value(servers)})")
         points.append(DecisionPoint(spec["name"], _tuple(spec["site"]), str(spec.get("what", "")),
                                     _tuple(spec.get("perturbations")), _tuple(spec.get("callers")), _tuple(spec.get("loops")),
                                     _tuple(spec.get("servers"))))

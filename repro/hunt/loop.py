@@ -6,6 +6,7 @@ multi-variant loop of :mod:`repro.runner`."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import replace
@@ -51,6 +52,27 @@ def _check_sites_option(sites: bool, cat: Catalogue, base: Any) -> None:
         raise HuntError(f"--sites: {cat.path} has no [sites.apis] table saying where the ledger's collective APIs live")
     if not base.ledger:
         raise HuntError("--sites: the base scenario sets ledger = false; the ledger must record the baseline burst")
+
+
+def _check_point_servers(points: Sequence[DecisionPoint], adapter: Any, base: Any, scenario_path: Any, cat_path: Any) -> None:
+    """Refuse, before any launch, a chosen decision point whose ``servers`` names no engine server of the base
+    scenario's multi-server topology (e.g. ``encoder`` or ``router`` on a PD stack): its rows would all be dropped
+    after the baseline and the point reported "not reached". A single server's rows have no server and are kept
+    whatever ``servers`` says (catalogue.DecisionPoint), so a single-server base is not checked.
+
+    Raises:
+        HuntError: the point, the names and the stack's engine servers.
+    """
+    roles = adapter.topology(base.server).roles
+    if len(roles) < 2:
+        return
+    engines = [r.name for r in roles if r.kind == "engine"]
+    for pt in points:
+        unknown = [s for s in pt.servers if s not in engines]
+        if unknown:
+            raise HuntError(f"{cat_path}: decision point {pt.name}: servers = {json.dumps(unknown)} names no engine server of "
+                            f"{scenario_path} (its engine servers: {', '.join(engines)}); fix the catalogue's "
+                            f"servers field (or leave it out: every server)")
 
 
 def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Runs] = None) -> HuntResult:
@@ -109,6 +131,7 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
     bad = [r for r in ranks if not 0 <= r < tp]
     if bad:
         raise HuntError(f"--rank {bad}: the base scenario's TP size is {tp}; ranks are 0..{tp - 1}")
+    _check_point_servers(points, adapter, base, opts.scenario_path, cat.path)
     if opts.sites_matching and not opts.sites:
         raise HuntError(f"--sites-matching {' '.join(opts.sites_matching)} needs --sites (it narrows the collective "
                         "call sites --sites adds); add --sites or drop --sites-matching")
