@@ -287,6 +287,25 @@ def check_natural(cat: Catalogue) -> None:
                         "keep one control")
 
 
+def check_storage_points(cat: Catalogue, storage_sites: Sequence[str], adapter_name: str) -> None:
+    """A point offering a storage answer (``miss`` / ``fail``) must sit on storage backend methods only (the
+    adapter's ``storage_sites`` globs): elsewhere the answer is the engine's own bookkeeping, forced, while its rows
+    and fire records would say natural (docs/injector.md, "Storage answers").
+
+    Raises:
+        HuntError: the point, its first site outside the globs and the perturbation.
+    """
+    for pt in cat.points:
+        storage = [n for n in pt.perturbations if str(cat.perturbations[n].action.get("kind")) in ("miss", "fail")]
+        bad = [x for x in pt.sites if not any(fnmatch.fnmatchcase(x, g) for g in storage_sites)]
+        if storage and bad:
+            where = (f"the {adapter_name} adapter's storage backend methods ({', '.join(storage_sites)})"
+                     if storage_sites else f"a storage backend method (the {adapter_name} adapter names none)")
+            raise HuntError(f"{cat.path}: decision point {pt.name}: perturbation(s) {', '.join(storage)} (miss / fail) are "
+                            f"natural only on {where}; the site {bad[0]} is not one: drop them from this point, or "
+                            "put them on a point at the backend's own method")
+
+
 def short_frame(frame: str) -> str:
     """``module:Class.method`` → ``Class.method`` (a name without a module is returned as it is)."""
     return frame.split(":", 1)[-1]

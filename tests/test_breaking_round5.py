@@ -60,3 +60,65 @@ def test_known_server_names_and_a_single_server_base_still_pass(tmp_path: Path):
     for base in (PD_BASE, REPO / "scenarios/sglang/natural_hunt_hicache.toml"):
         s = load_scenario(base)
         _check_point_servers(cat.points, get_adapter(s.server.adapter), s, base, cat.path)
+
+
+SCHED = "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run"
+SCENARIO = """
+name = "st"
+[server]
+tp_size = 2
+[[variants]]
+name = "v"
+expect = "success"
+[[variants.injections]]
+id = "n"
+site = "{site}"
+action = {action}
+"""
+
+
+@pytest.mark.parametrize("action", ['{ kind = "miss", keep_pages = 0 }', '{ kind = "fail", answer = "false" }'])
+def test_a_storage_answer_on_a_scheduler_method_is_refused_before_launch(tmp_path: Path, action: str):
+    """Round 5: `miss` / `fail` on Scheduler.get_next_batch_to_run passed `sites` ("all 2 injection(s) resolve") and
+    `run`'s pre-launch check; it would answer the scheduler's batch with False / None, forcing the engine's own
+    bookkeeping, while the plan and fire records said `nature: natural`. Now `run` (and `sites`) refuse it."""
+    from repro.run.prepare import check_launch
+    from repro.runner import RunError, RunOptions
+
+    p = tmp_path / "s.toml"
+    p.write_text(SCENARIO.format(site=SCHED, action=action))
+    with pytest.raises(RunError) as e:
+        check_launch(RunOptions(scenario_path=p, evidence_root=tmp_path / "ev"))
+    msg = str(e.value)
+    assert str(p) in msg and "variants.v.injections.n" in msg and SCHED in msg and "storage backend methods" in msg, msg
+    assert not (tmp_path / "ev").exists()
+
+
+def test_a_storage_answer_on_the_backend_passes_the_check(tmp_path: Path):
+    from repro.scenario import load_scenario, storage_action_problem
+    from repro.targets.registry import get_adapter
+
+    p = tmp_path / "s.toml"
+    p.write_text(SCENARIO.format(site="sglang.srt.mem_cache.hicache_storage:HiCacheFile.batch_get",
+                                 action='{ kind = "miss", keep_pages = 0 }'))
+    ad = get_adapter("sglang")
+    assert storage_action_problem(load_scenario(p).variants, ad.storage_sites, ad.name) is None
+
+
+def test_a_catalogue_point_offering_a_storage_answer_off_the_backend_is_refused(tmp_path: Path):
+    """The same in a hunt catalogue: the scheduler tick point offering storage_miss ran as a 'natural' row."""
+    import repro.hunt as H
+    from repro.catalogue import HuntError
+    from tests.test_hunt import FakeRunner
+
+    text = NEMESES.read_text()
+    old = 'perturbations = ["delay_2s", "stop_3s", "clock_step_3600", "clock_skew_fast"]'
+    assert old in text
+    cat = tmp_path / "c.toml"
+    cat.write_text(text.replace(old, 'perturbations = ["delay_2s", "storage_miss"]'))
+    fr = FakeRunner({})
+    with pytest.raises(HuntError) as e:
+        H.hunt(H.HuntOptions(scenario_path=REPO / "scenarios/sglang/natural_hunt_hicache.toml", evidence_root=tmp_path / "ev",
+                             natural=True, catalogue_path=cat, spare=False), runs=fr)
+    assert "decision point scheduler_tick" in str(e.value) and "storage_miss" in str(e.value), str(e.value)
+    assert not fr.sessions and not (tmp_path / "ev").exists()

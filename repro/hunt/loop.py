@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from repro import evidence as ev
-from repro.catalogue import (Catalogue, DecisionPoint, HuntError, catalogue_for, check_natural, hunt_catalogue, load_catalogue,
-                             short_frame)
+from repro.catalogue import (Catalogue, DecisionPoint, HuntError, catalogue_for, check_natural, check_storage_points,
+                             hunt_catalogue, load_catalogue, short_frame)
 from repro.hunt.classify import FAMILY_SCHED, crash_diagnosis, desync_diagnosis, diagnose, hazard_statement
 from repro.hunt.findings import finding_scenario, write_findings, write_workload_finding
 from repro.hunt.options import Clock, HuntOptions, HuntResult, Observer, noop
@@ -110,6 +110,7 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
     cat = load_catalogue(opts.catalogue_path or hunt_catalogue(adapter, opts.natural))
     if opts.natural:
         check_natural(cat)
+    check_storage_points(cat, adapter.storage_sites, adapter.name)
     disc = None  # discovery's state (repro/discover/hunting.py) when --discover
     if opts.discover:
         from repro.discover import hunting
