@@ -46,7 +46,8 @@ class RankState:
     last_tick: int = 0
     changes: int = 0
     members: dict[str, list[tuple[int, list[str]]]] = field(default_factory=dict)  # probe → (tick, members) ring
-    kinds: dict[str, str] = field(default_factory=dict)  # probe → local / info, as the injector wrote them
+    kinds: dict[str, str] = field(default_factory=dict)  # probe → transient / local / info, as the injector wrote them
+    tols: dict[str, float] = field(default_factory=dict)  # transient probe → tolerance, as the injector wrote it
 
     def values_at(self, tick: int) -> Optional[dict[str, Any]]:
         """Every probe's value at the start of ``tick`` (None before this rank's first full digest)."""
@@ -72,7 +73,8 @@ class RankState:
         return got
 
 
-def _read_lines(files: Sequence[str]) -> tuple[list[tuple[int, bool, dict]], dict[str, str], dict[str, str]]:
+def _read_lines(files: Sequence[str], tols: Optional[dict[str, float]] = None
+                ) -> tuple[list[tuple[int, bool, dict]], dict[str, str], dict[str, str]]:
     lines: list[tuple[int, bool, dict]] = []
     errors: dict[str, str] = {}
     kinds: dict[str, str] = {}
@@ -90,6 +92,8 @@ def _read_lines(files: Sequence[str]) -> tuple[list[tuple[int, bool, dict]], dic
                 continue
             if d.get("e") == "state":
                 kinds.update(d.get("kinds") or {})
+                if tols is not None:
+                    tols.update(d.get("tol") or {})
                 lines.append((int(d.get("tick") or 0), bool(d.get("full")), dict(d.get("v") or {})))
             elif d.get("e") == "state_error":
                 errors.setdefault(str(d.get("probe")), str(d.get("err")))
@@ -115,8 +119,9 @@ def read_rank_states(ledgers: Mapping[int, Any]) -> dict[int, RankState]:
     """rank → RankState from ``repro.ledger.RankLedger`` objects (their ``files``, ``pid`` and records' ticks)."""
     out: dict[int, RankState] = {}
     for rank, led in sorted(ledgers.items()):
-        lines, errors, kinds = _read_lines(led.files)
-        rs = RankState(rank=int(rank), pid=int(led.pid), lines=lines, errors=errors, kinds=kinds)
+        tols: dict[str, float] = {}
+        lines, errors, kinds = _read_lines(led.files, tols)
+        rs = RankState(rank=int(rank), pid=int(led.pid), lines=lines, errors=errors, kinds=kinds, tols=tols)
         rs.last_tick = max([t for t, _, _ in lines] + [r.tick for r in led.records] + [0])
         first = rs.first_full()
         rs.changes = sum(len(v) for t, full, v in lines if not full and first is not None and t > first)
@@ -230,7 +235,7 @@ def diagnose_state(ledgers: Mapping[int, Any], kinds: Optional[Mapping[str, str]
     for r, s in sorted(recorded.items()):
         for p, err in s.errors.items():
             skipped.setdefault(p, f"rank {r}: {err}")
-    local = sorted(n for n in names if kinds.get(n) == "local")
+    local = sorted(n for n in names if kinds.get(n) in ("local", "transient"))  # transient: repro.natural_effect
     info = sorted(n for n in names if kinds.get(n) == "info")
     compared = sorted(n for n in names if kinds.get(n, "lockstep") == "lockstep" and n not in skipped)
     start = max(s.first_full() or 0 for s in recorded.values())

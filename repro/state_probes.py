@@ -3,9 +3,12 @@
 Each engine release's probes live in its release file (``repro/targets/<engine>/releases/<V>.toml``, ``[state]``:
 ``tick_function`` and ``[[state.probe]]`` tables ``{name, path, kind}``; loaded by ``repro.targets.release_data``). The
 path syntax is the injector's (``injectors/repro_injector/_digest.py``: attribute chains, ``m()``, ``len(path)``,
-``path[*].attr``), checked here with the same grammar before a plan carries it. ``kind``: ``lockstep`` (compared
-across the ranks of a TP group), ``local`` (rank-local by design: recorded, never compared), ``info`` (the engine
-reconciles it: counts only).
+``path[*].attr``, ``sum(path[*].attr)``), checked here with the same grammar before a plan carries it. ``kind``:
+``lockstep`` (compared across the ranks of a TP group at every tick: a difference is a divergence), ``transient`` (a
+rank-local *input to a reconciliation*, e.g. a queue length the engine MIN-reduces before acting on it: it may differ
+between the ranks until the engine reconciles it; ``repro.natural_effect`` reports its episodes — moved on a rank,
+equal again at tick N and the collective of tick N-1 — never a divergence or a verdict), ``local`` (rank-local by
+design: recorded, never compared), ``info`` (the engine reconciles it: counts only).
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _SEG = r"[A-Za-z_][A-Za-z0-9_]*(?:\(\))?"
 # the injector's grammar (``_digest.PATH_RE``; the injector never imports the harness, so each keeps its copy)
-PATH_RE = re.compile(rf"^(?P<len>len\()?(?P<head>{_SEG}(?:\.{_SEG})*)(?:\[\*\](?P<each>(?:\.[A-Za-z_][A-Za-z0-9_]*)+))?(?(len)\))$")
+PATH_RE = re.compile(rf"^(?:(?P<fn>len|sum)\()?(?P<head>{_SEG}(?:\.{_SEG})*)(?:\[\*\](?P<each>(?:\.[A-Za-z_][A-Za-z0-9_]*)+))?(?(fn)\))$")
 
 
 class Probe(BaseModel):
@@ -26,16 +29,24 @@ class Probe(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
     path: str
-    kind: Literal["lockstep", "local", "info"] = "lockstep"
+    kind: Literal["lockstep", "transient", "local", "info"] = "lockstep"
+    tolerance: float = Field(0.0, ge=0.0)  # transient numbers this close count as equal (e.g. per-rank clock readings)
 
     @field_validator("path")
     @classmethod
     def _syntax(cls, v: str) -> str:
         m = PATH_RE.match(v.replace(" ", ""))
-        if not m or (m.group("len") and m.group("each")):
-            raise ValueError(f"{v!r}: expected attribute chains, zero-argument calls 'name()', 'len(path)' or "
-                             "'path[*].attr' (never free Python)")
+        if not m or (m.group("fn") == "len" and m.group("each")) or (m.group("fn") == "sum" and not m.group("each")):
+            raise ValueError(f"{v!r}: expected attribute chains, zero-argument calls 'name()', 'len(path)', "
+                             "'path[*].attr' or 'sum(path[*].attr)' (never free Python)")
         return v
+
+    @model_validator(mode="after")
+    def _tolerance_only_for_transient(self) -> "Probe":
+        if self.tolerance and self.kind != "transient":
+            raise ValueError(f"probe {self.name!r}: tolerance = {self.tolerance} is for kind = \"transient\" only "
+                             f"(got kind = {self.kind!r}); drop tolerance or set kind = \"transient\"")
+        return self
 
 
 class ProbeState(BaseModel):
@@ -56,7 +67,7 @@ class ProbeState(BaseModel):
 
     def to_plan(self) -> list[dict[str, str]]:
         """The plan's probe list for this release: ``[{"name", "path", "kind"}, ...]``."""
-        return [p.model_dump() for p in self.probe]
+        return [p.model_dump(exclude_defaults=True) | {"name": p.name, "path": p.path, "kind": p.kind} for p in self.probe]
 
 
 class ProbeSet(ProbeState):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from repro.natural_effect import STATUSES
 from repro.procs import processes_mentioning
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,4 +58,6 @@ def test_with_the_30760_patch_the_admission_loop_row_no_longer_diverges_in_the_p
     natural = _in_loop(out, "delay_once")
     assert natural["nature"] == "natural" and natural["fired_on_target"] == 1, natural
     assert natural["verdict"] == "ALL REQUESTS SUCCEEDED", natural  # slow is not stuck
-    assert natural["effect_status"] in ("none moved", "reconciled"), natural
+    # a delay is absorbed: nothing lockstep stays different (transient episodes are inputs the engine reconciles)
+    assert natural["effect_status"] in ("none moved", "reconciled", "transient reconciled", "transient open"), natural
+    assert natural["effect_status"] in STATUSES, natural

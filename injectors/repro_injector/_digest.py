@@ -7,14 +7,19 @@ it has none). Evaluated by the ticking thread at the start of every scheduler ti
 wrapper), before the tick runs; no collective, no lock the engine holds, never raises into the engine.
 
 Path syntax (parsed here, never ``eval``'d): ``a.b.c`` attribute chains, ``m()`` zero-argument method calls,
-``len(path)``, and ``path[*].x.y``: the set of ``x.y`` of the members of a list (or of a dict's keys), recorded as
-``[size, blake2b-64 hex of the sorted ids joined by U+001F]`` (never Python's salted ``hash()``).
+``len(path)``, ``path[*].x.y``: the set of ``x.y`` of the members of a list (or of a dict's keys; ``d.values()[*].x``
+for its values), recorded as ``[size, blake2b-64 hex of the sorted ids joined by U+001F]`` (never Python's salted
+``hash()``), and ``sum(path[*].x.y)``: the sum of those numbers (an int; 0 for no member). A probe reads attributes
+and calls only the zero-argument methods its path names: it takes no lock (``len(q.queue)`` of a ``queue.Queue``,
+never ``q.qsize()``, which takes the queue's mutex) and calls nothing a nemesis patches (tests/test_state_digest.py
+checks the release files against the natural catalogue).
 
 Ledger lines (``ledger-<pid>.jsonl``, beside the collective records):
 
 - ``{"e": "state", "tick", "full": true|absent, "kinds", "v": {name: value}}``: the probes whose value changed
   since this process's previous tick (``full``: every probe, at the first tick and as the first state line of every
-  file part; a full line's ``kinds`` names the probes that are not ``lockstep``: ``local`` / ``info``).
+  file part; a full line's ``kinds`` names the probes that are not ``lockstep``: ``transient`` / ``local`` /
+  ``info``; its ``tol``: probe → the plan's ``tolerance``, where one is set: transient numbers that close count equal).
   A value is an int / float / str / bool, ``[size, hash]`` for a set, or null for *absent* (the path does not exist
   on this server: an attribute is missing or None on the way, e.g. HiCache off).
 - ``{"e": "state_error", "tick", "probe", "err"}``: the probe raised something other than a missing attribute;
@@ -37,8 +42,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import files as _files
 
 _SEG = r"[A-Za-z_][A-Za-z0-9_]*(?:\(\))?"
-PATH_RE = re.compile(rf"^(?P<len>len\()?(?P<head>{_SEG}(?:\.{_SEG})*)(?:\[\*\](?P<each>(?:\.[A-Za-z_][A-Za-z0-9_]*)+))?(?(len)\))$")
-KINDS = ("lockstep", "local", "info")
+PATH_RE = re.compile(rf"^(?:(?P<fn>len|sum)\()?(?P<head>{_SEG}(?:\.{_SEG})*)(?:\[\*\](?P<each>(?:\.[A-Za-z_][A-Za-z0-9_]*)+))?(?(fn)\))$")
+KINDS = ("lockstep", "transient", "local", "info")
 SEP = "\x1f"
 MAX_RING_MEMBERS = 256  # a larger set's members are not kept in the ring (its size and hash are still recorded)
 
@@ -73,18 +78,20 @@ def parse_path(path: str) -> Tuple[bool, List[Tuple[str, bool]], Optional[List[s
     """Parse one probe path.
 
     Returns:
-        ``(is_len, steps, each)``: ``steps`` a list of ``(attribute, call)`` from the receiver; ``each`` the
-        attribute chain taken on every member (a set probe), or None.
+        ``(fn, steps, each)``: ``fn`` ``"len"``, ``"sum"`` or ``""``; ``steps`` a list of ``(attribute, call)`` from
+        the receiver; ``each`` the attribute chain taken on every member (a set or sum probe), or None.
     Raises:
-        ProbeSyntaxError: the path is not in the restricted syntax (``len(...)`` and ``[*]`` do not combine).
+        ProbeSyntaxError: the path is not in the restricted syntax (``len(...)`` and ``[*]`` do not combine;
+            ``sum(...)`` needs ``[*]``).
     """
     m = PATH_RE.match(path.replace(" ", ""))
-    if not m or (m.group("len") and m.group("each")):
+    fn = m.group("fn") if m else None
+    if not m or (fn == "len" and m.group("each")) or (fn == "sum" and not m.group("each")):
         raise ProbeSyntaxError(f"probe path {path!r}: expected attribute chains, zero-argument calls 'name()', "
-                               "'len(path)' or 'path[*].attr'")
+                               "'len(path)', 'path[*].attr' or 'sum(path[*].attr)'")
     steps = [(s[:-2], True) if s.endswith("()") else (s, False) for s in m.group("head").split(".")]
     each = m.group("each")
-    return bool(m.group("len")), steps, (each[1:].split(".") if each else None)
+    return fn or "", steps, (each[1:].split(".") if each else None)
 
 
 class Absent(Exception):
@@ -99,11 +106,11 @@ def set_hash(ids: List[str]) -> str:
 class Probe:
     """One compiled probe; :meth:`read` gives its value on a receiver (raises Absent or the probe's own error)."""
 
-    __slots__ = ("name", "path", "kind", "is_len", "steps", "each", "getter", "last_ids", "last_val")
+    __slots__ = ("name", "path", "kind", "tol", "fn", "steps", "each", "getter", "last_ids", "last_val")
 
-    def __init__(self, name: str, path: str, kind: str = "lockstep") -> None:
-        self.name, self.path, self.kind = name, path, kind
-        self.is_len, self.steps, self.each = parse_path(path)
+    def __init__(self, name: str, path: str, kind: str = "lockstep", tol: float = 0.0) -> None:
+        self.name, self.path, self.kind, self.tol = name, path, kind, float(tol or 0.0)
+        self.fn, self.steps, self.each = parse_path(path)
         self.getter = operator.attrgetter(".".join(self.each)) if self.each else None
         self.last_ids: Any = None  # a set probe's previous member list (hash only when it changed)
         self.last_val: Any = None
@@ -121,11 +128,13 @@ class Probe:
                 obj = obj()
         if obj is None:
             raise Absent()
-        if self.is_len:
+        if self.fn == "len":
             return len(obj), None
         if self.each is None:
             return obj, None
         raw = list(map(self.getter, obj))
+        if self.fn == "sum":
+            return sum(x for x in raw if x is not None), None
         if raw == self.last_ids:
             return self.last_val, None
         ids = sorted(raw) if not raw or isinstance(raw[0], str) else sorted(str(i) for i in raw)
@@ -147,7 +156,8 @@ class Digest:
         self.failed: List[Tuple[str, str]] = []  # probes dropped after an error (repeated in every ledger part)
         for p in spec.get("probes") or []:
             try:
-                self.probes.append(Probe(str(p["name"]), str(p["path"]), str(p.get("kind") or "lockstep")))
+                self.probes.append(Probe(str(p["name"]), str(p["path"]), str(p.get("kind") or "lockstep"),
+                                         float(p.get("tolerance") or 0.0)))
             except (KeyError, ProbeSyntaxError) as e:
                 self.errors.append((str(p.get("name", "?")), f"{type(e).__name__}: {e}"))
         self.ring = max(2, int(spec.get("ring") or 2000))
@@ -191,15 +201,21 @@ class Digest:
             rec: Dict[str, Any] = {"e": "state", "tick": tick}
             if full:
                 rec["full"] = True
-                kinds = {p.name: p.kind for p in self.probes if p.kind != "lockstep"}
-                if kinds:
-                    rec["kinds"] = kinds
+                self._kinds(rec)
             rec["v"] = changed
             out.append(json.dumps(rec, default=repr, separators=(",", ":")))
         self.full = False
         if members:
             self._ring(tick, members)
         return out
+
+    def _kinds(self, rec: Dict[str, Any]) -> None:
+        kinds = {p.name: p.kind for p in self.probes if p.kind != "lockstep"}
+        if kinds:
+            rec["kinds"] = kinds
+        tol = {p.name: p.tol for p in self.probes if p.tol}
+        if tol:
+            rec["tol"] = tol
 
     @staticmethod
     def _error_line(tick: int, name: str, err: str) -> str:
@@ -214,9 +230,7 @@ class Digest:
     def full_line(self, tick: int) -> str:
         """Every probe's last value as one ``full`` state line."""
         rec: Dict[str, Any] = {"e": "state", "tick": tick, "full": True}
-        kinds = {p.name: p.kind for p in self.probes if p.kind != "lockstep"}
-        if kinds:
-            rec["kinds"] = kinds
+        self._kinds(rec)
         rec["v"] = dict(self.prev)
         return json.dumps(rec, default=repr, separators=(",", ":"))
 
