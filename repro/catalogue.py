@@ -105,6 +105,8 @@ class DecisionPoint:
 
     ``loops``: keep only rows whose direct caller runs the call inside a ``for`` loop over one of these targets
     (``""`` = in no loop of the caller); empty keeps every row (discovered points name the loop their guard is in).
+    ``servers``: on a multi-server stack (PD: ``prefill`` / ``decode``), keep only rows seen on these engine servers
+    (empty: every server; a single server's rows have no server and are always kept).
     """
 
     name: str
@@ -113,6 +115,7 @@ class DecisionPoint:
     perturbations: tuple[str, ...]
     callers: tuple[str, ...] = ()
     loops: tuple[str, ...] = ()
+    servers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -185,9 +188,9 @@ def _action_error(e: Any) -> str:
     expected and the value given (``Input should be greater than 0 (got -2.0)``), as a scenario file's errors say."""
     err = e.errors()[0]
     loc = [str(x) for x in err["loc"] if x not in ("id", "site", "action")][1:]  # [kind, field…] → the field
-    got = err.get("input")
-    extra = f" (got {got!r})" if err["type"] not in ("missing", "extra_forbidden") and not isinstance(got, dict) else ""
-    return f"{'.'.join(loc) + ': ' if loc else ''}{err['msg']}{extra}"
+    from repro.scenario import got_clause
+
+    return f"{'.'.join(loc) + ': ' if loc else ''}{err['msg']}{got_clause(err)}"
 
 
 def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
@@ -237,7 +240,8 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
         except ValidationError as e:
             raise HuntError(f"{where}.site: {e.errors()[0]['msg']}") from None
         points.append(DecisionPoint(spec["name"], _tuple(spec["site"]), str(spec.get("what", "")),
-                                    _tuple(spec.get("perturbations")), _tuple(spec.get("callers")), _tuple(spec.get("loops"))))
+                                    _tuple(spec.get("perturbations")), _tuple(spec.get("callers")), _tuple(spec.get("loops")),
+                                    _tuple(spec.get("servers"))))
     if not points:
         raise HuntError(f"{p}: no [[points]]: the catalogue must list at least one decision point")
     names = [x.name for x in points]

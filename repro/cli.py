@@ -189,17 +189,22 @@ class _Progress:
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=console, transient=True, disable=quiet)
         self.task = None
+        self.started = False  # the live display starts at the first event: an error before any (a bad REF, a
+        # missing site) is then the first line of stderr, with no empty line from a display that never showed
 
     def __enter__(self) -> "_Progress":
-        self.progress.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.progress.__exit__(*exc)
+        if self.started:
+            self.progress.__exit__(*exc)
 
     def __call__(self, event: str, data: dict) -> None:
         if self.quiet:
             return
+        if not self.started:
+            self.progress.__enter__()
+            self.started = True
         if event == "launch":
             console.print(f"evidence: {data['evidence']}")
             self.task = self.progress.add_task("launching server", total=None)
@@ -682,13 +687,16 @@ def sites(
     """
     python = _release_python(release, python, scenario)
     from repro.interpreter import InterpreterError, choose_python
-    from repro.scenario import ScenarioError, load_scenario
+    from repro.scenario import ScenarioError, gate_rank_problem, load_scenario
     from repro.sites import SitesPreflightError, check_sites
 
     try:
         sc = load_scenario(scenario)
         if variant is not None:
             sc.variant(variant)
+        bad_ranks = gate_rank_problem([sc.variant(variant)] if variant is not None else sc.variants, sc.server.tp_size)
+        if bad_ranks:  # what `run` refuses before launch (repro.run.prepare), said before resolving anything
+            raise ScenarioError(f"{scenario}: {bad_ranks}")
         from repro.targets.registry import get_adapter
 
         ad = get_adapter(sc.server.adapter)  # the run's engine, from the scenario

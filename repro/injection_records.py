@@ -292,6 +292,19 @@ def read_fire_log(path: Union[str, Path], offset: int = 0, tail: bool = True) ->
 NATURAL_EFFECT_EVENTS = ("clock_shifted", "stopped", "stop_helper_exit", "fault_outcome", "pending_done", "missed", "failed")
 
 
+def fault_outcomes(fires: Iterable[FireEvent]) -> list[str]:
+    """``"fault on thread T: <outcome>"`` for each ``fault_outcome`` event of ``fires`` (the injector writes one
+    ``observe_s`` after a ``fault`` nemesis raised, injectors/repro_injector/_natural.py: the thread died, caught it
+    and called the site again, or neither), without repeats, in order; [] when none. REPORT.md's injections
+    section and a hunt row's effect (``repro.hunt.loop.fault_fates``) both say it."""
+    out: list[str] = []
+    for f in fires:
+        for e in f.effects:
+            if e.get("event") == "fault_outcome":
+                out.append(f"fault on thread {e.get('thread') or f.thread or '?'}: {e.get('outcome') or 'outcome unknown'}")
+    return list(dict.fromkeys(out))
+
+
 def _read_log(path: Path, pid: int) -> ProcessLog:
     events, _ = read_fire_log(path, tail=False)
     rank: Optional[int] = None

@@ -13,10 +13,11 @@ field and what was expected. ``compile_plan`` turns one variant into a plain-JSO
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Mapping, Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -434,6 +435,19 @@ class Scenario(_Strict):
         raise ScenarioError(f"scenario {self.name!r} has no variant {name!r}; known: {', '.join(v.name for v in self.variants)}")
 
 
+def gate_rank_problem(variants: Sequence[Variant], tp_size: int) -> Optional[str]:
+    """The first gate of ``variants`` whose ``ranks`` name a rank outside a TP group of ``tp_size`` (a gate with
+    ``rank_group`` counts ranks in that group and is not checked), as the sentence ``run`` and ``sites`` both refuse
+    with (the caller prefixes the file); None when every gate's ranks fit."""
+    for v in variants:
+        for inj in v.injections:
+            bad = [k for k in inj.gate.ranks if inj.gate.rank_group is None and not 0 <= k < tp_size]
+            if bad:
+                return (f"variants.{v.name}.injections.{inj.id}.gate.ranks lists rank(s) {bad}, outside the TP group of "
+                        f"size {tp_size} (expected 0..{tp_size - 1})")
+    return None
+
+
 def _model_fields_at(loc: tuple, data: Any) -> tuple[list[str], str]:
     """For a validation error at ``loc``: the field names allowed beside its last element (for "did you mean"),
     and a readable path naming variants and injections by name/id (``variant 'x', injection 'y': gate.foo``)."""
@@ -477,6 +491,32 @@ def _model_fields_at(loc: tuple, data: Any) -> tuple[list[str], str]:
     return fields, where
 
 
+def toml_value(value: Any) -> str:
+    """A value read from a TOML file, spelled as TOML spells it, with its type where the type is the problem:
+    ``true, a boolean`` (Python would say ``True``), ``"2", a string``; numbers as they are (``-2.0``, ``nan``)."""
+    kind = {bool: "a boolean", str: "a string", list: "a list"}.get(type(value))
+    return f"{_toml_literal(value)}, {kind}" if kind else _toml_literal(value)
+
+
+def _toml_literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_literal(v) for v in value) + "]"
+    return repr(value)
+
+
+def got_clause(err: Mapping[str, Any]) -> str:
+    """`` (got <value>)`` for a pydantic error of a scenario or catalogue field (:func:`toml_value`); "" where the
+    value says nothing (a missing field, an unknown field, a whole table)."""
+    got = err.get("input")
+    if err["type"] in ("missing", "extra_forbidden") or isinstance(got, dict):
+        return ""
+    return f" (got {toml_value(got)})"
+
+
 def _format_validation(path: Path, err: ValidationError, data: Any = None) -> str:
     import difflib
 
@@ -492,9 +532,7 @@ def _format_validation(path: Path, err: ValidationError, data: Any = None) -> st
                                      (f" (expected one of: {', '.join(fields)})" if fields else " (typo?)"))
         elif e["type"] == "missing":
             msg = "required field is missing"
-        got = e.get("input")
-        extra = f" (got {got!r})" if e["type"] not in ("missing", "extra_forbidden") and not isinstance(got, dict) else ""
-        lines.append(f"  - {loc}: {msg}{extra}")
+        lines.append(f"  - {loc}: {msg}{got_clause(e)}")
     return "\n".join(lines)
 
 
