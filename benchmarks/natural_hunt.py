@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,12 +66,42 @@ def main() -> int:
     print(json.dumps(summary, indent=1))
     if args.json_out:
         args.json_out.write_text(json.dumps({"summary": summary, "results": res}, indent=1))
-    print("| # | point | perturbation | nature | rank | fired on rank | effect | verdict |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| # | policy | point | perturbation | nature | rank | fired on rank | effect status | effect | verdict |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in res:
-        print(f"| {r['n']} | `{r['point']}` | {r['perturbation']}{' under ' + r['workload'] if r.get('workload') else ''} | "
-              f"{r.get('nature')} | {r['rank']} | {r.get('fired_on_target')} | {(r.get('effect') or '').replace('|', '/')} | {r['verdict']} |")
+        print(f"| {r['n']} | {policy(r)} | `{r['point']}` | {r['perturbation']}{' under ' + r['workload'] if r.get('workload') else ''} | "
+              f"{r.get('nature')} | {r['rank']} | {r.get('fired_on_target')} | {r.get('effect_status') or '—'} | "
+              f"{(r.get('effect') or '').replace('|', '/')} | {r['verdict']} |")
+    print()
+    print("Pool counts (the #30760 family, issue 35 item 4): did a natural nemesis make them drift between the ranks?")
+    print("| # | policy | point | perturbation | pool counts |")
+    print("|---|---|---|---|---|")
+    for r in res:
+        print(f"| {r['n']} | {policy(r)} | `{r['point']}` | {r['perturbation']} | {pool_counts(r.get('effect') or '')} |")
     return 0 if not left else 1
+
+
+POOLS = ("req_to_token_pool.available", "token_to_kv_pool_allocator.available")
+
+
+def policy(r: dict) -> str:
+    """The trial server's --hicache-storage-prefetch-policy, from the trial's processes.json ("—": none found)."""
+    f = Path(r.get("evidence") or "") / "processes.json"
+    try:
+        m = re.search(r"--hicache-storage-prefetch-policy\W+(\w+)", f.read_text())
+    except OSError:
+        return "?"
+    return m.group(1) if m else "—"
+
+
+def pool_counts(effect: str) -> str:
+    """``drifted: <probe>`` when the effect names a pool probe among its lockstep episodes, else the ticks compared."""
+    lockstep = effect.split("; transient")[0]
+    moved = [p for p in POOLS if f"`{p}`" in lockstep]
+    if moved:
+        return "**drifted**: " + ", ".join(moved)
+    m = re.search(r"every tick (\d+)–(\d+)", effect)
+    return f"equal on both ranks at every tick {m.group(1)}–{m.group(2)}" if m else "not read"
 
 
 if __name__ == "__main__":

@@ -105,6 +105,8 @@ class DecisionPoint:
 
     ``loops``: keep only rows whose direct caller runs the call inside a ``for`` loop over one of these targets
     (``""`` = in no loop of the caller); empty keeps every row (discovered points name the loop their guard is in).
+    ``servers``: on a multi-server stack (PD: ``prefill`` / ``decode``), keep only rows seen on these engine servers
+    (empty: every server; a single server's rows have no server and are always kept).
     """
 
     name: str
@@ -113,6 +115,7 @@ class DecisionPoint:
     perturbations: tuple[str, ...]
     callers: tuple[str, ...] = ()
     loops: tuple[str, ...] = ()
+    servers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -237,7 +240,8 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
         except ValidationError as e:
             raise HuntError(f"{where}.site: {e.errors()[0]['msg']}") from None
         points.append(DecisionPoint(spec["name"], _tuple(spec["site"]), str(spec.get("what", "")),
-                                    _tuple(spec.get("perturbations")), _tuple(spec.get("callers")), _tuple(spec.get("loops"))))
+                                    _tuple(spec.get("perturbations")), _tuple(spec.get("callers")), _tuple(spec.get("loops")),
+                                    _tuple(spec.get("servers"))))
     if not points:
         raise HuntError(f"{p}: no [[points]]: the catalogue must list at least one decision point")
     names = [x.name for x in points]

@@ -16,7 +16,10 @@ Two kinds of probe are compared (``repro.state_probes``):
   tick T, equal again at tick N, reconciled in tick N-1 by <collective>" (status ``transient reconciled``); one
   still open at the end (a stopped thread's progress stuck) is reported plainly (``transient open``) and is never a
   first divergent state. Numbers within the probe's ``tolerance`` (the ledger's ``tol``) count as equal. Only when
-  no lockstep probe moved does a transient episode decide the status.
+  no lockstep probe moved does a transient episode decide the status. Background threads make transient probes
+  differ for a few ticks on an unperturbed server too: a closed episode of at most ``JITTER_TICKS`` ticks of a probe
+  without a tolerance is jitter, and with ``since_time`` only episodes that start within ``attribute_s`` of the fire
+  are the nemesis's; the others are counted as jitter, never attributed.
 
 ``local`` probes (per-rank by design) are never compared; the ones that changed on the target rank are listed.
 Nothing here changes a verdict.
@@ -35,6 +38,11 @@ MAX_TRANSIENT_SHOWN = 2  # transient probes described in a summary (the longest 
 TRANSIENT_COLLECTIVES = 2  # collectives named per transient episode (MIN/MAX first), each by 3 frames
 STATUSES = ("diverged", "reconciled", "transient reconciled", "transient open", "none moved", "not recorded")
 RECONCILING_REDUCE_OPS = ("MIN", "MAX")  # a transient episode's collectives: these first (then the others)
+ATTRIBUTE_S = 5.0  # a transient episode that starts within this many seconds of the fire may be the nemesis's (delay
+# 2 s, stop 3 s, a pending's polls, a fault's first effect); later ones are not attributed
+JITTER_TICKS = 4  # a closed episode of a count probe (no tolerance) this short is the background threads' timing
+# jitter: the unperturbed baseline of the natural HiCache hunt (0.5.23, TP=2, 408 ticks) had 7 transient episodes,
+# the longest 4 ticks (ack_backup_queue 4, backup_queue 3, prefetch_queue 2; benchmarks/RESULTS.md, h37a)
 
 
 @dataclass(frozen=True)
@@ -70,9 +78,11 @@ class NaturalEffect:
     local_moved: tuple[str, ...] = ()
     compared: Optional[tuple[int, int]] = None
     transient: tuple[Episode, ...] = ()
+    later: int = 0  # transient episodes not attributed: jitter-short, or started more than attribute_s after the fire
 
     def to_dict(self) -> dict:
         return {"status": self.status, "summary": self.summary, "compared": list(self.compared) if self.compared else None,
+                "later": self.later,
                 "local_moved": list(self.local_moved),
                 "episodes": [_ep_dict(e) for e in self.episodes], "transient": [_ep_dict(e) for e in self.transient]}
 
@@ -127,7 +137,7 @@ def _differs(vals: Mapping[int, Any], tol: float) -> bool:
 
 
 def natural_effect(ledgers: Mapping[int, Any], target_rank: int, kinds: Optional[Mapping[str, str]] = None,
-                   since_time: Optional[float] = None) -> NaturalEffect:
+                   since_time: Optional[float] = None, attribute_s: float = ATTRIBUTE_S) -> NaturalEffect:
     """The episodes of probe difference in one TP group's run: lockstep and transient (module docstring).
 
     Args:
@@ -136,6 +146,8 @@ def natural_effect(ledgers: Mapping[int, Any], target_rank: int, kinds: Optional
         kinds: probe → ``lockstep`` / ``transient`` / ``local`` / ``info`` beside what the ledgers' full digests say.
         since_time: epoch seconds of the nemesis's fire: only ticks from the target rank's first collective after
             it are looked at (a shared server's ledgers hold earlier trials); None: every tick.
+        attribute_s: with ``since_time``, transient episodes starting later than this many seconds after it (the
+            tick of the target rank's first collective past it) are not attributed (nor ones ≤ ``JITTER_TICKS``).
     Returns:
         A :class:`NaturalEffect`; never raises on a run without digests (status ``not recorded``).
     """
@@ -181,6 +193,15 @@ def natural_effect(ledgers: Mapping[int, Any], target_rank: int, kinds: Optional
     every = sorted(done + list(open_.values()), key=lambda e: (e.start_tick, e.probe))
     episodes = tuple(e for e in every if e.kind == "lockstep")
     trans = tuple(e for e in every if e.kind == "transient")
+    cut = _tick_at(target, since_time + attribute_s) if since_time is not None else None
+
+    def attributed(e: Episode) -> bool:
+        if cut is not None and e.start_tick >= cut:
+            return False
+        return e.end_tick is None or bool(tols.get(e.probe)) or e.end_tick - e.start_tick > JITTER_TICKS
+
+    later = tuple(e for e in trans if not attributed(e))
+    trans = tuple(e for e in trans if attributed(e))
     tr = recorded.get(target_rank)
     moved_local: list[str] = []
     if tr is not None:
@@ -189,14 +210,17 @@ def natural_effect(ledgers: Mapping[int, Any], target_rank: int, kinds: Optional
         moved_local = [p for p in local if json.dumps(first.get(p), sort_keys=True) != json.dumps(last.get(p), sort_keys=True)]
     local_txt = f"; local probes that changed on rank {target_rank}: {', '.join(moved_local)}" if moved_local else ""
     trans_txt = _transient_summary(trans, end)
+    later_txt = (f"; {len(later)} transient episode(s) not attributed (≤ {JITTER_TICKS} ticks, or > {attribute_s:g} s "
+                 f"after the fire: thread-timing jitter; first at tick {later[0].start_tick})" if later else "")
     if not episodes:
         if trans:
             status = "transient reconciled" if any(e.end_tick is not None for e in trans) else "transient open"
             return NaturalEffect(status, f"no lockstep probe moved ({len(compared)} equal at every tick {start}–{end}); "
-                                 + trans_txt + local_txt, (), tuple(moved_local), (start, end), trans)
+                                 + trans_txt + later_txt + local_txt, (), tuple(moved_local), (start, end), trans,
+                                 len(later))
         return NaturalEffect("none moved", f"none moved: {len(compared)} lockstep probes equal at every tick {start}–{end}"
-                             + (f", {len(transient)} transient probes too" if transient else "")
-                             + local_txt, (), tuple(moved_local), (start, end))
+                             + (f", {len(transient)} transient probes: no episode beyond jitter" if transient else "")
+                             + later_txt + local_txt, (), tuple(moved_local), (start, end), (), len(later))
     parts = []
     for e in episodes:
         vals = ", ".join(f"rank {r} = {v}" for r, v in e.values.items())
@@ -207,8 +231,8 @@ def natural_effect(ledgers: Mapping[int, Any], target_rank: int, kinds: Optional
             parts.append(f"`{e.probe}` differed at tick {e.start_tick} ({vals}), equal again at tick {e.end_tick} "
                          f"(reconciled in tick {e.end_tick - 1}: {via})")
     status = "diverged" if any(e.end_tick is None for e in episodes) else "reconciled"
-    return NaturalEffect(status, "; ".join(parts) + (f"; transient: {trans_txt}" if trans else ""), episodes,
-                         tuple(moved_local), (start, end), trans)
+    return NaturalEffect(status, "; ".join(parts) + (f"; transient: {trans_txt}" if trans else "") + later_txt, episodes,
+                         tuple(moved_local), (start, end), trans, len(later))
 
 
 def _transient_summary(trans: tuple[Episode, ...], end: int) -> str:

@@ -180,11 +180,16 @@ class Workload(_Strict):
     after: int = Field(0, ge=0, le=100, description="requests sent after every other one ended")
     warm_storage: Optional[WarmStorage] = Field(None, description="the after requests repeat the burst's first "
                                                 "prompts after a cache flush: found in storage only (needs after >= 1)")
+    repeat_first: bool = Field(False, description="the after requests repeat the burst's first prompts as they are, "
+                               "no flush: with a burst larger than the device KV pool their prefixes were evicted to "
+                               "HiCache's host pool and are loaded back (needs after >= 1)")
 
     @model_validator(mode="after")
     def _warm_needs_after(self) -> "Workload":
         if self.warm_storage is not None and self.after < 1:
             raise ValueError("warm_storage repeats burst prompts as the 'after' requests: set after >= 1 (e.g. after = 4)")
+        if self.repeat_first and self.after < 1:
+            raise ValueError("repeat_first repeats burst prompts as the 'after' requests: set after >= 1 (e.g. after = 4)")
         return self
 
     def request_plan(self, i: int, input_len: int, max_new_tokens: int) -> "RequestPlan":
@@ -220,10 +225,10 @@ def request_plans(count: int, input_len: int, max_new_tokens: int, workload: Opt
 
 
 def warm_prompts(prompts: Sequence[list[int]], workload: Optional[Workload]) -> list[list[int]]:
-    """Under a ``warm_storage`` workload the last ``after`` prompts repeat the first ``after`` burst prompts
-    (their pages are then in storage); otherwise the prompts unchanged."""
+    """Under a ``warm_storage`` or ``repeat_first`` workload the last ``after`` prompts repeat the first ``after``
+    burst prompts (their pages are then in storage, or in the host pool); otherwise the prompts unchanged."""
     out = [list(p) for p in prompts]
-    if workload is None or workload.warm_storage is None or not workload.after:
+    if workload is None or (workload.warm_storage is None and not workload.repeat_first) or not workload.after:
         return out
     n_burst = len(out) - workload.after
     for k in range(workload.after):

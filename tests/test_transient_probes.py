@@ -142,16 +142,16 @@ def _full(**v):
 
 def test_a_transient_probe_that_moved_and_was_equal_again_names_the_min_of_the_tick_before(tmp_path: Path):
     # rank 0's backup acks wait 3 ticks for rank 1's delayed backup thread; the MIN drain of tick 6 empties both
-    _ledger(tmp_path, 10, 0, [_full(), {"e": "state", "tick": 4, "v": {"acks": 1}}, {"e": "state", "tick": 7, "v": {"acks": 0}}], 9)
-    _ledger(tmp_path, 11, 1, [_full()], 9)
+    _ledger(tmp_path, 10, 0, [_full(), {"e": "state", "tick": 4, "v": {"acks": 1}}, {"e": "state", "tick": 9, "v": {"acks": 0}}], 11)
+    _ledger(tmp_path, 11, 1, [_full()], 11)
     eff = natural_effect(load_ledgers(tmp_path), target_rank=1)
     assert eff.status == "transient reconciled" and eff.status in STATUSES and not eff.episodes
     (e,) = eff.transient
-    assert (e.probe, e.start_tick, e.end_tick, e.moved, e.values) == ("acks", 4, 7, (0,), {0: 1, 1: 0})
+    assert (e.probe, e.start_tick, e.end_tick, e.moved, e.values) == ("acks", 4, 9, (0,), {0: 1, 1: 0})
     assert e.collectives[0] == ("all_reduce MIN @ UnifiedRadixCache._all_reduce_attn_groups ← UnifiedRadixCache._all_reduce"
                                 " ← UnifiedRadixCache._sync_hicache_ready_counts")
     assert len(e.collectives) == 2 and e.collectives[1].startswith("broadcast @ Scheduler.recv_requests")  # SUM-free
-    assert "moved on rank 0 at tick 4" in eff.summary and "equal again at tick 7, reconciled in tick 6 by all_reduce MIN" in eff.summary
+    assert "moved on rank 0 at tick 4" in eff.summary and "equal again at tick 9, reconciled in tick 8 by all_reduce MIN" in eff.summary
 
 
 def test_a_transient_probe_open_at_the_end_is_reported_never_a_first_divergent_state(tmp_path: Path):
@@ -175,8 +175,24 @@ def test_transient_numbers_within_the_tolerance_are_equal_and_a_clock_step_is_no
 
 def test_a_lockstep_divergence_still_decides_the_status_beside_transient_episodes(tmp_path: Path):
     _ledger(tmp_path, 10, 0, [_full(), {"e": "state", "tick": 3, "v": {"acks": 1, "avail": 7}},
-                              {"e": "state", "tick": 4, "v": {"acks": 0}}], 6)
-    _ledger(tmp_path, 11, 1, [_full()], 6)
+                              {"e": "state", "tick": 9, "v": {"acks": 0}}], 10)
+    _ledger(tmp_path, 11, 1, [_full()], 10)
     eff = natural_effect(load_ledgers(tmp_path), target_rank=0)
     assert eff.status == "diverged" and eff.episodes[0].probe == "avail" and eff.transient[0].probe == "acks"
     assert "first divergent state" in eff.summary and "transient: transient `acks`" in eff.summary
+
+
+def test_only_transient_episodes_starting_within_attribute_s_of_the_fire_are_the_nemesis_s(tmp_path: Path):
+    # fire at t = 3.0 (tick 3): an episode of ticks 4-10 is the nemesis's; 12-13 (1 tick, like the unperturbed
+    # baseline's jitter) and 18-24 (t = 18 > 3 + 5) are not attributed
+    _ledger(tmp_path, 10, 0, [_full(), {"e": "state", "tick": 4, "v": {"acks": 1}}, {"e": "state", "tick": 10, "v": {"acks": 0}},
+                              {"e": "state", "tick": 12, "v": {"acks": 2}}, {"e": "state", "tick": 13, "v": {"acks": 0}},
+                              {"e": "state", "tick": 18, "v": {"acks": 2}}, {"e": "state", "tick": 24, "v": {"acks": 0}}], 26)
+    _ledger(tmp_path, 11, 1, [_full()], 26)
+    led = load_ledgers(tmp_path)
+    eff = natural_effect(led, target_rank=1, since_time=3.0)
+    assert eff.status == "transient reconciled" and [e.start_tick for e in eff.transient] == [4] and eff.later == 2
+    assert "2 transient episode(s) not attributed (≤ 4 ticks, or > 5 s after the fire" in eff.summary
+    late = natural_effect(led, target_rank=1, since_time=11.5)  # from tick 12: only jitter and a late episode
+    assert late.status == "none moved" and late.later == 2 and not late.transient
+    assert "no episode beyond jitter; 2 transient episode(s) not attributed" in late.summary
