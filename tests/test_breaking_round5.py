@@ -122,3 +122,15 @@ def test_a_catalogue_point_offering_a_storage_answer_off_the_backend_is_refused(
                              natural=True, catalogue_path=cat, spare=False), runs=fr)
     assert "decision point scheduler_tick" in str(e.value) and "storage_miss" in str(e.value), str(e.value)
     assert not fr.sessions and not (tmp_path / "ev").exists()
+
+
+def test_every_bundled_scenario_name_is_a_scenario():
+    """Round 5: the "bundled scenario" names an unknown SCENARIO lists offered natural_nemeses and hunt_workloads (a
+    catalogue, a workload file); `repro run natural_nemeses` then said "invalid scenario (7 problem(s))"."""
+    from repro import resources
+    from repro.scenario import load_scenario
+
+    names = resources.scenario_names()
+    assert "natural_hunt_hicache" in names
+    for n in names:
+        load_scenario(resources.find_scenario(n))
