@@ -705,6 +705,11 @@ def sites(
                                              ad.storage_sites, ad.name)
         if bad_storage:  # likewise refused by `run` before launch
             raise ScenarioError(f"{scenario}: {bad_storage}")
+        from repro.pd import topology_problem
+
+        bad_servers = topology_problem(sc, ad)
+        if bad_servers:
+            raise ScenarioError(f"{scenario}: {bad_servers}")
         py = choose_python(python, ad, require_package=False)
     except (ScenarioError, InterpreterError) as e:
         console.print(f"[red]error:[/] {e}")

@@ -122,3 +122,51 @@ def test_a_catalogue_point_offering_a_storage_answer_off_the_backend_is_refused(
                              natural=True, catalogue_path=cat, spare=False), runs=fr)
     assert "decision point scheduler_tick" in str(e.value) and "storage_miss" in str(e.value), str(e.value)
     assert not fr.sessions and not (tmp_path / "ev").exists()
+
+
+def test_every_bundled_scenario_name_is_a_scenario():
+    """Round 5: the "bundled scenario" names an unknown SCENARIO lists offered natural_nemeses and hunt_workloads (a
+    catalogue, a workload file); `repro run natural_nemeses` then said "invalid scenario (7 problem(s))"."""
+    from repro import resources
+    from repro.scenario import load_scenario
+
+    names = resources.scenario_names()
+    assert "natural_hunt_hicache" in names
+    for n in names:
+        load_scenario(resources.find_scenario(n))
+
+
+PD_FAULT = REPO / "scenarios/sglang/natural_pd_transfer_fault.toml"
+
+
+@pytest.mark.parametrize("old, new, expected", [
+    ('server = "prefill"', 'server = "encoder"', "injections.pd_transfer_fault.server: 'encoder' names no engine server"),
+    ('server = "prefill"', 'server = "router"', "injections.pd_transfer_fault.server: 'router' names no engine server"),
+    ("[server.roles.decode]", "[server.roles.decoder]", "server.roles.decoder: topology 'pd' has no role 'decoder'"),
+    ('topology = "pd"', 'topology = "ring"', "server.topology 'ring' is not known to the sglang adapter"),
+])
+def test_a_pd_scenarios_server_names_are_checked_before_launch(tmp_path: Path, old: str, new: str, expected: str):
+    """Round 5: an injection's `server = "encoder"` (or "router") passed `sites` (exit 0) and run's pre-launch
+    check, then `repro run` made the evidence folder and died with a ValueError traceback (exit 1); so did
+    `topology = "ring"`; `[server.roles.decoder]` (a typo) was ignored: the decode server ran at its default TP."""
+    from repro.run.prepare import check_launch
+    from repro.runner import RunError, RunOptions
+
+    text = PD_FAULT.read_text()
+    assert old in text
+    p = tmp_path / "pd.toml"
+    p.write_text(text.replace(old, new))
+    with pytest.raises(RunError) as e:
+        check_launch(RunOptions(scenario_path=p, evidence_root=tmp_path / "ev"))
+    assert str(p) in str(e.value) and expected in str(e.value), str(e.value)
+    assert not (tmp_path / "ev").exists()
+
+
+def test_the_shipped_pd_scenarios_pass_the_server_check():
+    from repro.pd import topology_problem
+    from repro.scenario import load_scenario
+    from repro.targets.registry import get_adapter
+
+    for p in (PD_FAULT, PD_BASE, REPO / "scenarios/sglang/disagg_bootstrap_divergence.toml"):
+        s = load_scenario(p)
+        assert topology_problem(s, get_adapter(s.server.adapter)) is None, p

@@ -93,6 +93,11 @@ def _decide(opts: RunOptions, variants: Optional[Sequence[str]]) -> tuple:
     bad_storage = storage_action_problem(loaded, adapter.storage_sites, adapter.name)
     if bad_storage:
         raise RunError(f"{opts.scenario_path}: {bad_storage}")
+    from repro.pd import topology_problem
+
+    bad_servers = topology_problem(scenario, adapter)
+    if bad_servers:
+        raise RunError(f"{opts.scenario_path}: {bad_servers}")
     try:
         python = choose_python(opts.python, adapter)
     except InterpreterError as e:
