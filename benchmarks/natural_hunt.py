@@ -38,7 +38,15 @@ def main() -> int:
     ap.add_argument("--evidence-dir", type=Path, default=Path("/tmp/repro-natural-hunt"))
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more `repro hunt` options")
     ap.add_argument("--json-out", type=Path, default=None)
+    ap.add_argument("--reread", type=Path, default=None,
+                    help="a --json-out file of an earlier run: re-read every trial's effect from its evidence with "
+                         "this checkout's repro.natural_effect and print the tables (no server started)")
     args = ap.parse_args()
+    if args.reread:
+        saved = json.loads(args.reread.read_text())
+        res = [{**r, **reread_effect(r)} for r in saved["results"]]
+        print(json.dumps(saved["summary"], indent=1))
+        return tables(res, [])
     root = args.evidence_dir.resolve()
     cmd = [sys.executable, "-m", "repro.cli", "hunt", str(args.scenario), "--natural", "--budget-min", str(args.budget_min),
            "--evidence-dir", str(root), "--json", *args.extra]
@@ -66,6 +74,32 @@ def main() -> int:
     print(json.dumps(summary, indent=1))
     if args.json_out:
         args.json_out.write_text(json.dumps({"summary": summary, "results": res}, indent=1))
+    return tables(res, left)
+
+
+def reread_effect(r: dict) -> dict:
+    """``{"effect_status", "effect"}`` of one saved trial, read again from its evidence: the trial's own injector
+    folder when it ran on a fresh server, else the latest trial-server session folder before it."""
+    from repro.hunt.loop import fault_fates
+    from repro.injection_records import read_injector_dir
+    from repro.ledger import load_ledgers
+    from repro.natural_effect import natural_effect
+
+    ev = Path(r.get("evidence") or "")
+    sessions = sorted((d for d in ev.parent.glob("*-hunt-session*") if d.name < ev.name), reverse=True)
+    for folder in [ev / "injector"] + [d / "injector" for d in sessions]:
+        if not folder.is_dir():
+            continue
+        mine = [f for log in read_injector_dir(folder).logs for f in log.fires
+                if f.injection_id == r["trial"] and f.rank == r["rank"]]
+        if mine:
+            eff = natural_effect(load_ledgers(folder), r["rank"], since_time=min(f.time for f in mine))
+            return {"effect_status": eff.status, "effect": eff.summary + fault_fates(mine)}
+    return {"effect_status": "not recorded", "effect": "no fire of this trial found in its evidence"}
+
+
+def tables(res: list, left: list) -> int:
+    """Print the hunt table and the pool-count table (markdown); 0 unless something was left running."""
     print("| # | policy | point | perturbation | nature | rank | fired on rank | effect status | effect | verdict |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in res:
