@@ -93,9 +93,25 @@ def reread_effect(r: dict) -> dict:
         mine = [f for log in read_injector_dir(folder).logs for f in log.fires
                 if f.injection_id == r["trial"] and f.rank == r["rank"]]
         if mine:
-            eff = natural_effect(load_ledgers(folder), r["rank"], since_time=min(f.time for f in mine))
+            t = min(f.time for f in mine)
+            eff = natural_effect(server_ledgers(folder, t, mine[0].pid), r["rank"], since_time=t)
             return {"effect_status": eff.status, "effect": eff.summary + fault_fates(mine)}
     return {"effect_status": "not recorded", "effect": "no fire of this trial found in its evidence"}
+
+
+def server_ledgers(folder: Path, t: float, target_pid: int) -> dict:
+    """rank → ledger of the server that ran at epoch ``t`` (a session folder holds every restarted server's)."""
+    from repro.ledger import load_ledgers
+
+    pids = sorted({int(m.group(1)) for f in folder.iterdir() if (m := re.match(r"ledger-(\d+)", f.name))})
+    out: dict = {}
+    for pid in pids:
+        for rank, led in load_ledgers(folder, [pid]).items():
+            times = [x.t_enter for x in led.records]
+            if pid == target_pid or (times and min(times) <= t <= max(times)):
+                if rank not in out or pid == target_pid:
+                    out[rank] = led
+    return out
 
 
 def tables(res: list, left: list) -> int:
