@@ -64,7 +64,7 @@ DEFAULT_CATALOGUE = catalogue_for(DEFAULT_ADAPTER)  # the default adapter's: a c
 
 
 # ----------------------------------------------------------------------------------------------------- catalogue
-LASTING_KINDS = ("fault", "clock", "state")  # actions whose effect outlives the trial (Perturbation.lasting)
+LASTING_KINDS = ("fault", "clock", "state", "fail")  # actions whose effect outlives the trial (Perturbation.lasting; fail: pages never written)
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,8 @@ class Perturbation:
     @property
     def lasting(self) -> bool:
         """Its effect outlives the trial in the server's processes: a ``fault`` (the thread it hit may have died), a
-        ``clock`` shift (the process keeps the shifted clock), a ``state`` take (the slots stay taken). The hunt
+        ``clock`` shift (the process keeps the shifted clock), a ``state`` take (the slots stay taken), a storage ``fail``
+        (the pages it did not write stay missing from that rank's storage). The hunt
         restarts the trial server after such a trial so the next one starts clean."""
         return str(self.action.get("kind")) in LASTING_KINDS
 
@@ -104,6 +105,8 @@ class DecisionPoint:
 
     ``loops``: keep only rows whose direct caller runs the call inside a ``for`` loop over one of these targets
     (``""`` = in no loop of the caller); empty keeps every row (discovered points name the loop their guard is in).
+    ``servers``: on a multi-server stack (PD: ``prefill`` / ``decode``), keep only rows seen on these engine servers
+    (empty: every server; a single server's rows have no server and are always kept).
     """
 
     name: str
@@ -112,6 +115,7 @@ class DecisionPoint:
     perturbations: tuple[str, ...]
     callers: tuple[str, ...] = ()
     loops: tuple[str, ...] = ()
+    servers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -184,9 +188,9 @@ def _action_error(e: Any) -> str:
     expected and the value given (``Input should be greater than 0 (got -2.0)``), as a scenario file's errors say."""
     err = e.errors()[0]
     loc = [str(x) for x in err["loc"] if x not in ("id", "site", "action")][1:]  # [kind, field…] → the field
-    got = err.get("input")
-    extra = f" (got {got!r})" if err["type"] not in ("missing", "extra_forbidden") and not isinstance(got, dict) else ""
-    return f"{'.'.join(loc) + ': ' if loc else ''}{err['msg']}{extra}"
+    from repro.scenario import got_clause
+
+    return f"{'.'.join(loc) + ': ' if loc else ''}{err['msg']}{got_clause(err)}"
 
 
 def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
@@ -236,7 +240,8 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
         except ValidationError as e:
             raise HuntError(f"{where}.site: {e.errors()[0]['msg']}") from None
         points.append(DecisionPoint(spec["name"], _tuple(spec["site"]), str(spec.get("what", "")),
-                                    _tuple(spec.get("perturbations")), _tuple(spec.get("callers")), _tuple(spec.get("loops"))))
+                                    _tuple(spec.get("perturbations")), _tuple(spec.get("callers")), _tuple(spec.get("loops")),
+                                    _tuple(spec.get("servers"))))
     if not points:
         raise HuntError(f"{p}: no [[points]]: the catalogue must list at least one decision point")
     names = [x.name for x in points]
@@ -270,7 +275,7 @@ def check_natural(cat: Catalogue) -> None:
     if forced:
         raise HuntError(f"{cat.path}: --natural: perturbation(s) {', '.join(forced)} force the engine's own "
                         "bookkeeping (return_value / skip / state / extra_collective); a natural hunt takes only "
-                        "delay / stop / clock / fault / pending, plus one row marked control = true")
+                        "delay / stop / clock / fault / pending / miss / fail, plus one row marked control = true")
     if len(controls) > 1:
         raise HuntError(f"{cat.path}: --natural: {len(controls)} perturbations marked control ({', '.join(controls)}); "
                         "keep one control")

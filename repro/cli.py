@@ -189,17 +189,22 @@ class _Progress:
         self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=console, transient=True, disable=quiet)
         self.task = None
+        self.started = False  # the live display starts at the first event: an error before any (a bad REF, a
+        # missing site) is then the first line of stderr, with no empty line from a display that never showed
 
     def __enter__(self) -> "_Progress":
-        self.progress.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.progress.__exit__(*exc)
+        if self.started:
+            self.progress.__exit__(*exc)
 
     def __call__(self, event: str, data: dict) -> None:
         if self.quiet:
             return
+        if not self.started:
+            self.progress.__enter__()
+            self.started = True
         if event == "launch":
             console.print(f"evidence: {data['evidence']}")
             self.task = self.progress.add_task("launching server", total=None)
@@ -682,13 +687,16 @@ def sites(
     """
     python = _release_python(release, python, scenario)
     from repro.interpreter import InterpreterError, choose_python
-    from repro.scenario import ScenarioError, load_scenario
+    from repro.scenario import ScenarioError, gate_rank_problem, load_scenario
     from repro.sites import SitesPreflightError, check_sites
 
     try:
         sc = load_scenario(scenario)
         if variant is not None:
             sc.variant(variant)
+        bad_ranks = gate_rank_problem([sc.variant(variant)] if variant is not None else sc.variants, sc.server.tp_size)
+        if bad_ranks:  # what `run` refuses before launch (repro.run.prepare), said before resolving anything
+            raise ScenarioError(f"{scenario}: {bad_ranks}")
         from repro.targets.registry import get_adapter
 
         ad = get_adapter(sc.server.adapter)  # the run's engine, from the scenario
@@ -1241,7 +1249,7 @@ def hunt(
     workload_file: Optional[Path] = typer.Option(None, "--workload-file", callback=_path_check("text", f"a workloads TOML like {EXAMPLES_DIR}/hunt_workloads.toml"), help="workloads/configurations TOML (default: hunt_workloads.toml beside the catalogue)"),
     spare: bool = typer.Option(False, "--spare/--no-spare", help="keep a spare trial server starting in the background and swap to it after a hang (default: restart the hung server; on a 2-core CPU box the spare does not pay)"),
     shard: Optional[str] = typer.Option(None, "--shard", help="run only shard K of N of the trial plan (K/N, e.g. 2/4; split on point × perturbation × rank before the baseline); join the folders with `repro hunt-merge`"),
-    natural: bool = typer.Option(False, "--natural", help="only natural nemeses (delay, stop, clock, fault, pending: what one rank's environment can do) plus one control row; catalogue: natural_nemeses.toml beside the hunt catalogue"),
+    natural: bool = typer.Option(False, "--natural", help="only natural nemeses (delay, stop, clock, fault, pending, storage miss / fail: what one rank's environment can do) plus one control row; catalogue: natural_nemeses.toml beside the hunt catalogue"),
     as_json: bool = typer.Option(False, "--json", help="print the results as JSON on stdout"),
 ) -> None:
     """Search a live server for collective-desync hazards: perturb each rank-local decision point once, on one rank

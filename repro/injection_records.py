@@ -289,7 +289,20 @@ def read_fire_log(path: Union[str, Path], offset: int = 0, tail: bool = True) ->
 
 
 # what a natural action's fire was followed by (injectors/repro_injector/_natural.py writes them)
-NATURAL_EFFECT_EVENTS = ("clock_shifted", "stopped", "stop_helper_exit", "fault_outcome", "pending_done")
+NATURAL_EFFECT_EVENTS = ("clock_shifted", "stopped", "stop_helper_exit", "fault_outcome", "pending_done", "missed", "failed")
+
+
+def fault_outcomes(fires: Iterable[FireEvent]) -> list[str]:
+    """``"fault on thread T: <outcome>"`` for each ``fault_outcome`` event of ``fires`` (the injector writes one
+    ``observe_s`` after a ``fault`` nemesis raised, injectors/repro_injector/_natural.py: the thread died, caught it
+    and called the site again, or neither), without repeats, in order; [] when none. REPORT.md's injections
+    section and a hunt row's effect (``repro.hunt.loop.fault_fates``) both say it."""
+    out: list[str] = []
+    for f in fires:
+        for e in f.effects:
+            if e.get("event") == "fault_outcome":
+                out.append(f"fault on thread {e.get('thread') or f.thread or '?'}: {e.get('outcome') or 'outcome unknown'}")
+    return list(dict.fromkeys(out))
 
 
 def _read_log(path: Path, pid: int) -> ProcessLog:
@@ -322,6 +335,8 @@ def _read_log(path: Path, pid: int) -> ProcessLog:
                                          c.get("first_fired"), c.get("last_fired"), int(c.get("entered_before_poll") or 0))
         elif kind == "fire" and int(e.get("arm_seq", -1)) == arm_seq:
             fires.append(e)
+        elif kind == "fire_inapplicable" and e.get("n") is not None:  # a fire the action took back (miss: nothing found)
+            fires = [f for f in fires if not (f.get("id") == e.get("id") and int(f.get("n", 0)) == int(e["n"]))]
         elif kind == "fire_done":
             done[e.get("id")] = e.get("error") is None
         elif kind == "error":

@@ -29,7 +29,9 @@ def rank_table(analysis: Any) -> list[str]:
 
 
 def injection_table(checks: Sequence[Any], ranks: Sequence[int]) -> list[str]:
-    """Markdown rows: injection → nature (natural / forced / observe) → site → per rank entered/matched/fired (after the last arming)."""
+    """Markdown rows: injection → nature (natural / forced / observe) → site → per rank entered/matched/fired (after
+    the last arming); then one bullet per rank where a natural action's fire had an outcome (``InjectionCheck.outcomes``:
+    a fault's thread died, or caught it)."""
     if not checks:
         return ["(no injections in this variant)"]
     head = "| injection | nature | site | " + " | ".join(f"TP{k} entered/matched/fired" for k in ranks) + " |"
@@ -37,7 +39,9 @@ def injection_table(checks: Sequence[Any], ranks: Sequence[int]) -> list[str]:
     for c in checks:
         cells = " | ".join(f"{c.entered.get(k, 0)} / {c.matched.get(k, 0)} / {c.fired.get(k, 0)}" for k in ranks)
         lines.append(f"| `{c.injection_id}` | {getattr(c, 'nature', '') or '?'} | `{c.site}` | {cells} |")
-    return lines
+    after = [f"- `{c.injection_id}` on TP{k}: {_md_escape(o)}"
+             for c in checks for k, outs in sorted((getattr(c, "outcomes", None) or {}).items()) for o in outs]
+    return lines + ([""] + after if after else [])
 
 
 def requests_summary(state: Any) -> list[str]:

@@ -3,8 +3,8 @@
 A scenario is a TOML file under ``scenarios/``. It names the real bug it mirrors, the server to run, the request
 burst, the stall/budget times and one or more named variants. Each variant lists injections: *where* (a site,
 with alternatives across engine versions), *when* (a stack gate: caller frames, loop, ranks, occurrence) and
-*what* (an action: extra collective, skip, return value, state (all *forced*); delay, stop, clock, fault, pending
-(the *natural* environment nemeses); or none for a control). ``nature_of`` labels an action.
+*what* (an action: extra collective, skip, return value, state (all *forced*); delay, stop, clock, fault, pending,
+miss, fail (the *natural* environment nemeses); or none for a control). ``nature_of`` labels an action.
 
 ``load_scenario`` validates with pydantic and raises :class:`ScenarioError` whose message names the file, the
 field and what was expected. ``compile_plan`` turns one variant into a plain-JSON dict: the contract with
@@ -13,10 +13,11 @@ field and what was expected. ``compile_plan`` turns one variant into a plain-JSO
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Mapping, Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -267,6 +268,29 @@ class Pending(_Strict):
     call_original: bool = Field(False, description="still call the poll (a poll with side effects)")
 
 
+class Miss(_Strict):
+    """*Natural* (on a storage backend's method: an answer from outside the replicated state): the call runs, and its
+    answer says the pages from index ``keep_pages`` on are not there — "not stored" on a query (``batch_exists`` →
+    at most ``keep_pages``) or a read (``batch_get`` → None per missed key), the failure answer on a write
+    (``batch_set`` → False). With ``only_hits`` a call that found no more than ``keep_pages`` pages is no fire and no
+    match, so occurrence ``first`` / ``nth`` picks the first / n-th call that found pages (a chosen request)."""
+
+    kind: Literal["miss"]
+    keep_pages: int = Field(0, ge=0, le=1_000_000, strict=True, description="leading pages that keep their true answer")
+    only_hits: bool = Field(True, strict=True, description="a call with nothing to miss is no fire (and no match)")
+
+
+class Fail(_Strict):
+    """*Natural* (on a storage backend's method): the call reports failure without doing its work (nothing read or
+    written): it answers ``answer`` — ``false`` (sglang 0.5.23 ``HiCacheFile.batch_set`` / ``set``), ``none``
+    (``get``), ``zero`` (``batch_exists``) — or with ``per_key`` a list of it, one per key of the call's first list
+    argument (``batch_get`` → ``none``). A storage call that *raises* is ``fault``."""
+
+    kind: Literal["fail"]
+    answer: Literal["false", "none", "zero"] = "false"
+    per_key: bool = Field(False, strict=True, description="answer one per key of the call's first list argument")
+
+
 class Observe(_Strict):
     """Control: the site stays patched and counted (entered/matched) but nothing ever fires."""
 
@@ -297,14 +321,14 @@ class State(_Strict):
         return self
 
 
-Action = Union[ExtraCollective, Skip, ReturnValue, Delay, Observe, State, Stop, Clock, Fault, Pending]
+Action = Union[ExtraCollective, Skip, ReturnValue, Delay, Observe, State, Stop, Clock, Fault, Pending, Miss, Fail]
 
 # Natural: the engine gets an answer from outside its replicated state (a clock, storage, a device or completion
 # event, OS scheduling, an exception) as the environment could give it on one rank; forced: another value of the
 # engine's own bookkeeping (however plausible). Mirrors injectors/repro_injector/_natural.py:NATURE (a test checks).
 NATURE = {
     "delay": "natural", "stop": "natural", "clock": "natural", "fault": "natural", "pending": "natural",
-    "return_value": "forced", "skip": "forced", "state": "forced", "extra_collective": "forced", "none": "observe",
+    "miss": "natural", "fail": "natural", "return_value": "forced", "skip": "forced", "state": "forced", "extra_collective": "forced", "none": "observe",
 }
 
 
@@ -411,6 +435,19 @@ class Scenario(_Strict):
         raise ScenarioError(f"scenario {self.name!r} has no variant {name!r}; known: {', '.join(v.name for v in self.variants)}")
 
 
+def gate_rank_problem(variants: Sequence[Variant], tp_size: int) -> Optional[str]:
+    """The first gate of ``variants`` whose ``ranks`` name a rank outside a TP group of ``tp_size`` (a gate with
+    ``rank_group`` counts ranks in that group and is not checked), as the sentence ``run`` and ``sites`` both refuse
+    with (the caller prefixes the file); None when every gate's ranks fit."""
+    for v in variants:
+        for inj in v.injections:
+            bad = [k for k in inj.gate.ranks if inj.gate.rank_group is None and not 0 <= k < tp_size]
+            if bad:
+                return (f"variants.{v.name}.injections.{inj.id}.gate.ranks lists rank(s) {bad}, outside the TP group of "
+                        f"size {tp_size} (expected 0..{tp_size - 1})")
+    return None
+
+
 def _model_fields_at(loc: tuple, data: Any) -> tuple[list[str], str]:
     """For a validation error at ``loc``: the field names allowed beside its last element (for "did you mean"),
     and a readable path naming variants and injections by name/id (``variant 'x', injection 'y': gate.foo``)."""
@@ -454,6 +491,32 @@ def _model_fields_at(loc: tuple, data: Any) -> tuple[list[str], str]:
     return fields, where
 
 
+def toml_value(value: Any) -> str:
+    """A value read from a TOML file, spelled as TOML spells it, with its type where the type is the problem:
+    ``true, a boolean`` (Python would say ``True``), ``"2", a string``; numbers as they are (``-2.0``, ``nan``)."""
+    kind = {bool: "a boolean", str: "a string", list: "a list"}.get(type(value))
+    return f"{_toml_literal(value)}, {kind}" if kind else _toml_literal(value)
+
+
+def _toml_literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_literal(v) for v in value) + "]"
+    return repr(value)
+
+
+def got_clause(err: Mapping[str, Any]) -> str:
+    """`` (got <value>)`` for a pydantic error of a scenario or catalogue field (:func:`toml_value`); "" where the
+    value says nothing (a missing field, an unknown field, a whole table)."""
+    got = err.get("input")
+    if err["type"] in ("missing", "extra_forbidden") or isinstance(got, dict):
+        return ""
+    return f" (got {toml_value(got)})"
+
+
 def _format_validation(path: Path, err: ValidationError, data: Any = None) -> str:
     import difflib
 
@@ -469,9 +532,7 @@ def _format_validation(path: Path, err: ValidationError, data: Any = None) -> st
                                      (f" (expected one of: {', '.join(fields)})" if fields else " (typo?)"))
         elif e["type"] == "missing":
             msg = "required field is missing"
-        got = e.get("input")
-        extra = f" (got {got!r})" if e["type"] not in ("missing", "extra_forbidden") and not isinstance(got, dict) else ""
-        lines.append(f"  - {loc}: {msg}{extra}")
+        lines.append(f"  - {loc}: {msg}{got_clause(e)}")
     return "\n".join(lines)
 
 

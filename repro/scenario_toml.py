@@ -34,8 +34,9 @@ def scenario_toml(base: Any, name: str, description: str, variants: Sequence[tup
 
     Args:
         base: the base ``repro.scenario.Scenario``.
-        variants: (name, expect, description, injections as dicts with id/site/action/gate[, extra]); ``extra``: the
-            variant's own ``abort`` / ``workload`` tables (``repro.nemeses``), written when given.
+        variants: (name, expect, description, injections as dicts with id/site/action/gate[/required/server][,
+            extra]); ``extra``: the variant's own ``abort`` / ``workload`` tables (``repro.nemeses``), written when
+            given. A multi-server base (``server.topology``, e.g. PD) keeps its topology and ``[server.roles.*]``.
     Returns:
         TOML text that ``repro.scenario.load_scenario`` accepts.
     """
@@ -50,6 +51,11 @@ def scenario_toml(base: Any, name: str, description: str, variants: Sequence[tup
         lines.append(f"{k} = {_toml_value(srv[k])}")
     if srv.get("env"):
         lines.append(f"env = {_toml_value(srv['env'])}")
+    if srv.get("topology", "single") != "single":  # a multi-server stack (PD) and its per-role overrides
+        lines.append(f"topology = {_toml_value(srv['topology'])}")
+    for role, spec in (srv.get("roles") or {}).items():
+        lines += ["", f"[server.roles.{_toml_key(role)}]"]
+        lines += [f"{k} = {_toml_value(v)}" for k, v in spec.items() if v not in (None, [], {})]
     lines += ["", "[burst]"]
     for k, v in s.burst.model_dump().items():
         if v is not None:  # an unset optional field (e.g. burst.abort) is left out, as in the scenario file
@@ -65,6 +71,8 @@ def scenario_toml(base: Any, name: str, description: str, variants: Sequence[tup
                       f"action = {_toml_value(inj['action'])}"]
             if inj.get("required") is False:  # an observe-only counter (repro.scenario.Injection.required)
                 lines.append("required = false")
+            if inj.get("server"):  # a multi-server stack: the engine server whose ranks take it
+                lines.append(f"server = {_toml_value(inj['server'])}")
             if inj.get("gate"):
                 lines += ["", "[variants.injections.gate]"]
                 for k, v in inj["gate"].items():

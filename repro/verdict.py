@@ -166,6 +166,8 @@ class InjectionCheck:
     absent: Optional[str] = None  # the injector found the site absent in every process that looked (why), else None
     required: bool = True  # False: an observe-only counter (scenario ``required = false``); zero entries are a count
     nature: str = ""  # natural / forced / observe (repro.scenario.nature_of of its action); "" when not known
+    outcomes: Mapping[int, tuple[str, ...]] = field(default_factory=dict)  # rank -> what a natural action's fire
+    # did there (a fault: "fault on thread T: thread died"; repro.injection_records.fault_outcomes); {} when nothing
 
 
 def judge_completion(

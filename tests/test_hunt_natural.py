@@ -26,7 +26,7 @@ def test_the_sglang_natural_catalogue_is_natural_but_its_one_control():
     assert [n for n, p in cat.perturbations.items() if p.control] == ["control_leak_one_slot"]
     assert hunt_catalogue("sglang", natural=True) == NATURAL.resolve() or hunt_catalogue("sglang", natural=True).name == NATURAL.name
     kinds = {p.action["kind"] for p in cat.perturbations.values() if not p.control}
-    assert kinds == {"delay", "stop", "clock", "fault", "pending"}
+    assert kinds == {"delay", "stop", "clock", "fault", "pending", "miss", "fail"}
 
 
 def test_a_forced_catalogue_is_refused_by_natural_naming_the_forced_perturbations():

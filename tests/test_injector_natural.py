@@ -37,6 +37,17 @@ MODULE = textwrap.dedent(
     class Event:
         def query(self):
             return True
+
+    class Store:  # a storage backend: every key is stored
+        def __init__(self):
+            self.written = []
+        def batch_exists(self, keys, extra_info=None):
+            return len(keys)
+        def batch_get(self, keys, targets=None):
+            return ["page-" + k for k in keys]
+        def batch_set(self, keys, values=None):
+            self.written.extend(keys)
+            return True
     """
 )
 
@@ -104,6 +115,17 @@ PROGRAM = textwrap.dedent(
         res["errors"] = errors
         if rank == 0:
             res["outcome_seen"] = wait_for_event("fault_outcome")
+    elif mode == "miss":
+        st = nmod.Store()
+        # the first query finds nothing (nothing to miss: no fire), the next two find 3 pages each
+        res["exists"] = [st.batch_exists([]), st.batch_exists(["a", "b", "c"]), st.batch_exists(["a", "b", "c"])]
+        res["get"] = st.batch_get(["a", "b", "c"])
+    elif mode == "fail":
+        st = nmod.Store()
+        res["set"] = st.batch_set(["a", "b"], [1, 2])
+        res["written"] = st.written
+    elif mode == "fail_per_key":
+        res["get"] = nmod.Store().batch_get(["a", "b", "c"])
     elif mode == "pending":
         ev, polls = nmod.Event(), 0
         while not ev.query():
@@ -120,7 +142,8 @@ PROGRAM = textwrap.dedent(
 )
 
 SITES = {"delay": "nmod:Worker.step", "stop": "nmod:Worker.step", "clock": "nmod:Worker.step",
-         "fault_caught": "nmod:transfer", "fault_die": "nmod:transfer", "pending": "nmod:Event.query"}
+         "fault_caught": "nmod:transfer", "fault_die": "nmod:transfer", "pending": "nmod:Event.query",
+         "miss": "nmod:Store.batch_exists", "fail": "nmod:Store.batch_set", "fail_per_key": "nmod:Store.batch_get"}
 
 
 def _run(python: str, tmp: Path, mode: str, action: dict) -> tuple[list[dict], Path]:
@@ -214,6 +237,32 @@ def test_pending_holds_a_completion_poll_not_done_for_k_polls(torch_python: str,
     assert [e["polls_held"] for e in f.effects if e["event"] == "pending_done"] == [5]
     rep = read_injector_dir(out)
     assert rep.counts_by_rank("nat")["fired"] == {0: 1, 1: 0}  # one fire, its later polls held (not new fires)
+
+
+def test_miss_answers_not_stored_from_the_first_call_that_found_pages(torch_python: str, tmp_path: Path):
+    (r0, r1), out = _run(torch_python, tmp_path, "miss", {"kind": "miss", "keep_pages": 1})
+    assert r0["exists"] == [0, 1, 3] and r1["exists"] == [0, 3, 3]  # the empty query was no fire; one fire (first)
+    assert r0["get"] == r1["get"] == ["page-a", "page-b", "page-c"]  # another method: untouched
+    f = _fires(out)  # the empty query's fire was taken back: one fire event, on rank 0
+    (m,) = [e for e in f.effects if e["event"] == "missed"]
+    assert (m["found_pages"], m["answered_pages"], m["keep_pages"]) == (3, 1, 1)
+    rep = read_injector_dir(out)
+    assert rep.counts_by_rank("nat")["fired"] == {0: 1, 1: 0}
+    assert rep.counts_by_rank("nat")["matched"][0] == 2  # 3 calls: the one with nothing to miss did not match
+
+
+def test_fail_reports_failure_without_writing(torch_python: str, tmp_path: Path):
+    (r0, r1), out = _run(torch_python, tmp_path, "fail", {"kind": "fail", "answer": "false"})
+    assert r0["set"] is False and r0["written"] == []  # the backend was not called: nothing written
+    assert r1["set"] is True and r1["written"] == ["a", "b"]
+    (e,) = [e for e in _fires(out).effects if e["event"] == "failed"]
+    assert e["keys"] == 2 and e["answer"] == "False"
+
+
+def test_fail_per_key_answers_one_failure_per_key(torch_python: str, tmp_path: Path):
+    (r0, r1), out = _run(torch_python, tmp_path, "fail_per_key", {"kind": "fail", "answer": "none", "per_key": True})
+    assert r0["get"] == [None, None, None] and r1["get"] == ["page-a", "page-b", "page-c"]
+    _fires(out)
 
 
 @pytest.fixture(autouse=True)

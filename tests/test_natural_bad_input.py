@@ -24,11 +24,11 @@ site = "sglang.srt.managers.scheduler:Scheduler.run_batch"
 
 @pytest.mark.parametrize("action, field, expected", [
     # a boolean was read as a 1 s stop, a string as a number: a different action than written
-    ('{ kind = "stop", stop_s = true }', "stop.stop_s", "a valid number (got True)"),
-    ('{ kind = "delay", delay_s = "2" }', "delay.delay_s", "a valid number (got '2')"),
-    ('{ kind = "pending", polls = "5" }', "pending.polls", "a valid integer (got '5')"),
-    ('{ kind = "pending", polls = true }', "pending.polls", "a valid integer (got True)"),
-    ('{ kind = "fault", observe_s = false }', "fault.observe_s", "a valid number (got False)"),
+    ('{ kind = "stop", stop_s = true }', "stop.stop_s", "a valid number (got true, a boolean)"),
+    ('{ kind = "delay", delay_s = "2" }', "delay.delay_s", "a valid number (got \"2\", a string)"),
+    ('{ kind = "pending", polls = "5" }', "pending.polls", "a valid integer (got \"5\", a string)"),
+    ('{ kind = "pending", polls = true }', "pending.polls", "a valid integer (got true, a boolean)"),
+    ('{ kind = "fault", observe_s = false }', "fault.observe_s", "a valid number (got false, a boolean)"),
     # nan passed no bound but was named as over one ("less than or equal to 3600 (got nan)"); inf likewise
     ('{ kind = "delay", delay_s = nan }', "delay.delay_s", "a finite number (got nan)"),
     ('{ kind = "stop", stop_s = inf }', "stop.stop_s", "a finite number (got inf)"),
@@ -42,6 +42,17 @@ def test_natural_action_numbers_are_numbers_and_finite(tmp_path: Path, action: s
         load_scenario(p)
     msg = str(e.value)
     assert str(p) in msg and field in msg and expected in msg, msg
+    assert "(got True)" not in msg and "(got False)" not in msg and "(got '" not in msg, msg  # TOML's spelling, not Python's
+
+
+def test_a_boolean_where_a_number_is_expected_is_named_a_boolean_in_tomls_spelling(tmp_path: Path):
+    """Round 4 of issue 29 (N2): `stop_s = true` was refused with "(got True)", Python's spelling of TOML's `true`,
+    which does not say a boolean was given; now "(got true, a boolean)"."""
+    p = tmp_path / "s.toml"
+    p.write_text(HEAD + 'action = { kind = "stop", stop_s = true }\n')
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(p)
+    assert "stop.stop_s: Input should be a valid number (got true, a boolean)" in str(e.value), str(e.value)
 
 
 def test_integers_still_load_as_seconds(tmp_path: Path):

@@ -36,6 +36,10 @@ def _load(tmp_path: Path, action: str) -> object:
     '{ kind = "fault", exception = "OSError", when = "after" }',
     '{ kind = "pending", polls = 3 }',
     '{ kind = "delay", delay_s = 1 }',
+    '{ kind = "miss" }',
+    '{ kind = "miss", keep_pages = 2, only_hits = false }',
+    '{ kind = "fail" }',
+    '{ kind = "fail", answer = "none", per_key = true }',
 ])
 def test_natural_actions_load_and_compile_labelled_natural(tmp_path: Path, action: str):
     sc = _load(tmp_path, action)
@@ -58,6 +62,11 @@ def test_forced_actions_compile_labelled_forced(tmp_path: Path):
     ('{ kind = "pending" }', "polls", "required field is missing"),
     ('{ kind = "pending", polls = 0 }', "polls", "greater than or equal to 1"),
     ('{ kind = "stop", stop_s = 1, delay_s = 2 }', "delay_s", "unknown field"),
+    ('{ kind = "miss", keep_pages = -1 }', "miss.keep_pages", "greater than or equal to 0"),
+    ('{ kind = "miss", keep_pages = "2" }', "miss.keep_pages", "a valid integer"),
+    ('{ kind = "miss", pages = 2 }', "pages", "unknown field"),
+    ('{ kind = "fail", answer = "nope" }', "fail.answer", "'false', 'none' or 'zero'"),
+    ('{ kind = "fail", per_key = "yes" }', "fail.per_key", "a valid boolean"),
 ])
 def test_bad_natural_actions_name_file_field_and_expectation(tmp_path: Path, action: str, field: str, expected: str):
     with pytest.raises(ScenarioError) as e:

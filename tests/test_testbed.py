@@ -395,6 +395,20 @@ def test_compat_layer_binds_direct_ops_and_plain_cpu_alloc_into_the_installed_sg
     assert "bound" in _in_testbed_sglang_with_compat(code)
 
 
+@pytest.mark.sglang
+def test_compat_host_pool_builds_storage_bounce_pages_without_cuda():
+    """The io-aux thread's storage read builds its pages with the pool's pin_memory; unpinned on CPU it must work
+    (it raised "Found no NVIDIA driver" for every L3 read before the compat layer set it False)."""
+    code = (
+        "import torch, sglang.srt.mem_cache.pool_host.mha as mha; "
+        "p = object.__new__(mha.MHATokenToKVPoolHost); "
+        "p.layer_num, p.page_size, p.head_num, p.head_dim, p.dtype, p.device = 2, 1, 2, 16, torch.float32, 'cpu'; "
+        "p.pin_memory = True; page = p.get_dummy_flat_data_page(); "
+        "print('page', page.numel(), p.pin_memory)"
+    )
+    assert _in_testbed_sglang_with_compat(code).split() == ["page", str(2 * 2 * 1 * 2 * 16), "False"]
+
+
 # ---- (d) storage queries answer after the scheduler's batch decision of their tick -----------------------------------
 QUERY_ORDER_CHECK = textwrap.dedent(
     """

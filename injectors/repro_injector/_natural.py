@@ -12,7 +12,18 @@ own bookkeeping. Each runs from :meth:`repro_injector._site.Site.run` when its s
   seconds later a ``fault_outcome`` event says what happened to the thread (alive, and whether it called the site
   again: it caught the exception and went on, or it died, or it is alive but never came back);
 - ``pending``: a completion poll answers not-done (``value``, default False) for ``polls`` consecutive matching
-  calls, without calling the original unless ``call_original``.
+  calls, without calling the original unless ``call_original``;
+- ``miss``: a storage call (a backend's exists / get / set) runs, and its answer says that the pages from index
+  ``keep_pages`` on are not there (:func:`cut_answer`): on a query or a read "not stored", on a write the backend's
+  failure answer. With ``only_hits`` (default) a call that found no more than ``keep_pages`` pages is no fire (there
+  is nothing to miss): its match is not counted either, so occurrence ``first`` / ``nth`` counts the calls that found
+  pages — "the first request whose pages this rank's storage holds";
+- ``fail``: a storage call reports failure without doing its work (nothing is read or written): it answers
+  ``answer`` (``false`` / ``none`` / ``zero``), or with ``per_key`` a list of it, one per key of the call's first
+  list argument (the failure answers of sglang 0.5.23's ``HiCacheFile.batch_set`` / ``batch_get``).
+
+``miss`` and ``fail`` are natural only where the site is an environment boundary (a storage backend's method: its
+answer comes from outside the replicated state); the injector cannot tell, the catalogue that names the site does.
 
 The labels: :data:`NATURE` (``natural`` / ``forced`` / ``observe``); a plan's action may carry ``nature`` (e.g.
 ``control``) which wins. Stdlib only (``subprocess`` for the stop helper); never imports ``repro``.
@@ -34,7 +45,7 @@ if TYPE_CHECKING:
 
 NATURE = {
     "delay": "natural", "stop": "natural", "clock": "natural", "fault": "natural", "pending": "natural",
-    "return_value": "forced", "skip": "forced", "state": "forced", "extra_collective": "forced", "none": "observe",
+    "miss": "natural", "fail": "natural", "return_value": "forced", "skip": "forced", "state": "forced", "extra_collective": "forced", "none": "observe",
 }
 NATURAL_KINDS = frozenset(k for k, v in NATURE.items() if v == "natural")
 
@@ -97,8 +108,9 @@ class _ClockShift:
 SHIFT = _ClockShift()
 
 
-def run_natural(site: "Site", self_obj: Any, call: Callable[[], Any]) -> Any:
-    """Run the natural action of ``site`` around ``call`` (the original); see the module docstring."""
+def run_natural(site: "Site", self_obj: Any, call: Callable[[], Any], args: tuple = ()) -> Any:
+    """Run the natural action of ``site`` around ``call`` (the original); ``args``: the call's positional arguments
+    (``self`` first for a method). See the module docstring."""
     kind = site.kind
     a = site.action
     if kind == "delay":
@@ -117,7 +129,96 @@ def run_natural(site: "Site", self_obj: Any, call: Callable[[], Any]) -> Any:
     if kind == "pending":
         site.pending_left = int(a.get("polls", 1)) - 1
         return hold_poll(site, call)
+    if kind == "miss":
+        return miss(site, call)
+    if kind == "fail":
+        return fail(site, call, args)
     raise ValueError(f"{site.id}: {kind!r} is not a natural action (expected one of {sorted(NATURAL_KINDS)})")
+
+
+def pages_found(answer: Any) -> int:
+    """How many pages (from the first) a storage answer says are there: an int is that count, a bool 1 or 0, a
+    list / tuple its leading items that are neither None nor False, None 0, anything else (a tensor read) 1."""
+    if isinstance(answer, bool):
+        return int(answer)
+    if isinstance(answer, int):
+        return answer
+    if isinstance(answer, (list, tuple)):
+        n = 0
+        for x in answer:
+            if x is None or x is False:
+                break
+            n += 1
+        return n
+    return 0 if answer is None else 1
+
+
+def cut_answer(answer: Any, keep_pages: int) -> Any:
+    """The storage answer ``answer`` with the pages from index ``keep_pages`` on not there.
+
+    An int (a count of leading pages found, ``batch_exists``) → at most ``keep_pages``; a list / tuple (one entry
+    per key) → entries from ``keep_pages`` on become False (a bool list) or None (anything else, e.g. tensors read);
+    a bool (one answer for the call: ``exists``, ``set``, ``batch_set``) → False when ``keep_pages`` is 0, else
+    unchanged; any other answer (the tensor of a ``get``) → None when ``keep_pages`` is 0, else unchanged.
+    """
+    if isinstance(answer, bool) or not isinstance(answer, (int, list, tuple)):
+        return answer if keep_pages > 0 or answer is None else (False if isinstance(answer, bool) else None)
+    if isinstance(answer, int):
+        return min(answer, keep_pages)
+    out = [x if i < keep_pages else (False if isinstance(x, bool) else None) for i, x in enumerate(answer)]
+    return tuple(out) if isinstance(answer, tuple) else out
+
+
+def _keys_of(args: tuple) -> Optional[list]:
+    """The call's first list / tuple positional argument after ``self`` (a storage call's keys), or None."""
+    for x in args:
+        if isinstance(x, (list, tuple)):
+            return list(x)
+    return None
+
+
+def miss(site: "Site", call: Callable[[], Any]) -> Any:
+    """Call the storage, then answer that the pages from ``keep_pages`` on are not there (:func:`cut_answer`); a
+    ``missed`` event records the pages found and answered. With ``only_hits`` (default True) a call whose answer
+    has nothing to cut is no fire and no match (``fire_inapplicable``), so the occurrence gate counts only calls
+    that found pages."""
+    a = site.action
+    keep = int(a.get("keep_pages") or 0)
+    true_answer = call()
+    answer = cut_answer(true_answer, keep)
+    found, told = pages_found(true_answer), pages_found(answer)
+    if told >= found and a.get("only_hits", True):
+        with site.lock:
+            n = site.counts.fired
+            site.counts.fired -= 1
+            site.counts.matched -= 1
+        site.rt.dirty = True  # n: the fire event this takes back (the records drop it)
+        site.rt.event("fire_inapplicable", id=site.id, n=n, returned=f"{found} page(s) found: nothing to miss")
+        site.rt.write_counts()
+        return true_answer
+    site.rt.event("missed", id=site.id, found_pages=found, answered_pages=told, keep_pages=keep,
+                  thread=threading.current_thread().name)
+    return answer
+
+
+_FAIL_ANSWERS: Dict[str, Any] = {"false": False, "none": None, "zero": 0}
+
+
+def fail(site: "Site", call: Callable[[], Any], args: tuple) -> Any:
+    """Answer the backend's failure (``answer``; with ``per_key`` one per key of the call's first list argument)
+    without calling it: nothing is read or written. A ``failed`` event records the keys and the answer."""
+    a = site.action
+    value = _FAIL_ANSWERS[str(a.get("answer") or "false")]
+    keys = _keys_of(args)
+    if a.get("per_key"):
+        if keys is None:
+            raise ValueError(f"{site.id}: fail with per_key needs a call whose first list argument holds its keys")
+        answer: Any = [value] * len(keys)
+    else:
+        answer = value
+    site.rt.event("failed", id=site.id, keys=None if keys is None else len(keys), answer=repr(answer)[:80],
+                  thread=threading.current_thread().name)
+    return answer
 
 
 def hold_poll(site: "Site", call: Callable[[], Any]) -> Any:

@@ -1,7 +1,7 @@
 """One injection of the plan in one process (:class:`Site`): its gate, occurrence counters (:class:`Counts`), the
 action it runs around the patched call (``extra_collective``, ``skip``, ``return_value``, ``delay``, ``state``) and
-its patch state. The environment nemeses (``delay``, ``stop``, ``clock``, ``fault``, ``pending``: *natural*) live in
-``_natural``. Created by :class:`repro_injector._runtime.Runtime`; on the hot path of every patched call.
+its patch state. The environment nemeses (``delay``, ``stop``, ``clock``, ``fault``, ``pending``, ``miss``, ``fail``:
+*natural*) live in ``_natural``. Created by :class:`repro_injector._runtime.Runtime`; on the hot path of every patched call.
 
 The injector's frames in a py-spy dump include ``Site.run`` and ``Site._collective`` (file
 ``repro_injector/_site.py``)."""
@@ -235,7 +235,7 @@ class Site:
                 call()
             return copy.deepcopy(a.get("value"))
         if kind in _natural.NATURAL_KINDS:
-            return _natural.run_natural(self, self_obj, call)
+            return _natural.run_natural(self, self_obj, call, args)
         if kind == "state":
             self.take(self_obj)
             return call()

@@ -18,7 +18,7 @@ from repro.catalogue import (Catalogue, DecisionPoint, HuntError, catalogue_for,
 from repro.hunt.classify import FAMILY_SCHED, crash_diagnosis, desync_diagnosis, diagnose, hazard_statement
 from repro.hunt.findings import finding_scenario, write_findings, write_workload_finding
 from repro.hunt.options import Clock, HuntOptions, HuntResult, Observer, noop
-from repro.hunt.plan import Row, Trial, plan_trials, read_seen, rows_from_seen, site_rows, trial_seed
+from repro.hunt.plan import Row, Trial, plan_trials, read_seen, rows_from_seen, server_injector_dirs, site_rows, trial_seed
 from repro.hunt.report import HuntLog, version_header
 from repro.hunt.results import NOT_RUN, TrialResult
 from repro.hunt.runs import Runs, default_runs
@@ -198,7 +198,7 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
         if oc.verdict.verdict == DEADLOCKED or st is None or st.ok != st.total:
             raise HuntError(f"the clean baseline burst did not succeed ({oc.verdict.verdict}: {oc.verdict.reason}); "
                             f"a hunt needs a healthy base scenario. Evidence: {p0.evidence.path}")
-        seen = read_seen(p0.evidence.injector_dir)
+        seen = read_seen(p0.evidence.injector_dir, server_injector_dirs(p0.evidence.path))
         rows = rows_from_seen(cat, seen, probes)
         if opts.sites:
             from repro.ledger import load_ledgers
@@ -444,11 +444,15 @@ def _trial_result(runs: Runs, p: Any, base: Any, cat: Catalogue, t: Trial, varia
                   rank_pids: dict, hunt_folder: Path, opts: HuntOptions, log_text: str = "") -> TrialResult:
     v: Verdict = outcome.verdict
     check = None
+    records, injector_dir = getattr(outcome, "injector", None), p.evidence.injector_dir
+    role = (getattr(outcome, "pd", None) or {}).get("roles", {}).get(t.row.server) if t.row.server else None
+    if role is not None:  # a stack's row: its server's records, variant (its injections) and ranks
+        records, variant, rank_pids = role.get("injector"), role.get("variant") or variant, role.get("pids") or {}
+        injector_dir = p.evidence.server(t.row.server).injector_dir
     if rank_pids:
         try:
             # the records finish_evidence already read (Outcome.injector), else the folder
-            _, _, checks, _ = runs.injection_checks(getattr(outcome, "injector", None) or p.evidence.injector_dir,
-                                                      variant, rank_pids)
+            _, _, checks, _ = runs.injection_checks(records or injector_dir, variant, rank_pids)
             check = checks[0] if checks else None
         except Exception:
             check = None
@@ -477,7 +481,7 @@ def _trial_result(runs: Runs, p: Any, base: Any, cat: Catalogue, t: Trial, varia
             tr.ledger = str(((led.get("divergence") or {}) if isinstance(led, dict) else {}).get("summary") or "")
     if verdict == DESYNCED:
         tr.ledger = str((getattr(v, "desync", None) or {}).get("summary") or v.reason)
-    tr.effect_status, tr.effect = _effect(p, rank_pids, t)
+    tr.effect_status, tr.effect = _effect(injector_dir, rank_pids, t)
     if verdict in (DEADLOCKED, DESYNCED):
         f = ev.EvidenceDir.open(hunt_folder).hunt_scenario(ev.Layout.trial_scenario(t.name))
         f.write_text(finding_scenario(base, opts.scenario_path, cat, t, diag, verdict, trial_extra(opts, cat, t)), encoding="utf-8")
@@ -485,8 +489,9 @@ def _trial_result(runs: Runs, p: Any, base: Any, cat: Catalogue, t: Trial, varia
     return tr
 
 
-def _effect(p: Any, rank_pids: dict, t: Trial) -> tuple[str, str]:
-    """(status, sentence) of :func:`repro.natural_effect.natural_effect` over this trial's ledgers, from the tick of
+def _effect(folder: Any, rank_pids: dict, t: Trial) -> tuple[str, str]:
+    """(status, sentence) of :func:`repro.natural_effect.natural_effect` over this trial's ledgers (``folder``: the
+    trial server's injector folder; a stack's row: its server's, ``servers/<role>/injector``), from the tick of
     the trial's first fire on its rank (the server's ledgers hold every earlier trial too); ("", "") when the run
     has no ledgers to read (a stand-in runner, ledger off) or the perturbation never fired."""
     try:
@@ -494,7 +499,6 @@ def _effect(p: Any, rank_pids: dict, t: Trial) -> tuple[str, str]:
         from repro.ledger import load_ledgers
         from repro.natural_effect import natural_effect
 
-        folder = getattr(getattr(p, "evidence", None), "injector_dir", None)
         if folder is None or not Path(folder).is_dir():
             return "", ""
         mine = [f for log in read_injector_dir(folder).logs for f in log.fires
@@ -512,12 +516,9 @@ def fault_fates(fires: Any) -> str:
     """``"; fault on thread T: <outcome>"`` for each ``fault_outcome`` event of ``fires`` (``FireEvent``s of one
     trial, ``repro/injection_records.py``; the injector writes it ``observe_s`` after a ``fault`` nemesis raised,
     injectors/repro_injector/_natural.py), so a hunt row says whether the faulted thread died; "" when none."""
-    out = []
-    for f in fires:
-        for e in f.effects:
-            if e.get("event") == "fault_outcome":
-                out.append(f"; fault on thread {e.get('thread') or f.thread or '?'}: {e.get('outcome') or 'outcome unknown'}")
-    return "".join(dict.fromkeys(out))
+    from repro.injection_records import fault_outcomes
+
+    return "".join(f"; {o}" for o in fault_outcomes(fires))
 
 
 def _confirm(runs: Runs, log: HuntLog, python: Optional[str], prepend: tuple, opts: HuntOptions, clock: Clock,
@@ -595,7 +596,7 @@ def _hunt_workloads(runs: Runs, base: Any, adapter: Any, cat: Catalogue, ncat: A
     log.header["baseline_s"] = round(time.time() - t0, 1)
     versions = runs.collect_versions(p0.evidence.injector_dir, p0.python, adapter)
     log.header.update(version_header(versions, adapter))
-    seen = read_seen(p0.evidence.injector_dir)
+    seen = read_seen(p0.evidence.injector_dir, server_injector_dirs(p0.evidence.path))
     baselines: list[dict] = []
     rows_by: dict[str, list[Row]] = {}
     for w in names:

@@ -23,6 +23,9 @@ class Row:
         loop_var: that loop's target name (innermost loop of that frame), or None (the call is in no loop).
         stack: caller chain seen (up to 8 frame names, innermost first).
         ranks: ranks on which the baseline saw this call place.
+        server: the engine server of a multi-server stack (PD: ``prefill`` / ``decode``) on whose ranks the
+            baseline saw it, None on a single server; a trial's injection then names it (``server``), so the
+            perturbation fires on one rank of that server only.
     """
 
     point: str
@@ -33,14 +36,19 @@ class Row:
     ranks: tuple[int, ...] = ()
     gate_frames: tuple[str, ...] = ()  # --sites rows: the call site's frames (all must match within max_depth)
     max_depth: int = 1
+    server: Optional[str] = None
 
     @property
     def key(self) -> tuple:
-        return (self.point, self.caller, self.loop_frame, self.loop_var)
+        return (self.point, self.caller, self.loop_frame, self.loop_var) + ((self.server,) if self.server else ())
 
     @property
     def where(self) -> str:
-        """``Scheduler._get_new_batch_prefill_raw, in `for req`'' (short, for tables)."""
+        """``Scheduler._get_new_batch_prefill_raw, in `for req`'' (short, for tables; ``prefill: …`` on a stack)."""
+        on = f"{self.server}: " if self.server else ""
+        return on + self._where()
+
+    def _where(self) -> str:
         caller = short_frame(self.caller)
         if self.gate_frames:
             return " ← ".join(short_frame(f) for f in self.gate_frames)  # all of them: the first two are often shared
@@ -71,7 +79,8 @@ def rows_from_seen(catalogue: Catalogue, seen: Sequence[dict], probe_points: dic
         probe_points: probe injection id -> decision point name.
     Returns:
         Rows in catalogue order, then by first sighting. Points with ``callers`` keep only rows whose first three
-        stack frames match one of those globs.
+        stack frames match one of those globs. An event with a ``server`` (a multi-server stack's engine server,
+        :func:`read_seen`) makes a row of that server; points with ``servers`` keep only those servers' rows.
     """
     rows: dict[tuple, dict] = {}
     for e in seen:
@@ -91,11 +100,14 @@ def rows_from_seen(catalogue: Catalogue, seen: Sequence[dict], probe_points: dic
         caller = e.get("caller") or stack[0]
         if p.loops and ((loop_var or "") if loop_frame == caller else "") not in p.loops:
             continue
-        key = (point, caller, loop_frame, loop_var)
+        server = e.get("server") or None
+        if server and p.servers and server not in p.servers:
+            continue
+        key = (point, caller, loop_frame, loop_var, server)
         r = rows.setdefault(key, {"stack": stack, "ranks": set()})
         r["ranks"].add(int(e["rank"]))
     order = {p.name: i for i, p in enumerate(catalogue.points)}
-    out = [Row(k[0], k[1], k[2], k[3], v["stack"], tuple(sorted(v["ranks"]))) for k, v in rows.items()]
+    out = [Row(k[0], k[1], k[2], k[3], v["stack"], tuple(sorted(v["ranks"])), server=k[4]) for k, v in rows.items()]
     return sorted(out, key=lambda r: order[r.point])  # stable: first sighting order within a point
 
 
@@ -159,18 +171,24 @@ class Trial:
 
     @property
     def name(self) -> str:
-        """Variant / injection id: ``t007-get_num_allocatable_reqs-zero_once-r0`` (``…-r0-wmass_abort`` under a workload)."""
-        return f"t{self.n:03d}-{self.row.point}-{self.perturbation.name}-r{self.rank}" + (f"-w{self.workload}" if self.workload else "")
+        """Variant / injection id: ``t007-get_num_allocatable_reqs-zero_once-r0`` (``…-r0-wmass_abort`` under a
+        workload; ``…-prefill-r0`` for a row of a multi-server stack's prefill server)."""
+        on = f"-{self.row.server}" if self.row.server else ""
+        return f"t{self.n:03d}-{self.row.point}-{self.perturbation.name}{on}-r{self.rank}" + (f"-w{self.workload}" if self.workload else "")
 
     def injection(self, sites: Sequence[str]) -> dict:
-        """The scenario injection (TOML-able dict) of this trial."""
-        return {"id": self.name, "site": list(sites), "action": dict(self.perturbation.action), "gate": self.row.gate(self.rank)}
+        """The scenario injection (TOML-able dict) of this trial; a stack's row names its server (``server``)."""
+        inj = {"id": self.name, "site": list(sites), "action": dict(self.perturbation.action), "gate": self.row.gate(self.rank)}
+        if self.row.server:
+            inj["server"] = self.row.server
+        return inj
 
 
 def plan_trials(catalogue: Catalogue, rows: Sequence[Row], ranks: Sequence[int], perturbations: Sequence[str] = (),
                 workload: str = "", first_n: int = 1) -> list[Trial]:
     """Every row × its point's perturbations (or only those named) × each rank, in that order, under ``workload``
-    (numbered from ``first_n``).
+    (numbered from ``first_n``). A stack's row (``row.server``) is tried only on the ranks of ``ranks`` on which
+    the baseline saw it: its server's TP size may differ from the base scenario's.
 
     Raises:
         HuntError: a name in ``perturbations`` is not in the catalogue.
@@ -185,6 +203,8 @@ def plan_trials(catalogue: Catalogue, rows: Sequence[Row], ranks: Sequence[int],
             if perturbations and pname not in perturbations:
                 continue
             for rank in ranks:
+                if row.server and rank not in row.ranks:
+                    continue
                 out.append(Trial(first_n + len(out), row, catalogue.perturbations[pname], rank, workload))
     return out
 
@@ -194,8 +214,27 @@ def trial_seed(base: Any, trial: Trial) -> int:
     return int(base.burst.seed) + trial.n
 
 
-def read_seen(injector_dir: Path) -> list[dict]:
-    """All ``seen`` events of an injector folder, each with the rank of its process (None if not a rank)."""
+def read_seen(injector_dir: Path, servers: Optional[dict[str, Path]] = None) -> list[dict]:
+    """All ``seen`` events of an injector folder, each with the rank of its process (None if not a rank).
+
+    Args:
+        servers: a multi-server run's engine servers, role → that server's injector folder (``servers/<role>/``
+            of the run folder, :func:`server_injector_dirs`); when given, the events are read from those folders
+            instead, each tagged ``server`` = its role (ranks of two servers are numbered apart by it).
+    """
     from repro import injection_records
 
-    return injection_records.read_injector_dir(injector_dir).seen()
+    if not servers:
+        return injection_records.read_injector_dir(injector_dir).seen()
+    out = []
+    for role, folder in servers.items():
+        out += [{**e, "server": role} for e in injection_records.read_injector_dir(folder).seen()]
+    return out
+
+
+def server_injector_dirs(run_folder: Path) -> dict[str, Path]:
+    """role → ``servers/<role>/injector/`` of a multi-server run folder (``repro.pd``); {} for a single server."""
+    from repro.evidence import Layout
+
+    servers = Layout.server_dir(run_folder, "*").parent
+    return {d.parent.name: d for d in sorted(servers.glob(f"*/{Layout.INJECTOR.name}")) if d.is_dir()}

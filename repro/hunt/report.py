@@ -172,7 +172,8 @@ class HuntLog:
             out += ["", "## Rows seen in the baseline burst", "", "| decision point | caller | loop | ranks | stack |", "|---|---|---|---|---|"]
             for row in self.rows:
                 loop = f"{short_frame(row.loop_frame or '')} `for {row.loop_var}`" if row.loop_var else "—"
-                out.append(f"| `{row.point}` | `{short_frame(row.caller)}` | {loop} | {', '.join(map(str, row.ranks))} | "
+                on = f"{row.server} " if row.server else ""
+                out.append(f"| `{row.point}` | `{short_frame(row.caller)}` | {loop} | {on}{', '.join(map(str, row.ranks))} | "
                            f"{_md(' ← '.join(short_frame(s) for s in row.stack[:4]))} |")
         unseen = h.get("points_not_seen") or []
         if unseen:

@@ -59,7 +59,7 @@ class TrialResult:
         t = self.trial
         return {
             "n": t.n, "trial": t.name, "workload": t.workload, "point": t.row.point, "caller": t.row.caller, "loop_frame": t.row.loop_frame,
-            "loop_var": t.row.loop_var, "row": t.row.where, "perturbation": t.perturbation.name, "rank": t.rank,
+            "loop_var": t.row.loop_var, "server": t.row.server, "row": t.row.where, "perturbation": t.perturbation.name, "rank": t.rank,
             "action": t.perturbation.action, "by_construction": t.perturbation.by_construction, "verdict": self.verdict, "reason": self.reason,
             "to_verdict_s": round(self.to_verdict_s, 2),
             "diagnosis": asdict(self.diagnosis) if self.diagnosis else None, "hazard": self.hazard,

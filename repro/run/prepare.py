@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 from repro import evidence as ev
 from repro import resources
 from repro.run.options import ARM_FILE_NAME, Prepared, RunError, RunOptions, UnresolvedSitesError
-from repro.scenario import Scenario, Variant, compile_plan, load_scenario, PLAN_ENV
+from repro.scenario import Scenario, Variant, compile_plan, gate_rank_problem, load_scenario, PLAN_ENV
 
 
 def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: Optional[Sequence[str]] = None) -> Prepared:
@@ -83,11 +83,9 @@ def _decide(opts: RunOptions, variants: Optional[Sequence[str]]) -> tuple:
         if tp < 2 and v.expect == "deadlock":
             raise RunError(f"variant {v.name!r} expects a deadlock, but a collective desync needs at least 2 ranks "
                            f"(TP size {tp}); use --tp 2 or more")
-        for inj in v.injections:
-            bad = [k for k in inj.gate.ranks if inj.gate.rank_group is None and not 0 <= k < tp]
-            if bad:
-                raise RunError(f"{opts.scenario_path}: variants.{v.name}.injections.{inj.id}.gate.ranks lists rank(s) "
-                               f"{bad}, outside the TP group of size {tp} (expected 0..{tp - 1})")
+    bad_ranks = gate_rank_problem(loaded, tp)
+    if bad_ranks:
+        raise RunError(f"{opts.scenario_path}: {bad_ranks}")
     try:
         adapter = get_adapter(scenario.server.adapter)
     except UnknownAdapterError as e:

@@ -76,5 +76,18 @@ def injection_checks(injector_dir: Any, variant: Variant, rank_pids: dict[int, i
         c = rep.counts_by_rank(inj.id)
         site = rep.resolved_site(inj.id) or inj.site[0]
         checks.append(InjectionCheck(inj.id, site, c["entered"], c["matched"], c["fired"], rep.absent_detail(inj.id),
-                                     getattr(inj, "required", True), _nature(inj)))
+                                     getattr(inj, "required", True), _nature(inj), _outcomes(rep, inj.id)))
     return loaded, armed, checks, rep
+
+
+def _outcomes(rep: Any, injection_id: str) -> dict[int, tuple[str, ...]]:
+    """rank -> what the injection's natural action did there after firing (a fault: whether its thread died;
+    ``repro.injection_records.fault_outcomes``), from the fires of the latest arming; ranks with nothing left out."""
+    from repro.injection_records import fault_outcomes
+
+    by_rank: dict[int, list] = {}
+    for f in rep.fires(injection_id):
+        rank = f.rank if f.rank is not None else rep.rank_of(f.pid)
+        if rank is not None:
+            by_rank.setdefault(rank, []).append(f)
+    return {k: tuple(o) for k, fs in sorted(by_rank.items()) if (o := fault_outcomes(fs))}

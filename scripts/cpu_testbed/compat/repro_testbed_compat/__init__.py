@@ -6,6 +6,11 @@ docs/sglang.md), and this layer mends exactly those, nothing else:
 (a) ``sglang/srt/mem_cache/pool_host/common.py``: the host KV pool for device "cpu" is allocated by
     ``ALLOC_MEMORY_FUNCS["cpu"]`` = ``alloc_with_host_register``, which pins it with ``cudaHostRegister``
     (``torch.cuda.cudart()``). Here the "cpu" entry allocates plainly (same allocator, no registration).
+    The pool is then not pinned, so its ``pin_memory`` (``pool_host/base.py`` ``HostKVCache``) reads False on a box
+    without CUDA: the storage read path builds its bounce pages with ``torch.zeros(..., pin_memory=self.pin_memory)``
+    (``MHATokenToKVPoolHost.get_dummy_flat_data_page``), which raised "Found no NVIDIA driver" in the io-aux thread
+    for every prefetch that had storage hits, on every rank, before the backend's ``batch_get`` was called
+    (measured 2026-12-06: no L3 read had ever completed on the testbed).
 (b) ``sglang/srt/mem_cache/pool_host/mha.py`` imports its KV copy ops only on CUDA/HIP (``sgl_kernel.kvcacheio``)
     or XPU, so on CPU the names are undefined. Pure-torch versions of the three ops the ``direct`` io backend uses
     (:mod:`repro_testbed_compat.kvcacheio`) are bound into that module when it lacks them.
@@ -75,6 +80,24 @@ def _patch_pool_host_common(mod) -> None:
 
     funcs["cpu"] = alloc_plain_cpu
     _note(mod.__name__, "ALLOC_MEMORY_FUNCS['cpu']=plain")
+
+
+def _patch_pool_host_base(mod) -> None:
+    cls = getattr(mod, "HostKVCache", None)
+    if cls is None or isinstance(cls.__dict__.get("pin_memory"), property):
+        return
+
+    def get_pin(self) -> bool:
+        """What the pool was asked for, and only where pinning can work (CUDA present; CPU testbed: False)."""
+        import torch
+
+        return bool(self.__dict__.get("_repro_pin_memory", False)) and torch.cuda.is_available()
+
+    def set_pin(self, value: Any) -> None:
+        self.__dict__["_repro_pin_memory"] = bool(value)
+
+    cls.pin_memory = property(get_pin, set_pin)
+    _note(mod.__name__, "HostKVCache.pin_memory=False without CUDA")
 
 
 # ---- (b) pure-torch KV copy ops for the direct io backend -------------------------------------------------------
@@ -214,7 +237,7 @@ def _patch_mooncake_conn(mod) -> None:
 # The items of this layer by name: what a release's data file lists under ``[cpu] compat``
 # (``repro/targets/sglang/releases/<V>.toml``; tests/test_release_data.py checks the names) -> the hooked module(s).
 ITEMS: dict[str, tuple[str, ...]] = {
-    "host_pool_plain_alloc": ("sglang.srt.mem_cache.pool_host.common",),                      # (a)
+    "host_pool_plain_alloc": ("sglang.srt.mem_cache.pool_host.common", "sglang.srt.mem_cache.pool_host.base"),  # (a)
     "kvcacheio_direct_ops": ("sglang.srt.mem_cache.pool_host.mha",),                          # (b)
     "cpu_stream_synchronize": ("torch",),                                                     # (c)
     "storage_query_after_pass": ("sglang.srt.managers.scheduler", "sglang.srt.managers.cache_controller",
@@ -225,6 +248,7 @@ ITEMS: dict[str, tuple[str, ...]] = {
 HOOKS: dict[str, Callable] = {
     "sglang.srt.disaggregation.mooncake.conn": _patch_mooncake_conn,
     "sglang.srt.mem_cache.pool_host.common": _patch_pool_host_common,
+    "sglang.srt.mem_cache.pool_host.base": _patch_pool_host_base,
     "sglang.srt.mem_cache.pool_host.mha": _patch_pool_host_mha,
     "sglang.srt.managers.scheduler": _patch_scheduler,
     "sglang.srt.managers.cache_controller": _patch_prefetch_classes,
