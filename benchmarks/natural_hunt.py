@@ -95,8 +95,42 @@ def reread_effect(r: dict) -> dict:
         if mine:
             t = min(f.time for f in mine)
             eff = natural_effect(server_ledgers(folder, t, mine[0].pid), r["rank"], since_time=t)
-            return {"effect_status": eff.status, "effect": eff.summary + fault_fates(mine)}
-    return {"effect_status": "not recorded", "effect": "no fire of this trial found in its evidence"}
+            return {"effect_status": eff.status, "effect": eff.summary + fault_fates(mine),
+                    "short": short_effect(eff) + fault_fates(mine)}
+    return {"effect_status": "not recorded", "effect": "no fire of this trial found in its evidence", "short": "—"}
+
+
+def short_effect(eff) -> str:
+    """One cell for RESULTS.md: the first lockstep episode, else the longest attributed transient one (probe, ranks'
+    values, ticks, the reconciling reduction's function), else where the peer was held; the jitter count."""
+    def caller(chain: str) -> str:  # the first frame that is not a reduction wrapper (_all_reduce*)
+        names = [f.split(" [")[0].split(" (tick")[0].rpartition(".")[2] for f in chain.split(" ← ")]
+        return next((n for n in names if not n.startswith("_all_reduce")), names[-1])
+
+    def fn(c: str) -> str:  # "all_reduce MIN @ A ← B ← C [thread]" -> "all_reduce MIN in `B` [thread]"
+        head, _, chain = c.partition(" @ ")
+        return f"{head} in `{caller(chain)}`" + (" [" + chain.split(" [")[1] if " [" in chain else "")
+
+    def ep(e) -> str:
+        vals = " vs ".join(f"{v:.0f}" if isinstance(v, float) else str(v) for v in e.values.values())
+        if e.end_tick is None:
+            return f"`{e.probe}` ({vals}) from tick {e.start_tick}, still different at the end"
+        via = fn(e.collectives[0]) if e.collectives and " @ " in e.collectives[0] else (e.collectives[0] if e.collectives else "?")
+        return f"`{e.probe}` ({vals}) ticks {e.start_tick}–{e.end_tick}, reconciled by {via}"
+
+    if eff.episodes:
+        out = ep(eff.episodes[0]) + (" — **first divergent state**" if eff.episodes[0].end_tick is None else "")
+    elif eff.transient:
+        best = max(eff.transient, key=lambda e: (e.end_tick is None, (e.end_tick or 10**9) - e.start_tick))
+        out = ep(best)
+    else:
+        out = "none moved"
+    if eff.held:
+        h = eff.held[0]
+        out += f"; held: {h.split(' @ ')[0]} in `{caller(h.split(' @ ')[1])}`"
+    if eff.later:
+        out += f"; {eff.later} jitter"
+    return out
 
 
 def server_ledgers(folder: Path, t: float, target_pid: int) -> dict:
@@ -121,7 +155,7 @@ def tables(res: list, left: list) -> int:
     for r in res:
         print(f"| {r['n']} | {policy(r)} | `{r['point']}` | {r['perturbation']}{' under ' + r['workload'] if r.get('workload') else ''} | "
               f"{r.get('nature')} | {r['rank']} | {r.get('fired_on_target')} | {r.get('effect_status') or '—'} | "
-              f"{(r.get('effect') or '').replace('|', '/')} | {r['verdict']} |")
+              f"{(r.get('short') or r.get('effect') or '').replace('|', '/')} | {r['verdict']} |")
     print()
     print("Pool counts (the #30760 family, issue 35 item 4): did a natural nemesis make them drift between the ranks?")
     print("| # | policy | point | perturbation | pool counts |")
