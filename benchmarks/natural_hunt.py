@@ -118,6 +118,8 @@ def short_effect(eff) -> str:
         via = fn(e.collectives[0]) if e.collectives and " @ " in e.collectives[0] else (e.collectives[0] if e.collectives else "?")
         return f"`{e.probe}` ({vals}) ticks {e.start_tick}–{e.end_tick}, reconciled by {via}"
 
+    if eff.status == "not recorded":
+        return "not recorded: " + eff.summary
     if eff.episodes:
         out = ep(eff.episodes[0]) + (" — **first divergent state**" if eff.episodes[0].end_tick is None else "")
     elif eff.transient:
