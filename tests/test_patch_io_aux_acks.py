@@ -10,19 +10,17 @@ The unpatched code fails the second test: the worker dies at the first raise and
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from repro import refs, testbed
-from repro.targets.sglang import SGLangAdapter
+from repro import refs
+from tests.patch_fixtures import LOC, assert_applies_without_fuzz, sglang_of_testbed
 
 REPO = Path(__file__).resolve().parent.parent
 PATCH = REPO / "scenarios" / "sglang" / "patches" / "sglang-0.5.23-hicache-io-aux-fault-acks.patch"
 STUB = REPO / "scripts" / "cpu_testbed" / "stub"
-LOC = SGLangAdapter().ref_location
 
 PROG = r'''
 import json, logging, queue, sys, threading, time
@@ -59,21 +57,11 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def installed() -> tuple[str, Path]:
-    py = testbed.testbed_python()
-    if py is None:
-        pytest.fail("the CPU testbed is not set up: run `bash scripts/cpu_testbed/setup.sh` (README, Set up)")
-    return str(py), refs.package_location(str(py), loc=LOC)
+    return sglang_of_testbed()
 
 
 def test_the_patch_applies_to_the_testbeds_sglang_without_fuzz(installed: tuple[str, Path], tmp_path: Path) -> None:
-    text = PATCH.read_text(encoding="utf-8")
-    strip = refs.patch_strip(PATCH, text, LOC)
-    assert strip == 2
-    for f in refs.patch_files(text):
-        rel = Path(*f.split("/")[strip:])
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(installed[1].parent / rel, tmp_path / rel)
-    refs.check_patch_applies(PATCH, tmp_path, strip, LOC)
+    assert_applies_without_fuzz(PATCH, installed[1], tmp_path)
 
 
 def test_a_raising_transfer_leaves_the_worker_alive_and_the_ack_count_paired(installed: tuple[str, Path],

@@ -11,19 +11,17 @@ first raise, failing no room."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from repro import refs, testbed
-from repro.targets.sglang import SGLangAdapter
+from repro import refs
+from tests.patch_fixtures import LOC, assert_applies_without_fuzz, sglang_of_testbed
 
 REPO = Path(__file__).resolve().parent.parent
 PATCH = REPO / "scenarios" / "sglang" / "patches" / "sglang-0.5.23-pd-transfer-worker-fault.patch"
 STUB = REPO / "scripts" / "cpu_testbed" / "stub"
-LOC = SGLangAdapter().ref_location
 
 PROG = r'''
 import collections, json, logging, threading, time, types
@@ -57,21 +55,11 @@ print(json.dumps({"alive": alive, "failed": failed, "stopped": not t.is_alive(),
 
 @pytest.fixture(scope="module")
 def installed() -> tuple[str, Path]:
-    py = testbed.testbed_python()
-    if py is None:
-        pytest.fail("the CPU testbed is not set up: run `bash scripts/cpu_testbed/setup.sh` (README, Set up)")
-    return str(py), refs.package_location(str(py), loc=LOC)
+    return sglang_of_testbed()
 
 
 def test_the_patch_applies_to_the_testbeds_sglang_without_fuzz(installed: tuple[str, Path], tmp_path: Path) -> None:
-    text = PATCH.read_text(encoding="utf-8")
-    strip = refs.patch_strip(PATCH, text, LOC)
-    assert strip == 2
-    for f in refs.patch_files(text):
-        rel = Path(*f.split("/")[strip:])
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(installed[1].parent / rel, tmp_path / rel)
-    refs.check_patch_applies(PATCH, tmp_path, strip, LOC)
+    assert_applies_without_fuzz(PATCH, installed[1], tmp_path)
 
 
 def _run(py: str, pythonpath: str, tmp_path: Path) -> dict:
