@@ -118,6 +118,7 @@ def cleanup_targets(folder: Path) -> list[Path]:
                 continue
             if isinstance(rec, dict) and rec.get("event") in ("baseline", "session") and rec.get("evidence"):
                 found.append(Path(rec["evidence"]))
+        found.extend(_same_harness_runs(folder))  # a baseline/session whose event was never written (killed first)
     if not found and folder.is_dir():
         for d in sorted(folder.iterdir()):
             if not d.is_dir() or d.is_symlink():
@@ -129,6 +130,31 @@ def cleanup_targets(folder: Path) -> list[Path]:
     out: list[Path] = []
     for d in found:
         if Layout.PROCESSES.at(d).is_file() and d not in out:
+            out.append(d)
+    return out
+
+
+def _json_or_none(path: Path) -> object:
+    try:
+        return read_json(path) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def _same_harness_runs(hunt: Path) -> list[Path]:
+    """Run folders beside a hunt folder that the hunt's own harness made (``run.json``'s ``pid`` and
+    ``harness_create_time`` equal the hunt's): its baseline or spare session, also when the harness was killed
+    before hunt.jsonl named it (a ``kill -9`` during the baseline left that server running, and cleanup of the hunt
+    folder said "processes.json not found")."""
+    me = _json_or_none(Layout.RUN.at(hunt))
+    if not isinstance(me, dict) or me.get("pid") is None or me.get("harness_create_time") is None:
+        return []
+    out = []
+    for d in sorted(hunt.parent.iterdir()) if hunt.parent.is_dir() else []:
+        if d == hunt or not d.is_dir() or d.is_symlink() or not Layout.PROCESSES.at(d).is_file():
+            continue
+        run = _json_or_none(Layout.RUN.at(d))
+        if isinstance(run, dict) and (run.get("pid"), run.get("harness_create_time")) == (me["pid"], me["harness_create_time"]):
             out.append(d)
     return out
 

@@ -170,3 +170,25 @@ def test_the_shipped_pd_scenarios_pass_the_server_check():
     for p in (PD_FAULT, PD_BASE, REPO / "scenarios/sglang/disagg_bootstrap_divergence.toml"):
         s = load_scenario(p)
         assert topology_problem(s, get_adapter(s.server.adapter)) is None, p
+
+
+def test_cleanup_of_a_hunt_killed_during_its_baseline_finds_the_baseline(tmp_path: Path):
+    """Round 5: a hunt killed (kill -9) during its baseline has no 'baseline' event in hunt.jsonl; `repro cleanup
+    <hunt folder>` said "<hunt>/processes.json not found (nor a run folder under …)" while the baseline's server
+    lived on. The baseline folder (a sibling, a second later) carries the hunt harness's pid and create time."""
+    import json
+
+    from repro.cleanup import cleanup_targets
+
+    scen = tmp_path / "natural_hunt_pd"
+    hunt, base, other = scen / "20261206T120420Z-hunt", scen / "20261206T120421Z-hunt-baseline", scen / "20261206T110000Z-quiet"
+    for d in (hunt, base, other):
+        d.mkdir(parents=True)
+    me = {"status": "running", "pid": 4242, "harness_create_time": 1796558659.64}
+    (hunt / "run.json").write_text(json.dumps(me))
+    (hunt / "hunt.jsonl").write_text("")
+    (base / "run.json").write_text(json.dumps({**me, "timings": {}}))
+    (other / "run.json").write_text(json.dumps({**me, "pid": 4243}))
+    for d in (base, other):
+        (d / "processes.json").write_text("{}")
+    assert cleanup_targets(hunt) == [base]
