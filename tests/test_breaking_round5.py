@@ -192,3 +192,13 @@ def test_cleanup_of_a_hunt_killed_during_its_baseline_finds_the_baseline(tmp_pat
     for d in (base, other):
         (d / "processes.json").write_text("{}")
     assert cleanup_targets(hunt) == [base]
+
+
+def test_hunt_help_names_the_natural_default_catalogue():
+    """Round 5: `hunt --help` said the catalogue's default is hunt_catalogue.toml, untrue with --natural."""
+    from typer.testing import CliRunner
+
+    from repro.cli import app
+
+    res = CliRunner().invoke(app, ["hunt", "--help"], env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
+    assert "with --natural: scenarios/sglang/natural_nemeses.toml" in res.output, res.output
