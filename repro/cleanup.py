@@ -118,7 +118,9 @@ def cleanup_targets(folder: Path) -> list[Path]:
                 continue
             if isinstance(rec, dict) and rec.get("event") in ("baseline", "session") and rec.get("evidence"):
                 found.append(Path(rec["evidence"]))
-        found.extend(_same_harness_runs(folder))  # a baseline/session whose event was never written (killed first)
+    # a hunt's (or compare's) own run folders beside it, named in hunt.jsonl or not: killed during its baseline,
+    # a hunt folder has run.json only (no hunt.jsonl yet), and the baseline's server is still running
+    found.extend(_same_harness_runs(folder))
     if not found and folder.is_dir():
         for d in sorted(folder.iterdir()):
             if not d.is_dir() or d.is_symlink():
@@ -406,7 +408,22 @@ def cleanup(folder: Path, force: bool = False) -> list[CleanupResult]:
             why = f" ({up} is a file, not a folder)" if up.exists() and not up.is_dir() else ""
             raise CleanupError(f"{p} does not exist{why}: {accepted}")
         raise CleanupError(f"{Layout.PROCESSES.at(p)} not found (nor a run folder under {p}): {accepted}")
-    return [cleanup_run(t, force) for t in targets]
+    results = [cleanup_run(t, force) for t in targets]
+    _mark_parent_cleaned(Path(folder), targets, results)
+    return results
+
+
+def _mark_parent_cleaned(folder: Path, targets: list[Path], results: list[CleanupResult]) -> None:
+    """A hunt (or compare) folder whose harness was killed keeps ``run.json`` ``status: running`` for ever; once its
+    run folders are clean and the harness is gone, say ``cleaned-up`` there too (as :func:`cleanup_run` does for a
+    run folder)."""
+    run = _json_or_none(Layout.RUN.at(folder))
+    if folder in targets or not isinstance(run, dict) or run.get("status") != "running":
+        return
+    if any(r.still_running for r in results) or _harness_alive(run, {}) is not None:
+        return
+    write_json_atomic(Layout.RUN.at(folder), {**run, "status": "cleaned-up", "cleaned_up_time": time.time(),
+                                            "note": "the harness ended without finishing; `repro cleanup` cleaned its runs"})
 
 
 def exit_code(results: list[CleanupResult]) -> int:

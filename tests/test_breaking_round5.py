@@ -192,6 +192,8 @@ def test_cleanup_of_a_hunt_killed_during_its_baseline_finds_the_baseline(tmp_pat
     for d in (base, other):
         (d / "processes.json").write_text("{}")
     assert cleanup_targets(hunt) == [base]
+    (hunt / "hunt.jsonl").unlink()  # killed before hunt.jsonl was written at all (seen: kill -9 87 s into the baseline)
+    assert cleanup_targets(hunt) == [base]
 
 
 def test_hunt_help_names_the_natural_default_catalogue():
@@ -202,3 +204,29 @@ def test_hunt_help_names_the_natural_default_catalogue():
 
     res = CliRunner().invoke(app, ["hunt", "--help"], env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
     assert "with --natural: scenarios/sglang/natural_nemeses.toml" in res.output, res.output
+
+
+def test_cleanup_marks_a_killed_hunts_folder_cleaned_up(tmp_path: Path):
+    """Round 5: after kill -9 of a hunt and `repro cleanup <hunt folder>`, the hunt's run.json still said
+    status running (its harness long dead)."""
+    import json
+    import subprocess
+
+    from repro.cleanup import cleanup
+    from repro.procs import launch_mark, proc_info, save_procs
+
+    scen = tmp_path / "s"
+    hunt, base = scen / "20261206T120420Z-hunt", scen / "20261206T120421Z-hunt-baseline"
+    for d in (hunt, base):
+        d.mkdir(parents=True)
+    gone = subprocess.Popen(["sleep", "30"])
+    info = proc_info(gone.pid)
+    gone.kill()
+    gone.wait()
+    save_procs(base / "processes.json", [info], launch=launch_mark(info, tokens=["t"]))
+    me = {"status": "running", "pid": info.pid, "harness_create_time": info.create_time}  # the harness: gone too
+    (hunt / "run.json").write_text(json.dumps(me))
+    (base / "run.json").write_text(json.dumps({**me, "status": "interrupted"}))
+    res = cleanup(hunt)
+    assert [r.folder for r in res] == [base] and "nothing to clean" in res[0].message, res
+    assert json.loads((hunt / "run.json").read_text())["status"] == "cleaned-up"
