@@ -38,7 +38,15 @@ def main() -> int:
     ap.add_argument("--evidence-dir", type=Path, default=Path("/tmp/repro-natural-hunt"))
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more `repro hunt` options")
     ap.add_argument("--json-out", type=Path, default=None)
+    ap.add_argument("--reread", type=Path, default=None,
+                    help="a --json-out file of an earlier run: re-read every trial's effect from its evidence with "
+                         "this checkout's repro.natural_effect and print the tables (no server started)")
     args = ap.parse_args()
+    if args.reread:
+        saved = json.loads(args.reread.read_text())
+        res = [{**r, **reread_effect(r)} for r in saved["results"]]
+        print(json.dumps(saved["summary"], indent=1))
+        return tables(res, [])
     root = args.evidence_dir.resolve()
     cmd = [sys.executable, "-m", "repro.cli", "hunt", str(args.scenario), "--natural", "--budget-min", str(args.budget_min),
            "--evidence-dir", str(root), "--json", *args.extra]
@@ -66,12 +74,90 @@ def main() -> int:
     print(json.dumps(summary, indent=1))
     if args.json_out:
         args.json_out.write_text(json.dumps({"summary": summary, "results": res}, indent=1))
+    return tables(res, left)
+
+
+def reread_effect(r: dict) -> dict:
+    """``{"effect_status", "effect"}`` of one saved trial, read again from its evidence: the trial's own injector
+    folder when it ran on a fresh server, else the latest trial-server session folder before it."""
+    from repro.hunt.loop import fault_fates
+    from repro.injection_records import read_injector_dir
+    from repro.ledger import load_ledgers
+    from repro.natural_effect import natural_effect
+
+    ev = Path(r.get("evidence") or "")
+    sessions = sorted((d for d in ev.parent.glob("*-hunt-session*") if d.name < ev.name), reverse=True)
+    for folder in [ev / "injector"] + [d / "injector" for d in sessions]:
+        if not folder.is_dir():
+            continue
+        mine = [f for log in read_injector_dir(folder).logs for f in log.fires
+                if f.injection_id == r["trial"] and f.rank == r["rank"]]
+        if mine:
+            t = min(f.time for f in mine)
+            eff = natural_effect(server_ledgers(folder, t, mine[0].pid), r["rank"], since_time=t)
+            return {"effect_status": eff.status, "effect": eff.summary + fault_fates(mine),
+                    "short": short_effect(eff) + fault_fates(mine)}
+    return {"effect_status": "not recorded", "effect": "no fire of this trial found in its evidence", "short": "—"}
+
+
+def short_effect(eff) -> str:
+    """One cell for RESULTS.md: the first lockstep episode, else the longest attributed transient one (probe, ranks'
+    values, ticks, the reconciling reduction's function), else where the peer was held; the jitter count."""
+    def caller(chain: str) -> str:  # the first frame that is not a reduction wrapper (_all_reduce*)
+        names = [f.split(" [")[0].split(" (tick")[0].rpartition(".")[2] for f in chain.split(" ← ")]
+        return next((n for n in names if not n.startswith("_all_reduce")), names[-1])
+
+    def fn(c: str) -> str:  # "all_reduce MIN @ A ← B ← C [thread]" -> "all_reduce MIN in `B` [thread]"
+        head, _, chain = c.partition(" @ ")
+        return f"{head} in `{caller(chain)}`" + (" [" + chain.split(" [")[1] if " [" in chain else "")
+
+    def ep(e) -> str:
+        vals = " vs ".join(f"{v:.0f}" if isinstance(v, float) else str(v) for v in e.values.values())
+        if e.end_tick is None:
+            return f"`{e.probe}` ({vals}) from tick {e.start_tick}, still different at the end"
+        via = fn(e.collectives[0]) if e.collectives and " @ " in e.collectives[0] else (e.collectives[0] if e.collectives else "?")
+        return f"`{e.probe}` ({vals}) ticks {e.start_tick}–{e.end_tick}, reconciled by {via}"
+
+    if eff.status == "not recorded":
+        return "not recorded: " + eff.summary
+    if eff.episodes:
+        out = ep(eff.episodes[0]) + (" — **first divergent state**" if eff.episodes[0].end_tick is None else "")
+    elif eff.transient:
+        best = max(eff.transient, key=lambda e: (e.end_tick is None, (e.end_tick or 10**9) - e.start_tick))
+        out = ep(best)
+    else:
+        out = "none moved"
+    if eff.held:
+        h = eff.held[0]
+        out += f"; held: {h.split(' @ ')[0]} in `{caller(h.split(' @ ')[1])}`"
+    if eff.later:
+        out += f"; {eff.later} jitter"
+    return out
+
+
+def server_ledgers(folder: Path, t: float, target_pid: int) -> dict:
+    """rank → ledger of the server that ran at epoch ``t`` (a session folder holds every restarted server's)."""
+    from repro.ledger import load_ledgers
+
+    pids = sorted({int(m.group(1)) for f in folder.iterdir() if (m := re.match(r"ledger-(\d+)", f.name))})
+    out: dict = {}
+    for pid in pids:
+        for rank, led in load_ledgers(folder, [pid]).items():
+            times = [x.t_enter for x in led.records]
+            if pid == target_pid or (times and min(times) <= t <= max(times)):
+                if rank not in out or pid == target_pid:
+                    out[rank] = led
+    return out
+
+
+def tables(res: list, left: list) -> int:
+    """Print the hunt table and the pool-count table (markdown); 0 unless something was left running."""
     print("| # | policy | point | perturbation | nature | rank | fired on rank | effect status | effect | verdict |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in res:
         print(f"| {r['n']} | {policy(r)} | `{r['point']}` | {r['perturbation']}{' under ' + r['workload'] if r.get('workload') else ''} | "
               f"{r.get('nature')} | {r['rank']} | {r.get('fired_on_target')} | {r.get('effect_status') or '—'} | "
-              f"{(r.get('effect') or '').replace('|', '/')} | {r['verdict']} |")
+              f"{(r.get('short') or r.get('effect') or '').replace('|', '/')} | {r['verdict']} |")
     print()
     print("Pool counts (the #30760 family, issue 35 item 4): did a natural nemesis make them drift between the ranks?")
     print("| # | policy | point | perturbation | pool counts |")

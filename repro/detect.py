@@ -17,7 +17,7 @@ and is added by ``repro.detectors.default_detectors`` (or passed to ``Session(..
 - ``poll`` must be cheap when it has nothing to do (it runs every 0.2 s) and must not raise for bad input (say so
   in a non-deciding Detection's ``reason`` instead); ``KeyboardInterrupt`` passes through.
 - A non-deciding Detection is kept as the detector's latest word: its ``analysis`` becomes the run's analysis when
-  nothing decides, and its ``reason`` is quoted if the budget ends (``budget of N s ended without a verdict: …``).
+  nothing decides, and its ``reason`` is quoted if the budget ends (``budget of N s ended without a verdict (4 of 8 requests answered, 4 outstanding with no progress for 171 s): …``).
 - ``record`` (a JSON-able dict) is appended to ``stalls.json`` of the run folder when given, with the detector's
   name; ``evidence`` (file name → JSON-able object) is written into the run folder.
 

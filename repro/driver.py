@@ -140,6 +140,19 @@ class DriverState:
             return "requests still outstanding"
         return f"every request ended; {self.admin_live} admin call(s) still waiting for an answer"
 
+    def tally(self, now: float) -> str:
+        """The burst's requests as a clause for a budget time-out, e.g. ``4 of 8 requests answered, 4 outstanding with
+        no progress for 171 s`` (``now``: epoch seconds); a stall with live ranks reads plainly from it."""
+        parts = [f"{self.ok} of {self.total} requests answered"]
+        if self.failed:
+            parts.append(f"{self.failed} failed")
+        if self.outstanding:
+            quiet = self.stalled_for(now)
+            parts.append(f"{self.outstanding} outstanding" + (f" with no progress for {quiet:.0f} s" if quiet >= 1 else ""))
+        if self.pending:
+            parts.append(f"{self.pending} not sent yet")
+        return ", ".join(parts)
+
     def stalled_for(self, now: float) -> float:
         """Seconds since the last progress event while some request is outstanding (0.0 when none is)."""
         if self.outstanding == 0 or self.last_progress_t is None:

@@ -21,6 +21,10 @@ Two kinds of probe are compared (``repro.state_probes``):
   without a tolerance is jitter, and with ``since_time`` only episodes that start within ``attribute_s`` of the fire
   are the nemesis's; the others are counted as jitter, never attributed.
 
+With ``since_time``, ``held`` names where the other ranks waited for the perturbed one: their reductions entered
+right after the fire that took ≥ ``HELD_S`` (a whole-rank stop shows only there: no tick starts on any rank while
+one rank is stopped, so no probe read at a tick's start can differ).
+
 ``local`` probes (per-rank by design) are never compared; the ones that changed on the target rank are listed.
 Nothing here changes a verdict.
 """
@@ -40,6 +44,8 @@ STATUSES = ("diverged", "reconciled", "transient reconciled", "transient open", 
 RECONCILING_REDUCE_OPS = ("MIN", "MAX")  # a transient episode's collectives: these first (then the others)
 ATTRIBUTE_S = 5.0  # a transient episode that starts within this many seconds of the fire may be the nemesis's (delay
 # 2 s, stop 3 s, a pending's polls, a fault's first effect); later ones are not attributed
+HELD_S = 1.0  # a reduction a peer waited in this long, right after the fire, is where it waited for the perturbed rank
+HELD_SHOWN = 2
 JITTER_TICKS = 4  # a closed episode of a count probe (no tolerance) this short is the background threads' timing
 # jitter: the unperturbed baseline of the natural HiCache hunt (0.5.23, TP=2, 408 ticks) had 7 transient episodes,
 # the longest 4 ticks (ack_backup_queue 4, backup_queue 3, prefetch_queue 2; benchmarks/RESULTS.md, h37a)
@@ -79,10 +85,11 @@ class NaturalEffect:
     compared: Optional[tuple[int, int]] = None
     transient: tuple[Episode, ...] = ()
     later: int = 0  # transient episodes not attributed: jitter-short, or started more than attribute_s after the fire
+    held: tuple[str, ...] = ()  # where the other ranks waited for the perturbed one (reductions ≥ HELD_S after the fire)
 
     def to_dict(self) -> dict:
         return {"status": self.status, "summary": self.summary, "compared": list(self.compared) if self.compared else None,
-                "later": self.later,
+                "later": self.later, "held": list(self.held),
                 "local_moved": list(self.local_moved),
                 "episodes": [_ep_dict(e) for e in self.episodes], "transient": [_ep_dict(e) for e in self.transient]}
 
@@ -117,6 +124,24 @@ def _reconciling_at(ledger: Any, tick: int) -> tuple[str, ...]:
         if name not in first and name not in rest:
             bucket.append(name)
     return tuple((first + rest)[:TRANSIENT_COLLECTIVES])
+
+
+def _held(ledgers: Mapping[int, Any], target_rank: int, since_time: float, window_s: float) -> tuple[str, ...]:
+    """Where the other ranks waited for the perturbed one: their reductions entered within ``window_s`` of the fire
+    that took at least ``HELD_S`` to complete, longest first (``rank r waited X s in op RED @ site (tick T) [thread]``).
+    Broadcasts are left out (an idle rank waits for the next request there)."""
+    found: list[tuple[float, str]] = []
+    for rank, led in sorted(ledgers.items()):
+        if rank == target_rank:
+            continue
+        for r in getattr(led, "records", []) or []:
+            if r.red is None or r.t_exit is None or not (since_time - 1.0 <= r.t_enter <= since_time + window_s):
+                continue
+            waited = r.t_exit - r.t_enter
+            if waited >= HELD_S:
+                thread = f" [{r.thread}]" if getattr(r, "thread", "") and r.thread != "MainThread" else ""
+                found.append((waited, f"rank {rank} waited {waited:.2f} s in {r.op} {r.red} @ {r.call_site(3)} (tick {r.tick}){thread}"))
+    return tuple(t for _, t in sorted(found, key=lambda x: -x[0])[:HELD_SHOWN])
 
 
 def _tick_at(ledger: Any, since_time: float) -> Optional[int]:
@@ -210,17 +235,19 @@ def natural_effect(ledgers: Mapping[int, Any], target_rank: int, kinds: Optional
         moved_local = [p for p in local if json.dumps(first.get(p), sort_keys=True) != json.dumps(last.get(p), sort_keys=True)]
     local_txt = f"; local probes that changed on rank {target_rank}: {', '.join(moved_local)}" if moved_local else ""
     trans_txt = _transient_summary(trans, end)
-    later_txt = (f"; {len(later)} transient episode(s) not attributed (≤ {JITTER_TICKS} ticks, or > {attribute_s:g} s "
+    held = _held(ledgers, target_rank, since_time, attribute_s) if since_time is not None else ()
+    held_txt = f"; held: {'; '.join(held)}" if held else ""
+    later_txt = held_txt + (f"; {len(later)} transient episode(s) not attributed (≤ {JITTER_TICKS} ticks, or > {attribute_s:g} s "
                  f"after the fire: thread-timing jitter; first at tick {later[0].start_tick})" if later else "")
     if not episodes:
         if trans:
             status = "transient reconciled" if any(e.end_tick is not None for e in trans) else "transient open"
             return NaturalEffect(status, f"no lockstep probe moved ({len(compared)} equal at every tick {start}–{end}); "
                                  + trans_txt + later_txt + local_txt, (), tuple(moved_local), (start, end), trans,
-                                 len(later))
+                                 len(later), held)
         return NaturalEffect("none moved", f"none moved: {len(compared)} lockstep probes equal at every tick {start}–{end}"
                              + (f", {len(transient)} transient probes: no episode beyond jitter" if transient else "")
-                             + later_txt + local_txt, (), tuple(moved_local), (start, end), (), len(later))
+                             + later_txt + local_txt, (), tuple(moved_local), (start, end), (), len(later), held)
     parts = []
     for e in episodes:
         vals = ", ".join(f"rank {r} = {v}" for r, v in e.values.items())
@@ -232,7 +259,7 @@ def natural_effect(ledgers: Mapping[int, Any], target_rank: int, kinds: Optional
                          f"(reconciled in tick {e.end_tick - 1}: {via})")
     status = "diverged" if any(e.end_tick is None for e in episodes) else "reconciled"
     return NaturalEffect(status, "; ".join(parts) + (f"; transient: {trans_txt}" if trans else "") + later_txt, episodes,
-                         tuple(moved_local), (start, end), trans, len(later))
+                         tuple(moved_local), (start, end), trans, len(later), held)
 
 
 def _transient_summary(trans: tuple[Episode, ...], end: int) -> str:

@@ -99,7 +99,7 @@ PROGRAM = textwrap.dedent(
         res["mono_moved_s"] = time.monotonic() - before_mono
         res["early_bound_gap_s"] = time.monotonic() - early_monotonic()
         res["wall_after"] = time.time()
-    elif mode in ("fault_caught", "fault_die"):
+    elif mode in ("fault_caught", "fault_die", "fault_reraised"):
         errors = []
         def io_aux():
             for i in range(3):
@@ -108,6 +108,11 @@ PROGRAM = textwrap.dedent(
                         nmod.transfer(i)
                     except Exception as e:
                         errors.append(type(e).__name__)
+                elif mode == "fault_reraised":  # sglang's PD transfer_worker: catch, then raise another exception
+                    try:
+                        nmod.transfer(i)
+                    except Exception as e:
+                        raise RuntimeError(f"Transfer thread failed because of {e}") from e
                 else:
                     nmod.transfer(i)
         th = threading.Thread(target=io_aux, name="io-aux")
@@ -142,7 +147,8 @@ PROGRAM = textwrap.dedent(
 )
 
 SITES = {"delay": "nmod:Worker.step", "stop": "nmod:Worker.step", "clock": "nmod:Worker.step",
-         "fault_caught": "nmod:transfer", "fault_die": "nmod:transfer", "pending": "nmod:Event.query",
+         "fault_caught": "nmod:transfer", "fault_die": "nmod:transfer",
+         "fault_reraised": "nmod:transfer", "pending": "nmod:Event.query",
          "miss": "nmod:Store.batch_exists", "fail": "nmod:Store.batch_set", "fail_per_key": "nmod:Store.batch_get"}
 
 
@@ -228,6 +234,16 @@ def test_fault_that_kills_the_thread_is_recorded_as_died(torch_python: str, tmp_
     assert r0["outcome_seen"]
     (oc,) = [e for e in _fires(out).effects if e["event"] == "fault_outcome"]
     assert oc["alive"] is False and oc["outcome"] == "thread died" and oc["thread"] == "io-aux"
+
+
+def test_fault_re_raised_as_another_exception_is_recorded_as_died(torch_python: str, tmp_path: Path):
+    """sglang 0.5.23's PD ``transfer_worker`` catches the exception and raises a RuntimeError from it: the thread died
+    of the fault all the same (before: "ended without calling the site again", died_of_fault false; h37p)."""
+    (r0, r1), out = _run(torch_python, tmp_path, "fault_reraised", {"kind": "fault", "exception": "OSError", "observe_s": 0.5})
+    assert r0["outcome_seen"]
+    (oc,) = [e for e in _fires(out).effects if e["event"] == "fault_outcome"]
+    assert oc["alive"] is False and oc["died_of_fault"] is True, oc
+    assert oc["outcome"] == "thread died (the injected OSError re-raised as RuntimeError)", oc
 
 
 def test_pending_holds_a_completion_poll_not_done_for_k_polls(torch_python: str, tmp_path: Path):

@@ -196,3 +196,21 @@ def test_only_transient_episodes_starting_within_attribute_s_of_the_fire_are_the
     late = natural_effect(led, target_rank=1, since_time=11.5)  # from tick 12: only jitter and a late episode
     assert late.status == "none moved" and late.later == 2 and not late.transient
     assert "no episode beyond jitter; 2 transient episode(s) not attributed" in late.summary
+
+
+def test_where_the_peer_waited_for_the_perturbed_rank_is_named_from_its_ledger(tmp_path: Path):
+    # rank 0 (the peer) waited 3 s in tick 5's MIN right after the fire on rank 1; no probe moved (a whole-rank stop)
+    _ledger(tmp_path, 10, 0, [_full()], 8)
+    _ledger(tmp_path, 11, 1, [_full()], 8)
+    f = tmp_path / "ledger-10.jsonl"
+    lines = [json.loads(x) for x in f.read_text().splitlines()]
+    for x in lines:
+        if x.get("e") == "exit" and x["seq"] == 15:  # tick 5's MIN (3 collectives per tick)
+            x["t"] = 8.0
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    eff = natural_effect(load_ledgers(tmp_path), target_rank=1, since_time=4.5)
+    assert eff.status == "none moved" and eff.held == (
+        "rank 0 waited 3.00 s in all_reduce MIN @ UnifiedRadixCache._all_reduce_attn_groups ← UnifiedRadixCache._all_reduce"
+        " ← UnifiedRadixCache._sync_hicache_ready_counts (tick 5)",)
+    assert "held: rank 0 waited 3.00 s" in eff.summary
+    assert natural_effect(load_ledgers(tmp_path), target_rank=0, since_time=4.5).held == ()  # the target's own waits: not

@@ -261,7 +261,8 @@ def stop_self(site: "Site", stop_s: float) -> None:
 def fault(site: "Site", call: Callable[[], Any]) -> Any:
     """Raise ``exception`` once in the calling thread (``when`` = before: instead of the call; after: once it ran)
     and watch that thread for ``observe_s`` seconds (``fault_outcome`` event). ``threading.excepthook`` is chained
-    so that the injected exception ending the thread is told apart from the thread ending on its own."""
+    so that the injected exception ending the thread (itself, or another exception raised from it: sglang 0.5.23's PD
+    ``transfer_worker`` re-raises a RuntimeError) is told apart from the thread ending on its own."""
     a = site.action
     exc_type = _EXCEPTIONS.get(str(a.get("exception") or "RuntimeError"), RuntimeError)
     th = threading.current_thread()
@@ -276,6 +277,9 @@ def fault(site: "Site", call: Callable[[], Any]) -> Any:
     def hook(args: Any) -> None:
         if args.exc_value is exc:
             killed["by"] = type(exc).__name__
+        elif args.thread is th and _caused_by(args.exc_value, exc):  # caught, then re-raised as another exception
+            killed["by"] = type(exc).__name__
+            killed["as"] = type(args.exc_value).__name__
         prev_hook(args)
 
     threading.excepthook = hook
@@ -283,12 +287,24 @@ def fault(site: "Site", call: Callable[[], Any]) -> Any:
     raise exc
 
 
+def _caused_by(err: Optional[BaseException], exc: BaseException, depth: int = 8) -> bool:
+    """Whether ``exc`` is in ``err``'s ``__cause__`` / ``__context__`` chain (at most ``depth`` links)."""
+    while err is not None and depth > 0:
+        if err is exc:
+            return True
+        err = err.__cause__ or err.__context__
+        depth -= 1
+    return False
+
+
 def _watch_fault(site: "Site", th: threading.Thread, observe_s: float, killed: Dict[str, Any]) -> None:
     def watch() -> None:
         _sleep(observe_s)
         alive = th.is_alive()
         again = site.fault_reentries
-        if killed:
+        if killed.get("as"):
+            outcome = f"thread died (the injected {killed['by']} re-raised as {killed['as']})"
+        elif killed:
             outcome = "thread died"  # the injected exception reached the thread's top
         elif again:
             outcome = "caught: the thread called the site again" + ("" if alive else " (it has ended since)")

@@ -317,7 +317,8 @@ class Session(RunEvidence):
                     break
                 if now - t_burst > scenario.budget_s:
                     why = last_reason or st.waiting_for()
-                    verdict = Verdict(INCONCLUSIVE, f"budget of {scenario.budget_s:.0f} s ended without a verdict: {why}")
+                    verdict = Verdict(INCONCLUSIVE, f"budget of {scenario.budget_s:.0f} s ended without a verdict "
+                                                     f"({st.tally(now)}): {why}")
                     break
                 for d in detectors:
                     if take(d.poll(ctx), st):
