@@ -230,3 +230,25 @@ def test_cleanup_marks_a_killed_hunts_folder_cleaned_up(tmp_path: Path):
     res = cleanup(hunt)
     assert [r.folder for r in res] == [base] and "nothing to clean" in res[0].message, res
     assert json.loads((hunt / "run.json").read_text())["status"] == "cleaned-up"
+
+
+def test_a_pd_hunt_takes_a_rank_of_its_widest_server(tmp_path: Path):
+    """Round 5: `--rank` was checked against the prefill TP (server.tp_size) only: with a decode server of TP 4 and a
+    prefill of TP 2, `--rank 3` (a decode rank) was refused as outside "the base scenario's TP size 2"."""
+    import repro.hunt as H
+    from repro.catalogue import HuntError
+    from tests.test_hunt import FakeRunner
+
+    base = tmp_path / "pd.toml"
+    text = PD_BASE.read_text()
+    assert "[server.roles.decode]\ntp_size = 2" in text
+    base.write_text(text.replace("[server.roles.decode]\ntp_size = 2", "[server.roles.decode]\ntp_size = 4"))
+    fr = FakeRunner({})
+    with pytest.raises(HuntError) as e:  # the rank passes; the next check (a perturbation name) refuses
+        H.hunt(H.HuntOptions(scenario_path=base, evidence_root=tmp_path / "ev", natural=True, ranks=[3],
+                             perturbations=["nosuch"], spare=False), runs=fr)
+    assert "--perturbation nosuch" in str(e.value), str(e.value)
+    with pytest.raises(HuntError) as e:
+        H.hunt(H.HuntOptions(scenario_path=base, evidence_root=tmp_path / "ev", natural=True, ranks=[4], spare=False), runs=fr)
+    assert "--rank [4]: the stack's engine servers have TP prefill 2, decode 4; ranks are 0..3" in str(e.value), str(e.value)
+    assert not fr.sessions and not (tmp_path / "ev").exists()
