@@ -118,6 +118,9 @@ def cleanup_targets(folder: Path) -> list[Path]:
                 continue
             if isinstance(rec, dict) and rec.get("event") in ("baseline", "session") and rec.get("evidence"):
                 found.append(Path(rec["evidence"]))
+    # a hunt's (or compare's) own run folders beside it, named in hunt.jsonl or not: killed during its baseline,
+    # a hunt folder has run.json only (no hunt.jsonl yet), and the baseline's server is still running
+    found.extend(_same_harness_runs(folder))
     if not found and folder.is_dir():
         for d in sorted(folder.iterdir()):
             if not d.is_dir() or d.is_symlink():
@@ -129,6 +132,31 @@ def cleanup_targets(folder: Path) -> list[Path]:
     out: list[Path] = []
     for d in found:
         if Layout.PROCESSES.at(d).is_file() and d not in out:
+            out.append(d)
+    return out
+
+
+def _json_or_none(path: Path) -> object:
+    try:
+        return read_json(path) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def _same_harness_runs(hunt: Path) -> list[Path]:
+    """Run folders beside a hunt folder that the hunt's own harness made (``run.json``'s ``pid`` and
+    ``harness_create_time`` equal the hunt's): its baseline or spare session, also when the harness was killed
+    before hunt.jsonl named it (a ``kill -9`` during the baseline left that server running, and cleanup of the hunt
+    folder said "processes.json not found")."""
+    me = _json_or_none(Layout.RUN.at(hunt))
+    if not isinstance(me, dict) or me.get("pid") is None or me.get("harness_create_time") is None:
+        return []
+    out = []
+    for d in sorted(hunt.parent.iterdir()) if hunt.parent.is_dir() else []:
+        if d == hunt or not d.is_dir() or d.is_symlink() or not Layout.PROCESSES.at(d).is_file():
+            continue
+        run = _json_or_none(Layout.RUN.at(d))
+        if isinstance(run, dict) and (run.get("pid"), run.get("harness_create_time")) == (me["pid"], me["harness_create_time"]):
             out.append(d)
     return out
 
@@ -380,7 +408,22 @@ def cleanup(folder: Path, force: bool = False) -> list[CleanupResult]:
             why = f" ({up} is a file, not a folder)" if up.exists() and not up.is_dir() else ""
             raise CleanupError(f"{p} does not exist{why}: {accepted}")
         raise CleanupError(f"{Layout.PROCESSES.at(p)} not found (nor a run folder under {p}): {accepted}")
-    return [cleanup_run(t, force) for t in targets]
+    results = [cleanup_run(t, force) for t in targets]
+    _mark_parent_cleaned(Path(folder), targets, results)
+    return results
+
+
+def _mark_parent_cleaned(folder: Path, targets: list[Path], results: list[CleanupResult]) -> None:
+    """A hunt (or compare) folder whose harness was killed keeps ``run.json`` ``status: running`` for ever; once its
+    run folders are clean and the harness is gone, say ``cleaned-up`` there too (as :func:`cleanup_run` does for a
+    run folder)."""
+    run = _json_or_none(Layout.RUN.at(folder))
+    if folder in targets or not isinstance(run, dict) or run.get("status") != "running":
+        return
+    if any(r.still_running for r in results) or _harness_alive(run, {}) is not None:
+        return
+    write_json_atomic(Layout.RUN.at(folder), {**run, "status": "cleaned-up", "cleaned_up_time": time.time(),
+                                            "note": "the harness ended without finishing; `repro cleanup` cleaned its runs"})
 
 
 def exit_code(results: list[CleanupResult]) -> int:

@@ -1243,7 +1243,7 @@ def hunt(
     rank: Optional[List[int]] = typer.Option(None, "--rank", help="rank(s) to perturb, one at a time (repeatable; default: every rank)"),
     sites: bool = typer.Option(False, "--sites", help="also skip once / add one extra collective at every collective call site the ledger saw in the baseline burst (each hangs by construction: a restart per trial)"),
     sites_matching: Optional[List[str]] = typer.Option(None, "--sites-matching", help="with --sites: only call sites whose frames match this glob (repeatable), e.g. '*hicache*'"),
-    catalogue: Optional[Path] = typer.Option(None, "--catalogue", callback=_path_check("text", f"a hunt catalogue TOML like {EXAMPLES_DIR}/hunt_catalogue.toml"), help=f"hunt catalogue TOML (default: {EXAMPLES_DIR}/hunt_catalogue.toml)"),
+    catalogue: Optional[Path] = typer.Option(None, "--catalogue", callback=_path_check("text", f"a hunt catalogue TOML like {EXAMPLES_DIR}/hunt_catalogue.toml (with --natural: {EXAMPLES_DIR}/natural_nemeses.toml)"), help=f"hunt catalogue TOML (default: {EXAMPLES_DIR}/hunt_catalogue.toml; with --natural: {EXAMPLES_DIR}/natural_nemeses.toml)"),
     ref: str = typer.Option("installed", "--ref", help="code to hunt in: installed | patch:FILE | git:PATH@REV | python:PATH (as in compare)"),
     python: Optional[str] = typer.Option(None, "--python", help="interpreter that runs the server (default: as `repro run`)"),
     release: Optional[str] = typer.Option(None, "--release", help="engine release whose set-up venv runs it, e.g. 0.5.23 (instead of --python; repro.releases)"),

@@ -170,3 +170,85 @@ def test_the_shipped_pd_scenarios_pass_the_server_check():
     for p in (PD_FAULT, PD_BASE, REPO / "scenarios/sglang/disagg_bootstrap_divergence.toml"):
         s = load_scenario(p)
         assert topology_problem(s, get_adapter(s.server.adapter)) is None, p
+
+
+def test_cleanup_of_a_hunt_killed_during_its_baseline_finds_the_baseline(tmp_path: Path):
+    """Round 5: a hunt killed (kill -9) during its baseline has no 'baseline' event in hunt.jsonl; `repro cleanup
+    <hunt folder>` said "<hunt>/processes.json not found (nor a run folder under …)" while the baseline's server
+    lived on. The baseline folder (a sibling, a second later) carries the hunt harness's pid and create time."""
+    import json
+
+    from repro.cleanup import cleanup_targets
+
+    scen = tmp_path / "natural_hunt_pd"
+    hunt, base, other = scen / "20261206T120420Z-hunt", scen / "20261206T120421Z-hunt-baseline", scen / "20261206T110000Z-quiet"
+    for d in (hunt, base, other):
+        d.mkdir(parents=True)
+    me = {"status": "running", "pid": 4242, "harness_create_time": 1796558659.64}
+    (hunt / "run.json").write_text(json.dumps(me))
+    (hunt / "hunt.jsonl").write_text("")
+    (base / "run.json").write_text(json.dumps({**me, "timings": {}}))
+    (other / "run.json").write_text(json.dumps({**me, "pid": 4243}))
+    for d in (base, other):
+        (d / "processes.json").write_text("{}")
+    assert cleanup_targets(hunt) == [base]
+    (hunt / "hunt.jsonl").unlink()  # killed before hunt.jsonl was written at all (seen: kill -9 87 s into the baseline)
+    assert cleanup_targets(hunt) == [base]
+
+
+def test_hunt_help_names_the_natural_default_catalogue():
+    """Round 5: `hunt --help` said the catalogue's default is hunt_catalogue.toml, untrue with --natural."""
+    from typer.testing import CliRunner
+
+    from repro.cli import app
+
+    res = CliRunner().invoke(app, ["hunt", "--help"], env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
+    assert "with --natural: scenarios/sglang/natural_nemeses.toml" in res.output, res.output
+
+
+def test_cleanup_marks_a_killed_hunts_folder_cleaned_up(tmp_path: Path):
+    """Round 5: after kill -9 of a hunt and `repro cleanup <hunt folder>`, the hunt's run.json still said
+    status running (its harness long dead)."""
+    import json
+    import subprocess
+
+    from repro.cleanup import cleanup
+    from repro.procs import launch_mark, proc_info, save_procs
+
+    scen = tmp_path / "s"
+    hunt, base = scen / "20261206T120420Z-hunt", scen / "20261206T120421Z-hunt-baseline"
+    for d in (hunt, base):
+        d.mkdir(parents=True)
+    gone = subprocess.Popen(["sleep", "30"])
+    info = proc_info(gone.pid)
+    gone.kill()
+    gone.wait()
+    save_procs(base / "processes.json", [info], launch=launch_mark(info, tokens=["t"]))
+    me = {"status": "running", "pid": info.pid, "harness_create_time": info.create_time}  # the harness: gone too
+    (hunt / "run.json").write_text(json.dumps(me))
+    (base / "run.json").write_text(json.dumps({**me, "status": "interrupted"}))
+    res = cleanup(hunt)
+    assert [r.folder for r in res] == [base] and "nothing to clean" in res[0].message, res
+    assert json.loads((hunt / "run.json").read_text())["status"] == "cleaned-up"
+
+
+def test_a_pd_hunt_takes_a_rank_of_its_widest_server(tmp_path: Path):
+    """Round 5: `--rank` was checked against the prefill TP (server.tp_size) only: with a decode server of TP 4 and a
+    prefill of TP 2, `--rank 3` (a decode rank) was refused as outside "the base scenario's TP size 2"."""
+    import repro.hunt as H
+    from repro.catalogue import HuntError
+    from tests.test_hunt import FakeRunner
+
+    base = tmp_path / "pd.toml"
+    text = PD_BASE.read_text()
+    assert "[server.roles.decode]\ntp_size = 2" in text
+    base.write_text(text.replace("[server.roles.decode]\ntp_size = 2", "[server.roles.decode]\ntp_size = 4"))
+    fr = FakeRunner({})
+    with pytest.raises(HuntError) as e:  # the rank passes; the next check (a perturbation name) refuses
+        H.hunt(H.HuntOptions(scenario_path=base, evidence_root=tmp_path / "ev", natural=True, ranks=[3],
+                             perturbations=["nosuch"], spare=False), runs=fr)
+    assert "--perturbation nosuch" in str(e.value), str(e.value)
+    with pytest.raises(HuntError) as e:
+        H.hunt(H.HuntOptions(scenario_path=base, evidence_root=tmp_path / "ev", natural=True, ranks=[4], spare=False), runs=fr)
+    assert "--rank [4]: the stack's engine servers have TP prefill 2, decode 4; ranks are 0..3" in str(e.value), str(e.value)
+    assert not fr.sessions and not (tmp_path / "ev").exists()

@@ -127,11 +127,14 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
         raise HuntError("--sites with --workload/--config is not supported (the call sites are read from one quiet "
                         "baseline); run --sites without workloads")
     points = [cat.point(n) for n in opts.only] if opts.only else list(cat.points)
-    tp = base.server.tp_size
+    engines = [(r.name, r.tp_size or base.server.tp_size) for r in adapter.topology(base.server).engines()]
+    tp = max([base.server.tp_size, *(t for _, t in engines)])  # a stack: its widest server (rows keep their own ranks)
     ranks = list(opts.ranks) if opts.ranks else list(range(tp))
     bad = [r for r in ranks if not 0 <= r < tp]
     if bad:
-        raise HuntError(f"--rank {bad}: the base scenario's TP size is {tp}; ranks are 0..{tp - 1}")
+        what = (f"the stack's engine servers have TP {', '.join(f'{n} {t}' for n, t in engines)}" if len(engines) > 1
+                else f"the base scenario's TP size is {tp}")
+        raise HuntError(f"--rank {bad}: {what}; ranks are 0..{tp - 1}")
     _check_point_servers(points, adapter, base, opts.scenario_path, cat.path)
     if opts.sites_matching and not opts.sites:
         raise HuntError(f"--sites-matching {' '.join(opts.sites_matching)} needs --sites (it narrows the collective "
