@@ -239,6 +239,12 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
             Injection.model_validate({"id": "check", "site": list(_tuple(spec["site"])), "action": {"kind": "none"}})
         except ValidationError as e:
             raise HuntError(f"{where}.site: {e.errors()[0]['msg']}") from None
+        servers = spec.get("servers")
+        if servers is not None and not (isinstance(servers, str) or (isinstance(servers, list) and all(isinstance(x, str) for x in servers))):
+            from repro.scenario import toml_value
+
+            raise HuntError(f"{where}.servers: expected a list of server names, e.g. servers = [\"prefill\"] "
+                            f"(got {toml_value(servers)})")
         points.append(DecisionPoint(spec["name"], _tuple(spec["site"]), str(spec.get("what", "")),
                                     _tuple(spec.get("perturbations")), _tuple(spec.get("callers")), _tuple(spec.get("loops")),
                                     _tuple(spec.get("servers"))))
@@ -279,6 +285,25 @@ def check_natural(cat: Catalogue) -> None:
     if len(controls) > 1:
         raise HuntError(f"{cat.path}: --natural: {len(controls)} perturbations marked control ({', '.join(controls)}); "
                         "keep one control")
+
+
+def check_storage_points(cat: Catalogue, storage_sites: Sequence[str], adapter_name: str) -> None:
+    """A point offering a storage answer (``miss`` / ``fail``) must sit on storage backend methods only (the
+    adapter's ``storage_sites`` globs): elsewhere the answer is the engine's own bookkeeping, forced, while its rows
+    and fire records would say natural (docs/injector.md, "Storage answers").
+
+    Raises:
+        HuntError: the point, its first site outside the globs and the perturbation.
+    """
+    for pt in cat.points:
+        storage = [n for n in pt.perturbations if str(cat.perturbations[n].action.get("kind")) in ("miss", "fail")]
+        bad = [x for x in pt.sites if not any(fnmatch.fnmatchcase(x, g) for g in storage_sites)]
+        if storage and bad:
+            where = (f"the {adapter_name} adapter's storage backend methods ({', '.join(storage_sites)})"
+                     if storage_sites else f"a storage backend method (the {adapter_name} adapter names none)")
+            raise HuntError(f"{cat.path}: decision point {pt.name}: perturbation(s) {', '.join(storage)} (miss / fail) are "
+                            f"natural only on {where}; the site {bad[0]} is not one: drop them from this point, or "
+                            "put them on a point at the backend's own method")
 
 
 def short_frame(frame: str) -> str:

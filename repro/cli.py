@@ -697,9 +697,19 @@ def sites(
         bad_ranks = gate_rank_problem([sc.variant(variant)] if variant is not None else sc.variants, sc.server.tp_size)
         if bad_ranks:  # what `run` refuses before launch (repro.run.prepare), said before resolving anything
             raise ScenarioError(f"{scenario}: {bad_ranks}")
+        from repro.scenario import storage_action_problem
         from repro.targets.registry import get_adapter
 
         ad = get_adapter(sc.server.adapter)  # the run's engine, from the scenario
+        bad_storage = storage_action_problem([sc.variant(variant)] if variant is not None else sc.variants,
+                                             ad.storage_sites, ad.name)
+        if bad_storage:  # likewise refused by `run` before launch
+            raise ScenarioError(f"{scenario}: {bad_storage}")
+        from repro.pd import topology_problem
+
+        bad_servers = topology_problem(sc, ad)
+        if bad_servers:
+            raise ScenarioError(f"{scenario}: {bad_servers}")
         py = choose_python(python, ad, require_package=False)
     except (ScenarioError, InterpreterError) as e:
         console.print(f"[red]error:[/] {e}")

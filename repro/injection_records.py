@@ -325,7 +325,7 @@ def _read_log(path: Path, pid: int) -> ProcessLog:
             arm_seq = int(e.get("arm_seq", arm_seq + 1))
             armed_ids = tuple(e.get("ids") or ())
             disarmed = False
-            counts, fires, done = {}, [], {}
+            counts, fires, done, effects = {}, [], {}, {}  # a natural action's events belong to its arming
         elif kind == "disarmed":
             disarmed = True
         elif kind == "counts" and int(e.get("arm_seq", -1)) == arm_seq and arm_seq > 0:

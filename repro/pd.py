@@ -82,6 +82,32 @@ def injection_roles(scenario: Any) -> dict[str, Optional[str]]:
     return {i.id: getattr(i, "server", None) for v in scenario.variants for i in v.injections}
 
 
+def topology_problem(scenario: Any, adapter: Any) -> Optional[str]:
+    """What ``run`` / ``sites`` refuse before anything is written about a scenario's servers (the caller prefixes the
+    file), else None: a topology the adapter does not know; on a multi-server topology a ``[server.roles.X]`` naming
+    no role of it (a typo there was ignored: ``decoder`` left decode at its default TP) or an injection ``server``
+    naming no engine server (prepare_roles' ValueError, raised only after the evidence folder was made)."""
+    try:
+        topo = adapter.topology(scenario.server)
+    except ValueError as e:
+        return str(e)
+    if len(topo.roles) < 2:
+        return None
+    names = [r.name for r in topo.roles]
+    engines = [r.name for r in topo.engines()]
+    for role in getattr(scenario.server, "roles", {}) or {}:
+        if role not in names:
+            return (f"server.roles.{role}: topology {scenario.server.topology!r} has no role {role!r} "
+                    f"(its roles: {', '.join(names)})")
+    for v in scenario.variants:
+        for i in v.injections:
+            server = getattr(i, "server", None)
+            if server is not None and server not in engines:
+                return (f"variants.{v.name}.injections.{i.id}.server: {server!r} names no engine server of topology "
+                        f"{scenario.server.topology!r} (expected one of: {', '.join(engines)})")
+    return None
+
+
 def prepare_roles(p: Any) -> list[RoleRun]:
     """The roles of ``p``'s topology, each with its own spec, folder, plan and arm file. Launches nothing.
 

@@ -35,7 +35,8 @@ DATA_FOLDERS = {"injectors": "injectors", "scenarios": "scenarios", "cpu_testbed
                 "vllm_testbed": "scripts/vllm_testbed"}
 SCENARIO_SUFFIX = ".toml"
 EXAMPLES_DIR = f"scenarios/{DEFAULT_ADAPTER}"  # the default engine's scenarios, catalogue and rules (help-text examples)
-NOT_SCENARIOS = ("hunt_catalogue.toml", "discover_rules.toml", "reproduce_rules.toml")
+NOT_SCENARIOS = ("hunt_catalogue.toml", "natural_nemeses.toml", "hunt_workloads.toml", "discover_rules.toml",
+                 "reproduce_rules.toml")  # catalogues, workloads and rules beside the scenarios: not runnable
 
 
 class ResourceError(RuntimeError):

@@ -448,6 +448,32 @@ def gate_rank_problem(variants: Sequence[Variant], tp_size: int) -> Optional[str
     return None
 
 
+STORAGE_KINDS = ("miss", "fail")
+
+
+def storage_action_problem(variants: Sequence[Variant], storage_sites: Sequence[str], adapter_name: str) -> Optional[str]:
+    """The first ``miss`` / ``fail`` injection of ``variants`` with a site alternative that is no storage backend
+    method of the engine (``storage_sites``: the adapter's ``module:qualname`` globs), as the sentence ``run`` and
+    ``sites`` refuse with (the caller prefixes the file); None when every one fits. Elsewhere (a scheduler method)
+    the answer it cuts or invents is the engine's own bookkeeping, forced, while its records would say natural."""
+    from fnmatch import fnmatchcase
+
+    for v in variants:
+        for inj in v.injections:
+            kind = getattr(inj.action, "kind", "")
+            if kind not in STORAGE_KINDS:
+                continue
+            sites = [inj.site] if isinstance(inj.site, str) else list(inj.site)
+            bad = [x for x in sites if not any(fnmatchcase(x, g) for g in storage_sites)]
+            if bad:
+                where = (f"the {adapter_name} adapter's storage backend methods ({', '.join(storage_sites)})"
+                         if storage_sites else f"a storage backend method (the {adapter_name} adapter names none)")
+                return (f"variants.{v.name}.injections.{inj.id}: action {kind} is natural only on {where}; the site "
+                        f"{bad[0]} is not one: put it on the backend's own method (e.g. batch_get / batch_exists / "
+                        f"batch_set), or use a forced action (return_value) there")
+    return None
+
+
 def _model_fields_at(loc: tuple, data: Any) -> tuple[list[str], str]:
     """For a validation error at ``loc``: the field names allowed beside its last element (for "did you mean"),
     and a readable path naming variants and injections by name/id (``variant 'x', injection 'y': gate.foo``)."""

@@ -6,6 +6,7 @@ multi-variant loop of :mod:`repro.runner`."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import replace
@@ -13,8 +14,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from repro import evidence as ev
-from repro.catalogue import (Catalogue, DecisionPoint, HuntError, catalogue_for, check_natural, hunt_catalogue, load_catalogue,
-                             short_frame)
+from repro.catalogue import (Catalogue, DecisionPoint, HuntError, catalogue_for, check_natural, check_storage_points,
+                             hunt_catalogue, load_catalogue, short_frame)
 from repro.hunt.classify import FAMILY_SCHED, crash_diagnosis, desync_diagnosis, diagnose, hazard_statement
 from repro.hunt.findings import finding_scenario, write_findings, write_workload_finding
 from repro.hunt.options import Clock, HuntOptions, HuntResult, Observer, noop
@@ -53,6 +54,27 @@ def _check_sites_option(sites: bool, cat: Catalogue, base: Any) -> None:
         raise HuntError("--sites: the base scenario sets ledger = false; the ledger must record the baseline burst")
 
 
+def _check_point_servers(points: Sequence[DecisionPoint], adapter: Any, base: Any, scenario_path: Any, cat_path: Any) -> None:
+    """Refuse, before any launch, a chosen decision point whose ``servers`` names no engine server of the base
+    scenario's multi-server topology (e.g. ``encoder`` or ``router`` on a PD stack): its rows would all be dropped
+    after the baseline and the point reported "not reached". A single server's rows have no server and are kept
+    whatever ``servers`` says (catalogue.DecisionPoint), so a single-server base is not checked.
+
+    Raises:
+        HuntError: the point, the names and the stack's engine servers.
+    """
+    roles = adapter.topology(base.server).roles
+    if len(roles) < 2:
+        return
+    engines = [r.name for r in roles if r.kind == "engine"]
+    for pt in points:
+        unknown = [s for s in pt.servers if s not in engines]
+        if unknown:
+            raise HuntError(f"{cat_path}: decision point {pt.name}: servers = {json.dumps(unknown)} names no engine server of "
+                            f"{scenario_path} (its engine servers: {', '.join(engines)}); fix the catalogue's "
+                            f"servers field (or leave it out: every server)")
+
+
 def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Runs] = None) -> HuntResult:
     """Run the hunt of one server group: baseline burst → rows → one trial per row × perturbation × rank on a shared
     server (with ``opts.group_workloads``: each workload's clean run first, then the trials under each).
@@ -88,6 +110,7 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
     cat = load_catalogue(opts.catalogue_path or hunt_catalogue(adapter, opts.natural))
     if opts.natural:
         check_natural(cat)
+    check_storage_points(cat, adapter.storage_sites, adapter.name)
     disc = None  # discovery's state (repro/discover/hunting.py) when --discover
     if opts.discover:
         from repro.discover import hunting
@@ -109,6 +132,7 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
     bad = [r for r in ranks if not 0 <= r < tp]
     if bad:
         raise HuntError(f"--rank {bad}: the base scenario's TP size is {tp}; ranks are 0..{tp - 1}")
+    _check_point_servers(points, adapter, base, opts.scenario_path, cat.path)
     if opts.sites_matching and not opts.sites:
         raise HuntError(f"--sites-matching {' '.join(opts.sites_matching)} needs --sites (it narrows the collective "
                         "call sites --sites adds); add --sites or drop --sites-matching")

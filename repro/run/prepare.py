@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 from repro import evidence as ev
 from repro import resources
 from repro.run.options import ARM_FILE_NAME, Prepared, RunError, RunOptions, UnresolvedSitesError
-from repro.scenario import Scenario, Variant, compile_plan, gate_rank_problem, load_scenario, PLAN_ENV
+from repro.scenario import Scenario, Variant, compile_plan, gate_rank_problem, load_scenario, PLAN_ENV, storage_action_problem
 
 
 def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: Optional[Sequence[str]] = None) -> Prepared:
@@ -90,6 +90,14 @@ def _decide(opts: RunOptions, variants: Optional[Sequence[str]]) -> tuple:
         adapter = get_adapter(scenario.server.adapter)
     except UnknownAdapterError as e:
         raise RunError(f"{opts.scenario_path}: server.adapter: {e}") from None
+    bad_storage = storage_action_problem(loaded, adapter.storage_sites, adapter.name)
+    if bad_storage:
+        raise RunError(f"{opts.scenario_path}: {bad_storage}")
+    from repro.pd import topology_problem
+
+    bad_servers = topology_problem(scenario, adapter)
+    if bad_servers:
+        raise RunError(f"{opts.scenario_path}: {bad_servers}")
     try:
         python = choose_python(opts.python, adapter)
     except InterpreterError as e:

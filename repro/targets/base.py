@@ -475,6 +475,9 @@ class AdapterBase:
     discover_rules: Optional[Path] = None  # `repro discover`'s rules (None: discover_rules.toml next to the catalogue)
     demo_scenario: Optional[Path] = None  # the scenario `repro demo` runs (None: this engine has no demo)
     title_namespace = ""  # prefix of every process title the engine sets (``sglang::``); "" = none
+    # ``module:qualname`` globs of the engine's storage backend methods: the only sites where the natural storage
+    # actions ``miss`` / ``fail`` are an answer from outside the replicated state (repro.scenario.storage_action_problem)
+    storage_sites: tuple[str, ...] = ()
 
     @staticmethod
     def check_generate_args(input_ids: Sequence[int], max_new_tokens: int) -> None:

@@ -207,6 +207,9 @@ class SGLangAdapter(AdapterBase):
     frame_rules = FRAME_RULES
     engine_dump_rules = SGLANG_DUMP_RULES  # its watchdog blocks, consensus checker and leak lines (dumps.py)
     injector_profile = INJECTOR_PROFILE
+    # HiCache's L3 backends: HiCacheFile & co. in mem_cache/hicache_storage.py, the others under mem_cache/storage/
+    # (0.5.23; each a HiCacheStorage subclass): `miss` / `fail` anywhere else would force the engine's bookkeeping
+    storage_sites = ("sglang.srt.mem_cache.hicache_storage:*", "sglang.srt.mem_cache.storage.*:*")
     ref_location = RefLocation(package="sglang", checkout_subdir="python", version_key="sglang")
 
     @property
