@@ -694,13 +694,15 @@ def sites(
         sc = load_scenario(scenario)
         if variant is not None:
             sc.variant(variant)
-        bad_ranks = gate_rank_problem([sc.variant(variant)] if variant is not None else sc.variants, sc.server.tp_size)
-        if bad_ranks:  # what `run` refuses before launch (repro.run.prepare), said before resolving anything
-            raise ScenarioError(f"{scenario}: {bad_ranks}")
+        from repro.pd import injection_tp_sizes
         from repro.scenario import storage_action_problem
         from repro.targets.registry import get_adapter
 
         ad = get_adapter(sc.server.adapter)  # the run's engine, from the scenario
+        bad_ranks = gate_rank_problem([sc.variant(variant)] if variant is not None else sc.variants, sc.server.tp_size,
+                                      injection_tp_sizes(sc, ad, sc.server.tp_size))
+        if bad_ranks:  # what `run` refuses before launch (repro.run.prepare), said before resolving anything
+            raise ScenarioError(f"{scenario}: {bad_ranks}")
         bad_storage = storage_action_problem([sc.variant(variant)] if variant is not None else sc.variants,
                                              ad.storage_sites, ad.name)
         if bad_storage:  # likewise refused by `run` before launch

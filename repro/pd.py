@@ -82,6 +82,23 @@ def injection_roles(scenario: Any) -> dict[str, Optional[str]]:
     return {i.id: getattr(i, "server", None) for v in scenario.variants for i in v.injections}
 
 
+def injection_tp_sizes(scenario: Any, adapter: Any, tp_size: int) -> Optional[dict[str, tuple[str, int]]]:
+    """On a multi-server topology: injection id → (the engine server it runs on, that server's TP size), for the
+    gate-rank check (``repro.scenario.gate_rank_problem``); an injection without ``server`` runs on every engine
+    server, so its ranks count against the widest. None on one server or a topology the adapter does not know.
+    ``tp_size``: the first engine server's (``--tp`` or ``server.tp_size``), as :func:`prepare_roles` starts it."""
+    try:
+        topo = adapter.topology(scenario.server)
+    except ValueError:
+        return None
+    engines = topo.engines()
+    if len(topo.roles) < 2 or not engines:
+        return None
+    tps = {r.name: tp_size if k == 0 else (r.tp_size or tp_size) for k, r in enumerate(engines)}
+    widest = max(tps, key=lambda n: tps[n])
+    return {i: (r if r in tps else widest, tps[r if r in tps else widest]) for i, r in injection_roles(scenario).items()}
+
+
 def topology_problem(scenario: Any, adapter: Any) -> Optional[str]:
     """What ``run`` / ``sites`` refuse before anything is written about a scenario's servers (the caller prefixes the
     file), else None: a topology the adapter does not know; on a multi-server topology a ``[server.roles.X]`` naming

@@ -1,0 +1,56 @@
+"""Re-check of breaking pass round 5 (issue 29, helper h37v): on a PD stack, an injection's gate ranks count in the
+TP group of the server it runs on. A decode server of TP 4 (prefill TP 2) with `server = "decode"` and
+`ranks = [3]` was refused by `sites` and `run` as "outside the TP group of size 2" (the prefill's) although decode
+rank 3 exists; the same rule `repro hunt --rank` got in round 5 (h37b-5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PD_FAULT = REPO / "scenarios/sglang/natural_pd_transfer_fault.toml"
+
+
+def _pd(tmp_path: Path, server: str, ranks: str) -> Path:
+    text = PD_FAULT.read_text()
+    for old in ("[server.roles.decode]\ntp_size = 2", "ranks = [0]", 'server = "prefill"\nsite = ['):
+        assert old in text, old
+    text = text.replace("[server.roles.decode]\ntp_size = 2", "[server.roles.decode]\ntp_size = 4")
+    text = text.replace("ranks = [0]", f"ranks = {ranks}", 1)
+    text = text.replace('server = "prefill"\nsite = [', f"{server}site = [", 1)
+    p = tmp_path / "pd.toml"
+    p.write_text(text)
+    return p
+
+
+def _problem(p: Path):
+    from repro.pd import injection_tp_sizes
+    from repro.scenario import gate_rank_problem, load_scenario
+    from repro.targets.registry import get_adapter
+
+    s = load_scenario(p)
+    return gate_rank_problem(s.variants, s.server.tp_size, injection_tp_sizes(s, get_adapter(s.server.adapter),
+                                                                               s.server.tp_size))
+
+
+@pytest.mark.parametrize("server", ['server = "decode"\n', ""])  # on decode; no server field: every engine server
+def test_a_decode_rank_of_a_wider_decode_server_is_accepted(tmp_path: Path, server: str):
+    assert _problem(_pd(tmp_path, server, "[3]")) is None
+
+
+@pytest.mark.parametrize("server, ranks, expected", [
+    ('server = "decode"\n', "[4]", "lists rank(s) [4], outside the TP group of size 4 (server decode) (expected 0..3)"),
+    ('server = "prefill"\n', "[3]", "lists rank(s) [3], outside the TP group of size 2 (server prefill) (expected 0..1)"),
+])
+def test_a_rank_outside_its_own_servers_tp_is_refused_before_launch(tmp_path: Path, server: str, ranks: str,
+                                                                    expected: str):
+    from repro.run.prepare import check_launch
+    from repro.runner import RunError, RunOptions
+
+    p = _pd(tmp_path, server, ranks)
+    with pytest.raises(RunError) as e:
+        check_launch(RunOptions(scenario_path=p, evidence_root=tmp_path / "ev"))
+    assert str(p) in str(e.value) and expected in str(e.value), str(e.value)
+    assert not (tmp_path / "ev").exists()
