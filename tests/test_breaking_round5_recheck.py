@@ -54,3 +54,28 @@ def test_a_rank_outside_its_own_servers_tp_is_refused_before_launch(tmp_path: Pa
         check_launch(RunOptions(scenario_path=p, evidence_root=tmp_path / "ev"))
     assert str(p) in str(e.value) and expected in str(e.value), str(e.value)
     assert not (tmp_path / "ev").exists()
+
+
+HICACHE_BASE = REPO / "scenarios/sglang/natural_hunt_hicache.toml"
+NEMESES = REPO / "scenarios/sglang/natural_nemeses.toml"
+SET_PERTS = 'perturbations = ["storage_write_fails", "delay_2s"]'
+
+
+def test_hunting_only_points_that_offer_no_perturbation_is_refused_before_the_baseline(tmp_path: Path):
+    """Re-check: a catalogue point with `perturbations = []` chosen alone (`--only storage_set`) launched the ~55 s
+    baseline, then planned 0 trials; now one line naming the catalogue and the point, nothing launched."""
+    import repro.hunt as H
+    from repro.catalogue import HuntError
+    from tests.test_hunt import FakeRunner
+
+    text = NEMESES.read_text()
+    assert text.count(SET_PERTS) == 1
+    cat = tmp_path / "nemeses.toml"
+    cat.write_text(text.replace(SET_PERTS, "perturbations = []"))
+    fr = FakeRunner({})
+    with pytest.raises(HuntError) as e:
+        H.hunt(H.HuntOptions(scenario_path=HICACHE_BASE, evidence_root=tmp_path / "ev", natural=True,
+                             catalogue_path=cat, only=["storage_set"], spare=False), runs=fr)
+    msg = str(e.value)
+    assert str(cat) in msg and "decision point(s) storage_set offer no perturbation (perturbations = [])" in msg, msg
+    assert not fr.sessions and not (tmp_path / "ev").exists()
