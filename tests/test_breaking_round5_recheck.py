@@ -79,3 +79,23 @@ def test_hunting_only_points_that_offer_no_perturbation_is_refused_before_the_ba
     msg = str(e.value)
     assert str(cat) in msg and "decision point(s) storage_set offer no perturbation (perturbations = [])" in msg, msg
     assert not fr.sessions and not (tmp_path / "ev").exists()
+
+
+def test_a_shard_holding_no_trial_says_so_and_exits_0(tmp_path: Path):
+    """Re-check: `hunt H --natural --only storage_set --rank 0 --shard 5/8` (a shard with none of the plan's 2 keys)
+    started no server, yet said "nothing was perturbed: the baseline burst reached none of the chosen decision
+    points" and exited 4 (no baseline ran); now it says the shard holds no trial, exit 0, its folder kept for
+    hunt-merge."""
+    from typer.testing import CliRunner
+
+    from repro.cli import app
+    from repro.shard import shard_of
+
+    keys = [("storage_set", p, 0, "") for p in ("storage_write_fails", "delay_2s")]
+    empty = next(k for k in range(1, 9) if all(shard_of(x, 8) != k for x in keys))
+    r = CliRunner().invoke(app, ["hunt", str(HICACHE_BASE), "--natural", "--only", "storage_set", "--rank", "0",
+                                 "--shard", f"{empty}/8", "--evidence-dir", str(tmp_path / "ev")])
+    out = " ".join(r.output.split())
+    assert r.exit_code == 0, r.output
+    assert f"shard {empty}/8 holds no trial of the plan" in out and "baseline burst reached none" not in out, out
+    assert list((tmp_path / "ev").glob("*/*-hunt/HUNT.md"))

@@ -197,6 +197,7 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
         if opts.shard and not shard_keys and not opts.sites:  # nothing of the plan is this shard's: no server at all
             log.header["trials_total"] = 0
             log.finish("complete", wall_s=clock.elapsed, note=f"shard {opts.shard[0]}/{opts.shard[1]} holds no trial")
+            result.empty_shard = f"{opts.shard[0]}/{opts.shard[1]}"
             return result
         # ---- 1. baseline: observe-only probes record every call place of every decision point (every point, also
         # in a shard: the trial numbers, and so the burst seeds, are the unsharded plan's)
