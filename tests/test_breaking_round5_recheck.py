@@ -99,3 +99,22 @@ def test_a_shard_holding_no_trial_says_so_and_exits_0(tmp_path: Path):
     assert r.exit_code == 0, r.output
     assert f"shard {empty}/8 holds no trial of the plan" in out and "baseline burst reached none" not in out, out
     assert list((tmp_path / "ev").glob("*/*-hunt/HUNT.md"))
+
+
+@pytest.mark.parametrize("text", ["", '[configs.x]\nsays = "x"\nargs = []\n'])
+def test_workload_all_of_a_file_without_workloads_is_refused_before_launch(tmp_path: Path, text: str):
+    """Re-check: `hunt H --natural --workload all --workload-file <an empty file>` made a hunt-matrix folder and
+    launched the base group's baseline (the quiet burst alone: "all" of nothing); now one line, nothing made."""
+    from repro.catalogue import HuntError
+    from repro.hunt.matrix import hunt_matrix
+    from repro.hunt.options import HuntOptions
+    from tests.test_hunt import FakeRunner
+
+    wf = tmp_path / "workloads.toml"
+    wf.write_text(text)
+    fr = FakeRunner({})
+    with pytest.raises(HuntError) as e:
+        hunt_matrix(HuntOptions(scenario_path=HICACHE_BASE, evidence_root=tmp_path / "ev", natural=True,
+                                workloads=["all"], workload_file=wf, spare=False), runs=fr)
+    assert f"--workload all: {wf} defines no workload" in str(e.value), str(e.value)
+    assert not fr.sessions and not (tmp_path / "ev").exists()
