@@ -103,15 +103,23 @@ def topology_problem(scenario: Any, adapter: Any) -> Optional[str]:
     """What ``run`` / ``sites`` refuse before anything is written about a scenario's servers (the caller prefixes the
     file), else None: a topology the adapter does not know; on a multi-server topology a ``[server.roles.X]`` naming
     no role of it (a typo there was ignored: ``decoder`` left decode at its default TP) or an injection ``server``
-    naming no engine server (prepare_roles' ValueError, raised only after the evidence folder was made)."""
+    naming no engine server (prepare_roles' ValueError, raised only after the evidence folder was made); on one
+    server an injection ``server`` other than that server's name (it was ignored without a word)."""
     try:
         topo = adapter.topology(scenario.server)
     except ValueError as e:
         return str(e)
-    if len(topo.roles) < 2:
-        return None
     names = [r.name for r in topo.roles]
     engines = [r.name for r in topo.engines()]
+    if len(topo.roles) < 2:  # one server: a `server` field picks nothing, so one naming another server was ignored
+        for v in scenario.variants:
+            for i in v.injections:
+                server = getattr(i, "server", None)
+                if server is not None and server not in engines:
+                    return (f"variants.{v.name}.injections.{i.id}.server: {server!r} names no server of this "
+                            f"one-server scenario (topology {getattr(scenario.server, 'topology', None) or 'single'!r}); "
+                            "drop the field: it picks a server only on a multi-server topology such as 'pd'")
+        return None
     for role in getattr(scenario.server, "roles", {}) or {}:
         if role not in names:
             return (f"server.roles.{role}: topology {scenario.server.topology!r} has no role {role!r} "

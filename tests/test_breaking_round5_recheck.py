@@ -118,3 +118,35 @@ def test_workload_all_of_a_file_without_workloads_is_refused_before_launch(tmp_p
                                 workloads=["all"], workload_file=wf, spare=False), runs=fr)
     assert f"--workload all: {wf} defines no workload" in str(e.value), str(e.value)
     assert not fr.sessions and not (tmp_path / "ev").exists()
+
+
+IO_AUX = REPO / "scenarios/sglang/natural_hicache_io_aux_fault.toml"
+
+
+@pytest.mark.parametrize("server, refused", [('"decode"', True), ('"prefill"', True), ('"server"', False)])
+def test_an_injection_server_on_a_one_server_scenario_is_checked(tmp_path: Path, server: str, refused: bool):
+    """Round 5's note (1), re-checked: `server = "decode"` on a one-server scenario was ignored without a word
+    (`sites` exit 0, `run` launched); now refused before launch like a PD scenario's unknown server. The single
+    server's own name ("server") still passes."""
+    from repro.pd import topology_problem
+    from repro.run.prepare import check_launch
+    from repro.runner import RunError, RunOptions
+    from repro.scenario import load_scenario
+    from repro.targets.registry import get_adapter
+
+    old = 'id = "io_aux_page_transfer_fault"\n'
+    text = IO_AUX.read_text()
+    assert text.count(old) == 1
+    p = tmp_path / "one.toml"
+    p.write_text(text.replace(old, f"{old}server = {server}\n"))
+    s = load_scenario(p)
+    problem = topology_problem(s, get_adapter(s.server.adapter))
+    if not refused:
+        assert problem is None, problem
+        return
+    assert problem and f"injections.io_aux_page_transfer_fault.server: {server.replace(chr(34), chr(39))} names no " \
+                       "server of this one-server scenario (topology 'single')" in problem, problem
+    with pytest.raises(RunError) as e:
+        check_launch(RunOptions(scenario_path=p, evidence_root=tmp_path / "ev"))
+    assert str(p) in str(e.value) and "drop the field" in str(e.value), str(e.value)
+    assert not (tmp_path / "ev").exists()
