@@ -694,13 +694,15 @@ def sites(
         sc = load_scenario(scenario)
         if variant is not None:
             sc.variant(variant)
-        bad_ranks = gate_rank_problem([sc.variant(variant)] if variant is not None else sc.variants, sc.server.tp_size)
-        if bad_ranks:  # what `run` refuses before launch (repro.run.prepare), said before resolving anything
-            raise ScenarioError(f"{scenario}: {bad_ranks}")
+        from repro.pd import injection_tp_sizes
         from repro.scenario import storage_action_problem
         from repro.targets.registry import get_adapter
 
         ad = get_adapter(sc.server.adapter)  # the run's engine, from the scenario
+        bad_ranks = gate_rank_problem([sc.variant(variant)] if variant is not None else sc.variants, sc.server.tp_size,
+                                      injection_tp_sizes(sc, ad, sc.server.tp_size))
+        if bad_ranks:  # what `run` refuses before launch (repro.run.prepare), said before resolving anything
+            raise ScenarioError(f"{scenario}: {bad_ranks}")
         bad_storage = storage_action_problem([sc.variant(variant)] if variant is not None else sc.variants,
                                              ad.storage_sites, ad.name)
         if bad_storage:  # likewise refused by `run` before launch
@@ -1266,8 +1268,8 @@ def hunt(
     at a time, and report which perturbations deadlock and in which collective (HUNT.md, hunt.jsonl).
 
     Exit codes: 3 if any trial DEADLOCKED in a scheduling/cache collective, 0 otherwise (also when only the model's
-    forward deadlocked), 4 when the baseline burst reached none of the chosen decision points (nothing was perturbed),
-    2 bad input or a failed baseline, 130 interrupted (results so far kept), 1 internal error.
+    forward deadlocked, and a --shard holding no trial: no server), 4 when the baseline burst reached none of the
+    chosen decision points (nothing was perturbed), 2 bad input or a failed baseline, 130 interrupted (results so far kept), 1 internal error.
     """
     python = _release_python(release, python, scenario)
     from rich.markup import escape as rich_escape
@@ -1336,6 +1338,7 @@ def hunt(
         out.print_json(json.dumps({
             "folder": str(res.folder), "hunt_md": str(EvidenceDir.open(res.folder).hunt_md.path), "baseline": str(res.baseline),
             "wall_s": round(res.wall_s, 1), "budget_exhausted": res.budget_exhausted, "discovery": res.discovery,
+            "empty_shard": res.empty_shard,
             "rows": [{"point": r.point, "caller": r.caller, "loop_frame": r.loop_frame, "loop_var": r.loop_var,
                       "where": r.where, "ranks": list(r.ranks)} for r in res.rows],
             "results": [r.to_json() for r in res.results],
@@ -1355,10 +1358,13 @@ def hunt(
         out.print(f"{len(ran)} of {len(res.results)} trial(s) run, {len(res.deadlocks)} deadlock(s), {len(sched)} in "
                   f"scheduling/cache collectives; wall time {res.wall_s / 60:.1f} min"
                   + ("; budget ended early" if res.budget_exhausted else ""))
-        if not res.rows:
+        if res.empty_shard:  # no baseline ran: "reached none" (exit 4) would be untrue
+            out.print(f"shard {res.empty_shard} holds no trial of the plan (split before the baseline): no server "
+                      "started, nothing run; the other shards hold the trials (join the folders with repro hunt-merge)")
+        elif not res.rows:
             out.print("nothing was perturbed: the baseline burst reached none of the chosen decision points")
         out.print(f"report: {EvidenceDir.open(res.folder).hunt_md.path}")
-    if not res.rows:  # nothing exercised is not "nothing found"
+    if not res.rows and not res.empty_shard:  # nothing exercised is not "nothing found"
         raise typer.Exit(EXIT_INCONCLUSIVE)
     raise typer.Exit(EXIT_DEADLOCKED if sched or getattr(res, "findings", None) else EXIT_SUCCESS)
 

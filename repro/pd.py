@@ -82,19 +82,44 @@ def injection_roles(scenario: Any) -> dict[str, Optional[str]]:
     return {i.id: getattr(i, "server", None) for v in scenario.variants for i in v.injections}
 
 
+def injection_tp_sizes(scenario: Any, adapter: Any, tp_size: int) -> Optional[dict[str, tuple[str, int]]]:
+    """On a multi-server topology: injection id → (the engine server it runs on, that server's TP size), for the
+    gate-rank check (``repro.scenario.gate_rank_problem``); an injection without ``server`` runs on every engine
+    server, so its ranks count against the widest. None on one server or a topology the adapter does not know.
+    ``tp_size``: the first engine server's (``--tp`` or ``server.tp_size``), as :func:`prepare_roles` starts it."""
+    try:
+        topo = adapter.topology(scenario.server)
+    except ValueError:
+        return None
+    engines = topo.engines()
+    if len(topo.roles) < 2 or not engines:
+        return None
+    tps = {r.name: tp_size if k == 0 else (r.tp_size or tp_size) for k, r in enumerate(engines)}
+    widest = max(tps, key=lambda n: tps[n])
+    return {i: (r if r in tps else widest, tps[r if r in tps else widest]) for i, r in injection_roles(scenario).items()}
+
+
 def topology_problem(scenario: Any, adapter: Any) -> Optional[str]:
     """What ``run`` / ``sites`` refuse before anything is written about a scenario's servers (the caller prefixes the
     file), else None: a topology the adapter does not know; on a multi-server topology a ``[server.roles.X]`` naming
     no role of it (a typo there was ignored: ``decoder`` left decode at its default TP) or an injection ``server``
-    naming no engine server (prepare_roles' ValueError, raised only after the evidence folder was made)."""
+    naming no engine server (prepare_roles' ValueError, raised only after the evidence folder was made); on one
+    server an injection ``server`` other than that server's name (it was ignored without a word)."""
     try:
         topo = adapter.topology(scenario.server)
     except ValueError as e:
         return str(e)
-    if len(topo.roles) < 2:
-        return None
     names = [r.name for r in topo.roles]
     engines = [r.name for r in topo.engines()]
+    if len(topo.roles) < 2:  # one server: a `server` field picks nothing, so one naming another server was ignored
+        for v in scenario.variants:
+            for i in v.injections:
+                server = getattr(i, "server", None)
+                if server is not None and server not in engines:
+                    return (f"variants.{v.name}.injections.{i.id}.server: {server!r} names no server of this "
+                            f"one-server scenario (topology {getattr(scenario.server, 'topology', None) or 'single'!r}); "
+                            "drop the field: it picks a server only on a multi-server topology such as 'pd'")
+        return None
     for role in getattr(scenario.server, "roles", {}) or {}:
         if role not in names:
             return (f"server.roles.{role}: topology {scenario.server.topology!r} has no role {role!r} "

@@ -435,16 +435,21 @@ class Scenario(_Strict):
         raise ScenarioError(f"scenario {self.name!r} has no variant {name!r}; known: {', '.join(v.name for v in self.variants)}")
 
 
-def gate_rank_problem(variants: Sequence[Variant], tp_size: int) -> Optional[str]:
+def gate_rank_problem(variants: Sequence[Variant], tp_size: int,
+                      servers: Optional[Mapping[str, tuple[str, int]]] = None) -> Optional[str]:
     """The first gate of ``variants`` whose ``ranks`` name a rank outside a TP group of ``tp_size`` (a gate with
     ``rank_group`` counts ranks in that group and is not checked), as the sentence ``run`` and ``sites`` both refuse
-    with (the caller prefixes the file); None when every gate's ranks fit."""
+    with (the caller prefixes the file); None when every gate's ranks fit. ``servers`` (a multi-server topology,
+    ``repro.pd.injection_tp_sizes``): injection id → (the engine server it runs on, that server's TP size), which
+    replaces ``tp_size`` for that injection (a decode server of TP 4 has ranks 0..3 whatever the prefill's TP)."""
     for v in variants:
         for inj in v.injections:
-            bad = [k for k in inj.gate.ranks if inj.gate.rank_group is None and not 0 <= k < tp_size]
+            server, tp = (servers or {}).get(inj.id, (None, tp_size))
+            bad = [k for k in inj.gate.ranks if inj.gate.rank_group is None and not 0 <= k < tp]
             if bad:
+                where = f" (server {server})" if server else ""
                 return (f"variants.{v.name}.injections.{inj.id}.gate.ranks lists rank(s) {bad}, outside the TP group of "
-                        f"size {tp_size} (expected 0..{tp_size - 1})")
+                        f"size {tp}{where} (expected 0..{tp - 1})")
     return None
 
 

@@ -127,6 +127,10 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
         raise HuntError("--sites with --workload/--config is not supported (the call sites are read from one quiet "
                         "baseline); run --sites without workloads")
     points = [cat.point(n) for n in opts.only] if opts.only else list(cat.points)
+    if not opts.sites and ncat is None and not any(pt.perturbations for pt in points):  # a baseline, then nothing
+        raise HuntError(f"{cat.path}: decision point(s) {', '.join(pt.name for pt in points)} offer no perturbation "
+                        "(perturbations = []): the hunt would run its baseline and try nothing; list perturbations "
+                        "in the catalogue's [[points]] entry, or choose other points with --only")
     engines = [(r.name, r.tp_size or base.server.tp_size) for r in adapter.topology(base.server).engines()]
     tp = max([base.server.tp_size, *(t for _, t in engines)])  # a stack: its widest server (rows keep their own ranks)
     ranks = list(opts.ranks) if opts.ranks else list(range(tp))
@@ -193,6 +197,7 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
         if opts.shard and not shard_keys and not opts.sites:  # nothing of the plan is this shard's: no server at all
             log.header["trials_total"] = 0
             log.finish("complete", wall_s=clock.elapsed, note=f"shard {opts.shard[0]}/{opts.shard[1]} holds no trial")
+            result.empty_shard = f"{opts.shard[0]}/{opts.shard[1]}"
             return result
         # ---- 1. baseline: observe-only probes record every call place of every decision point (every point, also
         # in a shard: the trial numbers, and so the burst seeds, are the unsharded plan's)

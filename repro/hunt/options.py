@@ -85,6 +85,7 @@ class HuntResult:
     discovery: Optional[dict] = None  # --discover: rows reached/fired by origin and discovery's precision
     findings: list = field(default_factory=list)  # FINDING-<workload>.md of clean workloads that deadlocked/desynced
     workload_baselines: list = field(default_factory=list)  # hunt.jsonl's workload_baseline records, as written
+    empty_shard: str = ""  # --shard K/N whose part of the plan is empty: "K/N" (no baseline, no server, nothing run)
 
     @property
     def deadlocks(self) -> list:

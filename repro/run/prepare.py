@@ -83,18 +83,18 @@ def _decide(opts: RunOptions, variants: Optional[Sequence[str]]) -> tuple:
         if tp < 2 and v.expect == "deadlock":
             raise RunError(f"variant {v.name!r} expects a deadlock, but a collective desync needs at least 2 ranks "
                            f"(TP size {tp}); use --tp 2 or more")
-    bad_ranks = gate_rank_problem(loaded, tp)
-    if bad_ranks:
-        raise RunError(f"{opts.scenario_path}: {bad_ranks}")
     try:
         adapter = get_adapter(scenario.server.adapter)
     except UnknownAdapterError as e:
         raise RunError(f"{opts.scenario_path}: server.adapter: {e}") from None
+    from repro.pd import injection_tp_sizes, topology_problem
+
+    bad_ranks = gate_rank_problem(loaded, tp, injection_tp_sizes(scenario, adapter, tp))  # a stack: each its server's
+    if bad_ranks:
+        raise RunError(f"{opts.scenario_path}: {bad_ranks}")
     bad_storage = storage_action_problem(loaded, adapter.storage_sites, adapter.name)
     if bad_storage:
         raise RunError(f"{opts.scenario_path}: {bad_storage}")
-    from repro.pd import topology_problem
-
     bad_servers = topology_problem(scenario, adapter)
     if bad_servers:
         raise RunError(f"{opts.scenario_path}: {bad_servers}")
