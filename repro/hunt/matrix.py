@@ -47,7 +47,7 @@ def hunt_matrix(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[R
     if "all" in wanted:
         if not ncat.workloads:  # "all" of nothing: the hunt would run the quiet burst alone, in a matrix folder
             raise HuntError(f"--workload all: {ncat.path} defines no workload (no [workloads.NAME] table); pass a "
-                            "workloads TOML like scenarios/sglang/hunt_workloads.toml with --workload-file")
+                            "workloads TOML (the adapter's hunt_workloads.toml under scenarios/) with --workload-file")
         wanted = list(ncat.workloads)
     names = [nemeses.QUIET] + [w for w in dict.fromkeys(wanted) if w != nemeses.QUIET]
     configs = ["base"] + [c for c in dict.fromkeys(opts.configs) if c != "base"]
