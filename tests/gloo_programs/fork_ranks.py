@@ -74,6 +74,7 @@ def _trackers(parents: set) -> list:
 def rank(result_dir: str, arm_file: str, out_dir: str) -> None:
     res: dict = {"pid": os.getpid(), "ppid": os.getppid(), "start_method": mp.get_start_method(allow_none=True),
                  "sigquit_default": signal.getsignal(signal.SIGQUIT) == signal.SIG_DFL,
+                 "sigquit": repr(signal.getsignal(signal.SIGQUIT)),  # what it is when it is not the default
                  "threads": sorted(t.name for t in threading.enumerate())}
     step, depth = fork_target.Worker.step, 0
     while getattr(step, "__repro_injection__", None):
