@@ -6,6 +6,7 @@ rank has its own records and live injector threads. A plan that names no caller 
 from __future__ import annotations
 
 import json
+import signal
 import os
 import subprocess
 import sys
@@ -28,7 +29,7 @@ class Worker:
 
 
 def _launch(torch_python: str, tmp: Path, fork_env: str | None, *args: str,
-            fork_ranks: dict | None = None) -> tuple[dict, dict, subprocess.CompletedProcess]:
+            fork_ranks: dict | None = None, sigquit_ignored: bool = False) -> tuple[dict, dict, subprocess.CompletedProcess]:
     (tmp / "fork_target.py").write_text(TARGET)
     out = tmp / "out"
     plan = {"version": 1, "scenario": "t", "variant": "v", "out_dir": str(out), "arm_file": str(tmp / "arm"),
@@ -47,7 +48,8 @@ def _launch(torch_python: str, tmp: Path, fork_env: str | None, *args: str,
     if fork_env is not None:
         env["REPRO_FORK_RANKS"] = fork_env
     r = subprocess.run([torch_python, str(PROG), str(tmp), str(tmp / "arm"), *args], env=env, cwd=tmp,
-                       capture_output=True, text=True, timeout=180)
+                       capture_output=True, text=True, timeout=180,
+                       preexec_fn=(lambda: signal.signal(signal.SIGQUIT, signal.SIG_IGN)) if sigquit_ignored else None)
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads((tmp / "parent.json").read_text()), json.loads((tmp / "rank.json").read_text()), r
 
@@ -126,3 +128,14 @@ def test_a_gpu_device_keeps_spawn_and_says_why(torch_python: str, tmp_path: Path
     assert "keeps spawn" in (tmp_path / "out" / "errors.log").read_text()
     (ev,) = [e for e in _events(tmp_path / "out", parent["pid"]) if e["event"] == "fork_ranks_refused"]
     assert "'cuda'" in ev["reason"]
+
+
+def test_a_launcher_started_with_sigquit_ignored_still_gives_its_rank_the_default(torch_python: str, tmp_path: Path):
+    """A launcher started as a non-interactive shell's background job inherits SIGQUIT ignored, then installs its
+    own handler; exec would give a spawned rank the default (a caught signal is reset), so the forked rank gets it
+    too. Before, the rank got the launcher's disposition at interpreter start back (ignored): the fork test failed
+    in every CI run started in the background (ci4, ci5), never in a foreground one."""
+    parent, rank, _ = _launch(torch_python, tmp_path, "1", sigquit_ignored=True)
+    assert parent["start_method"] == "fork" and rank["start_method"] == "spawn"
+    assert rank["sigquit_default"] is True, rank["sigquit"]
+

@@ -27,8 +27,10 @@ In every process forked after the switch (``os.register_at_fork``), before the r
   child, so a rank's own ``mp.Process`` children are spawned as before;
 - the launcher's resource tracker (started at the switch, as spawn starts it at the first ``Process.start``) is the
   rank's, as it is a spawned rank's: one tracker in the tree, not one per rank;
-- Python signal handlers the launcher installed after interpreter start (sglang's ``launch_phase_sigquit_handler``
-  for SIGQUIT) are put back to what they were at interpreter start, which is what a spawned child has;
+- a signal the launcher caught with a Python handler (sglang's ``launch_phase_sigquit_handler`` for SIGQUIT) goes
+  back to its default, SIGINT to Python's ``default_int_handler``, and an ignored signal stays ignored: what exec
+  gives a spawned child (before: the launcher's dispositions at interpreter start, which kept SIGQUIT ignored in a
+  rank whose launcher inherited it ignored, e.g. from a non-interactive shell's background job);
 - the injector's own state is re-made by ``Runtime.after_fork`` (new pid files, writer threads, faulthandler file).
 
 Around each such fork the parent holds the injector's record lock and the ledger's writer lock (``before`` hook,
@@ -48,7 +50,7 @@ from typing import Any, Dict, List, Optional
 FORK_ENV = "REPRO_FORK_RANKS"
 MAX_FORK_EVENTS = 8
 
-_state: Dict[str, Any] = {"switched": False, "signals": {}, "orig": None, "forks": 0, "locks": []}
+_state: Dict[str, Any] = {"switched": False, "orig": None, "forks": 0, "locks": []}
 
 
 def wanted(env: Optional[Dict[str, str]] = None) -> bool:
@@ -113,12 +115,6 @@ def install(rt: Any) -> None:
         return
     caller_module, caller_name = caller.split(":", 1)
     device_path = str(spec.get("device") or "")
-    _state["signals"] = {}
-    for sig in signal.valid_signals():
-        try:
-            _state["signals"][sig] = signal.getsignal(sig)
-        except (OSError, ValueError):
-            pass
     orig = multiprocessing.set_start_method
     _state["orig"] = orig
 
@@ -214,13 +210,13 @@ def _after_child(rt: Any) -> None:
         rt.error("resetting the start method in a forked rank", e)
     restored: list = []
     failed: dict = {}
-    for sig, h in list(_state["signals"].items()):  # a copy: nothing another thread does can end the loop early
-        if h is None:
-            continue
-        try:
-            if signal.getsignal(sig) is not h:
-                signal.signal(sig, h)
-                restored.append(_signal_name(sig))
+    for sig in sorted(signal.valid_signals()):  # what exec gives a spawned child: a caught signal goes back to its
+        try:                                     # default (SIGINT: Python's own handler); ignored stays ignored
+            h = signal.getsignal(sig)
+            if not callable(h) or h is signal.default_int_handler:
+                continue
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+            restored.append(_signal_name(sig))
         except OSError:
             pass  # SIGKILL / SIGSTOP and the like: no handler can be set, none was changed
         except Exception as e:  # recorded, never fatal: a rank that keeps a launcher handler is named in the event
