@@ -62,7 +62,8 @@ def test_opt_in_forks_the_rank_which_gets_its_own_records_and_live_injector_thre
     assert parent["start_method"] == "fork"
     assert rank["ppid"] == parent["pid"] and rank["pid"] == parent["child"]
     # what a spawned rank has: spawn as its own default, SIGQUIT back to the default, the site patched once
-    assert rank["start_method"] == "spawn" and rank["sigquit_default"] is True
+    forked = [e for e in _events(out, rank["pid"]) if e.get("event") in ("forked_rank", "error")]
+    assert rank["start_method"] == "spawn" and rank["sigquit_default"] is True, (rank, forked)
     assert rank["wrappers"] == 1 and rank["step"] == 3
     assert {"repro-injector", "repro-ledger"} <= set(rank["threads"])
     assert "launcher-side-thread" not in rank["threads"]

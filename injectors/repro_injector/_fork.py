@@ -212,13 +212,25 @@ def _after_child(rt: Any) -> None:
         orig("spawn", force=True)
     except Exception as e:
         rt.error("resetting the start method in a forked rank", e)
-    restored = []
-    for sig, h in _state["signals"].items():
+    restored: list = []
+    failed: dict = {}
+    for sig, h in list(_state["signals"].items()):  # a copy: nothing another thread does can end the loop early
+        if h is None:
+            continue
         try:
-            if signal.getsignal(sig) is not h and h is not None:
+            if signal.getsignal(sig) is not h:
                 signal.signal(sig, h)
-                restored.append(signal.Signals(sig).name)
-        except (OSError, ValueError, RuntimeError):
-            pass
+                restored.append(_signal_name(sig))
+        except OSError:
+            pass  # SIGKILL / SIGSTOP and the like: no handler can be set, none was changed
+        except Exception as e:  # recorded, never fatal: a rank that keeps a launcher handler is named in the event
+            failed[_signal_name(sig)] = f"{type(e).__name__}: {e}"
     _state["switched"] = False  # this process is a rank now: its own forks are ordinary ones
-    rt.event("forked_rank", parent=os.getppid(), signals_restored=restored)
+    rt.event("forked_rank", parent=os.getppid(), signals_restored=restored, signals_not_restored=failed)
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:  # a real-time signal has no member
+        return f"signal {sig}"
