@@ -10,17 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from repro.cli import app
+from tests.test_cli_errors import _fake_python  # an interpreter that must never be started
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = REPO / "scenarios" / "sglang" / "natural_hicache_io_aux_fault.toml"
-
-
-def _fake_python(tmp_path: Path) -> Path:
-    py = tmp_path / "bin" / "python"
-    py.parent.mkdir(parents=True)
-    py.write_text("#!/bin/sh\nexit 0\n")
-    py.chmod(0o755)
-    return py
 
 
 def _scenario(tmp_path: Path, ranks: str) -> Path:
