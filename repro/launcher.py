@@ -12,6 +12,7 @@ reused, so it is always treated as ours — a check of its identity can never ma
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -28,6 +29,13 @@ from repro.procs import ProcInfo
 from repro.targets.base import Adapter, LaunchSpec, flag_value
 
 LOG_TAIL_LINES = 30
+# A start-up log line saying a port the harness picked as free was bound by another process first (uvicorn's
+# "[Errno 98] error while attempting to bind on address …: address already in use", torch's TCPStore "EADDRINUSE",
+# a metrics exporter's "Address already in use"). The process may stay alive after it (sglang's HTTP server did:
+# the stack then waited out its whole start-up time-out), so the wait stops at once on such a line.
+PORT_LOST_RE = re.compile(r"address already in use|EADDRINUSE", re.IGNORECASE)
+PORT_CHECK_S = 2.0  # seconds between two looks at the start-up log for PORT_LOST_RE
+PORT_RACE_ATTEMPTS = 3  # starts on freshly picked ports after a lost port race (repro.run.session, repro.pd)
 
 
 class LaunchError(Exception):
@@ -82,6 +90,28 @@ def _last_line(tail: str) -> str:
     return lines[-1][:200] if lines else ""
 
 
+def port_lost_error(who: str, line: str, log_path: Path, tail: str) -> LaunchError:
+    """The LaunchError for a start-up that lost a port it was given (``port_race``: the log line, ``log_tail`` set):
+    the caller starts again on new ports when it picked them (``repro.run.session``, ``repro.pd``)."""
+    err = LaunchError(f"{who} lost a port during start-up, another process bound it after it was picked as free: "
+                      f"{line!r} (full log: {log_path}; start again, or pass ports nothing else uses)")
+    err.port_race = line  # type: ignore[attr-defined]
+    err.log_tail = tail  # type: ignore[attr-defined]
+    return err
+
+
+def lost_port_line(err: Exception, server: Optional["Server"] = None) -> Optional[str]:
+    """The log line saying a start-up lost a port (:data:`PORT_LOST_RE`): from a :func:`port_lost_error`, else from
+    the error's text and log tail, else from ``server``'s log since its launch; None when the start failed otherwise."""
+    line = getattr(err, "port_race", None)
+    if isinstance(line, str) and line:
+        return line
+    for ln in f"{err}\n{getattr(err, 'log_tail', '')}".splitlines():
+        if PORT_LOST_RE.search(ln):
+            return ln.strip()[:300]
+    return server.port_lost() if server is not None else None
+
+
 def _last_error_line(tail: str) -> str:
     """The most telling line of a log tail: the last exception line if any, else the last non-empty line."""
     lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
@@ -121,6 +151,7 @@ class Server:
         self._owned_dirs: list[Path] = list(adapter.owned_dirs(env))
         self.launched_at = time.time()  # shm segments changed before this are not the tree's (remove_shm_files)
         self._shm: set[Path] = set()
+        self.log_start = 0  # the log's size when this launch started writing to it (the log keeps earlier attempts)
 
     # ---- info ------------------------------------------------------------------------------------------------
     @property
@@ -142,6 +173,21 @@ class Server:
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """Last ``lines`` lines of the server log."""
         return _tail(self.log_path, lines)
+
+    def port_lost(self) -> Optional[str]:
+        """The first line this launch wrote to its log that says a port was taken (:data:`PORT_LOST_RE`), cut to
+        300 characters; None when there is none (earlier attempts' lines in the same log are not read)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(self.log_start, size - 256 * 1024))
+                data = f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return None
+        for ln in data.splitlines():
+            if PORT_LOST_RE.search(ln):
+                return ln.strip()[:300]
+        return None
 
     def _root_is_ours(self) -> bool:
         """True while the root is our unreaped child (its pid cannot be reused), or it is still the same process."""
@@ -195,6 +241,7 @@ class Server:
         t0 = time.monotonic()
         deadline = t0 + timeout_s
         next_progress = t0 + progress_every_s
+        next_port_check = t0 + PORT_CHECK_S
         while True:
             if progress is not None and time.monotonic() >= next_progress:
                 next_progress += progress_every_s
@@ -211,6 +258,11 @@ class Server:
                 raise err
             if self.health_ok(timeout_s=min(2.0, max(0.1, deadline - time.monotonic()))):
                 return time.monotonic() - t0
+            if time.monotonic() >= next_port_check:
+                next_port_check = time.monotonic() + PORT_CHECK_S
+                lost = self.port_lost()
+                if lost:
+                    raise port_lost_error("server", lost, self.log_path, self.log_tail())
             if time.monotonic() >= deadline:
                 tail = self.log_tail()
                 err = LaunchError(
@@ -365,6 +417,7 @@ def start_server(adapter: Adapter, spec: LaunchSpec, log_path: Path) -> Server:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log_file = open(log_path, "ab", buffering=0)
     log_file.write(f"# repro launch: {' '.join(command)}\n".encode())
+    log_start = log_file.tell()
     try:
         launched_at = time.time()
         popen = subprocess.Popen(
@@ -376,4 +429,5 @@ def start_server(adapter: Adapter, spec: LaunchSpec, log_path: Path) -> Server:
         raise LaunchError(f"could not start {command[0]}: {e.strerror}; check --python") from None
     server = Server(adapter, spec, command, env, log_path, popen, log_file)
     server.launched_at = launched_at
+    server.log_start = log_start
     return server

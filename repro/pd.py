@@ -249,15 +249,22 @@ class Stack:
             repro.launcher.LaunchError: a role exited, or ``timeout_s`` passed (message names the role and what
                 was missing).
         """
-        from repro.launcher import LaunchError
+        from repro.launcher import PORT_CHECK_S, LaunchError, port_lost_error
 
         t0 = time.monotonic()
         deadline = t0 + timeout_s
+        next_port_check = t0 + PORT_CHECK_S
         pending = [r.name for r in self.roles]
         while pending:
+            check_ports = time.monotonic() >= next_port_check
+            if check_ports:
+                next_port_check = time.monotonic() + PORT_CHECK_S
             for name in list(pending):
                 s = self.servers[name]
                 s.procs()
+                lost = s.port_lost() if check_ports or not s.is_running() else None
+                if lost:  # a role that lost a port may stay alive without ever answering (its HTTP bind failed)
+                    raise port_lost_error(f"{name} server", lost, s.log_path, s.log_tail())
                 if not s.is_running():
                     err = LaunchError(f"{name} server exited with code {s.popen.poll()} during start-up: "
                                       f"{_last_line(s.log_tail())} (full log: {s.log_path})")
@@ -385,6 +392,42 @@ class Stack:
         return left
 
 
+def start_healthy(roles: Sequence[RoleRun], entry: str, timeout_s: float, observe: Any = None,
+                  started: Any = None) -> tuple[Stack, float]:
+    """Start a :class:`Stack` and wait until it is healthy (:meth:`Stack.wait_healthy`). When a role lost a port it
+    was given (another process bound it after :meth:`Stack.start` picked it free: ``LaunchError.port_race``), the
+    whole stack is stopped and started again on new ports, up to ``repro.launcher.PORT_RACE_ATTEMPTS`` starts in all;
+    ``observe("relaunch", {"attempt", "why"})`` says so (the roles' logs keep every attempt).
+
+    Args:
+        roles, entry: as for :class:`Stack`; timeout_s: seconds each start may take to become healthy;
+        observe: ``observe(event, data)`` for ``role_healthy`` and ``relaunch``; started: called with each new stack
+            right after its processes started (the session records it as its server, so Ctrl-C stops it).
+    Returns:
+        ``(stack, seconds waited by the start that became healthy)``.
+    Raises:
+        repro.launcher.LaunchError: a start failed for another reason, or the last attempt lost a port too; the
+            failing stack is left running for the caller to stop (``started`` saw it).
+    """
+    from repro.launcher import PORT_RACE_ATTEMPTS, LaunchError, lost_port_line
+
+    for attempt in range(1, PORT_RACE_ATTEMPTS + 1):
+        stack = Stack(roles, entry)
+        stack.start()
+        if started is not None:
+            started(stack)
+        try:
+            return stack, stack.wait_healthy(timeout_s, observe)
+        except LaunchError as e:
+            lost = lost_port_line(e)
+            if not lost or attempt == PORT_RACE_ATTEMPTS:
+                raise
+            stack.stop()
+            if observe:
+                observe("relaunch", {"attempt": attempt + 1, "why": f"port taken during start-up ({lost})"})
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
 def _last_line(tail: str) -> str:
     lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
     for ln in reversed(lines):
@@ -492,23 +535,23 @@ def make_session_class():
                 write_arm_file(r.arm_file, [])
             write_arm_file(p.arm_file, [])
             self.observe("launch", {"evidence": str(p.evidence.path), "roles": [r.name for r in self.roles]})
-            stack = Stack(self.roles, self.topology.entry)
+
+            def started(stack: Stack) -> None:
+                self.server = stack
+                save_server_procs(p.evidence, stack)
+                self.observe("wait_healthy", {"url": stack.url, "pid": stack.pid,
+                                              "log": str(ev.Layout.SERVER_LOG.at(p.evidence.server_path("*"))),
+                                              "timeout_s": p.scenario.server.startup_timeout_s})
+
             try:
-                stack.start()
-            except LaunchError as e:
-                return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
-            self.server = stack
-            save_server_procs(p.evidence, stack)
-            self.observe("wait_healthy", {"url": stack.url, "pid": stack.pid,
-                                          "log": str(ev.Layout.SERVER_LOG.at(p.evidence.server_path("*"))),
-                                          "timeout_s": p.scenario.server.startup_timeout_s})
-            try:
-                waited = stack.wait_healthy(p.scenario.server.startup_timeout_s, self.observe)
+                stack, waited = start_healthy(self.roles, self.topology.entry, p.scenario.server.startup_timeout_s,
+                                              self.observe, started)
                 self.observe("healthy", {"waited_s": waited})
             except LaunchError as e:
+                if self.server is not None:
+                    save_server_procs(p.evidence, self.server)
                 return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
-            finally:
-                save_server_procs(p.evidence, stack)
+            save_server_procs(p.evidence, stack)
             self.healthy_s = time.time() - t0
             p.evidence.stack.write(self.stack_record())
             self.role_pids = stack.rank_pids_by_role()

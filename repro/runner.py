@@ -18,6 +18,6 @@ from repro.run.arm import (POLL_S, ARM_ACK_TIMEOUT_S, ARM_ACK_POLL_S, write_arm_
 from repro.run.records import collect_versions, injection_checks
 from repro.run.finish import (Outcome, outcome_exit_code, RunEvidence, SINGLE_SERVER, snapshot_session,
                               save_server_procs, _ledger_evidence, finish_evidence)
-from repro.run.session import WEDGED_STOP_GRACE_S, Session, PORT_RACE_ATTEMPTS, _lost_port_race
+from repro.run.session import WEDGED_STOP_GRACE_S, Session
 from repro.run.loop import (make_session, run_prepared, run_one, _rewrite_exit_code, _result, VariantItem,
                             VariantDone, log_since, run_variants, run_many, run)

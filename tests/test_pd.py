@@ -203,6 +203,54 @@ def test_stack_waits_for_the_routers_workers_then_stops_every_tree(tmp_path: Pat
     assert left == [] and not any(_procs.alive(p) for p in procs)
 
 
+def test_a_role_that_lost_its_port_but_stays_alive_fails_the_wait_at_once(tmp_path: Path):
+    """The prefill launcher's HTTP bind lost its port (uvicorn's "[Errno 98] … address already in use") and the
+    process stayed alive: the wait ends with a port-race error, not after the whole start-up time-out."""
+    stack = _stack(tmp_path, decode_extra=["--lose-port-once", str(tmp_path / "lost")])
+    try:
+        stack.start()
+        with pytest.raises(LaunchError) as e:
+            stack.wait_healthy(20)
+        assert getattr(e.value, "port_race", False), str(e.value)
+        assert "lost a port during start-up" in str(e.value) and "address already in use" in str(e.value)
+        assert all(s.is_running() for s in stack.servers.values())  # it was alive: only its log told
+    finally:
+        assert stack.stop() == []
+
+
+def test_start_healthy_starts_the_whole_stack_again_on_new_ports_after_a_lost_port(tmp_path: Path):
+    from repro.pd import start_healthy
+
+    stack0 = _stack(tmp_path, decode_extra=["--lose-port-once", str(tmp_path / "lost")])
+    seen: list = []
+    stacks: list = []
+    stack = None
+    try:
+        stack, _ = start_healthy(stack0.roles, "router", 20, lambda e, d: seen.append((e, d)), stacks.append)
+        assert len(stacks) == 2 and stacks[1] is stack
+        assert [d["attempt"] for e, d in seen if e == "relaunch"] == [2]
+        assert not any(s.is_running() for s in stacks[0].servers.values())  # the first stack was stopped
+        log = stack.servers["decode"].log_path.read_text()
+        assert log.count("# repro launch:") == 2 and "address already in use" in log  # both attempts kept
+    finally:
+        for s in stacks:
+            assert s.stop() == []
+
+
+def test_start_healthy_does_not_retry_other_failures(tmp_path: Path):
+    from repro.pd import start_healthy
+
+    stack0 = _stack(tmp_path, router_extra=["--workers-after-s", "600"])
+    stacks: list = []
+    try:
+        with pytest.raises(LaunchError, match="does not list every server healthy"):
+            start_healthy(stack0.roles, "router", 3, None, stacks.append)
+        assert len(stacks) == 1
+    finally:
+        for s in stacks:
+            assert s.stop() == []
+
+
 def test_a_stack_under_the_fork_ranks_opt_in_starts_its_router_too(tmp_path: Path, monkeypatch):
     """REPRO_FORK_RANKS=1 (the pd stage of scripts/test.sh sets it) applies to the servers whose adapter declares a
     call to switch (the engines, ``--device cpu``); the router declares none and has no ``--device``: it starts, with

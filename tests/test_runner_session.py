@@ -1,7 +1,7 @@
 """Session start-up: a port picked as free but taken before the server bound it is retried on new ports.
 
-Uses a small stand-in server program (not SGLang): the first launch dies with the EADDRINUSE error torch prints,
-the second serves /health; the session must come up healthy on the second attempt, and a start-up failure of any
+Uses a small stand-in server program (not SGLang): the first launch dies with the EADDRINUSE error torch prints (or
+prints uvicorn's bind error and stays alive), the second serves /health; the session must come up healthy on the second attempt, and a start-up failure of any
 other kind must not be retried.
 """
 
@@ -24,6 +24,12 @@ SERVER = textwrap.dedent('''
     port, counter, mode = int(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
     n = int(counter.read_text()) + 1 if counter.exists() else 1
     counter.write_text(str(n))
+    if n == 1 and mode == "race_alive":  # uvicorn's bind error; the process stays alive, never serving
+        print(f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): address already in use",
+              flush=True)
+        import time
+        while True:
+            time.sleep(1)
     if n == 1:
         print("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. "
               "port: 40177, code: -98, name: EADDRINUSE" if mode == "race" else "ValueError: bad model config", flush=True)
@@ -65,6 +71,21 @@ def test_port_race_at_start_up_is_retried_on_new_ports(tmp_path):
         assert session.start() is None
         assert counter.read_text() == "2" and session.rank_pids == {0: session.server.pid}
         assert p.evidence.file("server.log").read_text().count("# repro launch:") == 2  # both attempts kept
+    finally:
+        session.stop()
+
+
+def test_a_lost_port_that_leaves_the_server_alive_is_retried_at_once(tmp_path):
+    """sglang's HTTP server lost its port and stayed alive: the session sees the bind error in the log and starts
+    again on new ports, instead of waiting out the scenario's start-up time-out (300 s here)."""
+    p, counter = _prepared(tmp_path, "race_alive")
+    seen: list = []
+    session = Session(p, lambda e, d: seen.append((e, d)))
+    try:
+        assert session.start() is None
+        assert counter.read_text() == "2"
+        why = [d["why"] for e, d in seen if e == "relaunch"]
+        assert len(why) == 1 and "address already in use" in why[0], why
     finally:
         session.stop()
 

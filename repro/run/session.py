@@ -13,6 +13,7 @@ from repro.driver import TOKEN_ID_RANGE, AbortPlan, BurstDriver, DriverState, ma
 from repro.run.arm import ARM_ACK_TIMEOUT_S, POLL_S, arm_and_wait, write_arm_file
 from repro.run.finish import Outcome, RunEvidence, save_server_procs, snapshot_session
 from repro.run.options import Observer, Prepared, UnresolvedSitesError, _noop
+from repro.launcher import PORT_RACE_ATTEMPTS, lost_port_line
 from repro.run.records import injection_checks
 from repro.scenario import Variant
 from repro.verdict import DEADLOCKED, INCONCLUSIVE, Verdict, interrupt_exit_code, judge_completion
@@ -93,14 +94,14 @@ class Session(RunEvidence):
                 self.observe("healthy", {"waited_s": waited})
                 break
             except LaunchError as e:
-                raced = _lost_port_race(e, self.server) and p.spec.port == 0 and p.spec.nccl_port == 0
+                lost = lost_port_line(e, self.server) if p.spec.port == 0 and p.spec.nccl_port == 0 else None
                 self.server.stop()
                 self.server = None
-                if not raced or attempt == PORT_RACE_ATTEMPTS:
+                if not lost or attempt == PORT_RACE_ATTEMPTS:
                     return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
                 # A free port picked at launch was taken before the server bound it (gloo's ephemeral ports, another
                 # server starting): start again on new ports; the log keeps both attempts.
-                self.observe("relaunch", {"attempt": attempt + 1, "why": "port taken during start-up (EADDRINUSE)"})
+                self.observe("relaunch", {"attempt": attempt + 1, "why": f"port taken during start-up ({lost})"})
         self.healthy_s = time.time() - t0
         self.rank_pids = self.server.rank_pids()
         save_server_procs(p.evidence, self.server)
@@ -362,12 +363,3 @@ class Session(RunEvidence):
         for d in getattr(self, "_open_drivers", []):
             d.close(wait_s=2.0)
         self._open_drivers = []
-
-
-PORT_RACE_ATTEMPTS = 3
-
-
-def _lost_port_race(err: Exception, server: Any) -> bool:
-    """True when start-up failed because a port picked as free was taken meanwhile (EADDRINUSE in the log)."""
-    text = f"{err} {getattr(err, 'log_tail', '')} {server.log_tail(40) if server is not None else ''}"
-    return "EADDRINUSE" in text or "address already in use" in text.lower()

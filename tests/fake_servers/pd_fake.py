@@ -2,9 +2,11 @@
 
 Not SGLang: it only answers the HTTP endpoints the stack's start-up and teardown look at, and forks one child so
 the tree has more than one process. ``python pd_fake.py --port P [--router] [--prefill URL B] [--decode URL]
-[--workers-after-s S] [--die-after-s S] [--health-after-s S]``: ``/health`` 200 at once (503 until
-``--health-after-s``); it prints ``fake: loading`` at start; a router's ``GET /workers`` lists its workers
-(healthy only after ``--workers-after-s``), like sglang-router 0.3.2 does.
+[--workers-after-s S] [--die-after-s S] [--health-after-s S] [--lose-port-once FILE]``: ``/health`` 200 at once
+(503 until ``--health-after-s``); it prints ``fake: loading`` at start; a router's ``GET /workers`` lists its
+workers (healthy only after ``--workers-after-s``), like sglang-router 0.3.2 does. With ``--lose-port-once FILE``
+the first start (FILE absent: it is created) prints uvicorn's bind error and stays alive without serving, as
+sglang 0.5.23's HTTP server did when another process took its port first; later starts serve.
 """
 
 import argparse
@@ -23,9 +25,16 @@ ap.add_argument("--decode")
 ap.add_argument("--workers-after-s", type=float, default=0.0)
 ap.add_argument("--die-after-s", type=float, default=0.0)
 ap.add_argument("--health-after-s", type=float, default=0.0)  # /health answers 503 until then, like a loading server
+ap.add_argument("--lose-port-once")
 a, _ = ap.parse_known_args()
 t0 = time.monotonic()
 print("fake: loading", flush=True)
+if a.lose_port_once and not os.path.exists(a.lose_port_once):
+    open(a.lose_port_once, "w").close()
+    print(f"ERROR:    [Errno 98] error while attempting to bind on address ('{a.host}', {a.port}): address already in use",
+          flush=True)
+    while True:  # alive, never serving
+        time.sleep(1)
 child = os.fork()
 if child == 0:  # a child in the same process group, like a scheduler process
     while True:
