@@ -257,6 +257,9 @@ def test_injector_writes_enter_and_exit_lines_as_the_documented_json_records(tmp
          None, "prefetch \"thread\"", False, 0),
         ("n", "3", 9, "all_gather", "GroupCoordinator.all_gather", None, _meta((T((8, 512)),)), site, 13, 2.0, None,
          "MainThread", True, None),
+        ("n", "3", 10, "all_reduce", "torch.distributed.all_reduce", "MIN", _meta((T((), "torch.int32"),)), site, 14,
+         3.0, None, "MainThread", False, None, 7),  # a small CPU tensor's values in and out (_ledger_args)
+        ("x", "3", 10, 3.5, None, 5),
     ]
     for it in items:
         led.q.append(it)
@@ -278,8 +281,11 @@ def test_injector_writes_enter_and_exit_lines_as_the_documented_json_records(tmp
          "thread": 'prefetch "thread"', "src": 0},
         {**base, "g": "3", "seq": 9, "op": "all_gather", "api": "GroupCoordinator.all_gather", "red": None,
          "shapes": [[8, 512]], "dtypes": ["float16"], "site": list(site), "tick": 13, "t": 2.0, "bypass": True},
+        {**base, "seq": 10, "api": "torch.distributed.all_reduce", "red": "MIN", "shapes": [[]], "dtypes": ["int32"],
+         "site": list(site), "tick": 14, "t": 3.0, "in": 7},
+        {"e": "exit", "g": "3", "seq": 10, "t": 3.5, "err": None, "out": 5},
     ]
     assert got == want
     order = ["e", "g", "seq", "op", "api", "red", "shapes", "dtypes", "site", "tick", "t", "inj", "thread"]
-    assert [list(d)[:13] for d in got if d["e"] == "enter"] == [order] * 4
-    assert [list(d) for d in got if d["e"] == "exit"] == [["e", "g", "seq", "t", "err"]] * 2
+    assert [list(d)[:13] for d in got if d["e"] == "enter"] == [order] * 5 and list(got[-2])[-1] == "in"
+    assert [list(d) for d in got if d["e"] == "exit"] == [["e", "g", "seq", "t", "err"]] * 2 + [["e", "g", "seq", "t", "err", "out"]]

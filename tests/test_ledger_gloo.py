@@ -94,6 +94,28 @@ def test_healthy_job_ledgers_agree_with_ticks_and_coordinator_calls_counted_once
     assert all(r.t_exit is not None and r.t_exit >= r.t_enter for r in led.records)
 
 
+def test_small_cpu_tensors_values_are_recorded_in_and_out_of_reductions_and_broadcasts(torch_python: str,
+                                                                                         tmp_path: Path):
+    """The per-rank answer each rank put into a MIN reduction and what every rank got back, from the ledger alone;
+    the coordinator's nested torch call gives its values to the coordinator's record; a large tensor and an async
+    call's result are not read."""
+    procs = _start(torch_python, tmp_path, _plan(tmp_path), "values", ticks=3)
+    _finish(procs)
+    leds = load_ledgers(tmp_path / "out")
+    assert check_consistent(leds) == [] and align(leds).kind == "none"
+    for rank, led in leds.items():
+        cpu = [r for r in led.records if led.groups[r.group].label == "tp/cpu"]
+        mins = [r for r in cpu if r.red == "MIN"]
+        assert [(r.tick, r.vin, r.vout) for r in mins] == [(t, 10 * (rank + 1) + t, 10 + t) for t in (1, 2, 3)]
+        sums = [r for r in cpu if r.op == "all_reduce" and r.red == "SUM"]
+        assert [(r.shapes, r.vin, r.vout) for r in sums] == [(((32,),), None, None), (((2,),), [1.0, 1.0], None)] * 3
+        sizes = [r for r in cpu if r.op == "broadcast" and r.shapes == ((1,),)]
+        assert [(r.vin, r.vout) for r in sizes] == [([3] if rank == 0 else [0], [3])] * 3
+        dev = [r for r in led.records if led.groups[r.group].label == "tp/device"]
+        assert {r.api for r in dev} == {"GroupCoordinator.all_reduce"}
+        assert [(r.vin, r.vout) for r in dev] == [([1.0] * 4, [2.0] * 4)] * 3
+
+
 def _wait_for(pred, what: str):
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:

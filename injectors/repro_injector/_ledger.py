@@ -42,9 +42,10 @@ File format (one JSON object per line; ``e`` says which):
   ``red`` the reduce op or null; ``shapes``/``dtypes`` of the tensors passed (a list of tensors counts as
   ``[n, *shape]``); ``src`` (broadcasts only, when given as an int: the global source rank); ``site`` up to 4 caller frames outside the communication layers (``module:qualname``, innermost
   first; an injected collective's first frame is the patched site); ``inj`` the injection id when the injector's
-  own action issued it; ``t`` epoch seconds.
-- ``{"e": "exit", "g", "seq", "t", "err"}``: the call returned (for ``async_op=True``, when the call returned, not
-  when the work completed).
+  own action issued it; ``t`` epoch seconds; ``in`` (last, only when recorded) the values of a small CPU tensor an
+  ``all_reduce`` / ``broadcast`` carries, at entry (``_ledger_args.py``: ≤ 16 elements, never a device tensor).
+- ``{"e": "exit", "g", "seq", "t", "err", "out"}``: the call returned (for ``async_op=True``, when the call returned,
+  not when the work completed); ``out`` only where the enter record has ``in``: the tensor's values after the call.
 - ``{"e": "state", "tick", "full", "v"}`` and ``{"e": "state_error", "tick", "probe", "err"}``: the lockstep state
   digest at a tick's start, when the plan's ``ledger.digest`` names probes (format in ``_digest.py``); written by
   the ticking thread with the tick's other records; each part after the first starts with a ``full`` one.
@@ -62,7 +63,7 @@ coordinator call is due as a bypass record; so a blocked rank's last record is o
 queued: an idle process's writer does not wake (each hand-over of the GIL to it cost the rank's main thread a wait
 for the writer to be scheduled: measured in benchmarks/RESULTS.md). A blocked gloo collective releases the GIL, so
 the writer thread writes the record of the collective a rank hangs in (tests/test_ledger_gloo.py). Records keep a
-tensor's shape and dtype, never the tensor. Bounded: the file rotates after ``max_records // 2`` enter records into
+tensor's shape and dtype, never the tensor (and the values of a small CPU one only). Bounded: the file rotates after ``max_records // 2`` enter records into
 ``ledger-<pid>.1.jsonl`` (replacing the previous part), so between ``max_records // 2`` and ``max_records`` of the
 most recent records are kept (~250 bytes each: 20,000 records ≈ 5 MB per rank); the header's ``dropped`` says how
 many were discarded.
@@ -74,7 +75,6 @@ stack analysis treat them as transparent.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import sys
@@ -85,6 +85,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from . import files as _files
 from . import gate as _gate
+from ._ledger_args import SRC_OPS, VALUE_OPS, _arg_index, _is_async, _meta, _src, _values
 
 FLUSH_INTERVAL_S = 0.05  # the calling thread writes the queue itself at a collective's entry once it is this old
 WRITER_PERIOD_S = 0.15  # the writer thread's period while records are queued or a coordinator call is open
@@ -146,7 +147,7 @@ class _Pending:
     """An outer (coordinator-level) call whose record is written at its first torch-level call, or by the writer
     thread once it has waited ``PENDING_AFTER_S`` without one (a pynccl / custom all-reduce call that may hang)."""
 
-    __slots__ = ("api", "coord", "method", "attr", "objs", "tick", "site", "inj", "t", "key", "seq")
+    __slots__ = ("api", "coord", "method", "attr", "objs", "tick", "site", "inj", "t", "key", "seq", "vals", "vout")
 
     def __init__(self, api: str, coord: Any, method: str, attr: str, objs: tuple, tick: int, site: Tuple[str, ...],
                  inj: Optional[str], t: float) -> None:
@@ -154,6 +155,8 @@ class _Pending:
         self.site, self.inj, self.t = site, inj, t
         self.key: Optional[str] = None
         self.seq = 0
+        self.vals = False  # its record took a small CPU tensor's values in (``_ledger_args``): read them out after the call
+        self.vout: Optional[list] = None
 
 
 def _rename(fn: Callable, name: str) -> Callable:
@@ -166,39 +169,6 @@ def _rename(fn: Callable, name: str) -> Callable:
             pass
     _gate.OWN_CODES.add(fn.__code__)
     return fn
-
-
-SRC_OPS = ("broadcast", "broadcast_object_list")  # ops whose records carry ``src`` (global rank of the source)
-
-
-def _src(op: str, args: tuple, kwargs: dict, si: int) -> Optional[int]:
-    """The global source rank of a broadcast call (``src=`` or positional), None when not given or not an int."""
-    if op not in SRC_OPS:
-        return None
-    v = kwargs.get("src") if "src" in kwargs else (args[si] if 0 <= si < len(args) else None)
-    return v if isinstance(v, int) else None
-
-
-def _meta(objs: tuple) -> tuple:
-    """``(shape, dtype)`` of each tensor among a call's first arguments (a list of tensors: ``((n, *shape), dtype)``),
-    taken at the call: a queued record must not keep the tensors alive until it is written (on a GPU that would hold
-    every layer's all-reduce input of a long forward in the caching allocator until the next tick)."""
-    out = []
-    for o in objs:
-        shape = getattr(o, "shape", None)
-        if shape is not None and hasattr(o, "dtype"):
-            out.append((shape, o.dtype))
-        elif isinstance(o, (list, tuple)) and o and hasattr(o[0], "shape") and hasattr(o[0], "dtype"):
-            out.append(((len(o),) + tuple(o[0].shape), o[0].dtype))
-    return tuple(out)
-
-
-def _arg_index(fn: Callable, name: str) -> int:
-    try:
-        params = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return -1
-    return params.index(name) if name in params else -1
 
 
 class Ledger:
@@ -535,6 +505,8 @@ class Ledger:
         ri = _arg_index(orig, "op") if op in ("all_reduce", "reduce_scatter", "reduce_scatter_tensor",
                                               "reduce_scatter_single") else -1
         si = _arg_index(orig, "src") if op in SRC_OPS else -1
+        ai = _arg_index(orig, "async_op")
+        vals = op in VALUE_OPS
         api = f"torch.distributed.{op}"
         op = WIRE_OPS.get(op, op)
         tls = _tls
@@ -545,7 +517,12 @@ class Ledger:
             if getattr(tls, "d", 0):
                 p = getattr(tls, "p", None)
                 if p is not None and p.key is None:
-                    led._emit_pending(p, op, args, kwargs, gi, ri, si)
+                    led._emit_pending(p, op, args, kwargs, gi, ri, si, vals)
+                    if p.vals:
+                        res = orig(*args, **kwargs)
+                        if not _is_async(args, kwargs, ai):
+                            p.vout = _values(args, kwargs)
+                        return res
                 return orig(*args, **kwargs)
             w = led.alternate_s
             if w:
@@ -562,9 +539,10 @@ class Ledger:
                 if ri >= 0 and red is None:
                     red = "SUM"
                 src = _src(op, args, kwargs, si)
+                vin = _values(args, kwargs) if vals else None
                 t = wall()
                 q.append(("n", key, seq, op, api, red, _meta(args[:2]), site, led.tick, t, inj,
-                          threading.current_thread().name, False, src))
+                          threading.current_thread().name, False, src, vin))
                 if not led.tick_writes and t - led.last_write >= FLUSH_INTERVAL_S:
                     led.write_now()
                 if q and led.idle:  # not written (by the tick, or another thread was writing): the writer thread will
@@ -579,7 +557,8 @@ class Ledger:
                     raise
                 if w:
                     h0 = _pc()
-                q.append(("x", key, seq, wall(), None))
+                q.append(("x", key, seq, wall(), None,
+                          _values(args, kwargs) if vin is not None and not _is_async(args, kwargs, ai) else None))
                 if led.idle:
                     led._wake.set()
                 if w:
@@ -597,7 +576,8 @@ class Ledger:
                 pass
         return _rename(repro_ledger, f"repro_ledger[{api}]")
 
-    def _emit_pending(self, p: _Pending, op: str, args: tuple, kwargs: dict, gi: int, ri: int, si: int = -1) -> None:
+    def _emit_pending(self, p: _Pending, op: str, args: tuple, kwargs: dict, gi: int, ri: int, si: int = -1,
+                      vals: bool = False) -> None:
         pg = kwargs.get("group") if "group" in kwargs else (args[gi] if 0 <= gi < len(args) else None)
         key, _ = self._group(pg)
         red = kwargs.get("op") if "op" in kwargs else (args[ri] if 0 <= ri < len(args) else None)
@@ -609,8 +589,10 @@ class Ledger:
             n = self.seqs.get(key, 0) + 1
             self.seqs[key] = n
             p.key, p.seq = key, n
+            vin = _values(args, kwargs) if vals else None
+            p.vals = vin is not None
             self.q.append(("n", key, n, op, p.api, red, _meta(args[:2]), p.site, p.tick, p.t, p.inj,
-                           threading.current_thread().name, False, _src(op, args, kwargs, si)))
+                           threading.current_thread().name, False, _src(op, args, kwargs, si), vin))
 
     def _emit_bypass(self, p: _Pending, thread: str) -> None:
         """Write a coordinator call that has reached no torch.distributed call (yet), on its fallback group."""
@@ -682,7 +664,7 @@ class Ledger:
                     except Exception as e:
                         led.rt.error(f"ledger: {api} bypass record failed", e)
                 if p.key is not None:
-                    led.q.append(("x", p.key, p.seq, wall(), err))
+                    led.q.append(("x", p.key, p.seq, wall(), err, p.vout if err is None else None))
                     if led.idle and err is None:
                         led._wake.set()
                 if err is not None:  # the failed call's records (enter and exit, or its bypass record) on disk now
@@ -732,7 +714,8 @@ class Ledger:
         the documented order). The parts that repeat from one collective to the next — group, op / API / reduce
         op, shapes and dtypes, call site, injection / thread — are encoded once and kept (``_frags``, bounded):
         a third of ``json.dumps``'s time per record, measured in benchmarks/RESULTS.md."""
-        _, key, seq, op, api, red, meta, site, tick, t, inj, thread, bypass, src = item
+        _, key, seq, op, api, red, meta, site, tick, t, inj, thread, bypass, src = item[:14]
+        vin = item[14] if len(item) > 14 else None
         if red is not None and not isinstance(red, str):
             red = str(red).rsplit(".", 1)[-1]
         f1, f2, f3 = self._frags
@@ -753,7 +736,8 @@ class Ledger:
         if c is None:
             c = f3[k3] = (',"inj":' + _js(inj) + ',"thread":' + _js(thread) + (',"bypass":true' if bypass else "")
                           + ("" if src is None else ',"src":' + _js(src)) + "}\n")
-        return a[0] + str(int(seq)) + a[1] + b + str(int(tick)) + ',"t":' + repr(float(t)) + c
+        return (a[0] + str(int(seq)) + a[1] + b + str(int(tick)) + ',"t":' + repr(float(t))
+                + (c if vin is None else c[:-2] + ',"in":' + _js(vin) + "}\n"))
 
     def _rotate(self) -> None:
         self.fh.close()
@@ -814,9 +798,11 @@ class Ledger:
             item = q.popleft()
             kind = item[0]
             if kind == "x":
-                _, key, seq, t, err = item
+                _, key, seq, t, err = item[:5]
+                vout = item[5] if len(item) > 5 else None
                 self.fh.write('{"e":"exit","g":' + _js(key) + ',"seq":' + str(int(seq)) + ',"t":' + repr(float(t))
-                              + ',"err":' + ("null" if err is None else _js(err)) + "}\n")
+                              + ',"err":' + ("null" if err is None else _js(err))
+                              + ("" if vout is None else ',"out":' + _js(vout)) + "}\n")
             elif kind == "n":
                 line = self.enter_line(item)
                 if self.in_part >= self.max_records // 2:

@@ -75,7 +75,8 @@ def read_ledger_files(files: Sequence[Union[str, Path]]) -> RankLedger:
                            site=tuple(d.get("site") or ()), tick=int(d.get("tick") or 0),
                            t_enter=float(d.get("t") or 0.0), t_exit=float(x["t"]) if x else None,
                            inj=d.get("inj"), err=x.get("err") if x else None, bypass=bool(d.get("bypass")),
-                           thread=str(d.get("thread") or ""), src=d.get("src")))
+                           thread=str(d.get("thread") or ""), src=d.get("src"), vin=d.get("in"),
+                           vout=x.get("out") if x else None))
     return RankLedger(rank=rank, pid=pid, groups=groups, records=recs, dropped=dropped, max_records=max_records,
                       files=[str(p) for p in paths], warnings=warnings)
 

@@ -4,7 +4,7 @@ ledger, the first divergence."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from repro.diagnosis import DivergenceKind
 
@@ -49,6 +49,8 @@ class Record:
             innermost first (``module:qualname``); tick: scheduler tick when entered.
         t_enter / t_exit: epoch seconds; t_exit None = never left (blocked there, or the process died).
         inj: injection id when the injector's action issued it; err: exception text when the call raised.
+        vin / vout: the values a small CPU tensor of an ``all_reduce`` / ``broadcast`` carried in and out (a list,
+            or a number for a 0-d tensor; injectors/repro_injector/_ledger_args.py), None when not recorded.
     """
 
     rank: int
@@ -68,6 +70,8 @@ class Record:
     bypass: bool = False
     thread: str = ""
     src: Optional[int] = None  # broadcasts: the global source rank, when the call named it
+    vin: Any = None
+    vout: Any = None
 
     @property
     def open(self) -> bool:

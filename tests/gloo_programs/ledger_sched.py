@@ -11,6 +11,8 @@ Shaped like SGLang 0.5.23's TP scheduler, without SGLang: ``GroupCoordinator`` (
 4-float tensor through the coordinator and, every third tick, all_gathers an object. Modes:
 
 - ``ok``: ``--ticks`` ticks, then ``OUT_DIR/done-<rank>`` and a clean exit.
+- ``values``: like ``ok``, and each tick also MIN-reduces a per-rank 0-d int (``10 * (rank + 1) + tick``), SUMs 32
+  floats and SUMs 2 floats with ``async_op=True`` on the CPU group (the ledger's recorded values).
 - ``extra``: after the ticks rank ``--odd-rank`` calls ``check_prefetch_progress`` (a MAX all_reduce on the CPU
   group) and everyone starts the next tick: the job hangs (rank K in all_reduce, the others in broadcast).
 - ``inject``: like ``extra`` but the extra all_reduce comes from the repro injector at ``Scheduler.run_batch``
@@ -123,6 +125,13 @@ class Scheduler:
             if self.rank == self.args.odd_rank:
                 x = torch.ones(4, dtype=torch.float64)  # twice the bytes: gloo's size check aborts a rank
         self.tp_group.all_reduce(x, op)
+        if self.args.mode == "values":
+            # a per-rank answer MIN-reduced like sglang 0.5.23's _sync_prefetch_hit_query (a 0-d int tensor), a tensor
+            # too large for the ledger's values, and an async reduction (its values after the call are not read)
+            hits = torch.tensor(10 * (self.rank + 1) + self.ticks, dtype=torch.int32)
+            dist.all_reduce(hits, op=dist.ReduceOp.MIN, group=self.tp_cpu_group)
+            dist.all_reduce(torch.ones(32), group=self.tp_cpu_group)
+            dist.all_reduce(torch.ones(2), group=self.tp_cpu_group, async_op=True).wait()
         if self.ticks % 3 == 0:
             self.tp_group.all_gather_object({"rank": self.rank})
 
@@ -157,7 +166,7 @@ def main() -> None:
     p.add_argument("world_size", type=int)
     p.add_argument("init_file")
     p.add_argument("out_dir")
-    p.add_argument("--mode", default="ok", choices=["ok", "extra", "inject", "mismatch-red", "mismatch-dtype", "bypass-hang"])
+    p.add_argument("--mode", default="ok", choices=["ok", "values", "extra", "inject", "mismatch-red", "mismatch-dtype", "bypass-hang"])
     p.add_argument("--ticks", type=int, default=5)
     p.add_argument("--odd-rank", type=int, default=0)
     p.add_argument("--lifetime-s", type=float, default=120.0)
@@ -172,7 +181,7 @@ def main() -> None:
                             world_size=args.world_size, timeout=datetime.timedelta(seconds=args.lifetime_s))
     s = Scheduler(args.rank, args)
     s.event_loop_normal(args.ticks)
-    if args.mode in ("ok", "mismatch-red"):
+    if args.mode in ("ok", "values", "mismatch-red"):
         _touch(args.out_dir, f"done-{args.rank}")
         # every rank is past its last collective before any tears its gloo pairs down: a rank that destroys while
         # its peer still reads a pair aborted in C++ at exit ("terminate called without an active exception",
