@@ -25,6 +25,15 @@ With ``since_time``, ``held`` names where the other ranks waited for the perturb
 right after the fire that took ≥ ``HELD_S`` (a whole-rank stop shows only there: no tick starts on any rank while
 one rank is stopped, so no probe read at a tick's start can differ).
 
+A third kind of evidence needs no probe: a reduction's per-rank *inputs*. A nemesis that changes an answer the
+engine reduces at once (a completion poll answering not-done, a storage query missing, a read failing) leaves no
+per-rank state at a tick's start; the ledger records the values a small CPU tensor carries into and out of an
+``all_reduce`` (injectors/repro_injector/_ledger_args.py). With ``since_time``, :func:`reduction_inputs` finds the
+first all_reduce after the fire (on the fire's thread first) whose inputs differed between the ranks: "rank 1 put
+0, rank 0 put 3, every rank got 0, at tick T" (status ``input reconciled``; ``input open`` when a rank got no answer),
+with how often that call site's inputs differed before the fire (background threads make some differ on an
+unperturbed server too). It decides the status only when no lockstep or attributed transient episode did.
+
 ``local`` probes (per-rank by design) are never compared; the ones that changed on the target rank are listed.
 Nothing here changes a verdict.
 """
@@ -40,7 +49,8 @@ from repro.state_digest import read_rank_states
 MAX_COLLECTIVES = 4  # call sites named per reconciling tick
 MAX_TRANSIENT_SHOWN = 2  # transient probes described in a summary (the longest episode of each)
 TRANSIENT_COLLECTIVES = 2  # collectives named per transient episode (MIN/MAX first), each by 3 frames
-STATUSES = ("diverged", "reconciled", "transient reconciled", "transient open", "none moved", "not recorded")
+STATUSES = ("diverged", "reconciled", "transient reconciled", "transient open", "input reconciled", "input open",
+            "none moved", "not recorded")
 RECONCILING_REDUCE_OPS = ("MIN", "MAX")  # a transient episode's collectives: these first (then the others)
 ATTRIBUTE_S = 5.0  # a transient episode that starts within this many seconds of the fire may be the nemesis's (delay
 # 2 s, stop 3 s, a pending's polls, a fault's first effect); later ones are not attributed
@@ -73,6 +83,41 @@ class Episode:
 
 
 @dataclass(frozen=True)
+class InputEpisode:
+    """One all_reduce whose per-rank inputs differed (the ledger's ``in`` values), paired across the ranks by group
+    and sequence number. ``inputs`` / ``outputs``: rank → the values put in / got back (an output None: that rank's
+    call did not return, or its values were not recorded); ``collective``: ``op RED @ 3-frame call site [thread]``;
+    ``before``: at the same call site on the target rank before the fire, (calls whose inputs differed, calls
+    compared)."""
+
+    tick: int
+    group: str
+    seq: int
+    collective: str
+    inputs: dict
+    outputs: dict
+    before: tuple[int, int] = (0, 0)
+
+    @property
+    def reconciled(self) -> bool:
+        """Every rank got an answer and the answers are equal."""
+        outs = list(self.outputs.values())
+        return all(o is not None for o in outs) and all(_same(outs[0], o, 0.0) for o in outs[1:])
+
+    def describe(self) -> str:
+        """``all_reduce MIN @ … at tick T (seq S): rank 1 put 0, rank 0 put 4; every rank got 0 (before the fire: 0
+        of 12 calls at this call site had different inputs)``."""
+        put = ", ".join(f"rank {r} put {_show(v)}" for r, v in self.inputs.items())
+        if self.reconciled:
+            got = f"every rank got {_show(next(iter(self.outputs.values())))}"
+        else:
+            got = "; ".join(f"rank {r} got {'no answer' if o is None else _show(o)}" for r, o in self.outputs.items())
+        n, of = self.before
+        return (f"{self.collective} at tick {self.tick} (seq {self.seq}): {put}; {got} (before the fire: {n} of {of} "
+                f"calls at this call site had different inputs)")
+
+
+@dataclass(frozen=True)
 class NaturalEffect:
     """``status``: one of :data:`STATUSES` (module docstring): ``diverged`` / ``reconciled`` from lockstep probes,
     else ``transient reconciled`` / ``transient open``, else ``none moved``; ``not recorded``: no digest.
@@ -86,10 +131,16 @@ class NaturalEffect:
     transient: tuple[Episode, ...] = ()
     later: int = 0  # transient episodes not attributed: jitter-short, or started more than attribute_s after the fire
     held: tuple[str, ...] = ()  # where the other ranks waited for the perturbed one (reductions ≥ HELD_S after the fire)
+    inputs: Optional[InputEpisode] = None  # the first reduction after the fire whose per-rank inputs differed
 
     def to_dict(self) -> dict:
+        i = self.inputs
         return {"status": self.status, "summary": self.summary, "compared": list(self.compared) if self.compared else None,
                 "later": self.later, "held": list(self.held),
+                "inputs": None if i is None else {"tick": i.tick, "group": i.group, "seq": i.seq,
+                                                  "collective": i.collective, "before": list(i.before),
+                                                  "inputs": {str(k): v for k, v in i.inputs.items()},
+                                                  "outputs": {str(k): v for k, v in i.outputs.items()}},
                 "local_moved": list(self.local_moved),
                 "episodes": [_ep_dict(e) for e in self.episodes], "transient": [_ep_dict(e) for e in self.transient]}
 
@@ -144,6 +195,56 @@ def _held(ledgers: Mapping[int, Any], target_rank: int, since_time: float, windo
     return tuple(t for _, t in sorted(found, key=lambda x: -x[0])[:HELD_SHOWN])
 
 
+def _chain(r: Any) -> str:
+    thread = f" [{r.thread}]" if getattr(r, "thread", "") and r.thread != "MainThread" else ""
+    red = f" {r.red}" if r.red else ""
+    return f"{r.op}{red} @ {r.call_site(3)}{thread}"
+
+
+def reduction_inputs(ledgers: Mapping[int, Any], target_rank: int, since_time: float, window_s: float = ATTRIBUTE_S,
+                     thread: str = "") -> Optional[InputEpisode]:
+    """The first all_reduce the target rank entered within ``window_s`` seconds after ``since_time`` (epoch seconds)
+    whose recorded inputs differed between the ranks — on ``thread`` (the fire's thread) when one there did, else on
+    any thread — paired with the other ranks' records of the same group and sequence number; None when none did
+    (or the ledgers hold no values: a ledger written before values were recorded, device tensors only).
+    ``before`` counts the target rank's calls at the same call site (3 frames, reduce op and shapes: the same
+    reduction) before ``since_time``."""
+    target = ledgers.get(target_rank)
+    if target is None:
+        return None
+    peers = {r: {(x.group, x.seq): x for x in getattr(led, "records", []) or [] if x.vin is not None}
+             for r, led in ledgers.items() if r != target_rank}
+    if not peers:
+        return None
+    before: dict[tuple, list[int]] = {}
+    found: list[tuple[Any, dict]] = []
+    for rec in getattr(target, "records", []) or []:
+        if rec.op != "all_reduce" or rec.vin is None or rec.t_enter > since_time + window_s:
+            continue
+        others = {r: m.get((rec.group, rec.seq)) for r, m in peers.items()}
+        if any(o is None for o in others.values()):
+            continue  # not recorded on every rank (rotated out, or a rank never reached it)
+        differs = any(not _same(o.vin, rec.vin, 0.0) for o in others.values())
+        if rec.t_enter < since_time:
+            b = before.setdefault((rec.site[:3], rec.red, rec.shapes), [0, 0])
+            b[0] += differs
+            b[1] += 1
+        elif differs:
+            found.append((rec, others))
+    if not found:
+        return None
+    rec, others = next(((r, o) for r, o in found if thread and r.thread == thread), found[0])
+    ranks = {target_rank: rec, **others}
+    b = before.get((rec.site[:3], rec.red, rec.shapes), [0, 0])
+    return InputEpisode(rec.tick, rec.group, rec.seq, _chain(rec), {r: x.vin for r, x in sorted(ranks.items())},
+                        {r: (x.vout if x.t_exit is not None else None) for r, x in sorted(ranks.items())}, (b[0], b[1]))
+
+
+def _valued(ledgers: Mapping[int, Any]) -> bool:
+    """Some record holds a reduction's input values (a ledger written before they were recorded holds none)."""
+    return any(r.vin is not None for led in ledgers.values() for r in getattr(led, "records", []) or [])
+
+
 def _tick_at(ledger: Any, since_time: float) -> Optional[int]:
     """The tick of the target rank's first collective entered at or after ``since_time`` (epoch seconds)."""
     ticks = [r.tick for r in getattr(ledger, "records", []) or [] if r.t_enter >= since_time]
@@ -162,7 +263,7 @@ def _differs(vals: Mapping[int, Any], tol: float) -> bool:
 
 
 def natural_effect(ledgers: Mapping[int, Any], target_rank: int, kinds: Optional[Mapping[str, str]] = None,
-                   since_time: Optional[float] = None, attribute_s: float = ATTRIBUTE_S) -> NaturalEffect:
+                   since_time: Optional[float] = None, attribute_s: float = ATTRIBUTE_S, thread: str = "") -> NaturalEffect:
     """The episodes of probe difference in one TP group's run: lockstep and transient (module docstring).
 
     Args:
@@ -172,15 +273,24 @@ def natural_effect(ledgers: Mapping[int, Any], target_rank: int, kinds: Optional
         since_time: epoch seconds of the nemesis's fire: only ticks from the target rank's first collective after
             it are looked at (a shared server's ledgers hold earlier trials); None: every tick.
         attribute_s: with ``since_time``, transient episodes starting later than this many seconds after it (the
-            tick of the target rank's first collective past it) are not attributed (nor ones ≤ ``JITTER_TICKS``).
+            tick of the target rank's first collective past it) are not attributed (nor ones ≤ ``JITTER_TICKS``);
+            :func:`reduction_inputs` looks this far after it.
+        thread: the name of the thread the nemesis fired on (its reductions are looked at first).
     Returns:
-        A :class:`NaturalEffect`; never raises on a run without digests (status ``not recorded``).
+        A :class:`NaturalEffect`; never raises on a run without digests (status ``not recorded``, unless a
+        reduction's inputs differed: ``input reconciled`` / ``input open``).
     """
+    inputs = reduction_inputs(ledgers, target_rank, since_time, attribute_s, thread) if since_time is not None else None
+    input_txt = f"; inputs: {inputs.describe()}" if inputs is not None else ""
+    input_status = None if inputs is None else ("input reconciled" if inputs.reconciled else "input open")
     states = read_rank_states(ledgers)
     kinds = {**{k: v for s in states.values() for k, v in s.kinds.items()}, **dict(kinds or {})}
     tols = {k: float(v) for s in states.values() for k, v in s.tols.items()}
     recorded = {r: s for r, s in states.items() if s.first_full() is not None}
     if len(recorded) < 2 or len(recorded) < len(states):
+        if inputs is not None:
+            return NaturalEffect(input_status or "", f"no state digest on every rank; the first reduction after the fire "
+                                 f"with different inputs: {inputs.describe()}", inputs=inputs)
         return NaturalEffect("not recorded", "no state digest on every rank (nothing to compare)")
     names: set[str] = set()
     for s in recorded.values():
@@ -243,10 +353,16 @@ def natural_effect(ledgers: Mapping[int, Any], target_rank: int, kinds: Optional
         if trans:
             status = "transient reconciled" if any(e.end_tick is not None for e in trans) else "transient open"
             return NaturalEffect(status, f"no lockstep probe moved ({len(compared)} equal at every tick {start}–{end}); "
-                                 + trans_txt + later_txt + local_txt, (), tuple(moved_local), (start, end), trans,
-                                 len(later), held)
+                                 + trans_txt + input_txt + later_txt + local_txt, (), tuple(moved_local), (start, end),
+                                 trans, len(later), held, inputs)
+        if inputs is not None:
+            return NaturalEffect(input_status or "", f"no probe moved ({len(compared)} lockstep probes equal at every tick "
+                                 f"{start}–{end}); the first reduction after the fire with different inputs: "
+                                 f"{inputs.describe()}" + later_txt + local_txt, (), tuple(moved_local), (start, end), (),
+                                 len(later), held, inputs)
         return NaturalEffect("none moved", f"none moved: {len(compared)} lockstep probes equal at every tick {start}–{end}"
                              + (f", {len(transient)} transient probes: no episode beyond jitter" if transient else "")
+                             + ", no reduction with different inputs after the fire" * (since_time is not None and _valued(ledgers))
                              + later_txt + local_txt, (), tuple(moved_local), (start, end), (), len(later), held)
     parts = []
     for e in episodes:
@@ -258,8 +374,8 @@ def natural_effect(ledgers: Mapping[int, Any], target_rank: int, kinds: Optional
             parts.append(f"`{e.probe}` differed at tick {e.start_tick} ({vals}), equal again at tick {e.end_tick} "
                          f"(reconciled in tick {e.end_tick - 1}: {via})")
     status = "diverged" if any(e.end_tick is None for e in episodes) else "reconciled"
-    return NaturalEffect(status, "; ".join(parts) + (f"; transient: {trans_txt}" if trans else "") + later_txt, episodes,
-                         tuple(moved_local), (start, end), trans, len(later), held)
+    return NaturalEffect(status, "; ".join(parts) + (f"; transient: {trans_txt}" if trans else "") + input_txt + later_txt,
+                         episodes, tuple(moved_local), (start, end), trans, len(later), held, inputs)
 
 
 def _transient_summary(trans: tuple[Episode, ...], end: int) -> str:
@@ -302,4 +418,4 @@ def _show(v: Any) -> str:
     return "absent" if v is None else str(v)
 
 
-__all__ = ["Episode", "NaturalEffect", "STATUSES", "natural_effect"]
+__all__ = ["Episode", "InputEpisode", "NaturalEffect", "STATUSES", "natural_effect", "reduction_inputs"]

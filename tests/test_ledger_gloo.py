@@ -114,6 +114,13 @@ def test_small_cpu_tensors_values_are_recorded_in_and_out_of_reductions_and_broa
         dev = [r for r in led.records if led.groups[r.group].label == "tp/device"]
         assert {r.api for r in dev} == {"GroupCoordinator.all_reduce"}
         assert [(r.vin, r.vout) for r in dev] == [([1.0] * 4, [2.0] * 4)] * 3
+    # read back as a natural nemesis's evidence: the first reduction from tick 2 on whose inputs differed
+    from repro.natural_effect import reduction_inputs
+
+    t2 = min(r.t_enter for r in leds[1].records if r.tick == 2)
+    i = reduction_inputs(leds, 1, since_time=t2, window_s=60.0, thread="MainThread")
+    assert i is not None and i.collective.startswith("all_reduce MIN @ Scheduler.run_batch") and i.tick == 2
+    assert (i.inputs, i.outputs, i.before) == ({0: 12, 1: 22}, {0: 12, 1: 12}, (1, 1)) and i.reconciled
 
 
 def _wait_for(pred, what: str):

@@ -65,3 +65,63 @@ def test_since_time_skips_the_episodes_of_earlier_trials_on_the_same_server(tmp_
     assert natural_effect(led, 0).status == "reconciled"
     late = natural_effect(led, 0, since_time=5.0)  # collectives enter at t = tick: tick 5 on
     assert late.status == "none moved" and late.compared == (5, 8)
+
+
+# ---- a reduction's per-rank inputs (the ledger's "in" / "out" values) ------------------------------------------
+HIT = ["m:HiCacheController._sync_prefetch_hit_query", "m:HiCacheController.prefetch_thread_func"]
+ACKS = ["m:UnifiedRadixCache._sync_hicache_ready_counts", "m:UnifiedRadixCache.check_hicache_events"]
+
+
+def _valued(folder: Path, pid: int, rank: int, calls: list) -> None:
+    """A ledger of MIN all_reduces: ``calls`` = [(seq, t, site, thread, in, out)]; out ``"open"``: never returned."""
+    lines = [{"e": "header", "pid": pid, "rank": rank, "part": 0, "dropped": 0, "max_records": 100, "time": 1.0},
+             {"e": "group", "g": "1", "name": "1", "ranks": [0, 1], "backend": "gloo", "label": "tp/cpu"}]
+    for seq, t, site, thread, vin, vout in calls:
+        lines.append({"e": "enter", "g": "1", "seq": seq, "op": "all_reduce", "api": "torch.distributed.all_reduce",
+                      "red": "MIN", "shapes": [[]], "dtypes": ["int32"], "site": site, "tick": seq, "t": t, "inj": None,
+                      "thread": thread, "in": vin})
+        if vout != "open":
+            lines.append({"e": "exit", "g": "1", "seq": seq, "t": t + 0.01, "err": None, "out": vout})
+    (folder / f"ledger-{pid}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_the_first_reduction_after_the_fire_with_different_inputs_on_the_fires_thread(tmp_path: Path):
+    """A storage miss on rank 1 at t=10 (prefetch thread): the scheduler's ready counts differ first (t=10.5, jitter
+    of another thread), the hit query MIN on the fire's thread next: that one is named, with what each rank put and
+    got, and how often that call site's inputs differed before the fire."""
+    r0 = [(1, 5.0, HIT, "prefetch", 4, 4), (2, 6.0, HIT, "prefetch", 4, 3), (3, 10.5, ACKS, "MainThread", [1, 0], [0, 0]),
+          (4, 11.0, HIT, "prefetch", 4, 0), (5, 20.0, HIT, "prefetch", 4, 0)]
+    r1 = [(1, 5.0, HIT, "prefetch", 4, 4), (2, 6.0, HIT, "prefetch", 3, 3), (3, 10.5, ACKS, "MainThread", [0, 0], [0, 0]),
+          (4, 11.0, HIT, "prefetch", 0, 0), (5, 20.0, HIT, "prefetch", 0, 0)]
+    _valued(tmp_path, 10, 0, r0)
+    _valued(tmp_path, 11, 1, r1)
+    led = load_ledgers(tmp_path)
+    eff = natural_effect(led, 1, since_time=10.0, thread="prefetch")
+    assert eff.status == "input reconciled" and eff.inputs is not None
+    i = eff.inputs
+    assert (i.tick, i.seq, i.inputs, i.outputs, i.before) == (4, 4, {0: 4, 1: 0}, {0: 0, 1: 0}, (1, 2))
+    assert i.collective.startswith("all_reduce MIN @ HiCacheController._sync_prefetch_hit_query") and "[prefetch]" in i.collective
+    assert "rank 0 put 4, rank 1 put 0; every rank got 0" in eff.summary and "1 of 2 calls" in eff.summary
+    # with no thread named, the first one after the fire on any thread
+    assert natural_effect(led, 1, since_time=10.0).inputs.seq == 3
+    # past the attribution window nothing is attributed
+    assert natural_effect(led, 1, since_time=14.0, thread="prefetch").inputs is None  # seq 5 is 6 s later
+
+
+def test_a_rank_that_never_got_the_reductions_answer_is_input_open(tmp_path: Path):
+    _valued(tmp_path, 10, 0, [(1, 11.0, HIT, "prefetch", 4, "open")])
+    _valued(tmp_path, 11, 1, [(1, 11.0, HIT, "prefetch", 0, 0)])
+    eff = natural_effect(load_ledgers(tmp_path), 1, since_time=10.0)
+    assert eff.status == "input open" and "rank 0 got no answer" in eff.summary
+
+
+def test_equal_inputs_or_a_ledger_without_values_leave_none_moved(tmp_path: Path):
+    _valued(tmp_path, 10, 0, [(1, 11.0, HIT, "prefetch", 4, 4)])
+    _valued(tmp_path, 11, 1, [(1, 11.0, HIT, "prefetch", 4, 4)])
+    eff = natural_effect(load_ledgers(tmp_path), 1, since_time=10.0)
+    assert eff.status == "not recorded" and eff.inputs is None  # no digest, no differing input: nothing to say
+    (tmp_path / "d").mkdir()
+    _ledger(tmp_path / "d", 10, 0, [FULL], enters=5)
+    _ledger(tmp_path / "d", 11, 1, [FULL], enters=5)
+    plain = natural_effect(load_ledgers(tmp_path / "d"), 1, since_time=2.0)
+    assert plain.status == "none moved" and "inputs" not in plain.summary  # no values recorded: no claim about them

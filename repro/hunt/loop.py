@@ -537,8 +537,9 @@ def _effect(folder: Any, rank_pids: dict, t: Trial) -> tuple[str, str]:
                 if f.injection_id == t.name and f.rank == t.rank]
         if not mine:
             return "", ""
-        eff = natural_effect(load_ledgers(folder, list(rank_pids.values()) or None), t.rank,
-                             since_time=min(f.time for f in mine))
+        first = min(mine, key=lambda f: f.time)
+        eff = natural_effect(load_ledgers(folder, list(rank_pids.values()) or None), t.rank, since_time=first.time,
+                             thread=first.thread)
         return eff.status, eff.summary + fault_fates(mine)
     except Exception as e:  # the effect column never fails a trial
         return "", f"effect not read: {type(e).__name__}: {e}"
