@@ -97,6 +97,7 @@ class InputEpisode:
     inputs: dict
     outputs: dict
     before: tuple[int, int] = (0, 0)
+    thread: str = ""  # the fire's thread when the reduction ran on it ("": another thread, the fire's did none)
 
     @property
     def reconciled(self) -> bool:
@@ -113,8 +114,9 @@ class InputEpisode:
         else:
             got = "; ".join(f"rank {r} got {'no answer' if o is None else _show(o)}" for r, o in self.outputs.items())
         n, of = self.before
-        return (f"{self.collective} at tick {self.tick} (seq {self.seq}): {put}; {got} (before the fire: {n} of {of} "
-                f"calls at this call site had different inputs)")
+        where = "on the fire's thread" if self.thread else "on another thread (the fire's did no reduction)"
+        return (f"{self.collective} at tick {self.tick} (seq {self.seq}), {where}: {put}; {got} (before the fire: {n} "
+                f"of {of} calls at this call site had different inputs)")
 
 
 @dataclass(frozen=True)
@@ -204,9 +206,11 @@ def _chain(r: Any) -> str:
 def reduction_inputs(ledgers: Mapping[int, Any], target_rank: int, since_time: float, window_s: float = ATTRIBUTE_S,
                      thread: str = "") -> Optional[InputEpisode]:
     """The first all_reduce the target rank entered within ``window_s`` seconds after ``since_time`` (epoch seconds)
-    whose recorded inputs differed between the ranks — on ``thread`` (the fire's thread) when one there did, else on
-    any thread — paired with the other ranks' records of the same group and sequence number; None when none did
-    (or the ledgers hold no values: a ledger written before values were recorded, device tensors only).
+    whose recorded inputs differed between the ranks, paired with the other ranks' records of the same group and
+    sequence number. When ``thread`` (the fire's thread) did reductions with values in that window, only those are
+    looked at (the fired call's answer goes into its own thread's next reduction: one of them differing elsewhere is
+    not attributed); else the first on any thread. None when none differed (or the ledgers hold no values: a
+    ledger written before values were recorded, device or float tensors only).
     ``before`` counts the target rank's calls at the same call site (3 frames, reduce op and shapes: the same
     reduction) before ``since_time``."""
     target = ledgers.get(target_rank)
@@ -218,6 +222,7 @@ def reduction_inputs(ledgers: Mapping[int, Any], target_rank: int, since_time: f
         return None
     before: dict[tuple, list[int]] = {}
     found: list[tuple[Any, dict]] = []
+    on_thread = 0  # reductions with values on the fire's thread in the window
     for rec in getattr(target, "records", []) or []:
         if rec.op != "all_reduce" or rec.vin is None or rec.t_enter > since_time + window_s:
             continue
@@ -229,15 +234,20 @@ def reduction_inputs(ledgers: Mapping[int, Any], target_rank: int, since_time: f
             b = before.setdefault((rec.site[:3], rec.red, rec.shapes), [0, 0])
             b[0] += differs
             b[1] += 1
-        elif differs:
+            continue
+        on_thread += bool(thread) and rec.thread == thread
+        if differs:
             found.append((rec, others))
+    if on_thread:
+        found = [(r, o) for r, o in found if r.thread == thread]
     if not found:
         return None
-    rec, others = next(((r, o) for r, o in found if thread and r.thread == thread), found[0])
+    rec, others = found[0]
     ranks = {target_rank: rec, **others}
     b = before.get((rec.site[:3], rec.red, rec.shapes), [0, 0])
     return InputEpisode(rec.tick, rec.group, rec.seq, _chain(rec), {r: x.vin for r, x in sorted(ranks.items())},
-                        {r: (x.vout if x.t_exit is not None else None) for r, x in sorted(ranks.items())}, (b[0], b[1]))
+                        {r: (x.vout if x.t_exit is not None else None) for r, x in sorted(ranks.items())}, (b[0], b[1]),
+                        thread if on_thread else "")
 
 
 def _valued(ledgers: Mapping[int, Any]) -> bool:

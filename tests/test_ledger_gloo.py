@@ -108,12 +108,14 @@ def test_small_cpu_tensors_values_are_recorded_in_and_out_of_reductions_and_broa
         mins = [r for r in cpu if r.red == "MIN"]
         assert [(r.tick, r.vin, r.vout) for r in mins] == [(t, 10 * (rank + 1) + t, 10 + t) for t in (1, 2, 3)]
         sums = [r for r in cpu if r.op == "all_reduce" and r.red == "SUM"]
-        assert [(r.shapes, r.vin, r.vout) for r in sums] == [(((32,),), None, None), (((2,),), [1.0, 1.0], None)] * 3
+        assert [(r.shapes, r.dtypes, r.vin, r.vout) for r in sums] == [
+            (((32,),), ("float32",), None, None), (((2,),), ("int64",), [1, 1], None),  # async: no values after it
+            (((2,),), ("float32",), None, None), (((65,),), ("int32",), None, None)] * 3
         sizes = [r for r in cpu if r.op == "broadcast" and r.shapes == ((1,),)]
         assert [(r.vin, r.vout) for r in sizes] == [([3] if rank == 0 else [0], [3])] * 3
         dev = [r for r in led.records if led.groups[r.group].label == "tp/device"]
         assert {r.api for r in dev} == {"GroupCoordinator.all_reduce"}
-        assert [(r.vin, r.vout) for r in dev] == [([1.0] * 4, [2.0] * 4)] * 3
+        assert [(r.vin, r.vout) for r in dev] == [(None, None), ([rank, 1], [1, 1])] * 3  # floats: none; ints: both
     # read back as a natural nemesis's evidence: the first reduction from tick 2 on whose inputs differed
     from repro.natural_effect import reduction_inputs
 

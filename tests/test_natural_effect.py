@@ -125,3 +125,18 @@ def test_equal_inputs_or_a_ledger_without_values_leave_none_moved(tmp_path: Path
     _ledger(tmp_path / "d", 11, 1, [FULL], enters=5)
     plain = natural_effect(load_ledgers(tmp_path / "d"), 1, since_time=2.0)
     assert plain.status == "none moved" and "inputs" not in plain.summary  # no values recorded: no claim about them
+
+
+def test_a_difference_on_another_thread_is_not_attributed_when_the_fires_own_reductions_were_equal(tmp_path: Path):
+    """A pending poll on the scheduler thread whose answer changed nothing: its own thread's next reduction had
+    equal inputs, so another thread's differing queue count (jitter) is not the nemesis's effect; with a fire on a
+    thread that reduces nothing (an io thread), the first differing reduction elsewhere is named as such."""
+    r0 = [(1, 10.2, ACKS, "MainThread", [0, 0], [0, 0]), (2, 10.4, HIT, "prefetch", 4, 3)]
+    r1 = [(1, 10.2, ACKS, "MainThread", [0, 0], [0, 0]), (2, 10.4, HIT, "prefetch", 3, 3)]
+    _valued(tmp_path, 10, 0, r0)
+    _valued(tmp_path, 11, 1, r1)
+    led = load_ledgers(tmp_path)
+    assert natural_effect(led, 1, since_time=10.0, thread="MainThread").inputs is None
+    other = natural_effect(led, 1, since_time=10.0, thread="io_aux")
+    assert other.inputs is not None and other.inputs.seq == 2 and other.inputs.thread == ""
+    assert "on another thread (the fire's did no reduction)" in other.summary

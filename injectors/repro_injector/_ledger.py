@@ -42,8 +42,9 @@ File format (one JSON object per line; ``e`` says which):
   ``red`` the reduce op or null; ``shapes``/``dtypes`` of the tensors passed (a list of tensors counts as
   ``[n, *shape]``); ``src`` (broadcasts only, when given as an int: the global source rank); ``site`` up to 4 caller frames outside the communication layers (``module:qualname``, innermost
   first; an injected collective's first frame is the patched site); ``inj`` the injection id when the injector's
-  own action issued it; ``t`` epoch seconds; ``in`` (last, only when recorded) the values of a small CPU tensor an
-  ``all_reduce`` / ``broadcast`` carries, at entry (``_ledger_args.py``: ≤ 16 elements, never a device tensor).
+  own action issued it; ``t`` epoch seconds; ``in`` (last, only when recorded) the values of a small integer CPU
+  tensor an ``all_reduce`` / ``broadcast`` carries, at entry (``_ledger_args.py``: ≤ 64 elements, never a device or
+  float tensor).
 - ``{"e": "exit", "g", "seq", "t", "err", "out"}``: the call returned (for ``async_op=True``, when the call returned,
   not when the work completed); ``out`` only where the enter record has ``in``: the tensor's values after the call.
 - ``{"e": "state", "tick", "full", "v"}`` and ``{"e": "state_error", "tick", "probe", "err"}``: the lockstep state

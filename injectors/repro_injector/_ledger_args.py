@@ -3,12 +3,13 @@ position, the reduce op's, a broadcast's source rank, the tensors' shapes and dt
 that a reduction or broadcast carries — its values.
 
 Values (``in`` on the enter record, ``out`` on the exit record): only for ``all_reduce`` and ``broadcast`` (both
-in place on their first argument), only when that tensor is on the CPU (a gloo group's ``torch.tensor(n)``) and
-holds at most :data:`VALUE_MAX_NUMEL` elements. These are the per-rank answers an engine reconciles: sglang
-0.5.23's ``HiCacheController._sync_prefetch_hit_query`` and ``_reduce_prefetch_ack`` (one int, MIN),
+in place on their first argument), only when that tensor is on the CPU (a gloo group's ``torch.tensor(n)``), of an
+integer or bool dtype (counts and flags, never activations) and holds at most :data:`VALUE_MAX_NUMEL` elements.
+These are the per-rank answers an engine reconciles: sglang 0.5.23's ``_reduce_prefetch_ack`` (one int, MIN),
+``HybridCacheController._sync_prefetch_hit_query`` (the hit count and one verdict per pool: 24 ints, MIN),
 ``UnifiedRadixCache._sync_hicache_ready_counts`` (the ready-ack and queue counts, MIN), the PD polls'
 ``poll_and_all_reduce`` (one uint8 per request, MIN), ``broadcast_pyobj``'s size. A device tensor is never read
-(``tolist`` would synchronise the stream); a model's activations exceed the size bound. ``out`` is read when the
+(``tolist`` would synchronise the stream); a float one is the model's (the CPU testbed's activations). ``out`` is read when the
 call returned, and not at all for ``async_op=True`` (the work may not be complete). For a broadcast, ``in`` on a
 receiving rank is the buffer's old contents. Stdlib only; never imports ``repro``.
 """
@@ -20,7 +21,7 @@ from typing import Any, Callable, Optional
 
 SRC_OPS = ("broadcast", "broadcast_object_list")  # ops whose records carry ``src`` (global rank of the source)
 VALUE_OPS = ("all_reduce", "broadcast")  # ops whose first (in-place) tensor's values are recorded when small on CPU
-VALUE_MAX_NUMEL = 16  # elements: sglang 0.5.23's largest reconciled count vector (_sync_hicache_ready_counts) is ~10
+VALUE_MAX_NUMEL = 64  # elements: sglang 0.5.23's largest reconciled vector seen is the hit query's 24 (1 + 23 pools)
 
 
 def _src(op: str, args: tuple, kwargs: dict, si: int) -> Optional[int]:
@@ -54,11 +55,12 @@ def _arg_index(fn: Callable, name: str) -> int:
 
 
 def _values(args: tuple, kwargs: dict) -> Optional[list]:
-    """The values (``tolist()``) of the call's first tensor when it is on the CPU with at most
-    :data:`VALUE_MAX_NUMEL` elements; None otherwise (a device tensor, a large one, not a tensor). Never raises."""
+    """The values (``tolist()``) of the call's first tensor when it is on the CPU, of an integer or bool dtype, with at
+    most :data:`VALUE_MAX_NUMEL` elements; None otherwise (a device tensor, a float or large one, not a tensor).
+    Never raises."""
     t = args[0] if args else kwargs.get("tensor")
     try:
-        if not t.is_cpu or t.numel() > VALUE_MAX_NUMEL:
+        if not t.is_cpu or t.dtype.is_floating_point or t.dtype.is_complex or t.numel() > VALUE_MAX_NUMEL:
             return None
         return t.tolist()
     except Exception:

@@ -12,7 +12,8 @@ Shaped like SGLang 0.5.23's TP scheduler, without SGLang: ``GroupCoordinator`` (
 
 - ``ok``: ``--ticks`` ticks, then ``OUT_DIR/done-<rank>`` and a clean exit.
 - ``values``: like ``ok``, and each tick also MIN-reduces a per-rank 0-d int (``10 * (rank + 1) + tick``), SUMs 32
-  floats and SUMs 2 floats with ``async_op=True`` on the CPU group (the ledger's recorded values).
+  floats, 2 ints with ``async_op=True``, 2 floats and 65 ints on the CPU group, and MAX-reduces ``[rank, 1]``
+  through the coordinator (the ledger's recorded values).
 - ``extra``: after the ticks rank ``--odd-rank`` calls ``check_prefetch_progress`` (a MAX all_reduce on the CPU
   group) and everyone starts the next tick: the job hangs (rank K in all_reduce, the others in broadcast).
 - ``inject``: like ``extra`` but the extra all_reduce comes from the repro injector at ``Scheduler.run_batch``
@@ -131,7 +132,10 @@ class Scheduler:
             hits = torch.tensor(10 * (self.rank + 1) + self.ticks, dtype=torch.int32)
             dist.all_reduce(hits, op=dist.ReduceOp.MIN, group=self.tp_cpu_group)
             dist.all_reduce(torch.ones(32), group=self.tp_cpu_group)
-            dist.all_reduce(torch.ones(2), group=self.tp_cpu_group, async_op=True).wait()
+            dist.all_reduce(torch.ones(2, dtype=torch.int64), group=self.tp_cpu_group, async_op=True).wait()
+            dist.all_reduce(torch.ones(2), group=self.tp_cpu_group)  # floats (activations): no values
+            self.tp_group.all_reduce(torch.tensor([self.rank, 1]), dist.ReduceOp.MAX)  # nested in the coordinator
+            dist.all_reduce(torch.zeros(65, dtype=torch.int32), group=self.tp_cpu_group)  # over 64 elements: none
         if self.ticks % 3 == 0:
             self.tp_group.all_gather_object({"rank": self.rank})
 
