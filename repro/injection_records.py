@@ -289,7 +289,8 @@ def read_fire_log(path: Union[str, Path], offset: int = 0, tail: bool = True) ->
 
 
 # what a natural action's fire was followed by (injectors/repro_injector/_natural.py writes them)
-NATURAL_EFFECT_EVENTS = ("clock_shifted", "stopped", "stop_helper_exit", "fault_outcome", "pending_done", "missed", "failed")
+NATURAL_EFFECT_EVENTS = ("clock_shifted", "stopped", "stop_helper_exit", "fault_outcome", "pending_done", "held_done", "missed",
+                         "failed")
 
 
 def fault_outcomes(fires: Iterable[FireEvent]) -> list[str]:

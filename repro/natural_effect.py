@@ -115,8 +115,17 @@ class InputEpisode:
             got = "; ".join(f"rank {r} got {'no answer' if o is None else _show(o)}" for r, o in self.outputs.items())
         n, of = self.before
         where = "on the fire's thread" if self.thread else "on another thread (the fire's did no reduction)"
-        return (f"{self.collective} at tick {self.tick} (seq {self.seq}), {where}: {put}; {got} (before the fire: {n} "
-                f"of {of} calls at this call site had different inputs)")
+        at = self.elements()
+        return (f"{self.collective} at tick {self.tick} (seq {self.seq}), {where}: {put}"
+                + (f" (different at element{'s' * (len(at) > 1)} {', '.join(map(str, at))})" if at else "")
+                + f"; {got} (before the fire: {n} of {of} calls at this call site had different inputs)")
+
+    def elements(self) -> tuple[int, ...]:
+        """Where the inputs differ when they are equally long lists (0-based indices); () otherwise."""
+        vals = list(self.inputs.values())
+        if not all(isinstance(v, list) for v in vals) or len({len(v) for v in vals}) != 1:
+            return ()
+        return tuple(i for i in range(len(vals[0])) if len({json.dumps(v[i]) for v in vals}) > 1)
 
 
 @dataclass(frozen=True)

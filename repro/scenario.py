@@ -260,12 +260,26 @@ class Fault(_Strict):
 
 class Pending(_Strict):
     """*Natural*: a completion poll (an event's ``query``, a ``done()``) answers not-done (``value``) for ``polls``
-    consecutive matching calls from the fire on: a device or transfer that completes later on this rank only."""
+    consecutive matching calls from the fire on: a device or transfer that completes later on this rank only. With
+    ``only_done`` the poll is called each time and the fire is the first (n-th) poll whose true answer was done
+    (injectors/repro_injector/_natural.py ``run_natural``)."""
 
     kind: Literal["pending"]
     polls: int = Field(..., ge=1, le=100_000, description="how many consecutive polls answer not-done", strict=True)
     value: Any = Field(False, description="the not-done answer (False for Event.query / Future.done)")
     call_original: bool = Field(False, description="still call the poll (a poll with side effects)")
+    only_done: bool = Field(False, strict=True, description="call the poll; one whose true answer is not done (equal "
+                            "to `value`, or not `done` when given) is no fire (and no match): occurrence counts the "
+                            "polls that would have said done")
+    done: Any = Field(None, description="with only_done: the true answer that means done (a status poll: sglang "
+                      "0.5.23 KVPoll.Success = 4); unset: anything but `value`")
+
+    @model_validator(mode="after")
+    def _done_needs_only_done(self) -> "Pending":
+        if self.done is not None and not self.only_done:
+            raise ValueError("'done' is read only with only_done = true (the poll is then called and its true answer "
+                             "compared); add only_done = true, or drop done")
+        return self
 
 
 class Miss(_Strict):

@@ -46,6 +46,15 @@ def test_control_ledgers_agree_and_the_smoke_deadlock_report_names_the_injected_
         assert any(r.op == "all_reduce" and r.api == "GroupCoordinator.all_reduce" for r in led.records)
         assert any(r.site and r.site[0] == "sglang.srt.utils.common:broadcast_pyobj" for r in led.records)
         assert max(r.tick for r in led.records) > 0
+        # values of small integer CPU tensors only: never the model's (float) all_reduce inputs
+        assert not [r for r in led.records if r.vin is not None and not str(r.dtypes[0]).startswith(("int", "uint", "bool"))]
+    # broadcast_pyobj's size (a 1-element long on the TP CPU group): what rank 0 sent is what every rank got
+    size = {rank: {r.seq: r for r in led.records if r.op == "broadcast" and r.vout is not None and r.site
+                   and r.site[0] == "sglang.srt.utils.common:broadcast_pyobj"} for rank, led in leds.items()}
+    both = sorted(set(size[0]) & set(size[1]))
+    assert both, size
+    assert all(size[0][q].vout == size[1][q].vout == size[0][q].vin for q in both)
+    assert any(size[0][q].vin != [0] for q in both)  # some tick carried requests
     ledger_json = read_json(control.evidence / "ledger.json")
     assert ledger_json["divergence"]["kind"] == "none" and ledger_json["consistency_problems"] == []
     for group, per_rank in ledger_json["records_per_group"].items():

@@ -38,6 +38,13 @@ MODULE = textwrap.dedent(
         def query(self):
             return True
 
+    class SlowEvent:  # completes at its 4th query on every rank
+        def __init__(self):
+            self.queries = 0
+        def query(self):
+            self.queries += 1
+            return self.queries > 3
+
     class Store:  # a storage backend: every key is stored
         def __init__(self):
             self.written = []
@@ -136,6 +143,11 @@ PROGRAM = textwrap.dedent(
         while not ev.query():
             polls += 1
         res["not_done_polls"] = polls
+    elif mode == "pending_only_done":
+        ev, polls = nmod.SlowEvent(), 0
+        while not ev.query():
+            polls += 1
+        res["not_done_polls"], res["queries"] = polls, ev.queries
     t = torch.tensor([1], dtype=torch.int32)
     dist.all_reduce(t)  # the ranks are still in step afterwards
     res["after"] = int(t.item())
@@ -148,7 +160,7 @@ PROGRAM = textwrap.dedent(
 
 SITES = {"delay": "nmod:Worker.step", "stop": "nmod:Worker.step", "clock": "nmod:Worker.step",
          "fault_caught": "nmod:transfer", "fault_die": "nmod:transfer",
-         "fault_reraised": "nmod:transfer", "pending": "nmod:Event.query",
+         "fault_reraised": "nmod:transfer", "pending": "nmod:Event.query", "pending_only_done": "nmod:SlowEvent.query",
          "miss": "nmod:Store.batch_exists", "fail": "nmod:Store.batch_set", "fail_per_key": "nmod:Store.batch_get"}
 
 
@@ -253,6 +265,18 @@ def test_pending_holds_a_completion_poll_not_done_for_k_polls(torch_python: str,
     assert [e["polls_held"] for e in f.effects if e["event"] == "pending_done"] == [5]
     rep = read_injector_dir(out)
     assert rep.counts_by_rank("nat")["fired"] == {0: 1, 1: 0}  # one fire, its later polls held (not new fires)
+
+
+def test_pending_only_done_holds_the_first_poll_that_would_have_said_done(torch_python: str, tmp_path: Path):
+    """The event completes at its 4th query; with only_done the 3 not-done polls are no fire, the 4th (done) is held
+    not-done for 5 polls, each poll still called: rank 0 sees 3 + 5 not-done polls and 9 queries, rank 1 3 and 4."""
+    (r0, r1), out = _run(torch_python, tmp_path, "pending_only_done",
+                         {"kind": "pending", "polls": 5, "value": False, "only_done": True})
+    assert (r0["not_done_polls"], r0["queries"]) == (8, 9) and (r1["not_done_polls"], r1["queries"]) == (3, 4)
+    f = _fires(out)
+    assert [e["true_answer"] for e in f.effects if e["event"] == "held_done"] == ["True"]
+    assert [e["polls_held"] for e in f.effects if e["event"] == "pending_done"] == [5]
+    assert read_injector_dir(out).counts_by_rank("nat")["fired"] == {0: 1, 1: 0}  # the not-done polls were taken back
 
 
 def test_miss_answers_not_stored_from_the_first_call_that_found_pages(torch_python: str, tmp_path: Path):

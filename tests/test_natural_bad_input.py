@@ -55,6 +55,16 @@ def test_a_boolean_where_a_number_is_expected_is_named_a_boolean_in_tomls_spelli
     assert "stop.stop_s: Input should be a valid number (got true, a boolean)" in str(e.value), str(e.value)
 
 
+def test_a_pending_done_answer_without_only_done_is_refused_naming_the_fix(tmp_path: Path):
+    p = tmp_path / "s.toml"
+    p.write_text(HEAD + 'action = { kind = "pending", polls = 5, value = 3, done = 4 }\n')
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(p)
+    assert str(p) in str(e.value) and "only_done = true" in str(e.value), str(e.value)
+    p.write_text(HEAD + 'action = { kind = "pending", polls = 5, value = 3, done = 4, only_done = true }\n')
+    assert load_scenario(p)
+
+
 def test_integers_still_load_as_seconds(tmp_path: Path):
     p = tmp_path / "s.toml"
     p.write_text(HEAD + 'action = { kind = "clock", step_s = -30, skew = 1, for_s = 10 }\n')

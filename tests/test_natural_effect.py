@@ -137,6 +137,13 @@ def test_a_difference_on_another_thread_is_not_attributed_when_the_fires_own_red
     _valued(tmp_path, 11, 1, r1)
     led = load_ledgers(tmp_path)
     assert natural_effect(led, 1, since_time=10.0, thread="MainThread").inputs is None
+    acks = natural_effect(led, 1, since_time=10.0, thread="io_aux", attribute_s=0.3)  # only the ready counts in reach
+    assert acks.inputs is None  # they were equal
+    (tmp_path / "e").mkdir()
+    _valued(tmp_path / "e", 10, 0, [(1, 10.2, ACKS, "MainThread", [1, 0, 2], [0, 0, 1])])
+    _valued(tmp_path / "e", 11, 1, [(1, 10.2, ACKS, "MainThread", [0, 0, 1], [0, 0, 1])])
+    el = natural_effect(load_ledgers(tmp_path / "e"), 1, since_time=10.0, thread="MainThread")
+    assert el.inputs.elements() == (0, 2) and "(different at elements 0, 2)" in el.summary
     other = natural_effect(led, 1, since_time=10.0, thread="io_aux")
     assert other.inputs is not None and other.inputs.seq == 2 and other.inputs.thread == ""
     assert "on another thread (the fire's did no reduction)" in other.summary

@@ -12,7 +12,10 @@ own bookkeeping. Each runs from :meth:`repro_injector._site.Site.run` when its s
   seconds later a ``fault_outcome`` event says what happened to the thread (alive, and whether it called the site
   again: it caught the exception and went on, or it died, or it is alive but never came back);
 - ``pending``: a completion poll answers not-done (``value``, default False) for ``polls`` consecutive matching
-  calls, without calling the original unless ``call_original``;
+  calls, without calling the original unless ``call_original``. With ``only_done`` the poll is called and one whose
+  true answer is not done — equal to ``value``, or, when ``done`` is given, not equal to ``done`` (a status poll:
+  sglang's ``KVPoll.Success`` = 4) — is no fire and no match (:func:`take_back`), so occurrence ``first`` / ``nth``
+  counts the polls that would have said done — "the event completed on this rank and its poll missed it";
 - ``miss``: a storage call (a backend's exists / get / set) runs, and its answer says that the pages from index
   ``keep_pages`` on are not there (:func:`cut_answer`): on a query or a read "not stored", on a write the backend's
   failure answer. With ``only_hits`` (default) a call that found no more than ``keep_pages`` pages is no fire (there
@@ -127,6 +130,15 @@ def run_natural(site: "Site", self_obj: Any, call: Callable[[], Any], args: tupl
     if kind == "fault":
         return fault(site, call)
     if kind == "pending":
+        if a.get("only_done"):
+            true_answer = call()
+            want = a.get("done")
+            done = _equal(true_answer, want) if want is not None else not _equal(true_answer, a.get("value", False))
+            if not done:
+                return take_back(site, true_answer, f"{_short(true_answer)}: not done yet, nothing to hold")
+            site.pending_left = int(a.get("polls", 1)) - 1
+            site.rt.event("held_done", id=site.id, true_answer=_short(true_answer), thread=threading.current_thread().name)
+            return hold_poll(site, lambda: None)
         site.pending_left = int(a.get("polls", 1)) - 1
         return hold_poll(site, call)
     if kind == "miss":
@@ -188,17 +200,36 @@ def miss(site: "Site", call: Callable[[], Any]) -> Any:
     answer = cut_answer(true_answer, keep)
     found, told = pages_found(true_answer), pages_found(answer)
     if told >= found and a.get("only_hits", True):
-        with site.lock:
-            n = site.counts.fired
-            site.counts.fired -= 1
-            site.counts.matched -= 1
-        site.rt.dirty = True  # n: the fire event this takes back (the records drop it)
-        site.rt.event("fire_inapplicable", id=site.id, n=n, returned=f"{found} page(s) found: nothing to miss")
-        site.rt.write_counts()
-        return true_answer
+        return take_back(site, true_answer, f"{found} page(s) found: nothing to miss")
     site.rt.event("missed", id=site.id, found_pages=found, answered_pages=told, keep_pages=keep,
                   thread=threading.current_thread().name)
     return answer
+
+
+def take_back(site: "Site", answer: Any, why: str) -> Any:
+    """Undo the fire (and match) just counted for a call with nothing to change, write ``fire_inapplicable`` (``n``:
+    the fire event it takes back; the harness's records drop it) and return the call's own ``answer``."""
+    with site.lock:
+        n = site.counts.fired
+        site.counts.fired -= 1
+        site.counts.matched -= 1
+    site.rt.dirty = True
+    site.rt.event("fire_inapplicable", id=site.id, n=n, returned=why)
+    site.rt.write_counts()
+    return answer
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """``a == b`` as a plain truth value; False when the comparison raises or is not a bool (a tensor)."""
+    try:
+        r = a == b
+        return r if isinstance(r, bool) else False
+    except Exception:
+        return False
+
+
+def _short(x: Any) -> str:
+    return repr(x)[:80]
 
 
 _FAIL_ANSWERS: Dict[str, Any] = {"false": False, "none": None, "zero": 0}
@@ -225,7 +256,7 @@ def hold_poll(site: "Site", call: Callable[[], Any]) -> Any:
     """One held poll of a ``pending`` action: answer not-done (``value``), calling the original only when asked."""
     a = site.action
     site.pending_held += 1
-    if a.get("call_original"):
+    if a.get("call_original") or a.get("only_done"):
         call()
     if site.pending_left <= 0:
         site.rt.event("pending_done", id=site.id, polls_held=site.pending_held,
