@@ -393,7 +393,8 @@ def natural_effect(ledgers: Mapping[int, Any], target_rank: int, kinds: Optional
             parts.append(f"`{e.probe}` differed at tick {e.start_tick} ({vals}), equal again at tick {e.end_tick} "
                          f"(reconciled in tick {e.end_tick - 1}: {via})")
     status = "diverged" if any(e.end_tick is None for e in episodes) else "reconciled"
-    return NaturalEffect(status, "; ".join(parts) + (f"; transient: {trans_txt}" if trans else "") + input_txt + later_txt,
+    # a lockstep episode is the answer: the inputs stay in the record (to_dict), not in the sentence
+    return NaturalEffect(status, "; ".join(parts) + (f"; transient: {trans_txt}" if trans else "") + later_txt,
                          episodes, tuple(moved_local), (start, end), trans, len(later), held, inputs)
 
 
@@ -434,6 +435,16 @@ def _transient_summary(trans: tuple[Episode, ...], end: int) -> str:
 def _show(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.3f}"
+    if isinstance(v, list) and len(v) > 8:  # a reduced vector (the hit query's 24 ints): runs of 3+ as "v ×n"
+        out: list[str] = []
+        i = 0
+        while i < len(v):
+            j = i
+            while j < len(v) and v[j] == v[i]:
+                j += 1
+            out += [f"{_show(v[i])} ×{j - i}"] if j - i >= 3 else [_show(x) for x in v[i:j]]
+            i = j
+        return "[" + ", ".join(out) + "]"
     return "absent" if v is None else str(v)
 
 

@@ -147,3 +147,12 @@ def test_a_difference_on_another_thread_is_not_attributed_when_the_fires_own_red
     other = natural_effect(led, 1, since_time=10.0, thread="io_aux")
     assert other.inputs is not None and other.inputs.seq == 2 and other.inputs.thread == ""
     assert "on another thread (the fire's did no reduction)" in other.summary
+
+
+def test_a_long_reduced_vector_is_shown_with_its_runs_folded(tmp_path: Path):
+    hit = [63, 63] + [-1] * 22  # sglang 0.5.23's hit query: the count and 23 pool verdicts
+    _valued(tmp_path, 10, 0, [(1, 11.0, HIT, "prefetch", hit, [0, 0] + [-1] * 22)])
+    _valued(tmp_path, 11, 1, [(1, 11.0, HIT, "prefetch", [0, 0] + [-1] * 22, [0, 0] + [-1] * 22)])
+    eff = natural_effect(load_ledgers(tmp_path), 1, since_time=10.0, thread="prefetch")
+    assert "rank 0 put [63, 63, -1 ×22], rank 1 put [0, 0, -1 ×22] (different at elements 0, 1)" in eff.summary
+    assert "every rank got [0, 0, -1 ×22]" in eff.summary
