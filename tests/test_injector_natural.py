@@ -143,6 +143,9 @@ PROGRAM = textwrap.dedent(
         while not ev.query():
             polls += 1
         res["not_done_polls"] = polls
+    elif mode == "pending_per_object":
+        evs = [nmod.Event(), nmod.Event()]
+        res["answers"] = [[e.query() for e in evs] for _ in range(4)]
     elif mode == "pending_only_done":
         ev, polls = nmod.SlowEvent(), 0
         while not ev.query():
@@ -161,6 +164,7 @@ PROGRAM = textwrap.dedent(
 SITES = {"delay": "nmod:Worker.step", "stop": "nmod:Worker.step", "clock": "nmod:Worker.step",
          "fault_caught": "nmod:transfer", "fault_die": "nmod:transfer",
          "fault_reraised": "nmod:transfer", "pending": "nmod:Event.query", "pending_only_done": "nmod:SlowEvent.query",
+         "pending_per_object": "nmod:Event.query",
          "miss": "nmod:Store.batch_exists", "fail": "nmod:Store.batch_set", "fail_per_key": "nmod:Store.batch_get"}
 
 
@@ -265,6 +269,15 @@ def test_pending_holds_a_completion_poll_not_done_for_k_polls(torch_python: str,
     assert [e["polls_held"] for e in f.effects if e["event"] == "pending_done"] == [5]
     rep = read_injector_dir(out)
     assert rep.counts_by_rank("nat")["fired"] == {0: 1, 1: 0}  # one fire, its later polls held (not new fires)
+
+
+def test_pending_holds_only_the_fired_objects_polls(torch_python: str, tmp_path: Path):
+    """Two events polled in turn (two requests' senders): the first poll fires and holds that event's next polls;
+    the other event's polls in between keep their own (done) answer and do not use up the hold."""
+    (r0, r1), out = _run(torch_python, tmp_path, "pending_per_object", {"kind": "pending", "polls": 3, "value": False})
+    assert r0["answers"] == [[False, True], [False, True], [False, True], [True, True]]
+    assert r1["answers"] == [[True, True]] * 4
+    assert [e["polls_held"] for e in _fires(out).effects if e["event"] == "pending_done"] == [3]
 
 
 def test_pending_only_done_holds_the_first_poll_that_would_have_said_done(torch_python: str, tmp_path: Path):

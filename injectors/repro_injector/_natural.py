@@ -12,7 +12,8 @@ own bookkeeping. Each runs from :meth:`repro_injector._site.Site.run` when its s
   seconds later a ``fault_outcome`` event says what happened to the thread (alive, and whether it called the site
   again: it caught the exception and went on, or it died, or it is alive but never came back);
 - ``pending``: a completion poll answers not-done (``value``, default False) for ``polls`` consecutive matching
-  calls, without calling the original unless ``call_original``. With ``only_done`` the poll is called and one whose
+  calls — on a method site, calls on the same object only (one request's sender, one event; the other objects'
+  polls get their own answers) — without calling the original unless ``call_original``. With ``only_done`` the poll is called and one whose
   true answer is not done — equal to ``value``, or, when ``done`` is given, not equal to ``done`` (a status poll:
   sglang's ``KVPoll.Success`` = 4) — is no fire and no match (:func:`take_back`), so occurrence ``first`` / ``nth``
   counts the polls that would have said done — "the event completed on this rank and its poll missed it";
@@ -130,6 +131,7 @@ def run_natural(site: "Site", self_obj: Any, call: Callable[[], Any], args: tupl
     if kind == "fault":
         return fault(site, call)
     if kind == "pending":
+        site.pending_self = id(self_obj) if self_obj is not None else None
         if a.get("only_done"):
             true_answer = call()
             want = a.get("done")

@@ -85,6 +85,7 @@ class Site:
         self.nature: str = _natural.nature_of(self.action)  # natural / forced / observe / control (the plan's label)
         self.pending_left = 0  # pending action: polls still to answer not-done after the fire
         self.pending_held = 0
+        self.pending_self: Optional[int] = None  # id() of the object whose poll fired (a method site): only its polls are held
         self.fault_thread: Optional[int] = None  # fault action: the thread that got the exception, and its later calls
         self.fault_reentries = 0
 
@@ -129,13 +130,13 @@ class Site:
                     c.first_entered = now
                 c.last_entered = now
                 if ok:
-                    fire = self._matched(c, now)
+                    fire = self._matched(c, now, self_obj)
             self.rt.dirty = True
         if ok and self.record_callers:
             self.rt.record_caller(self, caller)
         return fire
 
-    def _matched(self, c: Counts, now: float) -> bool:
+    def _matched(self, c: Counts, now: float, self_obj: Any = None) -> bool:
         c.matched += 1
         if c.first_matched is None:
             c.first_matched = now
@@ -143,6 +144,8 @@ class Site:
         if self.kind == "none":
             return False
         if self.pending_left > 0:  # a pending action's later polls: held, not new fires
+            if self.pending_self is not None and id(self_obj) != self.pending_self:
+                return False  # another object's poll (another request's sender): its own answer
             self.pending_left -= 1
             return HOLD  # type: ignore[return-value]
         if self.max_fires and c.fired >= self.max_fires:
