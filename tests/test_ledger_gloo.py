@@ -20,7 +20,7 @@ PROG = REPO / "tests" / "gloo_programs" / "ledger_sched.py"
 WAIT_S = 90.0  # generous bound for slow CI; not a speed assertion
 
 
-def _plan(tmp: Path, max_records: int = 1000, inject: bool = False) -> Path:
+def _plan(tmp: Path, max_records: int = 1000, inject: bool = False, armed_quiet: bool = False) -> Path:
     out = tmp / "out"
     out.mkdir()
     injections = []
@@ -32,6 +32,13 @@ def _plan(tmp: Path, max_records: int = 1000, inject: bool = False) -> Path:
             "action": {"kind": "extra_collective", "op": "all_reduce", "group": "tp_cpu_group", "method": None,
                        "when": "before"}}]
         (tmp / "arm").write_text("extra\n")
+    if armed_quiet:  # armed from the start, at a site the job never calls: nothing fires, the ledger sees the arming
+        injections = [{
+            "id": "quiet", "site": {"alternatives": ["ledger_sched:Scheduler.explode"], "aliases": []},
+            "gate": {"called_from": [], "not_called_from": [], "max_depth": 8, "inside_loop": None, "ranks": [0],
+                     "rank_group": None, "occurrence": {"mode": "first", "nth": 1, "max_fires": 1}},
+            "action": {"kind": "none"}}]
+        (tmp / "arm").write_text("quiet\n")
     plan = {"version": 1, "scenario": "gloo", "variant": "v", "out_dir": str(out), "arm_file": str(tmp / "arm"),
             "arm_poll_s": 0.1, "injections": injections,
             "ledger": {"enabled": True, "max_records": max_records,
@@ -189,6 +196,27 @@ def test_rotation_keeps_the_newest_records_and_says_how_many_were_dropped(torch_
         assert led.records[-1].tick == 30
     assert align(leds).kind == "none"
     assert any("dropped" in p for p in check_consistent(leds))
+
+
+def test_rotation_keeps_the_two_parts_from_the_arming_on_every_rank(torch_python: str, tmp_path: Path):
+    """A long run after the arming (a stall ticking on) rotates many parts: the part current at the arming and the
+    next one are kept as .3 / .2 on both ranks, so the records right after the arming survive beside the newest."""
+    procs = _start(torch_python, tmp_path, _plan(tmp_path, max_records=20, armed_quiet=True), "ok", ticks=40)
+    _finish(procs)
+    out = tmp_path / "out"
+    for part in (3, 2, 1):
+        assert len(list(out.glob(f"ledger-*.{part}.jsonl"))) == 2, part
+    leds = load_ledgers(out)
+    for led in leds.values():
+        ticks = [r.tick for r in led.records]
+        assert ticks[0] <= 3 and ticks[-1] == 40  # the first ticks (the arming's) and the newest ones
+        gap = [b for a, b in zip(ticks, ticks[1:]) if b - a > 1]
+        assert len(gap) == 1  # one gap: between the kept parts and .1
+        # every record counted once: 2 broadcasts + 1 all_reduce per tick, an all_gather_object every 3rd, the barrier
+        assert led.dropped > 0 and led.dropped + len(led.records) == 40 * 3 + 40 // 3 + 1
+    assert align(leds).kind == "none"
+    by = {r: {(x.group, x.seq) for x in led.records} for r, led in leds.items()}
+    assert by[0] == by[1]  # the same records kept on both ranks
 
 
 def test_coordinator_call_that_never_reaches_torch_is_on_disk_while_it_blocks(torch_python: str, tmp_path: Path):

@@ -67,7 +67,10 @@ the writer thread writes the record of the collective a rank hangs in (tests/tes
 tensor's shape and dtype, never the tensor (and the values of a small CPU one only). Bounded: the file rotates after ``max_records // 2`` enter records into
 ``ledger-<pid>.1.jsonl`` (replacing the previous part), so between ``max_records // 2`` and ``max_records`` of the
 most recent records are kept (~250 bytes each: 20,000 records ≈ 5 MB per rank); the header's ``dropped`` says how
-many were discarded.
+many were discarded. Two more parts are kept: the part current when the injector was last armed and the next
+one, when rotation would replace them, move to ``ledger-<pid>.3.jsonl`` and ``.2.jsonl`` (a stall after the
+nemesis fired ticks on and would rotate its own ticks away); their records are not counted as dropped, every rank
+keeps the same parts (all read the arming), and a reader sees a gap of ticks between them and ``.1``.
 
 The wrappers' code objects are named ``repro_ledger[torch.distributed.all_reduce]`` (and
 ``repro_tick[Scheduler.get_next_batch_to_run]``) so stack dumps show what they are; the stack gate and the harness's
@@ -96,6 +99,7 @@ PENDING_AFTER_S = 0.05  # a coordinator call with no torch.distributed call yet 
 SITE_FRAMES = 4
 MAX_FRAGMENTS = 4096  # encoded line parts kept (enter_line); cleared when full
 MAX_WALK = 40
+PINNED_PARTS = (3, 2)  # ledger-<pid>.3/.2.jsonl: the part current at the latest arming and the next, kept past rotation
 
 # The torch.distributed functions the ledger wraps. The injector never imports the harness, so it keeps this copy;
 # the harness' one op table is repro/diagnosis.py (COLLECTIVES), which names every op written here.
@@ -213,6 +217,8 @@ class Ledger:
         self.in_part = 0
         self.dropped = 0
         self.prev_part_records = 0
+        self.pinned_records = 0  # enter records in the pinned parts (PINNED_PARTS)
+        self.pin_from: Optional[int] = None  # the part current at the latest arming (note_armed)
         self.total = 0
         self._thread: Optional[threading.Thread] = None
         self._wlock = threading.Lock()
@@ -740,10 +746,28 @@ class Ledger:
         return (a[0] + str(int(seq)) + a[1] + b + str(int(tick)) + ',"t":' + repr(float(t))
                 + (c if vin is None else c[:-2] + ',"in":' + _js(vin) + "}\n"))
 
+    def note_armed(self) -> None:
+        """A new arming (every rank reads it; a hunt's next trial on the same server): the part current now and the
+        next one are kept at rotation (``PINNED_PARTS``), the earlier arming's pinned parts dropped."""
+        self.pin_from = self.part
+
     def _rotate(self) -> None:
         self.fh.close()
         self.fh = None
-        self.dropped += self.prev_part_records
+        i = self.part - 1 - self.pin_from if self.pin_from is not None else -1
+        if 0 <= i < len(PINNED_PARTS) and os.path.exists(self.path(1)):
+            # the part about to be replaced began within the arming's first two parts: keep it (a long stall ticks
+            # on and would rotate the nemesis's own ticks away); every rank pins the same parts (it is the arming's)
+            if i == 0:
+                self.dropped += self.pinned_records
+                self.pinned_records = 0
+                for q in PINNED_PARTS:
+                    if os.path.exists(self.path(q)):
+                        os.remove(self.path(q))
+            self.pinned_records += self.prev_part_records
+            os.replace(self.path(1), self.path(PINNED_PARTS[i]))
+        else:
+            self.dropped += self.prev_part_records
         self.prev_part_records = self.in_part
         os.replace(self.path(0), self.path(1))
         self.part += 1
@@ -859,7 +883,8 @@ class Ledger:
     def after_fork(self) -> None:
         """In a forked child: a fresh file and writer thread; sequence numbers carry over (same groups)."""
         self.fh = None
-        self.part = self.in_part = self.dropped = self.prev_part_records = 0
+        self.part = self.in_part = self.dropped = self.prev_part_records = self.pinned_records = 0
+        self.pin_from = None
         self.q.clear()
         self.pending.clear()  # the parent's other threads do not exist here (clear: the wrappers hold this dict)
         self._wlock = threading.Lock()

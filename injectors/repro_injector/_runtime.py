@@ -279,6 +279,8 @@ class Runtime:
                         s.counts = c
                 self.arm_seq += 1
                 self.armed = frozenset(ids)
+                if self.ledger is not None:
+                    self.ledger.note_armed()
                 self.event("armed", ids=ids, arm_seq=self.arm_seq, arm_file_mtime=key[0] / 1e9)
                 self.write_counts()
             elif self.armed:
