@@ -6,7 +6,8 @@ imports ``repro``); ``tests/test_store.py`` checks that both agree.
 - ``fires-<pid>.jsonl``: the fire log (``_runtime.Runtime.event``);
 - ``errors.log``: one line per exception inside the injector (``_runtime.Runtime.error``);
 - ``faulthandler-<pid>.txt``: all threads' stacks at each ``faulthandler_signal`` (``_runtime``);
-- ``ledger-<pid>.jsonl`` and its previous part ``ledger-<pid>.1.jsonl``: the collective ledger (``_ledger``);
+- ``ledger-<pid>.jsonl``, its previous part ``ledger-<pid>.1.jsonl`` and the two parts kept from the latest arming
+  ``ledger-<pid>.3.jsonl`` / ``.2.jsonl`` (oldest first): the collective ledger (``_ledger``);
 - ``digest-<pid>.jsonl`` and ``digest-<pid>.1.jsonl``: the state digest's ring (``_digest``);
 - ``ticks-<pid>.txt``: every scheduler tick's start, benchmarks only (``_ledger``, ``bench_alternate_s``).
 """
