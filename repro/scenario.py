@@ -276,6 +276,9 @@ class Pending(_Strict):
 
     @model_validator(mode="after")
     def _done_needs_only_done(self) -> "Pending":
+        if self.done is not None and not isinstance(self.done, (bool, int, float, str)):
+            raise ValueError(f"done = {self.done!r}: expected one value (a number, true / false or a string), the "
+                             "poll's answer that means done (sglang 0.5.23 KVPoll.Success: done = 4)")
         if self.done is not None and not self.only_done:
             raise ValueError("'done' is read only with only_done = true (the poll is then called and its true answer "
                              "compared); add only_done = true, or drop done")

@@ -61,6 +61,9 @@ def test_a_pending_done_answer_without_only_done_is_refused_naming_the_fix(tmp_p
     with pytest.raises(ScenarioError) as e:
         load_scenario(p)
     assert str(p) in str(e.value) and "only_done = true" in str(e.value), str(e.value)
+    p.write_text(HEAD + 'action = { kind = "pending", polls = 5, value = 3, done = [4, 5], only_done = true }\n')
+    with pytest.raises(ScenarioError, match="expected one value"):
+        load_scenario(p)
     p.write_text(HEAD + 'action = { kind = "pending", polls = 5, value = 3, done = 4, only_done = true }\n')
     assert load_scenario(p)
 
