@@ -271,14 +271,14 @@ class Pending(_Strict):
     only_done: bool = Field(False, strict=True, description="call the poll; one whose true answer is not done (equal "
                             "to `value`, or not `done` when given) is no fire (and no match): occurrence counts the "
                             "polls that would have said done")
-    done: Any = Field(None, description="with only_done: the true answer that means done (a status poll: sglang "
-                      "0.5.23 KVPoll.Success = 4); unset: anything but `value`")
+    done: Any = Field(None, description="with only_done: the true answer that means done (a status poll's success "
+                      "value, e.g. 4); unset: anything but `value`")
 
     @model_validator(mode="after")
     def _done_needs_only_done(self) -> "Pending":
         if self.done is not None and not isinstance(self.done, (bool, int, float, str)):
             raise ValueError(f"done = {self.done!r}: expected one value (a number, true / false or a string), the "
-                             "poll's answer that means done (sglang 0.5.23 KVPoll.Success: done = 4)")
+                             "poll's answer that means done (e.g. done = 4 for a status poll whose success value is 4)")
         if self.done is not None and not self.only_done:
             raise ValueError("'done' is read only with only_done = true (the poll is then called and its true answer "
                              "compared); add only_done = true, or drop done")
