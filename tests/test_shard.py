@@ -126,3 +126,24 @@ def test_cli_hunt_merge_of_no_shard_is_exit_2(tmp_path: Path) -> None:
 
     r = CliRunner().invoke(app, ["hunt-merge", str(tmp_path)])
     assert r.exit_code == 2 and "hunt.jsonl" in r.output, r.output
+
+
+def test_a_merged_row_keeps_its_server_nature_and_effect() -> None:
+    """hunt-merge rebuilds each trial from its hunt.jsonl line: a PD row's server, a control row's nature and a
+    natural row's effect must survive it (HUNT.md ranks by nature and prints the effect column)."""
+    from repro.catalogue import Perturbation
+    from repro.hunt.merge import _result, _row
+    from repro.hunt.plan import Row, Trial
+    from repro.hunt.results import TrialResult
+
+    rows = [Row("pd_sender_poll", "m:poll_and_all_reduce", None, None, server=s) for s in ("prefill", "decode")]
+    leak = Perturbation("control_leak_one_slot", {"kind": "state", "pool": "req_to_token_pool", "take": 1}, "", control=True)
+    held = Perturbation("pending_transferring", {"kind": "pending", "polls": 5, "value": 3, "only_done": True, "done": 4}, "")
+    res = [TrialResult(Trial(1, rows[1], held, 1), "ALL REQUESTS SUCCEEDED", "", effect="inputs: …", effect_status="input reconciled"),
+           TrialResult(Trial(2, rows[0], leak, 0), "INCONCLUSIVE", "", effect="first divergent state", effect_status="diverged")]
+    back_rows = [_row({**r.__dict__}) for r in rows]
+    assert [r.key for r in back_rows] == [r.key for r in rows]
+    for r in res:
+        b = _result(r.to_json(), back_rows)
+        assert (b.trial.row.server, b.nature, b.effect, b.effect_status) == (
+            r.trial.row.server, r.nature, r.effect, r.effect_status)

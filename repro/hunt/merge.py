@@ -45,11 +45,12 @@ def _read(folder: Path) -> dict:
 
 def _result(d: dict, rows: Sequence[Any]) -> Any:
     """A :class:`repro.hunt.results.TrialResult` back from its ``hunt.jsonl`` line (``TrialResult.to_json``)."""
-    row = next((r for r in rows if (r.point, r.caller, r.loop_frame, r.loop_var)
-                == (d["point"], d["caller"], d.get("loop_frame"), d.get("loop_var"))), None)
+    row = next((r for r in rows if (r.point, r.caller, r.loop_frame, r.loop_var, r.server)
+                == (d["point"], d["caller"], d.get("loop_frame"), d.get("loop_var"), d.get("server") or None)), None)
     if row is None:
-        row = Row(d["point"], d["caller"], d.get("loop_frame"), d.get("loop_var"))
-    pert = Perturbation(d["perturbation"], dict(d.get("action") or {}), "", bool(d.get("by_construction")))
+        row = Row(d["point"], d["caller"], d.get("loop_frame"), d.get("loop_var"), server=d.get("server") or None)
+    pert = Perturbation(d["perturbation"], dict(d.get("action") or {}), "", bool(d.get("by_construction")),
+                        control=d.get("nature") == "control")
     trial = Trial(int(d["n"]), row, pert, int(d["rank"]), d.get("workload") or "")
     diag = None
     if d.get("diagnosis"):
@@ -63,12 +64,13 @@ def _result(d: dict, rows: Sequence[Any]) -> Any:
                        d.get("hazard", ""), Path(d["evidence"]) if d.get("evidence") else None,
                        Path(d["scenario_file"]) if d.get("scenario_file") else None, ints(d.get("entered")),
                        ints(d.get("matched")), ints(d.get("fired")), tuple(d.get("notes") or ()), d.get("confirmed"),
-                       d.get("ledger") or "")
+                       d.get("ledger") or "", d.get("effect") or "", d.get("effect_status") or "")
 
 
 def _row(r: dict) -> Any:
     return Row(r["point"], r["caller"], r.get("loop_frame"), r.get("loop_var"), tuple(r.get("stack") or ()),
-               tuple(r.get("ranks") or ()), tuple(r.get("gate_frames") or ()), int(r.get("max_depth") or 1))
+               tuple(r.get("ranks") or ()), tuple(r.get("gate_frames") or ()), int(r.get("max_depth") or 1),
+               r.get("server") or None)
 
 
 def merge_shards(folders: Sequence[Path], out_dir: Optional[Path] = None, evidence_root: Path = ev.DEFAULT_EVIDENCE_DIR) -> Path:
