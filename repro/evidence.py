@@ -469,6 +469,12 @@ class Layout:
         return f"faulthandler-{pid}.txt"
 
     @staticmethod
+    def mp_names_file(pid: int) -> str:
+        """``mpnames-<pid>.txt``: names process ``pid`` registered with multiprocessing's resource tracker
+        (``<rtype> <name>`` lines: ``semaphore /mp-…``); the launcher unlinks their /dev/shm files at stop."""
+        return f"mpnames-{pid}.txt"
+
+    @staticmethod
     def ticks_file(pid: int) -> str:
         """``ticks-<pid>.txt``: every scheduler tick's start (benchmarks only)."""
         return f"ticks-{pid}.txt"

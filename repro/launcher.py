@@ -11,6 +11,7 @@ reused, so it is always treated as ours — a check of its identity can never ma
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -20,10 +21,11 @@ import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 import requests
 
+from repro import evidence as ev
 from repro import procs as _procs
 from repro.procs import ProcInfo
 from repro.targets.base import Adapter, LaunchSpec, flag_value
@@ -110,6 +112,30 @@ def lost_port_line(err: Exception, server: Optional["Server"] = None) -> Optiona
         if PORT_LOST_RE.search(ln):
             return ln.strip()[:300]
     return server.port_lost() if server is not None else None
+
+
+def registered_shm_files(folder: Path, pids: Iterable[int], shm_dir: Path = _procs.SHM_DIR) -> set[Path]:
+    """The ``shm_dir`` files of the names processes ``pids`` registered with multiprocessing's resource tracker, from
+    the injector's ``mpnames-<pid>.txt`` in ``folder`` (injectors/repro_injector/_proc.py ``record_mp_names``):
+    ``semaphore /mp-x`` → ``sem.mp-x``, ``shared_memory /psm_x`` → ``psm_x``. Such a name is closed and mapped by
+    no process once created, so :func:`shm_files_of` cannot see it; it is left behind when the tracker is killed
+    (sglang 0.5.23's launcher SIGKILLs its children on SIGTERM). Unreadable files and other lines add nothing."""
+    out: set[Path] = set()
+    for pid in set(pids):
+        try:
+            text = (Path(folder) / ev.Layout.mp_names_file(pid)).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            rtype, _, name = line.strip().partition(" ")
+            name = name.strip().lstrip("/")
+            if not name or "/" in name or name in (".", ".."):
+                continue
+            if rtype == "semaphore":
+                out.add(shm_dir / f"sem.{name}")
+            elif rtype == "shared_memory":
+                out.add(shm_dir / name)
+    return out
 
 
 def _last_error_line(tail: str) -> str:
@@ -321,6 +347,7 @@ class Server:
                 for d in self._owned_dirs:
                     shutil.rmtree(d, ignore_errors=True)
                 if not self._leftover:  # files the engine leaves behind (vLLM's shm segments, file store)
+                    self._shm |= self._registered_shm()
                     _procs.remove_shm_files(self._shm, self.launched_at)
                     for f in self.adapter.leftover_files(self.log_path):
                         try:
@@ -328,6 +355,18 @@ class Server:
                         except OSError:
                             pass
         return list(self._leftover)
+
+    def _registered_shm(self) -> set[Path]:
+        """/dev/shm files of the names this tree's processes registered with multiprocessing's resource tracker (the
+        injector's ``mpnames-<pid>.txt`` in the plan's ``out_dir``; :func:`registered_shm_files`); none without a plan."""
+        plan = self.env.get("REPRO_PLAN")  # repro.scenario.PLAN_ENV (a layer above this one)
+        try:
+            out_dir = json.loads(Path(plan).read_text(encoding="utf-8"))["out_dir"] if plan else None
+        except (OSError, ValueError, KeyError, TypeError):
+            out_dir = None
+        if not out_dir:
+            return set()
+        return registered_shm_files(Path(out_dir), {p.pid for p in self._known.values()})
 
     def _kill_own_root(self) -> None:
         """SIGKILL the root's process group and the root itself; only called while ``Popen.poll()`` is None."""

@@ -35,6 +35,7 @@ def test_the_injectors_file_names_are_the_stores() -> None:
         assert files.fire_log(pid) == L.fire_log(pid)
         assert files.faulthandler_file(pid) == L.faulthandler_file(pid)
         assert files.ticks_file(pid) == L.ticks_file(pid)
+        assert files.mp_names_file(pid) == L.mp_names_file(pid)
         for part in (0, 1):
             assert files.ledger_file(pid, part) == L.ledger_file(pid, part)
             assert files.digest_file(pid, part) == L.digest_file(pid, part)
@@ -54,7 +55,8 @@ def _names() -> tuple[list[str], list[str], list[str]]:
     members = [m for m in vars(ev.Layout).values() if isinstance(m, ev.Member)]
     files = _injector_files()
     stems = sorted({re.sub(r"\d+.*$", "", f(42)) for f in (files.loaded_marker, files.fire_log, files.ledger_file,
-                                                            files.digest_file, files.faulthandler_file, files.ticks_file)})
+                                                            files.digest_file, files.faulthandler_file, files.ticks_file,
+                                                            files.mp_names_file)})
     named = [m.name for m in members if m.kind != "dir"] + [files.ERRORS_LOG]
     for fn in (ev.Layout.workload_finding, ev.Layout.workload_scenario):
         stems.append(fn("\0").split("\0")[0])

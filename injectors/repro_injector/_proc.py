@@ -75,3 +75,35 @@ def _dist() -> Any:
     except Exception:
         return None
     return None
+
+
+def record_mp_names(rt: Any) -> None:
+    """Write every name this process registers with multiprocessing's resource tracker to
+    ``<out_dir>/mpnames-<pid>.txt`` (``<rtype> <name>``: ``semaphore /mp-…`` for a spawn-context lock or event).
+
+    The tracker unlinks such names when it shuts down; sglang 0.5.23's launcher answers SIGTERM with
+    ``kill_process_tree`` (SIGKILL to its children, the tracker among them), so every server stop left its
+    ``/dev/shm/sem.mp-*`` files (2 per launch on the CPU testbed, closed and mapped by no process: no snapshot of the
+    tree can see them). The harness reads these lines at stop (``repro.procs.registered_shm_files``). Wraps
+    ``multiprocessing.resource_tracker.register`` (``multiprocessing.synchronize.SemLock`` imports it at each call);
+    never raises into the caller.
+    """
+    from . import files as _files
+
+    def patch(mod: Any) -> None:
+        orig = getattr(mod, "register", None)
+        if orig is None or getattr(orig, "__repro_names__", False):
+            return
+
+        def register(name: Any, rtype: Any) -> Any:
+            try:
+                with open(os.path.join(rt.out_dir, _files.mp_names_file(os.getpid())), "a", encoding="utf-8") as fh:
+                    fh.write(f"{rtype} {name}\n")
+            except Exception:
+                pass
+            return orig(name, rtype)
+
+        register.__repro_names__ = True  # type: ignore[attr-defined]
+        mod.register = register
+
+    rt._watch("multiprocessing.resource_tracker", patch)

@@ -52,7 +52,7 @@ from typing import Any, Callable, Dict, List, Optional
 from . import files as _files
 from . import gate as _gate
 from ._hooks import _HookFinder
-from ._proc import _dist, _monotonic, _proc_start, _proctitle, _sleep, _wall
+from ._proc import _dist, _monotonic, _proc_start, _proctitle, _sleep, _wall, record_mp_names
 from . import _natural
 from ._site import HOLD, Counts, Site
 from .resolve import Target, resolve_in_module, split_site
@@ -435,6 +435,7 @@ class Runtime:
         """Register post-import hooks for every site alternative (patching now those already imported), and the
         collective ledger's hooks when the plan enables it."""
         sys.meta_path.insert(0, _HookFinder(self))
+        record_mp_names(self)
         spec = self.plan.get("ledger") or {}
         if spec.get("enabled"):
             from ._ledger import Ledger

@@ -9,7 +9,8 @@ imports ``repro``); ``tests/test_store.py`` checks that both agree.
 - ``ledger-<pid>.jsonl``, its previous part ``ledger-<pid>.1.jsonl`` and the two parts kept from the latest arming
   ``ledger-<pid>.3.jsonl`` / ``.2.jsonl`` (oldest first): the collective ledger (``_ledger``);
 - ``digest-<pid>.jsonl`` and ``digest-<pid>.1.jsonl``: the state digest's ring (``_digest``);
-- ``ticks-<pid>.txt``: every scheduler tick's start, benchmarks only (``_ledger``, ``bench_alternate_s``).
+- ``ticks-<pid>.txt``: every scheduler tick's start, benchmarks only (``_ledger``, ``bench_alternate_s``);
+- ``mpnames-<pid>.txt``: the names this process registered with multiprocessing's resource tracker (``_proc``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def ledger_file(pid: int, part: int = 0) -> str:
 def digest_file(pid: int, part: int = 0) -> str:
     """``digest-<pid>.jsonl`` (part 0, the current one) or ``digest-<pid>.<part>.jsonl``."""
     return f"digest-{pid}.{part}.jsonl" if part else f"digest-{pid}.jsonl"
+
+
+def mp_names_file(pid: int) -> str:
+    """``mpnames-<pid>.txt``: ``<rtype> <name>`` lines (``semaphore /mp-…``), one per resource-tracker registration."""
+    return f"mpnames-{pid}.txt"
 
 
 def ticks_file(pid: int) -> str:

@@ -1,0 +1,71 @@
+"""A server tree's named semaphores are gone after its stop, even when the tree killed the resource tracker that
+would have unlinked them (sglang 0.5.23's launcher answers SIGTERM with ``kill_process_tree``: SIGKILL to its
+children, the tracker among them; every stop left two ``/dev/shm/sem.mp-*`` files, mapped by no process).
+
+A stand-in server (not SGLang) under the real injector: it registers a spawn-style semaphore name with
+multiprocessing's resource tracker, closes it (as sglang's are: no process maps it), and on SIGTERM SIGKILLs the
+tracker and exits. The injector records the name (``mpnames-<pid>.txt``); ``Server.stop`` unlinks its file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+from repro.launcher import registered_shm_files, start_server
+from repro.procs import SHM_DIR
+from repro.targets.base import LaunchSpec
+from repro.targets.sglang import SGLangAdapter
+
+REPO = Path(__file__).resolve().parent.parent
+
+SERVER = textwrap.dedent('''
+    import _multiprocessing, http.server, os, signal, sys
+    import multiprocessing.synchronize as syn
+    from multiprocessing import resource_tracker
+    port = int(sys.argv[1])
+    sl = _multiprocessing.SemLock(syn.SEMAPHORE, 1, 1, "/mp-reprotest%d" % os.getpid(), False)
+    resource_tracker.register(sl.name, "semaphore")  # what SemLock does in a spawn context
+    del sl  # closed: no process maps it; only the tracker would unlink it, at its shutdown
+    def term(*a):  # like sglang's kill_process_tree: SIGKILL the children (the tracker), then exit
+        os.kill(resource_tracker._resource_tracker._pid, signal.SIGKILL)
+        os._exit(0)
+    signal.signal(signal.SIGTERM, term)
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *a): pass
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+''')
+
+
+class _StandIn(SGLangAdapter):
+    def __init__(self, script: Path):
+        self.script = script
+
+    def launch_command(self, spec: LaunchSpec) -> list[str]:
+        return [sys.executable, str(self.script), str(spec.port)]
+
+
+def test_a_stopped_tree_leaves_no_semaphore_its_killed_tracker_would_have_unlinked(tmp_path: Path) -> None:
+    script, out = tmp_path / "server.py", tmp_path / "injector"
+    script.write_text(SERVER)
+    out.mkdir()
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"version": 1, "scenario": "shm", "variant": "v", "out_dir": str(out),
+                                "arm_file": str(tmp_path / "ARM"), "arm_poll_s": 0.5, "injections": []}))
+    spec = LaunchSpec(python=sys.executable, model="unused", tp_size=1,
+                      env={"REPRO_PLAN": str(plan), "PYTHONPATH": str(REPO / "injectors")})
+    server = start_server(_StandIn(script), spec, tmp_path / "server.log")
+    sem = SHM_DIR / f"sem.mp-reprotest{server.pid}"
+    try:
+        server.wait_healthy(30)
+        assert sem.exists(), "the stand-in did not create its semaphore"
+        assert registered_shm_files(out, [server.pid]) == {sem}  # the injector recorded the name
+        assert server.stop() == []
+        assert not sem.exists(), "the stopped tree left its semaphore in /dev/shm"
+    finally:
+        server.stop()
+        sem.unlink(missing_ok=True)
