@@ -358,6 +358,10 @@ def _cleanup_run(folder: Path, force: bool, adapters: list) -> CleanupResult:
     keys = {p.key for p in recorded}  # + what the tree started after the record (a stop nemesis's SIGCONT helper)
     unrec = [p for p in _procs.token_carriers(tokens) if p.key not in keys]
     shm = _procs.shm_files_of(live)  # read before the tree is signalled (see repro.launcher.Server.stop)
+    # + the names the tree registered with multiprocessing's resource tracker (mapped by none: see Server.stop)
+    from repro.launcher import registered_shm_files
+
+    shm |= registered_shm_files(Layout.INJECTOR.at(folder), {p.pid for p in live + unrec})
     left = _procs.stop_procs(live + unrec) if live or unrec else []
     stopped = [p for p in live if p not in left]
     extra = ("; also stopped " + ", ".join(f"pid {p.pid} ({p.title[:60]})" for p in unrec if p not in left)

@@ -188,6 +188,48 @@ def test_cleanup_removes_the_shm_files_the_killed_harness_s_tree_mapped(tmp_path
             f.unlink(missing_ok=True)
 
 
+def test_cleanup_removes_the_semaphores_the_tree_registered_and_its_tracker_never_unlinked(tmp_path: Path):
+    """A tree that SIGKILLs its resource tracker on SIGTERM (sglang 0.5.23's launcher) leaves its registered
+    semaphore names in /dev/shm, mapped by no process; `repro cleanup` of a killed harness's run removes them from
+    the injector's record of the names (``injector/mpnames-<pid>.txt``)."""
+    from test_launcher_shm import SERVER
+
+    from repro.procs import SHM_DIR
+
+    run_dir = tmp_path / "run"
+    (run_dir / "injector").mkdir(parents=True)
+    plan = run_dir / "plan.json"
+    plan.write_text(json.dumps({"version": 1, "scenario": "shm", "variant": "v", "out_dir": str(run_dir / "injector"),
+                                "arm_file": str(tmp_path / "ARM"), "arm_poll_s": 0.5, "injections": []}))
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    env = {**TOKEN_ENV, "REPRO_PLAN": str(plan), "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "injectors")}
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([sys.executable, str(script), str(port)], start_new_session=True, env=env)
+    sem = SHM_DIR / f"sem.mp-reprotest{p.pid}"
+    try:
+        deadline = time.monotonic() + 20
+        while not (sem.exists() and list((run_dir / "injector").glob("mpnames-*.txt"))):
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.05)
+        info = proc_info(p.pid)
+        save_procs(run_dir / "processes.json", [info], launch=launch_mark(info, tokens=[TOKEN]))
+        (run_dir / "run.json").write_text(json.dumps({"status": "running", "pid": 999999999, "time": time.time()}))
+        rc, out = _run("cleanup", str(run_dir))
+        assert rc == 0 and "stopped 1 of 1" in out, out
+        p.wait(10)
+        assert not sem.exists() and str(sem) in out, out
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+        sem.unlink(missing_ok=True)
+
+
 @pytest.mark.parametrize("tokens", [[], ["a-token-the-process-does-not-carry"]])
 def test_a_forged_launch_marked_list_never_signals_an_unrelated_process(tmp_path: Path, tokens):
     # issue 29 item 6: a hand-written processes.json with launched_by_repro made cleanup kill an unrelated sleep
