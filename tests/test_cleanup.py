@@ -147,6 +147,18 @@ def test_cleanup_library_reports_what_it_left_alone_and_why(tmp_path: Path, fore
     assert "not launched by repro" in res.left_alone[0][1]
 
 
+def _cleanup_after_a_killed_harness(run_dir: Path, p: subprocess.Popen) -> str:
+    """Record ``p`` as the launched tree of a run whose harness died (launch-marked processes.json, run.json
+    "running" with a gone harness pid), run `repro cleanup` on it, check it stopped ``p``; returns its output."""
+    info = proc_info(p.pid)
+    save_procs(run_dir / "processes.json", [info], launch=launch_mark(info, tokens=[TOKEN]))
+    (run_dir / "run.json").write_text(json.dumps({"status": "running", "pid": 999999999, "time": time.time()}))
+    rc, out = _run("cleanup", str(run_dir))
+    assert rc == 0 and "stopped 1 of 1" in out, out
+    p.wait(10)
+    return out
+
+
 def test_cleanup_removes_the_shm_files_the_killed_harness_s_tree_mapped(tmp_path: Path):
     """After the harness is SIGKILLed, `repro cleanup` ends the recorded tree and removes the /dev/shm files it had
     mapped (read before signalling), never one that existed before the tree started."""
@@ -216,12 +228,7 @@ def test_cleanup_removes_the_semaphores_the_tree_registered_and_its_tracker_neve
         while not (sem.exists() and list((run_dir / "injector").glob("mpnames-*.txt"))):
             assert time.monotonic() < deadline and p.poll() is None
             time.sleep(0.05)
-        info = proc_info(p.pid)
-        save_procs(run_dir / "processes.json", [info], launch=launch_mark(info, tokens=[TOKEN]))
-        (run_dir / "run.json").write_text(json.dumps({"status": "running", "pid": 999999999, "time": time.time()}))
-        rc, out = _run("cleanup", str(run_dir))
-        assert rc == 0 and "stopped 1 of 1" in out, out
-        p.wait(10)
+        out = _cleanup_after_a_killed_harness(run_dir, p)
         assert not sem.exists() and str(sem) in out, out
     finally:
         if p.poll() is None:

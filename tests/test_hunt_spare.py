@@ -125,7 +125,7 @@ def test_a_spare_that_does_not_come_up_is_restarted_and_the_hunt_goes_on(tmp_pat
 
 # -------------------------------------------------------------------------- real process trees, stand-in server program
 SERVER = textwrap.dedent('''
-    import http.server, pathlib, sys, time
+    import pathlib, sys, time
     port, counter, mode = int(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
     n = int(counter.read_text()) + 1 if counter.exists() else 1
     counter.write_text(str(n))
@@ -138,12 +138,10 @@ SERVER = textwrap.dedent('''
         import signal
         signal.signal(signal.SIGTERM, lambda *a: (time.sleep(5.0), sys.exit(0)))
     time.sleep(3600 if mode == "never" else 1.0)  # start-up ("never": never becomes healthy)
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
-        def log_message(self, *a): pass
-    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
-''')
+    sys.path.insert(0, FAKE_SERVERS)
+    from health_ok import serve
+    serve(port)
+''').replace("FAKE_SERVERS", repr(str(Path(__file__).resolve().parent / "fake_servers")))
 
 
 class _StandIn(SGLangAdapter):

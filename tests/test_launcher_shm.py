@@ -22,7 +22,7 @@ from repro.targets.sglang import SGLangAdapter
 REPO = Path(__file__).resolve().parent.parent
 
 SERVER = textwrap.dedent('''
-    import _multiprocessing, http.server, os, signal, sys
+    import _multiprocessing, os, signal, sys
     import multiprocessing.synchronize as syn
     from multiprocessing import resource_tracker
     port = int(sys.argv[1])
@@ -33,12 +33,10 @@ SERVER = textwrap.dedent('''
         os.kill(resource_tracker._resource_tracker._pid, signal.SIGKILL)
         os._exit(0)
     signal.signal(signal.SIGTERM, term)
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
-        def log_message(self, *a): pass
-    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
-''')
+    sys.path.insert(0, FAKE_SERVERS)
+    from health_ok import serve
+    serve(port)
+''').replace("FAKE_SERVERS", repr(str(Path(__file__).resolve().parent / "fake_servers")))
 
 
 class _StandIn(SGLangAdapter):

@@ -20,7 +20,7 @@ from repro.targets.sglang import SGLangAdapter
 REPO = Path(__file__).resolve().parent.parent
 
 SERVER = textwrap.dedent('''
-    import http.server, pathlib, sys
+    import pathlib, sys
     port, counter, mode = int(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
     n = int(counter.read_text()) + 1 if counter.exists() else 1
     counter.write_text(str(n))
@@ -34,12 +34,10 @@ SERVER = textwrap.dedent('''
         print("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. "
               "port: 40177, code: -98, name: EADDRINUSE" if mode == "race" else "ValueError: bad model config", flush=True)
         sys.exit(1)
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
-        def log_message(self, *a): pass
-    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
-''')
+    sys.path.insert(0, FAKE_SERVERS)
+    from health_ok import serve
+    serve(port)
+''').replace("FAKE_SERVERS", repr(str(Path(__file__).resolve().parent / "fake_servers")))
 
 
 class _StandIn(SGLangAdapter):
