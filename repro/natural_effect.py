@@ -179,9 +179,7 @@ def _reconciling_at(ledger: Any, tick: int) -> tuple[str, ...]:
     for r in getattr(ledger, "records", []) or []:
         if r.tick != tick:
             continue
-        thread = f" [{r.thread}]" if getattr(r, "thread", "") and r.thread != "MainThread" else ""
-        red = f" {r.red}" if r.red else ""
-        name = f"{r.op}{red} @ {r.call_site(3)}{thread}"
+        name = _chain(r)
         bucket = first if r.red in RECONCILING_REDUCE_OPS else rest
         if name not in first and name not in rest:
             bucket.append(name)
@@ -207,6 +205,7 @@ def _held(ledgers: Mapping[int, Any], target_rank: int, since_time: float, windo
 
 
 def _chain(r: Any) -> str:
+    """``op RED @ 3-frame call site chain [thread]`` of a ledger record (the thread left out for MainThread)."""
     thread = f" [{r.thread}]" if getattr(r, "thread", "") and r.thread != "MainThread" else ""
     red = f" {r.red}" if r.red else ""
     return f"{r.op}{red} @ {r.call_site(3)}{thread}"

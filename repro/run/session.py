@@ -10,10 +10,10 @@ from repro import nemeses
 from repro.detect import DetectContext
 from repro.detectors import default_detectors
 from repro.driver import TOKEN_ID_RANGE, AbortPlan, BurstDriver, DriverState, make_prompts
+from repro.launcher import PORT_RACE_ATTEMPTS, lost_port_line
 from repro.run.arm import ARM_ACK_TIMEOUT_S, POLL_S, arm_and_wait, write_arm_file
 from repro.run.finish import Outcome, RunEvidence, save_server_procs, snapshot_session
 from repro.run.options import Observer, Prepared, UnresolvedSitesError, _noop
-from repro.launcher import PORT_RACE_ATTEMPTS, lost_port_line
 from repro.run.records import injection_checks
 from repro.scenario import Variant
 from repro.verdict import DEADLOCKED, INCONCLUSIVE, Verdict, interrupt_exit_code, judge_completion
