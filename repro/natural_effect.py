@@ -131,7 +131,8 @@ class InputEpisode:
 @dataclass(frozen=True)
 class NaturalEffect:
     """``status``: one of :data:`STATUSES` (module docstring): ``diverged`` / ``reconciled`` from lockstep probes,
-    else ``transient reconciled`` / ``transient open``, else ``none moved``; ``not recorded``: no digest.
+    else ``transient reconciled`` / ``transient open``, else ``input reconciled`` / ``input open`` (a reduction's
+    per-rank inputs, :func:`reduction_inputs`), else ``none moved``; ``not recorded``: no digest.
     ``summary``: one line for a hunt row; ``transient``: the transient probes' episodes."""
 
     status: str
