@@ -257,7 +257,8 @@ class Server:
         """Poll health until it answers 200; returns the seconds waited.
 
         ``progress(waited_s, last_log_line)`` is called every ``progress_every_s`` seconds while it waits (for a
-        start-up that takes 30–100 s on CPU, so a user sees it is still loading).
+        start-up that takes 30–100 s on CPU, so a user sees it is still loading). Once healthy, the shared-memory
+        files the tree maps are remembered for :meth:`stop` (a rank that dies before the stop maps nothing then).
 
         Raises:
             LaunchError: the server process exited (message: exit code + the log's last error line + log path), or
@@ -283,6 +284,10 @@ class Server:
                 err.log_tail = tail  # type: ignore[attr-defined]
                 raise err
             if self.health_ok(timeout_s=min(2.0, max(0.1, deadline - time.monotonic()))):
+                # the shared-memory files the healthy tree maps, read now too: a rank that dies before the stop (a
+                # test kills one; an engine crash) no longer maps them then, and nobody unlinks them (SGLang's
+                # sglang_loads_*.shm load snapshots, written by each scheduler)
+                self._shm |= _procs.shm_files_of(self.procs())
                 return time.monotonic() - t0
             if time.monotonic() >= next_port_check:
                 next_port_check = time.monotonic() + PORT_CHECK_S
