@@ -21,7 +21,7 @@ import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional, TypeVar
 
 import requests
 
@@ -37,7 +37,7 @@ LOG_TAIL_LINES = 30
 # the stack then waited out its whole start-up time-out), so the wait stops at once on such a line.
 PORT_LOST_RE = re.compile(r"address already in use|EADDRINUSE", re.IGNORECASE)
 PORT_CHECK_S = 2.0  # seconds between two looks at the start-up log for PORT_LOST_RE
-PORT_RACE_ATTEMPTS = 3  # starts on freshly picked ports after a lost port race (repro.run.session, repro.pd)
+PORT_RACE_ATTEMPTS = 3  # starts in all when each start loses a port it picked free (start_retrying_port_races)
 
 
 class LaunchError(Exception):
@@ -112,6 +112,41 @@ def lost_port_line(err: Exception, server: Optional["Server"] = None) -> Optiona
         if PORT_LOST_RE.search(ln):
             return ln.strip()[:300]
     return server.port_lost() if server is not None else None
+
+
+_T = TypeVar("_T")
+
+
+def start_retrying_port_races(start: Callable[[int], _T], wait: Callable[[_T], float], stop: Callable[[_T], None],
+                              lost: Callable[[LaunchError, _T], Optional[str]] = lambda e, _it: lost_port_line(e),
+                              observe: Optional[Callable[[str, dict], Any]] = None) -> tuple[_T, float]:
+    """Start something and wait until it is healthy; when the wait fails because it lost a port (``lost`` names the
+    log line, :func:`lost_port_line` by default), stop it and start again, up to :data:`PORT_RACE_ATTEMPTS` starts
+    in all. The one loop of the one-server session (``repro.run.session``) and of a PD stack (``repro.pd``).
+
+    Args:
+        start: ``start(attempt)`` → the started thing (attempt counts from 1; a LaunchError it raises propagates);
+        wait: seconds it took to become healthy, LaunchError when it did not; stop: ends one that lost a port;
+        lost: the lost-port log line of a failed wait, None when it failed otherwise (then no retry);
+        observe: ``observe("relaunch", {"attempt", "why"})`` before each new start.
+    Returns:
+        ``(the healthy thing, seconds its wait took)``.
+    Raises:
+        LaunchError: a start or a wait failed for another reason, or the last start lost a port too; the failed thing
+            is not stopped (the caller, which saw it from ``start``, stops it).
+    """
+    for attempt in range(1, PORT_RACE_ATTEMPTS + 1):
+        it = start(attempt)
+        try:
+            return it, wait(it)
+        except LaunchError as e:
+            line = lost(e, it)
+            if not line or attempt == PORT_RACE_ATTEMPTS:
+                raise
+            stop(it)
+            if observe is not None:
+                observe("relaunch", {"attempt": attempt + 1, "why": f"port taken during start-up ({line})"})
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
 def registered_shm_files(folder: Path, pids: Iterable[int], shm_dir: Path = _procs.SHM_DIR) -> set[Path]:

@@ -409,23 +409,17 @@ def start_healthy(roles: Sequence[RoleRun], entry: str, timeout_s: float, observ
         repro.launcher.LaunchError: a start failed for another reason, or the last attempt lost a port too; the
             failing stack is left running for the caller to stop (``started`` saw it).
     """
-    from repro.launcher import PORT_RACE_ATTEMPTS, LaunchError, lost_port_line
+    from repro.launcher import start_retrying_port_races
 
-    for attempt in range(1, PORT_RACE_ATTEMPTS + 1):
+    def start(_attempt: int) -> Stack:
         stack = Stack(roles, entry)
         stack.start()
         if started is not None:
             started(stack)
-        try:
-            return stack, stack.wait_healthy(timeout_s, observe)
-        except LaunchError as e:
-            lost = lost_port_line(e)
-            if not lost or attempt == PORT_RACE_ATTEMPTS:
-                raise
-            stack.stop()
-            if observe:
-                observe("relaunch", {"attempt": attempt + 1, "why": f"port taken during start-up ({lost})"})
-    raise AssertionError("unreachable")  # the loop returns or raises
+        return stack
+
+    return start_retrying_port_races(start, lambda st: st.wait_healthy(timeout_s, observe), lambda st: st.stop(),
+                                     observe=observe)
 
 
 def _last_line(tail: str) -> str:

@@ -10,7 +10,7 @@ from repro import nemeses
 from repro.detect import DetectContext
 from repro.detectors import default_detectors
 from repro.driver import TOKEN_ID_RANGE, AbortPlan, BurstDriver, DriverState, make_prompts
-from repro.launcher import PORT_RACE_ATTEMPTS, lost_port_line
+from repro.launcher import lost_port_line, start_retrying_port_races
 from repro.run.arm import ARM_ACK_TIMEOUT_S, POLL_S, arm_and_wait, write_arm_file
 from repro.run.finish import Outcome, RunEvidence, save_server_procs, snapshot_session
 from repro.run.options import Observer, Prepared, UnresolvedSitesError, _noop
@@ -77,31 +77,39 @@ class Session(RunEvidence):
             self.observe("launch", {"evidence": str(p.evidence.path)})
         else:
             t0 = launched_t
-        for attempt in range(1, PORT_RACE_ATTEMPTS + 1):
+        started = {"ok": False}  # the current start launched (a failed wait stops it; a failed launch has nothing)
+
+        def start(attempt: int) -> Any:
+            started["ok"] = False
             if attempt > 1 or launched_t is None or self.server is None:
-                try:
-                    self.server = start_server(p.adapter, p.spec, p.evidence.server_log.path)
-                except LaunchError as e:
-                    return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
+                self.server = start_server(p.adapter, p.spec, p.evidence.server_log.path)
                 save_server_procs(p.evidence, self.server)
-            self.observe("wait_healthy", {"url": self.server.url, "pid": self.server.pid,
-                                          "log": str(p.evidence.server_log.path),
+            started["ok"] = True
+            return self.server
+
+        def wait(server: Any) -> float:
+            self.observe("wait_healthy", {"url": server.url, "pid": server.pid, "log": str(p.evidence.server_log.path),
                                           "timeout_s": p.scenario.server.startup_timeout_s})
-            try:
-                waited = self.server.wait_healthy(
-                    p.scenario.server.startup_timeout_s,
-                    progress=lambda w, line: self.observe("still_starting", {"waited_s": w, "last_line": line}))
-                self.observe("healthy", {"waited_s": waited})
-                break
-            except LaunchError as e:
-                lost = lost_port_line(e, self.server) if p.spec.port == 0 and p.spec.nccl_port == 0 else None
-                self.server.stop()
-                self.server = None
-                if not lost or attempt == PORT_RACE_ATTEMPTS:
-                    return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
-                # A free port picked at launch was taken before the server bound it (gloo's ephemeral ports, another
-                # server starting): start again on new ports; the log keeps both attempts.
-                self.observe("relaunch", {"attempt": attempt + 1, "why": f"port taken during start-up ({lost})"})
+            waited = server.wait_healthy(
+                p.scenario.server.startup_timeout_s,
+                progress=lambda w, line: self.observe("still_starting", {"waited_s": w, "last_line": line}))
+            self.observe("healthy", {"waited_s": waited})
+            return waited
+
+        def stop(server: Any) -> None:
+            server.stop()
+            self.server = None
+
+        # A free port picked at launch may be taken before the server binds it (gloo's ephemeral ports, another server
+        # starting): start again on new ports (only ports the harness picked); the log keeps every attempt.
+        try:
+            start_retrying_port_races(
+                start, wait, stop, observe=self.observe,
+                lost=lambda e, server: lost_port_line(e, server) if p.spec.port == 0 and p.spec.nccl_port == 0 else None)
+        except LaunchError as e:
+            if started["ok"] and self.server is not None:
+                stop(self.server)
+            return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
         self.healthy_s = time.time() - t0
         self.rank_pids = self.server.rank_pids()
         save_server_procs(p.evidence, self.server)
