@@ -328,3 +328,40 @@ def test_fork_ranks_opt_in_is_checked_before_a_launch():
         check_fork_ranks({"REPRO_FORK_RANKS": "1"}, [])
     with pytest.raises(LaunchError, match=r"REPRO_FORK_RANKS='yes': expected 1 .* or 0 / unset"):
         check_fork_ranks({"REPRO_FORK_RANKS": "yes"}, cpu)
+
+
+def test_a_start_that_lost_a_port_is_stopped_and_started_again_and_another_failure_is_raised_at_once(tmp_path) -> None:
+    """``start_retrying_port_races``: the session's and the PD stack's one loop (repro/run/session.py, repro/pd.py)."""
+    from repro.launcher import PORT_RACE_ATTEMPTS, port_lost_error, start_retrying_port_races
+
+    line = "ERROR: [Errno 98] error while attempting to bind on address ('127.0.0.1', 30001): address already in use"
+    started, stopped, seen = [], [], []
+
+    def start(attempt: int) -> int:
+        started.append(attempt)
+        return attempt
+
+    def racing(it: int) -> float:  # the first two starts lose a port, the third is healthy
+        if it < 3:
+            raise port_lost_error("server", line, tmp_path / "log", "")
+        return 1.5
+
+    got = start_retrying_port_races(start, racing, stopped.append, observe=lambda ev, d: seen.append((ev, d["attempt"])))
+    assert got == (3, 1.5) and started == [1, 2, 3] and stopped == [1, 2]
+    assert seen == [("relaunch", 2), ("relaunch", 3)]
+
+    def always(it: int) -> float:
+        raise port_lost_error("server", line, tmp_path / "log", "")
+
+    started.clear(), stopped.clear()
+    with pytest.raises(LaunchError, match="lost a port"):
+        start_retrying_port_races(start, always, stopped.append)
+    assert len(started) == PORT_RACE_ATTEMPTS and len(stopped) == PORT_RACE_ATTEMPTS - 1  # the last one: the caller's
+
+    def other(it: int) -> float:
+        raise LaunchError("server exited with code 1 during start-up")
+
+    started.clear(), stopped.clear()
+    with pytest.raises(LaunchError, match="exited"):
+        start_retrying_port_races(start, other, stopped.append)
+    assert started == [1] and stopped == []
