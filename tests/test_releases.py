@@ -13,6 +13,7 @@ import pytest
 from repro import releases as rel
 from repro.compare import CompareError, Ref, materialize, parse_ref
 from repro.targets.sglang import SGLangAdapter
+from sglang_wheels import sglang_wheel  # tests/sglang_wheels.py
 
 SGLANG = SGLangAdapter()  # the run's adapter these REFs are made for
 
@@ -169,11 +170,9 @@ def test_sites_preflight_warns_when_the_resolving_alternative_is_never_built(mon
     assert any("hiradix_cache:HiRadixCache" in a for i in rep.injections for a in (x.site for x in i.alternatives))
 
 
-WHEEL_0_5_18 = Path.home() / ".cache" / "tp-deadlock-repro" / "wheels" / "sglang-0.5.18-cp311-cp311-manylinux_2_34_x86_64.whl"
 PATCH_0_5_18 = REPO / "scenarios" / "sglang" / "patches" / "sglang-0.5.18-30760-bulk-prefetch.patch"
 
 
-@pytest.mark.skipif(not WHEEL_0_5_18.is_file(), reason=f"the sglang 0.5.18 wheel is not cached at {WHEEL_0_5_18} (pip download --no-deps sglang==0.5.18)")
 def test_the_seeds_fix_for_0_5_18_applies_as_release_plus_patch_on_the_wheels_files(cache: Path, tmp_path: Path,
                                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """release:0.5.18+patch:the seed's fix, on a 'set up' 0.5.18 holding the wheel's own scheduler.py and
@@ -183,7 +182,7 @@ def test_the_seeds_fix_for_0_5_18_applies_as_release_plus_patch_on_the_wheels_fi
 
     _set_up(cache, "0.5.18")
     site = tmp_path / "site"
-    z = zipfile.ZipFile(WHEEL_0_5_18)
+    z = zipfile.ZipFile(sglang_wheel("0.5.18"))
     for rel_path in ("sglang/srt/managers/scheduler.py", "sglang/srt/mem_cache/hiradix_cache.py"):
         f = site / rel_path
         f.parent.mkdir(parents=True, exist_ok=True)
@@ -208,11 +207,9 @@ def test_the_seeds_fix_for_0_5_18_applies_as_release_plus_patch_on_the_wheels_fi
         m.close()
 
 
-WHEEL_0_5_20 = WHEEL_0_5_18.with_name("sglang-0.5.20-cp311-cp311-manylinux_2_34_x86_64.whl")
 PATCH_0_5_20 = REPO / "scenarios" / "sglang" / "patches" / "sglang-0.5.20-30760-bulk-prefetch.patch"
 
 
-@pytest.mark.skipif(not WHEEL_0_5_20.is_file(), reason=f"the sglang 0.5.20 wheel is not cached at {WHEEL_0_5_20} (pip download --no-deps sglang==0.5.20)")
 def test_the_fix_for_0_5_20_applies_as_release_plus_patch_on_the_wheels_files(cache: Path, tmp_path: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """release:0.5.20+patch:our 0.5.20 port, on the wheel's own scheduler.py and base_prefix_cache.py: patched,
@@ -222,7 +219,7 @@ def test_the_fix_for_0_5_20_applies_as_release_plus_patch_on_the_wheels_files(ca
 
     _set_up(cache, "0.5.20")
     site = tmp_path / "site"
-    z = zipfile.ZipFile(WHEEL_0_5_20)
+    z = zipfile.ZipFile(sglang_wheel("0.5.20"))
     for rel_path in ("sglang/srt/managers/scheduler.py", "sglang/srt/mem_cache/base_prefix_cache.py"):
         f = site / rel_path
         f.parent.mkdir(parents=True, exist_ok=True)

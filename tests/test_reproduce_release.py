@@ -16,10 +16,10 @@ import pytest
 from repro import releases as rel
 from repro.reproduce import read_dumps
 from repro.reproduce_release import dump_frames, pick_release
+from sglang_wheels import sglang_wheel  # tests/sglang_wheels.py
 
 REPO = Path(__file__).resolve().parent.parent
 DUMPS = REPO / "tests" / "fixtures" / "reproduce" / "hicache_30760_sglang_0_5_18"
-WHEEL = Path.home() / ".cache" / "tp-deadlock-repro" / "wheels" / "sglang-0.5.18-cp311-cp311-manylinux_2_34_x86_64.whl"
 CHECK_ENV = """Python: 3.11.7 (main, Dec  8 2023, 18:56:58) [GCC 11.4.0]
 CUDA available: True
 GPU 0,1,2,3: NVIDIA H100 80GB HBM3
@@ -98,19 +98,19 @@ def test_reproduce_cli_on_a_release_not_set_up_says_which_why_and_the_setup_comm
     assert not (tmp_path / "out" / "reproduce.toml").exists()
 
 
-@pytest.mark.skipif(not WHEEL.is_file(), reason=f"the sglang 0.5.18 wheel is not cached at {WHEEL} (pip download --no-deps sglang==0.5.18)")
 def test_the_0_5_18_dumps_are_what_the_wheel_says(tmp_path: Path) -> None:
     """The fixture is what its generator writes from the real 0.5.18 wheel (each sglang frame at the line calling
     the next frame), so the dumps cannot drift from the source they claim."""
     import importlib.util
 
+    wheel = sglang_wheel("0.5.18")
     spec = importlib.util.spec_from_file_location("make_0_5_18", DUMPS / "_make.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    mod.main(str(WHEEL), tmp_path)
+    mod.main(str(wheel), tmp_path)
     for k in range(4):
         assert (tmp_path / f"rank{k}.txt").read_text() == (DUMPS / f"rank{k}.txt").read_text()
-    src = zipfile.ZipFile(WHEEL).read("sglang/srt/managers/scheduler.py").decode().splitlines()
+    src = zipfile.ZipFile(wheel).read("sglang/srt/managers/scheduler.py").decode().splitlines()
     assert "check_prefetch_progress(req.rid)" in src[3318 - 1]  # the seed's line, inside `for req in self.waiting_queue`
 
 
