@@ -225,13 +225,32 @@ def _signal_name(code: int) -> str:
         return ""
 
 
+_RECORD_START = ("[", "INFO", "WARNING", "ERROR", "DEBUG", "CRITICAL")  # a new log record ends a traceback
+
+
+def _raised(lines: Sequence[str], at: int) -> str:
+    """The exception a traceback that starts at line ``at`` ends with (``ValueError: req_to_token_pool memory leak
+    detected!…``; the last one of a chained traceback), cut to 200 characters; "" when none is found before the
+    next log record (a line starting with ``[`` or a level name) or 200 lines."""
+    import re
+
+    last = ""
+    for ln in lines[at + 1:at + 201]:
+        if ln.startswith(_RECORD_START):
+            break
+        if re.match(r"[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure)\b", ln):
+            last = ln.strip()
+    return last[:200]
+
+
 def death_reason(log_text: str, rank: int, pid: int) -> str:
     """Why rank ``rank`` (process ``pid``) ended, read from the server log text.
 
     Looks for, in order: a line naming the pid with an exit code (sglang 0.5.23 ``utils/watchdog.py``
     ``SubprocessWatchdog``: "Subprocess … (pid=N) crashed with exit code -9"; ``entrypoints/engine.py``: "… N
     terminated with -9"), shown with the signal of a negative code; the rank's own last error line (lines tagged
-    ``TP<rank>``, e.g. "Scheduler hit an exception"); an untagged C++ abort (``terminate called after throwing …``
+    ``TP<rank>``, e.g. "Scheduler hit an exception"; when it opens a traceback, with the exception the traceback ends
+    with: "… Scheduler hit an exception: ValueError: req_to_token_pool memory leak detected!…"); an untagged C++ abort (``terminate called after throwing …``
     with its ``what()``: gloo's size check aborts a rank so); else says it left no error of its own.
     """
     import re
@@ -244,9 +263,13 @@ def death_reason(log_text: str, rank: int, pid: int) -> str:
         return f"exit code {code}" + (f" ({sig})" if sig else "") + " per the server log"
     tag = re.compile(rf"\bTP{rank}\b")
     lines = log_text.splitlines()
-    errs = [ln.strip() for ln in lines if tag.search(ln) and re.search(r"Error|Exception|Traceback", ln)]
+    errs = [i for i, ln in enumerate(lines) if tag.search(ln) and re.search(r"Error|Exception|Traceback", ln)]
     if errs:
-        return f"its last error in the server log: {errs[-1][:300]}"
+        line = lines[errs[-1]].strip()
+        raised = _raised(lines, errs[-1]) if "Traceback (most recent call last)" in line else ""
+        if raised:  # "Scheduler hit an exception: Traceback (…):" names nothing; the traceback's last line does
+            line = line.split("Traceback (most recent call last)", 1)[0].rstrip() + " " + raised
+        return f"its last error in the server log: {line[:300]}"
     # a C++ exception nobody caught (gloo's size check: gloo::EnforceNotMet) aborts the process and writes untagged
     # lines: "terminate called after throwing an instance of 'X'" then "  what():  …"
     for i in range(len(lines) - 1, -1, -1):

@@ -27,6 +27,7 @@ from repro.targets.base import LaunchSpec
 from repro.targets.sglang import SGLangAdapter
 
 REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
 SMOKE = REPO / "scenarios" / "sglang" / "smoke_extra_allreduce.toml"
 
 SERVER = textwrap.dedent('''
@@ -155,3 +156,14 @@ def threading_kill(pid: int, after_s: float = 0.5) -> None:
     import threading
 
     threading.Timer(after_s, lambda: os.kill(pid, signal.SIGKILL)).start()
+
+
+def test_death_reason_names_the_exception_a_ranks_traceback_ends_with():
+    """A real prefill server log (sglang 0.5.23, PD on the CPU testbed, the natural hunt's control leak on rank 0):
+    rank 0's idle invariant check raised, rank 1 then lost its gloo peer. Each rank's tagged line only opens a
+    traceback ("Scheduler hit an exception: Traceback (most recent call last):"); the reason names what it ended with."""
+    log = (FIXTURES / "server_logs" / "pd_prefill_rank0_idle_leak_check.log").read_text()
+    r0, r1 = death_reason(log, 0, 17993), death_reason(log, 1, 17996)
+    assert "TP0] Scheduler hit an exception: ValueError: req_to_token_pool memory leak detected!" in r0, r0
+    assert "TP1] Scheduler hit an exception: RuntimeError: [" in r1 and "Connection closed by peer" in r1, r1
+    assert "Traceback" not in r0 + r1
