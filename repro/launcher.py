@@ -287,6 +287,13 @@ class Server:
         except requests.RequestException:
             return False
 
+    def note_healthy(self) -> None:
+        """The tree answered its health check: remember the shared-memory files it maps now, for :meth:`stop`. A
+        rank that dies before the stop (a test kills one; an engine crash; sglang's idle invariant check) maps
+        nothing by then, and nobody unlinks its files (SGLang's ``sglang_loads_*.shm`` load snapshots, created by each
+        scheduler at start-up). Called by :meth:`wait_healthy` and by a PD stack's wait (``repro.pd.Stack``)."""
+        self._shm |= _procs.shm_files_of(self.procs())
+
     def wait_healthy(self, timeout_s: float, poll_s: float = 0.5,
                      progress: Optional[Callable[[float, str], None]] = None, progress_every_s: float = 15.0) -> float:
         """Poll health until it answers 200; returns the seconds waited.
@@ -319,10 +326,7 @@ class Server:
                 err.log_tail = tail  # type: ignore[attr-defined]
                 raise err
             if self.health_ok(timeout_s=min(2.0, max(0.1, deadline - time.monotonic()))):
-                # the shared-memory files the healthy tree maps, read now too: a rank that dies before the stop (a
-                # test kills one; an engine crash) no longer maps them then, and nobody unlinks them (SGLang's
-                # sglang_loads_*.shm load snapshots, written by each scheduler)
-                self._shm |= _procs.shm_files_of(self.procs())
+                self.note_healthy()
                 return time.monotonic() - t0
             if time.monotonic() >= next_port_check:
                 next_port_check = time.monotonic() + PORT_CHECK_S

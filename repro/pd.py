@@ -271,6 +271,7 @@ class Stack:
                     err.log_tail = s.log_tail()  # type: ignore[attr-defined]
                     raise err
                 if s.health_ok(timeout_s=2.0):
+                    s.note_healthy()
                     pending.remove(name)
                     self.healthy_s[name] = time.monotonic() - t0
                     if observe:

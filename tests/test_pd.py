@@ -473,3 +473,27 @@ def test_watch_behind_a_router_captures_and_judges_each_server_on_its_own(tmp_pa
     report = (evd / "REPORT.md").read_text()
     assert "**The prefill server diverged**" in report and "### decode server" in report
     assert marker.read_text().split() == ["decode", "prefill"]  # --on-hang ran after both servers' evidence
+
+
+def test_a_rank_dead_before_the_stacks_stop_leaves_no_shm_file_it_mapped(tmp_path: Path):
+    """The decode server's stand-in rank maps a /dev/shm file and dies while the stack runs (as a PD control trial's
+    ranks did: sglang's idle invariant check raised): the stack's wait read the file once the role was healthy, so
+    the stop removes it. Before, only ``Server.wait_healthy`` read it and a PD stack's wait is its own: the real
+    sharded PD hunt left one ``sglang_loads_*.shm``."""
+    shm, die = _procs.SHM_DIR / f"reprotest_pd_{tmp_path.name}.shm", tmp_path / "DIE"
+    stack = _stack(tmp_path, decode_extra=["--shm", str(shm), "--die-file", str(die)])
+    try:
+        stack.start()
+        stack.wait_healthy(30)
+        assert shm.exists()
+        rank = [p for p in stack.servers["decode"].procs() if p.pid != stack.servers["decode"].pid]
+        die.touch()
+        deadline = time.monotonic() + 10
+        while any(_procs.alive(p) for p in rank) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rank and not any(_procs.alive(p) for p in rank), rank
+        assert stack.stop() == []
+        assert not shm.exists(), "the stopped stack left the dead rank's shm file"
+    finally:
+        stack.stop()
+        shm.unlink(missing_ok=True)

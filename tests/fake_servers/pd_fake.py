@@ -2,11 +2,13 @@
 
 Not SGLang: it only answers the HTTP endpoints the stack's start-up and teardown look at, and forks one child so
 the tree has more than one process. ``python pd_fake.py --port P [--router] [--prefill URL B] [--decode URL]
-[--workers-after-s S] [--die-after-s S] [--health-after-s S] [--lose-port-once FILE]``: ``/health`` 200 at once
+[--workers-after-s S] [--die-after-s S] [--health-after-s S] [--lose-port-once FILE] [--shm PATH --die-file FILE]``: ``/health`` 200 at once
 (503 until ``--health-after-s``); it prints ``fake: loading`` at start; a router's ``GET /workers`` lists its
 workers (healthy only after ``--workers-after-s``), like sglang-router 0.3.2 does. With ``--lose-port-once FILE``
 the first start (FILE absent: it is created) prints uvicorn's bind error and stays alive without serving, as
-sglang 0.5.23's HTTP server did when another process took its port first; later starts serve.
+sglang 0.5.23's HTTP server did when another process took its port first; later starts serve. With ``--shm PATH``
+the child creates and maps PATH (as each sglang scheduler maps its ``sglang_loads_*.shm``) before the server answers,
+and exits without unlinking it once ``--die-file`` exists (a rank that dies while its server runs).
 """
 
 import argparse
@@ -26,6 +28,8 @@ ap.add_argument("--workers-after-s", type=float, default=0.0)
 ap.add_argument("--die-after-s", type=float, default=0.0)
 ap.add_argument("--health-after-s", type=float, default=0.0)  # /health answers 503 until then, like a loading server
 ap.add_argument("--lose-port-once")
+ap.add_argument("--shm")
+ap.add_argument("--die-file")
 a, _ = ap.parse_known_args()
 t0 = time.monotonic()
 print("fake: loading", flush=True)
@@ -37,8 +41,21 @@ if a.lose_port_once and not os.path.exists(a.lose_port_once):
         time.sleep(1)
 child = os.fork()
 if child == 0:  # a child in the same process group, like a scheduler process
+    if a.shm:
+        import mmap
+
+        fd = os.open(a.shm, os.O_CREAT | os.O_RDWR, 0o600)
+        os.ftruncate(fd, 4096)
+        m = mmap.mmap(fd, 4096)
+        open(a.shm + ".mapped", "w").close()
     while True:
-        time.sleep(1)
+        if a.die_file and os.path.exists(a.die_file):
+            os._exit(1)
+        time.sleep(0.05 if a.die_file else 1)
+if a.shm:
+    while not os.path.exists(a.shm + ".mapped"):
+        time.sleep(0.02)
+    os.unlink(a.shm + ".mapped")
 
 
 class H(BaseHTTPRequestHandler):
