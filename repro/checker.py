@@ -243,6 +243,24 @@ def _raised(lines: Sequence[str], at: int) -> str:
     return last[:200]
 
 
+def rank_error(log_text: str, rank: int) -> str:
+    """Rank ``rank``'s last error line in a server log (lines tagged ``TP<rank>``: sglang's ``[… TP0]``, vLLM's
+    ``(Worker_TP0 pid=…)``), cut to 300 characters; when it opens a traceback, with the exception the traceback ends
+    with ("… Scheduler hit an exception: ValueError: req_to_token_pool memory leak detected!…"). "" when none."""
+    import re
+
+    tag = re.compile(rf"(?<![A-Za-z0-9])TP{rank}(?![A-Za-z0-9])")
+    lines = log_text.splitlines()
+    errs = [i for i, ln in enumerate(lines) if tag.search(ln) and re.search(r"Error|Exception|Traceback", ln)]
+    if not errs:
+        return ""
+    line = lines[errs[-1]].strip()
+    raised = _raised(lines, errs[-1]) if "Traceback (most recent call last)" in line else ""
+    if raised:  # "Scheduler hit an exception: Traceback (…):" names nothing; the traceback's last line does
+        line = line.split("Traceback (most recent call last)", 1)[0].rstrip() + " " + raised
+    return line[:300]
+
+
 def death_reason(log_text: str, rank: int, pid: int) -> str:
     """Why rank ``rank`` (process ``pid``) ended, read from the server log text.
 
@@ -261,15 +279,10 @@ def death_reason(log_text: str, rank: int, pid: int) -> str:
         code = int(hits[-1])
         sig = _signal_name(code)
         return f"exit code {code}" + (f" ({sig})" if sig else "") + " per the server log"
-    tag = re.compile(rf"\bTP{rank}\b")
     lines = log_text.splitlines()
-    errs = [i for i, ln in enumerate(lines) if tag.search(ln) and re.search(r"Error|Exception|Traceback", ln)]
-    if errs:
-        line = lines[errs[-1]].strip()
-        raised = _raised(lines, errs[-1]) if "Traceback (most recent call last)" in line else ""
-        if raised:  # "Scheduler hit an exception: Traceback (…):" names nothing; the traceback's last line does
-            line = line.split("Traceback (most recent call last)", 1)[0].rstrip() + " " + raised
-        return f"its last error in the server log: {line[:300]}"
+    err = rank_error(log_text, rank)
+    if err:
+        return f"its last error in the server log: {err}"
     # a C++ exception nobody caught (gloo's size check: gloo::EnforceNotMet) aborts the process and writes untagged
     # lines: "terminate called after throwing an instance of 'X'" then "  what():  …"
     for i in range(len(lines) - 1, -1, -1):
@@ -400,7 +413,7 @@ class RankDeathDetector:
             return verdict
         self.watch.poll()
         if not self.watch.deaths:
-            return verdict
+            return self._with_rank_errors(verdict)
         self.watch.refresh_reasons()
         reason = self.watch.verdict_reason()
         try:  # the ledger diagnosis reads it: a dead rank's open record is where it died, not a wait
@@ -414,6 +427,21 @@ class RankDeathDetector:
             return Verdict(verdict.verdict, verdict.reason, (*verdict.notes, reason.split("; server log tail")[0]),
                            verdict.proof, verdict.desync)
         return Verdict(INCONCLUSIVE, reason, tuple(verdict.notes))
+
+    def _with_rank_errors(self, verdict: Any) -> Any:
+        """``requests errored`` with every rank alive (vLLM's worker catches its exception, reports it and lives):
+        the reason gains each rank's last error in what the server logged since the burst began (:func:`rank_error`),
+        e.g. "rank 0's last error in the server log: (Worker_TP0 pid=…) ERROR … RuntimeError: …"."""
+        from dataclasses import replace
+
+        from repro.verdict import INCONCLUSIVE
+
+        if self.watch is None or verdict.verdict != INCONCLUSIVE or not verdict.reason.startswith("requests errored"):
+            return verdict
+        text = self.watch._log_text()
+        errs = [f"rank {k}'s last error in the server log: {e}" for k in sorted(self.watch.procs)
+                if (e := rank_error(text, k))]
+        return replace(verdict, reason=f"{verdict.reason}; {'; '.join(errs)}") if errs else verdict
 
     def stop(self, ctx: Any) -> None:
         pass

@@ -167,3 +167,27 @@ def test_death_reason_names_the_exception_a_ranks_traceback_ends_with():
     assert "TP0] Scheduler hit an exception: ValueError: req_to_token_pool memory leak detected!" in r0, r0
     assert "TP1] Scheduler hit an exception: RuntimeError: [" in r1 and "Connection closed by peer" in r1, r1
     assert "Traceback" not in r0 + r1
+
+
+def test_requests_that_errored_with_every_rank_alive_name_the_ranks_own_error(tmp_path: Path):
+    """A real vLLM 0.32 log (CPU testbed, TP=2: rank 0's worker raised once in ``execute_model``, a ``fault`` nemesis):
+    the worker caught it, reported it to the engine core and lived, so no rank died and the run ended "requests
+    errored". The reason now says what rank 0 logged (its tag is ``(Worker_TP0 pid=…)``, which the old ``\\bTP0\\b``
+    did not match) and nothing for rank 1, which logged no error."""
+    from repro.checker import RankDeathDetector
+    from repro.verdict import INCONCLUSIVE, Verdict
+
+    log = tmp_path / "server.log"
+    log.write_text("(APIServer pid=1) INFO earlier server, before the burst: (Worker_TP1 pid=2) RuntimeError: old\n")
+    det = RankDeathDetector()
+    det.start(type("Ctx", (), {"rank_pids": {0: os.getpid(), 1: os.getpid()}, "server_log": log})())
+    with log.open("a") as f:  # what the server wrote during the burst
+        f.write((FIXTURES / "server_logs" / "vllm_worker_tp0_raised.log").read_text())
+    errored = Verdict(INCONCLUSIVE, "requests errored: 4 of 4 did not succeed (request 0: ok, answered with 0/8 output ids)")
+    got = det.final_verdict(errored)
+    assert got.verdict == INCONCLUSIVE and got.reason.startswith(errored.reason), got
+    assert "rank 0's last error in the server log: (Worker_TP0 pid=13464) ERROR" in got.reason, got.reason
+    assert got.reason.endswith("RuntimeError: repro: injected worker fault"), got.reason
+    assert "rank 1's" not in got.reason  # its only error line was written before the burst
+    other = Verdict(INCONCLUSIVE, "injector not loaded on rank(s) 1")
+    assert det.final_verdict(other) == other  # only a requests-errored verdict gains it
