@@ -266,10 +266,9 @@ def death_reason(log_text: str, rank: int, pid: int) -> str:
 
     Looks for, in order: a line naming the pid with an exit code (sglang 0.5.23 ``utils/watchdog.py``
     ``SubprocessWatchdog``: "Subprocess … (pid=N) crashed with exit code -9"; ``entrypoints/engine.py``: "… N
-    terminated with -9"), shown with the signal of a negative code; the rank's own last error line (lines tagged
-    ``TP<rank>``, e.g. "Scheduler hit an exception"; when it opens a traceback, with the exception the traceback ends
-    with: "… Scheduler hit an exception: ValueError: req_to_token_pool memory leak detected!…"); an untagged C++ abort (``terminate called after throwing …``
-    with its ``what()``: gloo's size check aborts a rank so); else says it left no error of its own.
+    terminated with -9"), shown with the signal of a negative code; the rank's own last error line
+    (:func:`rank_error`); an untagged C++ abort (``terminate called after throwing …`` with its ``what()``: gloo's
+    size check aborts a rank so); else says it left no error of its own.
     """
     import re
 
