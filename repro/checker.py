@@ -327,7 +327,7 @@ class RankWatch:
         gone = [k for k, p in sorted(self.procs.items()) if k not in self.deaths and not _procs.alive(p)]
         if not gone:
             return []
-        text = self._log_text()
+        text = self.log_text()
         new = [RankDeath(k, self.procs[k].pid, death_reason(text, k, self.procs[k].pid), now) for k in gone]
         for d in new:
             self.deaths[d.rank] = d
@@ -335,11 +335,12 @@ class RankWatch:
 
     def refresh_reasons(self) -> None:
         """Re-read the reasons from the log (the engine's parent may log the exit code a moment after)."""
-        text = self._log_text()
+        text = self.log_text()
         for k, d in list(self.deaths.items()):
             self.deaths[k] = RankDeath(d.rank, d.pid, death_reason(text, d.rank, d.pid), d.seen_t)
 
-    def _log_text(self) -> str:
+    def log_text(self) -> str:
+        """What the server logged since the ranks were seen alive (the last 256 KiB of it); "" without a log."""
         if self.log_path is None:
             return ""
         try:
@@ -363,7 +364,7 @@ class RankWatch:
             text += "; then " + "; ".join(d.sentence() for d in later)
         if alive:
             text += f"; rank(s) {', '.join(map(str, alive))} still running"
-        tail = "\n".join(self._log_text().splitlines()[-LOG_TAIL_LINES:])
+        tail = "\n".join(self.log_text().splitlines()[-LOG_TAIL_LINES:])
         return f"{text} during the burst (a crash, not a deadlock); server log tail:\n{tail}"
 
 
@@ -437,7 +438,7 @@ class RankDeathDetector:
 
         if self.watch is None or verdict.verdict != INCONCLUSIVE or not verdict.reason.startswith("requests errored"):
             return verdict
-        text = self.watch._log_text()
+        text = self.watch.log_text()
         errs = [f"rank {k}'s last error in the server log: {e}" for k in sorted(self.watch.procs)
                 if (e := rank_error(text, k))]
         return replace(verdict, reason=f"{verdict.reason}; {'; '.join(errs)}") if errs else verdict

@@ -205,7 +205,8 @@ class _HostRankWatch:
         self._texts: dict[str, str] = {}
         self._base = RankWatch({}, None)
 
-    def _log_text(self, host: Optional[str] = None) -> str:
+    def log_text(self, host: Optional[str] = None) -> str:
+        """The server log of ``host`` (default: of the hosts of the dead ranks; "" when none), as ``RankWatch.log_text``."""
         hosts = [host] if host else sorted({self.procs[k].host for k in self.deaths})
         out = []
         for h in hosts:
@@ -226,7 +227,7 @@ class _HostRankWatch:
         new = []
         for k in gone:
             r = self.procs[k]
-            why = death_reason(self._log_text(r.host), k, r.pid)
+            why = death_reason(self.log_text(r.host), k, r.pid)
             new.append(RankDeath(k, r.pid, f"on host {r.host}: {why}", self.mirror.dead[k]))
         for d in new:
             self.deaths[d.rank] = d
@@ -237,7 +238,7 @@ class _HostRankWatch:
 
         for k, d in list(self.deaths.items()):
             r = self.procs[k]
-            self.deaths[k] = RankDeath(k, d.pid, f"on host {r.host}: {death_reason(self._log_text(r.host), k, r.pid)}",
+            self.deaths[k] = RankDeath(k, d.pid, f"on host {r.host}: {death_reason(self.log_text(r.host), k, r.pid)}",
                                        d.seen_t)
 
     def verdict_reason(self) -> str:
@@ -249,7 +250,7 @@ class _HostRankWatch:
         text = "; ".join(d.sentence() for d in ds)
         if alive:
             text += f"; rank(s) {', '.join(map(str, alive))} still running"
-        tail = "\n".join(self._log_text().splitlines()[-LOG_TAIL_LINES:])
+        tail = "\n".join(self.log_text().splitlines()[-LOG_TAIL_LINES:])
         return f"{text} during the burst (a crash, not a deadlock); server log tail:\n{tail}"
 
 

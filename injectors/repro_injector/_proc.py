@@ -84,7 +84,7 @@ def record_mp_names(rt: Any) -> None:
     The tracker unlinks such names when it shuts down; sglang 0.5.23's launcher answers SIGTERM with
     ``kill_process_tree`` (SIGKILL to its children, the tracker among them), so every server stop left its
     ``/dev/shm/sem.mp-*`` files (2 per launch on the CPU testbed, closed and mapped by no process: no snapshot of the
-    tree can see them). The harness reads these lines at stop (``repro.procs.registered_shm_files``). Wraps
+    tree can see them). The harness reads these lines at stop (``repro.launcher.registered_shm_files``). Wraps
     ``multiprocessing.resource_tracker.register`` (``multiprocessing.synchronize.SemLock`` imports it at each call);
     never raises into the caller.
     """

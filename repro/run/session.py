@@ -77,14 +77,15 @@ class Session(RunEvidence):
             self.observe("launch", {"evidence": str(p.evidence.path)})
         else:
             t0 = launched_t
-        started = {"ok": False}  # the current start launched (a failed wait stops it; a failed launch has nothing)
+        started = False  # the current start launched (a failed wait stops it; a failed launch has nothing)
 
         def start(attempt: int) -> Any:
-            started["ok"] = False
+            nonlocal started
+            started = False
             if attempt > 1 or launched_t is None or self.server is None:
                 self.server = start_server(p.adapter, p.spec, p.evidence.server_log.path)
                 save_server_procs(p.evidence, self.server)
-            started["ok"] = True
+            started = True
             return self.server
 
         def wait(server: Any) -> float:
@@ -107,7 +108,7 @@ class Session(RunEvidence):
                 start, wait, stop, observe=self.observe,
                 lost=lambda e, server: lost_port_line(e, server) if p.spec.port == 0 and p.spec.nccl_port == 0 else None)
         except LaunchError as e:
-            if started["ok"] and self.server is not None:
+            if started and self.server is not None:
                 stop(self.server)
             return Verdict(INCONCLUSIVE, f"server failed to start: {e}")
         self.healthy_s = time.time() - t0
