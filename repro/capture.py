@@ -82,7 +82,7 @@ def py_spy_version(py_spy: PySpy = "py-spy") -> str:
 # the dump of one process (py-spy, the tracer-held retry, the faulthandler fallback) is repro.capture_helper's: one
 # stdlib-only implementation, run here and sent to the ranks' hosts (repro.hosts.capture_remote)
 from repro.capture_helper import (  # noqa: E402
-    _classify_error, _error_causes, _process_title, _run_py_spy, _run_py_spy_patiently, _signal_caught,
+    CPU_WINDOW_S, _classify_error, _error_causes, _process_title, _run_py_spy, _run_py_spy_patiently, _signal_caught,
     _status_field, _transient, faulthandler_dump, tracer_of,
 )
 
@@ -176,7 +176,7 @@ def _cpu_times(pid: int) -> Optional[float]:
 
 def capture_pids(pids: Mapping[str, int], out_dir: Union[str, Path], *, timeout_s: float = 5.0,
                  native: bool = False, tag: str = "", injector_dir: Optional[Union[str, Path]] = None,
-                 fallback_signal: str = "SIGUSR2", py_spy: PySpy = "py-spy", cpu_window_s: float = 0.2,
+                 fallback_signal: str = "SIGUSR2", py_spy: PySpy = "py-spy", cpu_window_s: float = CPU_WINDOW_S,
                  ranks: Optional[Mapping[str, Optional[int]]] = None) -> list[RankCapture]:
     """Dump the stacks of several processes at once (one thread per pid), each with its own timeout.
 
@@ -247,7 +247,7 @@ def capture_pids(pids: Mapping[str, int], out_dir: Union[str, Path], *, timeout_
 def capture_ranks(pids: Mapping[int, int], out_dir: Union[str, Path], *, timeout_s: float = 5.0,
                   native: bool = False, tag: str = "", injector_dir: Optional[Union[str, Path]] = None,
                   fallback_signal: str = "SIGUSR2", py_spy: PySpy = "py-spy",
-                  cpu_window_s: float = 0.2) -> list[RankCapture]:
+                  cpu_window_s: float = CPU_WINDOW_S) -> list[RankCapture]:
     """Dump every rank's Python stacks at once with py-spy (faulthandler fallback).
 
     Args:

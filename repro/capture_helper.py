@@ -225,11 +225,19 @@ def cpu_seconds(pid: int) -> Optional[float]:
         return None
 
 
-def dump_one(pid: int, py_spy: str, fh_file: str, signal_name: str, timeout_s: float) -> dict:
+CPU_WINDOW_S = 0.2  # the least time CPU use is read over: /proc counts in clock ticks (10 ms), so a 20 ms dump
+# alone would read a sleeping rank as 0 % or 50 % of a core by chance (seen in CI: 50.58 % for time.sleep)
+
+
+def dump_one(pid: int, py_spy: str, fh_file: str, signal_name: str, timeout_s: float,
+             cpu_window_s: float = CPU_WINDOW_S) -> dict:
     """One rank's dump as a JSON-able dict (what :func:`main` prints): ``pid``, ``title``, ``t0``/``t1``
     (monotonic), ``cpu0``/``cpu1`` (CPU seconds), ``method``, ``tool_version``, then py-spy's ``json`` and
     ``text``, or ``faulthandler`` (the fallback when py-spy is missing or refused), or ``error``; ``notes`` says
-    what a retry waited for. ``fh_file``: the injector's faulthandler file (``-``: no fallback)."""
+    what a retry waited for. ``fh_file``: the injector's faulthandler file (``-``: no fallback).
+    ``cpu_window_s``: the least seconds between ``t0`` and ``t1`` (the dump runs inside it; a quicker dump waits
+    out the rest), so ``cpu1 - cpu0`` has a resolution of one clock tick per window (5 % of a core at 0.2 s),
+    as ``repro.capture.capture_stacks``'s own window."""
     out: dict = {"pid": pid, "title": _process_title(pid), "t0": time.monotonic(), "cpu0": cpu_seconds(pid),
                  "method": "py-spy"}
     try:
@@ -255,6 +263,7 @@ def dump_one(pid: int, py_spy: str, fh_file: str, signal_name: str, timeout_s: f
                 out["error"] += "; faulthandler fallback: " + ferr
     if notes:
         out["notes"] = notes
+    time.sleep(max(0.0, out["t0"] + cpu_window_s - time.monotonic()))
     out["cpu1"], out["t1"] = cpu_seconds(pid), time.monotonic()
     return out
 
