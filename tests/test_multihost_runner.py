@@ -96,23 +96,29 @@ def test_in_parallel_shares_one_deadline():
     assert time.monotonic() - t0 < 3.0
 
 
-def test_capture_through_the_runner_reads_a_real_process(tmp_path):
+def _capture_one_child(tmp_path: Path, body: str):
+    """Start ``python -c`` running ``body`` (a function that prints ``ready`` once past start-up), dump it through a
+    local runner as host h1's rank 1, end it by pid; skips only where py-spy is absent or ptrace is refused."""
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not os.path.exists(py_spy):
         pytest.skip("py-spy is not installed")
-    prog = "import time\ndef waiting_here():\n    print('ready', flush=True)\n    time.sleep(600)\nwaiting_here()\n"
-    p = subprocess.Popen([sys.executable, "-c", prog], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", body], stdout=subprocess.PIPE, text=True)
     try:
-        assert p.stdout.readline().strip() == "ready"  # past start-up: from here it only sleeps
+        assert p.stdout.readline().strip() == "ready"  # past start-up: from here on only the function runs
         r = Runner(HostSpec(name="h1", node_rank=1, py_spy=py_spy, python=sys.executable))
-        caps = capture_remote([RemoteRank(1, r, p.pid)], tmp_path, tag="-1", deadline_s=20)
+        (c,) = capture_remote([RemoteRank(1, r, p.pid)], tmp_path, tag="-1", deadline_s=20)
     finally:
         p.kill()
         p.wait()
-    (c,) = caps
     if not c.ok and "ptrace" in c.error.lower():
         pytest.skip(f"ptrace refused here: {c.error}")
     assert c.ok, c.error
+    return c
+
+
+def test_capture_through_the_runner_reads_a_real_process(tmp_path):
+    c = _capture_one_child(tmp_path, "import time\ndef waiting_here():\n    print('ready', flush=True)\n"
+                                     "    time.sleep(600)\nwaiting_here()\n")
     names = [f.function for t in c.threads for f in t.frames]
     assert "waiting_here" in names
     text = (tmp_path / "rank1-1.txt").read_text()
@@ -123,21 +129,8 @@ def test_capture_through_the_runner_reads_a_real_process(tmp_path):
 
 
 def test_remote_capture_reads_a_spinning_rank_as_busy(tmp_path):
-    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    if not os.path.exists(py_spy):
-        pytest.skip("py-spy is not installed")
-    prog = "def spinning_here():\n    print('ready', flush=True)\n    while True:\n        pass\nspinning_here()\n"
-    p = subprocess.Popen([sys.executable, "-c", prog], stdout=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline().strip() == "ready"
-        r = Runner(HostSpec(name="h1", node_rank=1, py_spy=py_spy, python=sys.executable))
-        (c,) = capture_remote([RemoteRank(1, r, p.pid)], tmp_path, tag="-1", deadline_s=20)
-    finally:
-        p.kill()
-        p.wait()
-    if not c.ok and "ptrace" in c.error.lower():
-        pytest.skip(f"ptrace refused here: {c.error}")
-    assert c.ok, c.error
+    c = _capture_one_child(tmp_path, "def spinning_here():\n    print('ready', flush=True)\n    while True:\n"
+                                     "        pass\nspinning_here()\n")
     assert "spinning_here" in [f.function for t in c.threads for f in t.frames]
     assert c.cpu_percent is not None and c.cpu_percent > 20, c.cpu_percent
 
