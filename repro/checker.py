@@ -434,9 +434,9 @@ class RankDeathDetector:
         e.g. "rank 0's last error in the server log: (Worker_TP0 pid=…) ERROR … RuntimeError: …"."""
         from dataclasses import replace
 
-        from repro.verdict import INCONCLUSIVE
+        from repro.verdict import INCONCLUSIVE, REQUESTS_ERRORED
 
-        if self.watch is None or verdict.verdict != INCONCLUSIVE or not verdict.reason.startswith("requests errored"):
+        if self.watch is None or verdict.verdict != INCONCLUSIVE or not verdict.reason.startswith(REQUESTS_ERRORED):
             return verdict
         text = self.watch.log_text()
         errs = [f"rank {k}'s last error in the server log: {e}" for k in sorted(self.watch.procs)

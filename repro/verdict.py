@@ -26,6 +26,7 @@ from typing import Any, Mapping, Optional, Sequence
 DEADLOCKED = "DEADLOCKED"
 SUCCEEDED = "ALL REQUESTS SUCCEEDED"
 INCONCLUSIVE = "INCONCLUSIVE"
+REQUESTS_ERRORED = "requests errored"  # how a burst verdict with failed requests begins (repro.checker reads it)
 DESYNCED = "DESYNCED"
 
 EXIT_CODES = {SUCCEEDED: 0, DEADLOCKED: 3, INCONCLUSIVE: 4, DESYNCED: 7}
@@ -195,7 +196,7 @@ def judge_completion(
         first = failed[0]
         return Verdict(
             INCONCLUSIVE,
-            f"requests errored: {len(failed)} of {len(requests)} did not succeed (request {first.index}: {first.status}, {first.error})",
+            f"{REQUESTS_ERRORED}: {len(failed)} of {len(requests)} did not succeed (request {first.index}: {first.status}, {first.error})",
         )
     not_loaded = [k for k in expected_ranks if k not in set(loaded_ranks)]
     if not_loaded:
