@@ -475,6 +475,11 @@ class Layout:
         return f"mpnames-{pid}.txt"
 
     @staticmethod
+    def mp_names_glob() -> str:
+        """``mpnames-*.txt``: every :meth:`mp_names_file` of a folder (a shell / ``glob`` pattern)."""
+        return "mpnames-*.txt"
+
+    @staticmethod
     def ticks_file(pid: int) -> str:
         """``ticks-<pid>.txt``: every scheduler tick's start (benchmarks only)."""
         return f"ticks-{pid}.txt"

@@ -32,8 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
+from repro import capture_helper, shm_files
 from repro import evidence as ev
 from repro.evidence import Layout
 
@@ -270,6 +271,29 @@ class Runner:
         """Whether ``pid`` exists on the host (``kill -0``)."""
         return self.run(f"kill -0 {int(pid)} 2>/dev/null", timeout_s=timeout_s, check=False).rc == 0
 
+    def shm_files(self, sid: int, timeout_s: float = 15.0) -> tuple[Optional[float], set[str]]:
+        """The /dev/shm files the processes of session ``sid`` on the host map or hold open now, and when the session's
+        leader started (seconds since the epoch on the host's clock; None when it is gone): ``repro/shm_files.py``
+        run there. Raises HostError when the host cannot be reached or the helper fails."""
+        res = self.run(f"{shlex.quote(self.host.python)} - list {int(sid)}", input=SHM_HELPER.encode(), timeout_s=timeout_s)
+        try:
+            js = json.loads(res.text)
+            return js.get("since"), set(js.get("files") or [])
+        except (ValueError, AttributeError) as e:
+            raise HostError(self.name, "shm_files list", res.rc, f"no JSON printed: {res.text[:200]!r}") from e
+
+    def remove_shm(self, since: float, mp_names_glob: str, files: Iterable[str], timeout_s: float = 15.0) -> list[str]:
+        """Unlink on the host each of ``files`` and each file the matching ``mpnames-*.txt`` records name, whose status
+        changed at or after ``since`` (host clock; ``repro.shm_files.remove``). Call once the session is empty.
+        Returns the paths removed. Raises HostError as :meth:`run`."""
+        cmd = " ".join(shlex.quote(a) for a in (self.host.python, "-", "remove", repr(float(since)), mp_names_glob,
+                                                *sorted(files)))
+        res = self.run(cmd, input=SHM_HELPER.encode(), timeout_s=timeout_s)
+        try:
+            return list(json.loads(res.text).get("removed") or [])
+        except (ValueError, AttributeError) as e:
+            raise HostError(self.name, "shm_files remove", res.rc, f"no JSON printed: {res.text[:200]!r}") from e
+
     def signal_group(self, pgid: int, sig: str = "TERM", timeout_s: float = 10.0) -> None:
         """Send ``sig`` to the process group ``pgid`` on the host (no error when it is already gone)."""
         # POSIX sh (dash) has no ``kill -- -PGID``: the negative pid goes right after the signal
@@ -313,13 +337,12 @@ def in_parallel(calls: Mapping[Any, Callable[[float], Any]], deadline_s: float) 
 # to the host's python3 (argv: pid py-spy faulthandler-file signal timeout); it prints one JSON object (title, CPU
 # seconds before and after, monotonic times, py-spy's JSON and text dumps or the faulthandler dump). The same code
 # as the local capture's (repro.capture imports it): the tracer-held retry and the SigCgt check included.
-def _capture_helper_source() -> str:
-    from repro import capture_helper
-
-    return Path(capture_helper.__file__).read_text(encoding="utf-8")
+def _source_of(module: Any) -> str:
+    return Path(module.__file__).read_text(encoding="utf-8")
 
 
-CAPTURE_HELPER = _capture_helper_source()
+CAPTURE_HELPER = _source_of(capture_helper)
+SHM_HELPER = _source_of(shm_files)  # repro/shm_files.py, run on a host (Runner.shm_files / remove_shm)
 
 
 @dataclass(frozen=True)

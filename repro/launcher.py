@@ -28,6 +28,7 @@ import requests
 from repro import evidence as ev
 from repro import procs as _procs
 from repro.procs import ProcInfo
+from repro.shm_files import registered_in
 from repro.targets.base import Adapter, LaunchSpec, flag_value
 
 LOG_TAIL_LINES = 30
@@ -153,23 +154,16 @@ def registered_shm_files(folder: Path, pids: Iterable[int], shm_dir: Path = _pro
     """The ``shm_dir`` files of the names processes ``pids`` registered with multiprocessing's resource tracker, from
     the injector's ``mpnames-<pid>.txt`` in ``folder`` (injectors/repro_injector/_proc.py ``record_mp_names``):
     ``semaphore /mp-x`` → ``sem.mp-x``, ``shared_memory /psm_x`` → ``psm_x``. Such a name is closed and mapped by
-    no process once created, so :func:`shm_files_of` cannot see it; it is left behind when the tracker is killed
-    (sglang 0.5.23's launcher SIGKILLs its children on SIGTERM). Unreadable files and other lines add nothing."""
+    no process once created, so ``repro.procs.shm_files_of`` cannot see it; it is left behind when the tracker is killed
+    (sglang 0.5.23's launcher SIGKILLs its children on SIGTERM). Unreadable files and other lines add nothing
+    (:func:`repro.shm_files.registered_in`)."""
     out: set[Path] = set()
     for pid in set(pids):
         try:
             text = (Path(folder) / ev.Layout.mp_names_file(pid)).read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
-        for line in text.splitlines():
-            rtype, _, name = line.strip().partition(" ")
-            name = name.strip().lstrip("/")
-            if not name or "/" in name or name in (".", ".."):
-                continue
-            if rtype == "semaphore":
-                out.add(shm_dir / f"sem.{name}")
-            elif rtype == "shared_memory":
-                out.add(shm_dir / name)
+        out |= registered_in(text, shm_dir)
     return out
 
 

@@ -18,8 +18,9 @@ or PID namespace):
   CPU use over the whole check: ``repro.checker.check_stall`` on ``repro.hosts.HostRanks``) — unless a
   host's data link is down or a host cannot be reached, which makes the run INCONCLUSIVE naming that host;
 - stop: node 0's group gets SIGTERM first (sglang's nodes ≥ 1 ignore SIGTERM and wait for node 0's shutdown), then
-  every node's group SIGKILL (a wedged tree: SIGKILL at once, no SIGTERM); each host's session is checked empty; each host's server log and injector records
-  are copied back under ``hosts/<host>/`` and its run folder removed.
+  every node's group SIGKILL (a wedged tree: SIGKILL at once, no SIGTERM); each host's session is checked empty; the
+  /dev/shm files each node's tree made are removed on its host (``repro/shm_files.py``, run there); each host's server
+  log and injector records are copied back under ``hosts/<host>/`` and its run folder removed.
 
 Run: ``python -m repro.remote_run SCENARIO --variant V --hosts HOSTS.json [--evidence-dir D] [--expect E]``
 (``HOSTS.json``: a list of ``repro.hosts.HostSpec`` fields). Exit codes as ``repro run``.
@@ -239,6 +240,8 @@ class MultiHostSession(Session):
         self.ledger_root = p.evidence.path / "host-ledgers"  # the session's: one mirror folder per server start
         self.mirror: Any = None  # repro.host_ledgers.HostLedgerMirror of the running server's ranks
         self._starts = 0
+        # host -> (its node's start, seconds since the epoch on that host's clock; the /dev/shm files its tree mapped)
+        self.shm: dict[str, tuple[Optional[float], set[str]]] = {}
 
     # ---- the ranks' ledgers, followed live (repro.host_ledgers) -------------------------------------------------
     def ledger_mirror(self) -> Any:
@@ -320,6 +323,7 @@ class MultiHostSession(Session):
         adapter = p.adapter
         self.ranks, self.host_of_rank, self.healthy_s = {}, {}, None  # a restart maps the new tree afresh
         self.rank_pids, self.server, self.run_dir, self.ledger_dir = {}, None, p.evidence, None
+        self.shm = {}
         for n in self.nodes:
             n.root_pid = n.http_port = 0
         if adapter.multinode(len(self.nodes), 0, "") is None:  # asked before anything is started
@@ -379,6 +383,7 @@ class MultiHostSession(Session):
                     self.ranks[rt.tp] = RemoteRank(rt.tp, n.runner, pid, self.injector_dir(n))
                     self.host_of_rank[rt.tp] = n.name
         self.rank_pids = {k: r.pid for k, r in self.ranks.items()}
+        self.note_shm()
         self.server = _HostsServer(self)
         self._save_launch()
         self.save_processes()
@@ -386,6 +391,39 @@ class MultiHostSession(Session):
             return Verdict(INCONCLUSIVE, f"expected scheduler ranks {expected} across the hosts, found "
                                          f"{ {k: f'{r.host}:{r.pid}' for k, r in sorted(self.ranks.items())} }")
         return None
+
+    def note_shm(self) -> None:
+        """Remember the /dev/shm files each node's tree maps now, and when the node started (its host's clock), for
+        :meth:`stop` — as a local server's ``repro.launcher.Server.note_healthy``: a rank that dies before the stop
+        maps nothing by then (SGLang's ``sglang_loads_*.shm``). Called once healthy and at the stop; a host that
+        cannot be read adds nothing."""
+        for n in self.nodes:
+            if not n.root_pid:
+                continue
+            try:
+                since, files = n.runner.shm_files(n.root_pid)
+            except HostError:
+                continue
+            old_since, old = self.shm.get(n.name, (None, set()))
+            self.shm[n.name] = (old_since if old_since is not None else since, old | files)
+
+    def _remove_shm(self, left: dict[str, list]) -> dict[str, Any]:
+        """Unlink, on each host whose node's session is empty, the files :meth:`note_shm` saw and those the node's
+        ranks registered with multiprocessing's resource tracker (``mpnames-*.txt`` in its injector folder), each only
+        if made since the node started (``repro.shm_files``). Returns host -> paths removed, or why none were."""
+        out: dict[str, Any] = {}
+        for n in self.nodes:
+            since, files = self.shm.get(n.name, (None, set()))
+            if left.get(n.name):
+                out[n.name] = "not removed: the node's session is not empty, or the host could not be checked"
+            elif since is None:
+                out[n.name] = "not removed: the node's start time was never read on its host"
+            else:
+                try:
+                    out[n.name] = n.runner.remove_shm(since, f"{self.injector_dir(n)}/{ev.Layout.mp_names_glob()}", files)
+                except HostError as e:
+                    out[n.name] = f"not removed: {e}"
+        return out
 
     def node_launch(self, n: Node, dist_addr: str, nccl_port: int, local_prepend: str) -> tuple[list[str], dict]:
         """The command line and the whole environment node ``n`` is started with (``n.http_port`` already picked).
@@ -694,8 +732,9 @@ class MultiHostSession(Session):
     def stop(self) -> dict[str, list]:
         """Node 0's group SIGTERM first, then every node's group SIGKILL after ``STOP_GRACE_S`` — at once, with no
         SIGTERM, when the burst left the tree wedged (``self.wedged``: a rank blocked in a collective never runs its
-        handler; ``WEDGED_STOP_GRACE_S``); gather the logs and records; remove each host's run folder. ``teardown.json``
-        records the grace used, ``wedged`` and the seconds until every node's session was checked.
+        handler; ``WEDGED_STOP_GRACE_S``); on each host whose session is empty, remove the node's /dev/shm files
+        (:meth:`_remove_shm`); gather the logs and records; remove each host's run folder. ``teardown.json`` records
+        the grace used, ``wedged``, the seconds until every node's session was checked and ``shm_removed``.
         Returns host -> pids still in its session (empty lists: clean)."""
         if not self.started:
             return {}
@@ -707,6 +746,7 @@ class MultiHostSession(Session):
         n0 = self.nodes[0]
         grace = WEDGED_STOP_GRACE_S if self.wedged else STOP_GRACE_S
         t0 = time.time()
+        self.note_shm()
         try:
             if grace > 0:
                 n0.runner.signal_group(n0.root_pid, "TERM")
@@ -729,6 +769,7 @@ class MultiHostSession(Session):
             except HostError as e:
                 left[n.name] = [f"not reachable to check: {e}"]
         stop_s = round(time.time() - t0, 3)
+        shm_removed = self._remove_shm(left)
         gathered = self.gather()
         self.write_server_log()
         for n in self.nodes:
@@ -739,7 +780,8 @@ class MultiHostSession(Session):
         # left_running: the pids (each as its host sees it; by_host says which host, or why it could not be checked)
         self.p.evidence.teardown.write({"left_running": [pid for pids in left.values() for pid in pids if isinstance(pid, int)],
                                         "by_host": left, "gathered": gathered, "time": time.time(),
-                                        "grace_s": grace, "wedged": self.wedged, "stop_s": stop_s})
+                                        "grace_s": grace, "wedged": self.wedged, "stop_s": stop_s,
+                                        "shm_removed": shm_removed})
         self.started = False
         self.wedged = False
         return left
@@ -773,7 +815,8 @@ def cleanup_hosts(hosts: dict, tokens: Sequence[str] = ()) -> tuple[int, str]:
         hosts: the ``hosts`` of its ``processes.json`` (:meth:`MultiHostSession.save_processes`).
         tokens: the launch tokens of its mark (``tokens``): a node's session is signalled only when one of its
             processes carries one in ``/proc/<pid>/environ``, and its workdir removed only when it holds
-            :data:`LAUNCH_TOKEN_FILE` with one of them.
+            :data:`LAUNCH_TOKEN_FILE` with one of them. The /dev/shm files a stopped session mapped, and those its
+            ranks registered (``mpnames-*.txt``), are removed on its host when made since it started (``repro.shm_files``).
     Returns:
         (exit code: 0 every host's session is gone, 1 a host could not be reached or still runs something, 2 refused:
         no token recorded (a hand-written file, or one an older harness wrote), nothing run on any host; one line per
@@ -805,13 +848,20 @@ def cleanup_hosts(hosts: dict, tokens: Sequence[str] = ()) -> tuple[int, str]:
                     lines.append(f"{name}: no process of session {root} carries this run's launch token: not the tree "
                                  "repro launched for this run, left alone (nothing signalled or removed)")
                     continue
+                try:
+                    since, shm = r.shm_files(root)  # read before the tree is signalled (as MultiHostSession.stop)
+                except HostError:
+                    since, shm = None, set()
                 r.signal_group(root, "KILL")
                 time.sleep(0.5)
                 left = r.session_procs(root)
                 if left:
                     rc = max(rc, 1)
+                removed = [] if left or since is None else r.remove_shm(
+                    since, f"{rec['workdir']}/{ev.Layout.INJECTOR.name}/{ev.Layout.mp_names_glob()}", shm)
                 lines.append(f"{name}: stopped session {root} ({len(live)} processes)" +
-                             (f"; still running: {[p for p, _ in left]}" if left else ""))
+                             (f"; still running: {[p for p, _ in left]}" if left else "") +
+                             (f"; removed {len(removed)} /dev/shm file(s) it made" if removed else ""))
             wd = shlex.quote(str(rec["workdir"]))
             f = shlex.quote(f"{rec['workdir']}/{LAUNCH_TOKEN_FILE}")
             same = " || ".join(f'[ "$(cat {f})" = {shlex.quote(t)} ]' for t in tokens)

@@ -23,6 +23,9 @@ from typing import Any, Iterable, Optional, Sequence, Union
 
 import psutil
 
+from repro import shm_files as _shm
+from repro.shm_files import SHM_DIR
+
 # create_time from psutil is a float in seconds; two reads of the same process agree exactly, a reused pid
 # almost never starts in the same 10 ms tick. Compare with this tolerance (seconds).
 _CREATE_TIME_TOL_S = 0.01
@@ -208,65 +211,32 @@ def alive(p: ProcInfo) -> bool:
         return True
 
 
-SHM_DIR = Path("/dev/shm")
-
-
 def shm_files_of(procs: Iterable[ProcInfo], shm_dir: Path = SHM_DIR) -> set[Path]:
-    """Files under ``shm_dir`` that the live processes among ``procs`` map or hold open.
-
-    Read from ``/proc/PID/maps`` (the mapped file of each mapping: POSIX shared memory such as SGLang's
-    ``sgl_shm_mq_<pid>_<hex>`` message queues and ``sglang_loads_*.shm`` load snapshots, Python's ``psm_*``
-    segments, ``sem.*`` named semaphores) and ``/proc/PID/fd`` (segments opened but not mapped). Only processes that
-    are still the recorded ones (:func:`alive`) are read, so a reused pid never adds another process's files. A
-    process that cannot be read adds nothing.
+    """Files under ``shm_dir`` that the live processes among ``procs`` map or hold open (:func:`repro.shm_files.mapped_by`:
+    POSIX shared memory such as SGLang's ``sgl_shm_mq_<pid>_<hex>`` message queues and ``sglang_loads_*.shm`` load
+    snapshots, Python's ``psm_*`` segments, ``sem.*`` named semaphores). Only processes that are still the recorded
+    ones (:func:`alive`) are read, so a reused pid never adds another process's files; one that cannot be read adds
+    nothing.
 
     Returns:
         Paths directly under ``shm_dir`` (a `` (deleted)`` mapping, already unlinked, is not returned).
     """
-    prefix = str(shm_dir).rstrip("/") + "/"
     out: set[Path] = set()
     for p in procs:
-        if not alive(p):
-            continue
-        try:
-            with open(f"/proc/{p.pid}/maps", encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    i = line.find(prefix)
-                    if i >= 0 and not line.rstrip().endswith("(deleted)"):
-                        out.add(Path(line[i:].rstrip("\n")))
-        except OSError:
-            pass
-        try:
-            for fd in os.listdir(f"/proc/{p.pid}/fd"):
-                try:
-                    target = os.readlink(f"/proc/{p.pid}/fd/{fd}")
-                except OSError:
-                    continue
-                if target.startswith(prefix) and not target.endswith("(deleted)"):
-                    out.add(Path(target))
-        except OSError:
-            pass
-    return {f for f in out if f.parent == shm_dir}
+        if alive(p):
+            out |= _shm.mapped_by(p.pid, shm_dir)
+    return out
 
 
 def remove_shm_files(files: Iterable[Path], created_after: float) -> list[Path]:
     """Unlink each of ``files`` that still exists and whose status changed at or after ``created_after`` (seconds
     since the epoch, the launch time of the tree that mapped them): a segment that existed before the tree started
-    is someone else's and is kept. Call only once every process of the tree is gone.
+    is someone else's and is kept. Call only once every process of the tree is gone (:func:`repro.shm_files.remove`).
 
     Returns:
         The files removed.
     """
-    removed = []
-    for f in sorted(files):
-        try:
-            if f.stat().st_ctime < created_after:
-                continue
-            f.unlink()
-            removed.append(f)
-        except OSError:
-            pass
-    return removed
+    return _shm.remove(files, created_after)
 
 
 def _signal(p: ProcInfo, sig: int) -> None:

@@ -86,6 +86,9 @@ def _assert_hosts_clean(rig):
     for h in rig.state.hosts:
         procs = rig.host_procs(h.name)
         assert procs == [], f"{h.name} still runs {procs} besides its sshd"
+        # each host's /dev/shm is its own tmpfs, empty when the rig came up: every file a run's node made (SGLang's
+        # load snapshots, the resource tracker's semaphores; a killed rank's too) is removed at the stop
+        assert rig.host_shm(h.name) == [], f"{h.name}'s /dev/shm still holds {rig.host_shm(h.name)}"
 
 
 def _deadlock_checks(rig, rc, res, err):

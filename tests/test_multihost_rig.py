@@ -173,8 +173,16 @@ class P:  # the members save_processes uses
     evidence = evd
 
 s = MultiHostSession(P(), hosts)
-tree = "import subprocess, time; subprocess.Popen(['sleep', '600']); time.sleep(600)"
-for n in s.nodes:  # a node's tree (root + child) on each host; then this harness ends without stopping them
+# a node's tree (root + child) that maps a /dev/shm file and names a registered semaphore in an mpnames record, as a
+# rank's scheduler and the injector do
+tree = ("import mmap, os, subprocess, time\n"
+        "os.makedirs('injector', exist_ok=True)\n"
+        "open('injector/mpnames-%d.txt' % os.getpid(), 'w').write('semaphore /mp-killed\\n')\n"
+        "open('/dev/shm/sem.mp-killed', 'wb').write(bytes(32))\n"
+        "fd = os.open('/dev/shm/sglang_loads_killed.shm', os.O_CREAT | os.O_RDWR, 0o600); os.ftruncate(fd, 4096)\n"
+        "m = mmap.mmap(fd, 4096); os.close(fd)\n"
+        "subprocess.Popen(['sleep', '600']); time.sleep(600)")
+for n in s.nodes:  # a node's tree on each host; then this harness ends without stopping them
     n.root_pid = s.start_node(n, ["/usr/bin/python3", "-c", tree], {}, n.workdir + "/node.log")  # as start() does
 s.save_processes()
 print(evd.path)
@@ -199,11 +207,17 @@ def test_cleanup_over_ssh_ends_a_killed_multihost_runs_nodes(rig2, tmp_path):
     for h in ("h0", "h1"):
         assert len(rig2.host_procs(h)) == 2, rig2.host_procs(h)  # root + child, left running
         assert len(rec["hosts"][h]["processes"]) == 2 and rec["hosts"][h]["root_start_ticks"]
+        deadline = time.time() + 30  # the tree's python is still starting on its host
+        while time.time() < deadline and len(rig2.host_shm(h)) < 2:
+            time.sleep(0.2)
+        assert rig2.host_shm(h) == ["sem.mp-killed", "sglang_loads_killed.shm"], rig2.host_shm(h)
     c = subprocess.run(rig2.harness_argv([sys.executable, "-m", "repro", "cleanup", folder]), cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=120)
     assert c.returncode == 0, c.stdout[-2000:] + c.stderr[-2000:]
     assert "h0: stopped session" in c.stdout and "h1: stopped session" in c.stdout, c.stdout
     assert rig2.host_procs("h0") == [] and rig2.host_procs("h1") == []
+    assert rig2.host_shm("h0") == [] and rig2.host_shm("h1") == [], c.stdout  # the files the tree made: removed
+    assert "h0: stopped session" in c.stdout and "removed 2 /dev/shm file(s)" in c.stdout, c.stdout
     for h in ("h0", "h1"):
         ls = subprocess.run(rig2.host_argv(h, ["ls", rec["hosts"][h]["workdir"]]), capture_output=True, text=True)
         assert ls.returncode != 0  # the run folder on the host is gone

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -133,6 +135,42 @@ def test_remote_capture_reads_a_spinning_rank_as_busy(tmp_path):
                                      "        pass\nspinning_here()\n")
     assert "spinning_here" in [f.function for t in c.threads for f in t.frames]
     assert c.cpu_percent is not None and c.cpu_percent > 20, c.cpu_percent
+
+
+def test_a_sessions_shm_files_are_listed_and_removed_on_its_host_when_made_since_it_started(tmp_path):
+    """Runner.shm_files / remove_shm run repro/shm_files.py on the host (here through the local channel): the file a
+    session's process maps, and the one an ``mpnames-*.txt`` record names, are removed once the session is gone;
+    nothing outside /dev/shm and nothing older than the session is."""
+    name = f"repro-test-{uuid.uuid4().hex[:10]}"
+    mapped, registered = Path("/dev/shm") / name, Path("/dev/shm") / f"sem.mp-{name}"
+    prog = ("import mmap, os, sys, time\nfd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o600)\n"
+            "os.ftruncate(fd, 4096)\nm = mmap.mmap(fd, 4096)\nos.close(fd)\nprint('ready', flush=True)\ntime.sleep(600)\n")
+    r = local(python=sys.executable)
+    t_start = time.time()
+    p = subprocess.Popen([sys.executable, "-c", prog, str(mapped)], stdout=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        since, files = r.shm_files(p.pid)
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    try:
+        assert str(mapped) in files, files
+        assert since is not None and abs(since - t_start) < 2.0, (since, t_start)  # the leader's start, host clock
+        registered.write_bytes(b"\0" * 32)
+        (tmp_path / "mpnames-4242.txt").write_text(f"semaphore /mp-{name}\nsemaphore ../etc\nnoise\n")
+        outside = tmp_path / "not-in-shm"
+        outside.write_text("x")
+        glob_ = str(tmp_path / "mpnames-*.txt")
+        assert r.remove_shm(time.time() + 3600, glob_, [*files, str(outside)]) == []  # all older than that "start"
+        assert mapped.exists() and registered.exists()
+        removed = r.remove_shm(since, glob_, [*files, str(outside)])
+        assert sorted(removed) == sorted([str(mapped), str(registered)])
+        assert not mapped.exists() and not registered.exists() and outside.exists()
+    finally:
+        mapped.unlink(missing_ok=True)
+        registered.unlink(missing_ok=True)
 
 
 def test_host_lists_are_checked():

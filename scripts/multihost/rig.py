@@ -349,6 +349,14 @@ class Rig:
                 continue
         return out
 
+    def host_shm(self, host: str) -> list[str]:
+        """The names in host ``host``'s private ``/dev/shm`` (its tmpfs, read through its PID 1's root from the root
+        namespace): empty when no run left a shared-memory file there."""
+        try:
+            return sorted(os.listdir(f"/proc/{self.host(host).init_pid}/root/dev/shm"))
+        except OSError:
+            return []
+
     # ---- teardown ------------------------------------------------------------------------------------------------
     def down(self) -> list[str]:
         """Remove everything the rig created; returns what could not be removed (empty when clean)."""
