@@ -104,7 +104,10 @@ def _own_create_time() -> Optional[float]:
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "run"
+    """``text`` as one safe path component: other characters become ``-``; empty or only dots (``.``, ``..``: the
+    folder itself or its parent, e.g. a hunt shard's folder named ``x/..``) becomes ``run``."""
+    s = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-")
+    return s if s.strip(".") else "run"
 
 
 class EvidenceError(OSError):

@@ -48,6 +48,26 @@ class ScenarioError(ValueError):
     """A scenario file could not be read or is invalid; the message names file, field and the fix."""
 
 
+NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"  # a scenario's, variant's or injection's name: it becomes a path component
+
+
+def path_name_problem(name: str) -> str:
+    """"" when ``name`` is safe as one path component (an evidence folder ``<root>/<scenario>/``, a run label), else
+    what is wrong: ``.`` and ``..`` match :data:`NAME_PATTERN` but name the folder itself or its parent, so evidence
+    would land outside ``--evidence-dir``."""
+    if name and not name.strip("."):
+        return (f"{name!r} is only dots: as a folder name '.' and '..' are the folder itself and its parent (the "
+                "evidence would land outside --evidence-dir); use a name with at least one letter, digit, '_' or '-'")
+    return ""
+
+
+def _path_name(v: str) -> str:
+    problem = path_name_problem(v)
+    if problem:
+        raise ValueError(problem)
+    return v
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -374,7 +394,7 @@ class LedgerTable(_Strict):
 class Injection(_Strict):
     """One fault: where (site alternatives), when (gate), what (action)."""
 
-    id: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
+    id: str = Field(..., pattern=NAME_PATTERN)
     site: list[str] = Field(..., min_length=1, description="'module:Class.method' alternatives; first that resolves wins")
     aliases: list[str] = Field(default_factory=list, description="for module:function sites, 'module:name' copies to rebind too")
     gate: Gate = Field(default_factory=Gate)
@@ -384,6 +404,8 @@ class Injection(_Strict):
     required: bool = Field(True, strict=True, description="the verdict needs this site entered on every rank after arming; "
                            "false: an observe-only counter whose per-rank counts are reported, zero included "
                            "(e.g. an abort path a request takes only on some runs)")
+
+    _id_path = field_validator("id")(_path_name)
 
     @field_validator("site", mode="before")
     @classmethod
@@ -402,13 +424,15 @@ class Injection(_Strict):
 class Variant(_Strict):
     """A named way to run the scenario: its injections and the verdict it is expected to give."""
 
-    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(..., pattern=NAME_PATTERN)
     description: str = ""
     expect: Expect
     injections: list[Injection] = Field(default_factory=list)
     abort: Optional[MassAbort] = Field(None, description="this variant's mass abort (replaces burst.abort), so one "
                                        "server can run it between the other variants")
     workload: Optional[Workload] = Field(None, description="this variant's workload (replaces burst.workload; repro.nemeses)")
+
+    _name_path = field_validator("name")(_path_name)
 
     @model_validator(mode="after")
     def _unique_ids(self) -> "Variant":
@@ -421,7 +445,7 @@ class Variant(_Strict):
 class Scenario(_Strict):
     """A whole scenario file. ``variants[0]`` is the default variant."""
 
-    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(..., pattern=NAME_PATTERN)
     description: str = ""
     mirrors: str = Field("", description=f"upstream issue/PR the scenario mirrors, e.g. '{DEFAULT_ADAPTER}#30760'")
     server: ServerSpec = Field(default_factory=ServerSpec)
@@ -441,6 +465,8 @@ class Scenario(_Strict):
         if bad:
             raise ValueError(f"[ledger] {bad[0]} = {toml_value(v[bad[0]])}: expected true or false")
         return v
+
+    _name_path = field_validator("name")(_path_name)
 
     @property
     def ledger_enabled(self) -> bool:

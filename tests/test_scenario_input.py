@@ -74,3 +74,28 @@ def test_an_int_still_fills_a_float_field_and_shipped_scenarios_load(tmp_path: P
     assert len(files) >= 10
     for f in files:
         load_scenario(f)
+
+
+@pytest.mark.parametrize("dots", [".", ".."])
+@pytest.mark.parametrize("field, old", [("name", 'name = "smoke_extra_allreduce"'),
+                                        ("variants.0.name", 'name = "extra_collective"'),
+                                        ("injections.0.id", 'id = "extra_allreduce_before_run_batch"')])
+def test_a_name_of_only_dots_is_refused_naming_file_and_field(tmp_path: Path, dots: str, field: str, old: str):
+    """'.' / '..' match the name pattern but, as the evidence folder's first level, put the run outside
+    --evidence-dir (a tester's `name = ".."` wrote <dir>/../<stamp>-<variant> and a `latest` link in the parent)."""
+    bad = tmp_path / "dots.toml"
+    text = SMOKE.read_text()
+    assert old in text
+    bad.write_text(text.replace(old, old.split("=")[0] + f'= "{dots}"', 1))
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(bad)
+    msg = str(e.value)
+    assert str(bad) in msg and field in msg and "only dots" in msg and "--evidence-dir" in msg
+
+
+def test_sites_refuses_a_dots_scenario_name_in_one_exit_2_error(tmp_path: Path):
+    bad = tmp_path / "dots.toml"
+    bad.write_text(SMOKE.read_text().replace('name = "smoke_extra_allreduce"', 'name = ".."', 1))
+    r = CliRunner().invoke(app, ["sites", str(bad)])
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and "name" in r.output and "only dots" in r.output

@@ -148,3 +148,15 @@ def test_the_injectors_own_op_list_is_named_in_the_one_table() -> None:
     finally:
         sys.path.pop(0)
     assert set(_ledger.TORCH_OPS) <= COLLECTIVE_OPS
+
+
+@pytest.mark.parametrize("scenario", [".", "..", "..."])
+def test_an_evidence_folder_named_by_dots_stays_under_the_root(tmp_path: Path, scenario: str) -> None:
+    """The store's own guard (a hunt-merge shard's folder ``x/..`` gives the scenario name ``..``): the run folder
+    and its ``latest`` link are made inside the evidence root, never in its parent."""
+    root = tmp_path / "root"
+    evd = ev.EvidenceDir(root, scenario, "..")
+    assert evd.path.resolve().parent.parent == root.resolve()
+    assert not (tmp_path / "latest").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["root"]
+    cmp = ev.unique_folder(root, "..", "compare", "x")
+    assert cmp.resolve().parent.parent == root.resolve()
