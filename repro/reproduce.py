@@ -657,8 +657,9 @@ def judge(original: Signature, verdict: str, evidence: Path) -> tuple[str, Optio
 
 def run_candidates(w: Written, evidence_root: Path, *, python: Optional[str] = None, model: Optional[str] = None,
                    tp: Optional[int] = None, only: Sequence[str] = ()) -> list[Tried]:
-    """Run the written candidates on ONE server (``repro.runner.run_many``: re-armed per candidate, restarted after
-    a hang) and judge each against the original's signature.
+    """Run the written candidates in one session, each on a fresh server (``repro.runner.run_many`` with
+    ``fresh_each``: a root-cause candidate run after others found the caches warm and hung elsewhere — DIFFERENT
+    HANG — where alone it REPRODUCED), and judge each against the original's signature.
 
     Raises:
         repro.runner.RunError: bad input before anything was launched.
@@ -670,7 +671,7 @@ def run_candidates(w: Written, evidence_root: Path, *, python: Optional[str] = N
     opts = RunOptions(scenario_path=w.scenario_file, python=python or w.python, model=model, tp=tp,
                       evidence_root=evidence_root, command_line=f"repro run {w.scenario_file}")
     out = []
-    for name, res in zip(names, run_many(opts, names)):
+    for name, res in zip(names, run_many(opts, names, fresh_each=True)):
         outcome, sig, err = judge(w.signature, str(res.verdict.verdict), res.evidence)
         out.append(Tried(name, str(res.verdict.verdict), res.evidence, outcome, sig, err))
     return out
@@ -719,8 +720,8 @@ def reproduction_markdown(w: Written, tried: Sequence[Tried], source: str, secon
     """REPRODUCTION.md: outcome, the signatures side by side, every candidate's run, the scenario to keep, how to
     run it again and how to prove a fix with ``repro compare``."""
     code = exit_code(tried)
-    best = next((t for t in tried if t.outcome == REPRODUCED), None) or next(
-        (t for t in tried if t.outcome == DIFFERENT_HANG), None)
+    kinds = {c.name: c for c in w.plan.candidates}
+    best = next((t for t in tried if t.outcome == REPRODUCED), None) or closest_hang(w.signature, tried, kinds)
     head = {EXIT_REPRODUCED: REPRODUCED, EXIT_DIFFERENT_HANG: DIFFERENT_HANG}.get(code, NOT_REPRODUCED)
     lines = [f"# {head}", "", f"From {source}; {len(tried)} candidate(s) run in {seconds:.0f} s "
              f"(`{w.scenario_file}`, python `{w.python}`).", ""]
@@ -733,7 +734,6 @@ def reproduction_markdown(w: Written, tried: Sequence[Tried], source: str, secon
     for i in range(max(len(left), len(right))):
         lines.append(f"| {left[i] if i < len(left) else ''} | {right[i] if i < len(right) else ''} |")
     lines += ["", "## Candidates", "", "| candidate | kind | what | verdict | outcome | evidence |", "|---|---|---|---|---|---|"]
-    kinds = {c.name: c for c in w.plan.candidates}
     for t in tried:
         c = kinds.get(t.candidate)
         lines.append(f"| `{t.candidate}` | {c.kind if c else ''} | {c.description if c else ''} | {t.verdict} | "
@@ -747,12 +747,41 @@ def reproduction_markdown(w: Written, tried: Sequence[Tried], source: str, secon
     if w.plan.server_says or w.plan.drift:
         lines += ["", "## What was guessed", ""] + [f"- server: {s}" for s in w.plan.server_says] + \
                  [f"- {s}" for s in w.plan.needs_base] + [f"- version drift: {d}" for d in w.plan.drift]
-    if best:
+    if best and best.outcome == REPRODUCED:
         kept = Layout.REPRODUCER.at(w.scenario_file.parent)
-        lines += ["", "## Keep it", "", f"Scenario: `{w.scenario_file}`, variant `{best.candidate}`"
-                  + (f" (alone: `{kept}`)" if best.outcome == REPRODUCED else "") + ".", "",
-                  f"Run again: `repro run {w.scenario_file} --variant {best.candidate}` (expects DEADLOCKED).", "",
+        lines += ["", "## Keep it", "", f"Scenario: `{w.scenario_file}`, variant `{best.candidate}` (alone: `{kept}`).",
+                  "", f"Run again: `repro run {w.scenario_file} --variant {best.candidate}` (expects DEADLOCKED).", "",
                   f"Prove a fix: `repro compare {w.scenario_file} --variant {best.candidate} --before installed "
                   "--after patch:FIX.patch` (before DEADLOCKED, after ALL REQUESTS SUCCEEDED; a root-cause candidate "
                   "proves a fix, an extra-collective one only shows the symptom)."]
+    elif best:
+        c = kinds.get(best.candidate)
+        shared = _shared_lines(w.signature, best)
+        lines += ["", "## Closest hang (nothing reproduced)", "",
+                  f"No candidate hung where the dumps did. The closest is `{best.candidate}` "
+                  f"({c.kind if c else 'candidate'}; {shared} of {len(w.signature.groups())} blocked place(s) as in "
+                  "the dumps): a different hang, so a fix it stops is not shown to stop the reported one.", "",
+                  f"Look at it: `repro run {w.scenario_file} --variant {best.candidate}`; then check what was guessed "
+                  "above (pass the server's real flags with --base) and try the root-cause candidates one at a time "
+                  "(`--only NAME`)."]
     return "\n".join(lines) + "\n"
+
+
+def _shared_lines(original: Signature, t: Tried) -> int:
+    """How many of the original signature's places (one line each: where a set of ranks is blocked, rank ids aside)
+    the candidate's hang has too."""
+    if t.signature is None:
+        return 0
+    theirs = {k for k, _ in t.signature.groups()}
+    return sum(1 for k, _ in original.groups() if k in theirs)
+
+
+def closest_hang(original: Signature, tried: Sequence[Tried], kinds: dict) -> Optional[Tried]:
+    """The DIFFERENT HANG nearest the dumps: most signature lines in common, then a root-cause candidate before an
+    extra-collective one (the symptom), then the first run; None when no candidate hung."""
+    hangs = [t for t in tried if t.outcome == DIFFERENT_HANG]
+    if not hangs:
+        return None
+    order = {id(t): i for i, t in enumerate(tried)}
+    return max(hangs, key=lambda t: (_shared_lines(original, t),
+                                     getattr(kinds.get(t.candidate), "kind", "") == "root_cause", -order[id(t)]))

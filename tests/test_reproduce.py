@@ -443,6 +443,48 @@ def test_reproduction_md_shows_a_different_hang_beside_the_original_even_when_an
     assert md.count("SchedulerRequestReceiver._broadcast_reqs_across_ranks") == 3
 
 
+def test_when_nothing_reproduced_the_closest_hang_is_named_and_never_offered_as_the_one_to_keep(tmp_path):
+    """The #30760 root-cause dump, two candidates that both hung like the symptom dump (one blocked place in common:
+    the broadcast of the ranks that did not take the extra all_reduce): the root-cause one is the closest (a tie on shared lines), the page says nothing reproduced and offers no
+    compare command (a fix that stops another hang proves nothing about the reported one)."""
+    from repro.reproduce import (DIFFERENT_HANG, Candidate, Plan, Tried, Written, closest_hang, judge,
+                                 reproduction_markdown)
+
+    orig_dir = HICACHE / "hicache_30760_allocatable_drift"
+    cands = [Candidate("extra_collective_r1", "extra_collective", "rank 1: one extra all_reduce", []),
+             Candidate("root_x_zero_once_r1", "root_cause", "rank 0: x returns 0 once", [])]
+    w = Written(tmp_path / "reproduce.toml", signature(*read_dumps([str(orig_dir)])),
+                Plan(cands, [], [], [], [], "sglang", 2), "python", [])
+    runs = []
+    for c in cands:
+        outcome, sig, _ = judge(w.signature, "DEADLOCKED", HICACHE / "hicache_30760_extra_collective")
+        runs.append(Tried(c.name, "DEADLOCKED", tmp_path, outcome, sig))
+    assert [t.outcome for t in runs] == [DIFFERENT_HANG, DIFFERENT_HANG]
+    assert closest_hang(w.signature, runs, {c.name: c for c in cands}).candidate == "root_x_zero_once_r1"
+    md = reproduction_markdown(w, runs, "dumps/", 1.0)
+    assert md.startswith(f"# {DIFFERENT_HANG}") and "## Keep it" not in md and "repro compare" not in md
+    assert "## Closest hang (nothing reproduced)" in md and "The closest is `root_x_zero_once_r1` (root_cause; 1 of 2 blocked place(s)" in md
+    assert "| original | reproduction (root_x_zero_once_r1) |" in md
+
+
+def test_each_candidate_runs_on_a_server_no_other_candidate_touched(tmp_path, monkeypatch):
+    """run_candidates asks run_many for a fresh server per candidate (a root cause run after others hung elsewhere)."""
+    from repro import reproduce as R
+    from repro import runner
+
+    seen = {}
+
+    def fake_run_many(opts, names, observe=None, on_result=None, fresh_each=False):
+        seen.update(names=list(names), fresh_each=fresh_each)
+        return []
+
+    monkeypatch.setattr(runner, "run_many", fake_run_many)
+    cands = [R.Candidate("a", "root_cause", "", []), R.Candidate("b", "extra_collective", "", [])]
+    w = R.Written(tmp_path / "reproduce.toml", None, R.Plan(cands, [], [], [], [], "sglang", 2), "python", [])
+    assert R.run_candidates(w, tmp_path) == []
+    assert seen == {"names": ["a", "b"], "fresh_each": True}
+
+
 def test_the_winning_candidate_is_kept_alone_as_a_scenario_that_loads(tmp_path, monkeypatch):
     import sys
 

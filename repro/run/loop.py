@@ -346,7 +346,7 @@ def run_variants(
 
 
 def run_many(opts: RunOptions, variants: Sequence[str], observe: Observer = _noop,
-             on_result: Optional[Callable[[VariantDone], None]] = None) -> list[RunResult]:
+             on_result: Optional[Callable[[VariantDone], None]] = None, fresh_each: bool = False) -> list[RunResult]:
     """Drive several variants of one scenario on ONE server, each with its own evidence folder (:func:`run_variants`).
 
     The plan holds every listed variant's injections (ids must be unique across them); each variant is armed in
@@ -356,6 +356,9 @@ def run_many(opts: RunOptions, variants: Sequence[str], observe: Observer = _noo
 
     Args:
         on_result: called with each variant's :class:`VariantDone` as soon as its evidence is complete.
+        fresh_each: restart the server after every variant, clean or not (``VariantItem.restart_after``), so each
+            runs on a server no other variant touched (``repro reproduce``'s candidates: a root cause's trigger
+            depends on what the caches and pools hold).
     Raises:
         RunError: bad input, before anything was launched.
         KeyboardInterrupt: after teardown.
@@ -370,8 +373,8 @@ def run_many(opts: RunOptions, variants: Sequence[str], observe: Observer = _noo
         if on_result is not None:
             on_result(d)
 
-    items = [VariantItem(name, command=opts.command_line or f"repro run {opts.scenario_path} --variant {name}")
-             for name in variants]
+    items = [VariantItem(name, command=opts.command_line or f"repro run {opts.scenario_path} --variant {name}",
+                         restart_after=fresh_each) for name in variants]
     try:
         run_variants(session, opts, items, collect)
     except KeyboardInterrupt:
