@@ -193,6 +193,66 @@ def _action_error(e: Any) -> str:
     return f"{'.'.join(loc) + ': ' if loc else ''}{err['msg']}{got_clause(err)}"
 
 
+SUPPORTED_VERSIONS = (1,)  # the catalogue ``version`` values this loader reads (absent: the current one)
+
+# Every field each entry of a catalogue may hold, and what it must be (a typo is refused, never ignored: a point with
+# ``perturbation = [...]`` would otherwise run with none, ``caller = [...]`` would drop its clock-call filter).
+_TOP = {"version": "int", "perturbations": "table", "points": "tables", "classify": "table", "known": "tables",
+        "sites": "table"}
+_PERTURBATION = {"action": "table", "says": "str", "by_construction": "bool", "control": "bool"}
+_POINT = {"name": "str", "site": "strs", "what": "str", "perturbations": "strs", "callers": "strs", "loops": "strs",
+          "servers": "servers"}
+_CLASSIFY = {"forward_frames": "strs", "idle_frames": "strs", "named": "tables", "crash_forward_functions": "strs"}
+_NAMED = {"frames": "strs", "name": "str"}
+_KNOWN = {"issue": "str", "frames": "strs"}
+_SITES = {"apis": "table"}
+_API = {"owner": "str", "skip": "table", "extra_group": "str"}
+_EXPECT = {"int": "an integer", "str": "a string", "bool": "a TOML boolean (true or false, unquoted)",
+           "table": "a table", "tables": "an array of tables ([[...]])", "strs": "a string or a list of strings",
+           "servers": 'a list of server names, e.g. servers = ["prefill"]'}
+
+
+def _is(kind: str, v: Any) -> bool:
+    if kind == "int":
+        return type(v) is int
+    if kind == "bool":
+        return isinstance(v, bool)
+    if kind == "str":
+        return isinstance(v, str)
+    if kind == "table":
+        return isinstance(v, dict)
+    if kind == "tables":
+        return isinstance(v, list) and all(isinstance(x, dict) for x in v)
+    return isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))  # strs, servers
+
+
+def _check_keys(p: Path, where: str, entry: Any, spec: dict, label: str = "") -> dict:
+    """``entry`` as a table whose every key is in ``spec`` and holds what ``spec`` says (:data:`_EXPECT`).
+
+    Args:
+        where: the entry as the file names it (``points[3]``, ``perturbations.zero_once``; "" for the top level).
+        label: added after ``where`` in the unknown-field message (``(name = "perf_counter")``).
+    Raises:
+        HuntError: not a table; an unknown key (the nearest valid key, or all of them); a value of the wrong type
+            (``where.key: expected …  (got …)``; a boolean must be a TOML boolean, not ``"false"``).
+    """
+    import difflib
+
+    from repro.scenario import toml_value
+
+    if not isinstance(entry, dict):
+        raise HuntError(f"{p}: {where}: expected a table (got {toml_value(entry)})")
+    for key, v in entry.items():
+        if key not in spec:
+            near = difflib.get_close_matches(key, list(spec), n=1, cutoff=0.5)
+            hint = f"did you mean {near[0]!r}?" if near else f"expected one of: {', '.join(spec)}"
+            at = f"{where} {label}".strip() or "top level"
+            raise HuntError(f"{p}: {at}: unknown field {key!r}; {hint}")
+        if not _is(spec[key], v):
+            raise HuntError(f"{p}: {where + '.' if where else ''}{key}: expected {_EXPECT[spec[key]]} (got {toml_value(v)})")
+    return entry
+
+
 def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
     """Read and check a hunt catalogue TOML file.
 
@@ -200,7 +260,9 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
     before any launch.
 
     Raises:
-        HuntError: missing file, bad TOML, or a bad field (named as ``points[i].field`` with what was expected).
+        HuntError: missing file, bad TOML, an unsupported ``version``, an unknown field anywhere (the entry and the
+            nearest valid field named), or a bad field (named as ``points[i].field`` with what was expected; a
+            boolean must be a TOML boolean).
     """
     from pydantic import ValidationError
 
@@ -215,8 +277,15 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
         raise HuntError(f"{p}: not valid TOML: {e}") from None
     except UnicodeDecodeError:
         raise HuntError(f"{p}: not a UTF-8 text file (binary?); pass a TOML file like {EXAMPLES_DIR}/hunt_catalogue.toml") from None
+    _check_keys(p, "", data, _TOP)
+    if "version" in data and data["version"] not in SUPPORTED_VERSIONS:
+        raise HuntError(f"{p}: version = {data['version']}: this harness reads hunt catalogue version(s) "
+                        f"{', '.join(map(str, SUPPORTED_VERSIONS))}; write version = {SUPPORTED_VERSIONS[-1]} "
+                        "(and the fields that version has), or use the harness that wrote the file")
     perts: dict[str, Perturbation] = {}
     for name, spec in (data.get("perturbations") or {}).items():
+        if isinstance(spec, dict):
+            _check_keys(p, f"perturbations.{name}", spec, _PERTURBATION)
         if not isinstance(spec, dict) or not isinstance(spec.get("action"), dict):
             raise HuntError(f"{p}: perturbations.{name}: expected a table with an 'action' table, e.g. action = {{ kind = \"return_value\", value = 0 }}")
         try:
@@ -228,6 +297,9 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
     points = []
     for i, spec in enumerate(data.get("points") or []):
         where = f"{p}: points[{i}]"
+        if isinstance(spec, dict):
+            _check_keys(p, f"points[{i}]", spec, _POINT,
+                        f"(name = {spec['name']!r})" if isinstance(spec.get("name"), str) else "")
         if not isinstance(spec, dict) or not spec.get("name") or not spec.get("site"):
             raise HuntError(f"{where}: expected 'name' and 'site' ('module:Class.method' or a list of alternatives)")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", spec["name"]):
@@ -239,12 +311,6 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
             Injection.model_validate({"id": "check", "site": list(_tuple(spec["site"])), "action": {"kind": "none"}})
         except ValidationError as e:
             raise HuntError(f"{where}.site: {e.errors()[0]['msg']}") from None
-        servers = spec.get("servers")
-        if servers is not None and not (isinstance(servers, str) or (isinstance(servers, list) and all(isinstance(x, str) for x in servers))):
-            from repro.scenario import toml_value
-
-            raise HuntError(f"{where}.servers: expected a list of server names, e.g. servers = [\"prefill\"] "
-                            f"(got {toml_value(servers)})")
         points.append(DecisionPoint(spec["name"], _tuple(spec["site"]), str(spec.get("what", "")),
                                     _tuple(spec.get("perturbations")), _tuple(spec.get("callers")), _tuple(spec.get("loops")),
                                     _tuple(spec.get("servers"))))
@@ -254,11 +320,17 @@ def load_catalogue(path: Path = DEFAULT_CATALOGUE) -> Catalogue:
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise HuntError(f"{p}: decision point names must be unique, repeated: {dup}")
-    cl = data.get("classify") or {}
+    cl = _check_keys(p, "classify", data.get("classify") or {}, _CLASSIFY)
+    for j, n in enumerate(cl.get("named") or []):
+        _check_keys(p, f"classify.named[{j}]", n, _NAMED)
+    for j, k in enumerate(data.get("known") or []):
+        _check_keys(p, f"known[{j}]", k, _KNOWN)
     named = tuple(NamedCollective(_tuple(n.get("frames")), str(n.get("name", ""))) for n in cl.get("named") or [])
     known = tuple(KnownIssue(str(k.get("issue", "")), _tuple(k.get("frames"))) for k in data.get("known") or [])
     apis = []
-    for prefix, spec in ((data.get("sites") or {}).get("apis") or {}).items():
+    for prefix, spec in (_check_keys(p, "sites", data.get("sites") or {}, _SITES).get("apis") or {}).items():
+        if isinstance(spec, dict):
+            _check_keys(p, f"sites.apis.{prefix}", spec, _API)
         if not isinstance(spec, dict) or not spec.get("owner") or not isinstance(spec.get("skip"), dict):
             raise HuntError(f"{p}: sites.apis.{prefix}: expected owner = 'module:Class' and skip = {{ kind = \"skip\", … }}")
         try:

@@ -714,7 +714,7 @@ def sites(
             raise ScenarioError(f"{scenario}: {bad_servers}")
         py = choose_python(python, ad, require_package=False)
     except (ScenarioError, InterpreterError) as e:
-        console.print(f"[red]error:[/] {e}")
+        console.print(f"[red]error:[/] {escape(str(e))}")  # a message may hold [ledger], [[points]]: not markup
         raise typer.Exit(EXIT_USAGE)
     try:
         rep = check_sites(sc, py, variant, adapter=ad)
@@ -1153,7 +1153,7 @@ def discover(
         cat = load_catalogue(catalogue_for(ad))
         path = rules or default_rules_path(ad, cat.path)
     except (ScenarioError, InterpreterError, HuntError, DiscoverError) as e:
-        console.print(f"[red]error:[/] {e}")
+        console.print(f"[red]error:[/] {escape(str(e))}")  # a message may hold [ledger], [[points]]: not markup
         raise typer.Exit(EXIT_USAGE)
     try:
         d = run_discover(py, path, known_perturbations=list(cat.perturbations))

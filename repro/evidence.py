@@ -279,18 +279,21 @@ class File(Generic[R]):
         return self.path.exists()
 
     # -- reading
-    def read(self, missing_ok: bool = False) -> Any:
+    def read(self, missing_ok: bool = False, numbered: bool = False) -> Any:
         """The file's content, typed by the member's kind.
 
         Args:
             missing_ok: return None for a missing file instead of raising.
+            numbered: a ``jsonl`` member only: ``(1-based line number, value)`` pairs, so that a reader checking the
+                lines' shape can name the line (the values are whatever JSON each line holds, not only objects).
         Raises:
             EvidenceFileError: missing (unless ``missing_ok``), unreadable, not JSON, or not of the record's shape.
         """
         m = self.member
         try:
             if m.kind == "jsonl":
-                return self._read_jsonl()
+                lines = self._read_jsonl()
+                return lines if numbered else [v for _, v in lines]
             text = self.path.read_text(encoding="utf-8", errors="replace" if m.kind == "text" else "strict")
         except FileNotFoundError:
             if missing_ok:
@@ -316,8 +319,8 @@ class File(Generic[R]):
             loc = ".".join(str(x) for x in err.get("loc", ())) or "(top level)"
             raise EvidenceFileError(self.path, f"field {loc}: {err.get('msg')}; expected {m.what}") from None
 
-    def _read_jsonl(self) -> list[dict]:
-        out: list[dict] = []
+    def _read_jsonl(self) -> list[tuple[int, Any]]:
+        out: list[tuple[int, Any]] = []
         with open(self.path, encoding="utf-8", errors="replace") as f:
             lines = f.read().split("\n")
         last = max((i for i, ln in enumerate(lines) if ln.strip()), default=-1)
@@ -325,7 +328,7 @@ class File(Generic[R]):
             if not line.strip():
                 continue
             try:
-                out.append(json.loads(line))
+                out.append((i + 1, json.loads(line)))
             except json.JSONDecodeError as e:
                 if i == last:
                     break  # a torn last line: the writer was killed mid-line

@@ -33,9 +33,9 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Sequence
+from typing import Annotated, Any, Literal, Optional, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -49,6 +49,9 @@ class NemesisError(Exception):
     """A workload file or option is wrong; the message names the file, the field, what was expected and the fix."""
 
 
+StrictInt = Annotated[int, Strict()]  # a list item written as a number (``ok_status = ["200"]`` is refused)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -60,11 +63,11 @@ class MassAbort(_Strict):
     as a load balancer or a user's browser does). Those requests end ``aborted`` (expected, not an error); the
     others must still succeed. Used by scenarios and the hunt's nemeses (``repro.driver.AbortPlan``)."""
 
-    count: int = Field(..., ge=1)
-    when_in_flight: int = Field(..., ge=1)
-    before_first_token: bool = True
-    timeout_s: float = Field(60.0, gt=0, description="give up waiting for that many in flight after this many seconds")
-    delay_s: float = Field(0.0, ge=0, description="seconds to wait once that many are in flight before disconnecting "
+    count: int = Field(..., strict=True, ge=1)
+    when_in_flight: int = Field(..., strict=True, ge=1)
+    before_first_token: bool = Field(True, strict=True)
+    timeout_s: float = Field(60.0, strict=True, gt=0, description="give up waiting for that many in flight after this many seconds")
+    delay_s: float = Field(0.0, strict=True, ge=0, description="seconds to wait once that many are in flight before disconnecting "
                            "(a request a router has not forwarded yet never reaches the servers)")
 
     @model_validator(mode="after")
@@ -82,8 +85,8 @@ class RequestMix(_Strict):
     ``{ temperature = 0.8, top_p = 0.9 }``; names are the engine's (data).
     """
 
-    input_lens: list[int] = Field(default_factory=list)
-    max_new_tokens: list[int] = Field(default_factory=list)
+    input_lens: list[StrictInt] = Field(default_factory=list)
+    max_new_tokens: list[StrictInt] = Field(default_factory=list)
     sampling: list[dict[str, Any]] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -98,18 +101,18 @@ class RequestMix(_Strict):
 class ClientAbort(_Strict):
     """Client aborts mid-stream: requests with ``index % every == offset`` disconnect after ``after_tokens`` ids."""
 
-    every: int = Field(..., ge=1)
-    offset: int = Field(0, ge=0)
-    after_tokens: int = Field(..., ge=1)
+    every: int = Field(..., strict=True, ge=1)
+    offset: int = Field(0, strict=True, ge=0)
+    after_tokens: int = Field(..., strict=True, ge=1)
 
 
 class Deadlines(_Strict):
     """Per-request timeouts: requests with ``index % every == offset`` are given up by their client (socket
     closed) ``deadline_s`` seconds after they were sent."""
 
-    every: int = Field(..., ge=1)
-    offset: int = Field(0, ge=0)
-    deadline_s: float = Field(..., gt=0)
+    every: int = Field(..., strict=True, ge=1)
+    offset: int = Field(0, strict=True, ge=0)
+    deadline_s: float = Field(..., strict=True, gt=0)
 
 
 class AdminCall(_Strict):
@@ -123,13 +126,13 @@ class AdminCall(_Strict):
     query: dict[str, Any] = Field(default_factory=dict)
     body: Optional[dict[str, Any]] = None
     headers: dict[str, str] = Field(default_factory=dict)
-    when_in_flight: int = Field(1, ge=0)
-    delay_s: float = Field(0.0, ge=0)
-    repeat: int = Field(1, ge=1, le=100)
-    interval_s: float = Field(0.5, ge=0)
-    timeout_s: float = Field(30.0, gt=0)
-    wait_s: float = Field(60.0, gt=0, description="give up waiting for that many in flight after this many seconds")
-    ok_status: list[int] = Field(default_factory=lambda: [200])
+    when_in_flight: int = Field(1, strict=True, ge=0)
+    delay_s: float = Field(0.0, strict=True, ge=0)
+    repeat: int = Field(1, strict=True, ge=1, le=100)
+    interval_s: float = Field(0.5, strict=True, ge=0)
+    timeout_s: float = Field(30.0, strict=True, gt=0)
+    wait_s: float = Field(60.0, strict=True, gt=0, description="give up waiting for that many in flight after this many seconds")
+    ok_status: list[StrictInt] = Field(default_factory=lambda: [200])
     fill_from: Optional[str] = Field(None, pattern=r"^/[A-Za-z0-9_./-]*$",
                                      description="GET this path first; its JSON answer fills {name} placeholders in body strings")
 
@@ -160,27 +163,27 @@ class WarmStorage(_Strict):
     device and host caches are flushed; a storage backend keeps its pages), so their prefixes are found in storage
     only: a HiCache storage prefetch with page transfers. Recorded as an admin call named ``warm_storage``."""
 
-    wait_s: float = Field(2.0, ge=0, le=600, description="seconds after the burst before the flush")
+    wait_s: float = Field(2.0, strict=True, ge=0, le=600, description="seconds after the burst before the flush")
     flush_path: str = Field("/flush_cache", pattern=r"^/[A-Za-z0-9_./-]*$")
     headers: dict[str, str] = Field(default_factory=dict)
-    timeout_s: float = Field(30.0, gt=0)
+    timeout_s: float = Field(30.0, strict=True, gt=0)
 
 
 class Workload(_Strict):
     """What the clients do during one burst (module docstring). Optional overrides of the burst's sizes."""
 
-    requests: Optional[int] = Field(None, ge=1, le=10_000)
-    concurrency: Optional[int] = Field(None, ge=1, le=1024)
-    input_len: Optional[int] = Field(None, ge=1)
-    max_new_tokens: Optional[int] = Field(None, ge=1)
+    requests: Optional[int] = Field(None, strict=True, ge=1, le=10_000)
+    concurrency: Optional[int] = Field(None, strict=True, ge=1, le=1024)
+    input_len: Optional[int] = Field(None, strict=True, ge=1)
+    max_new_tokens: Optional[int] = Field(None, strict=True, ge=1)
     mix: Optional[RequestMix] = None
     client_abort: Optional[ClientAbort] = None
     deadlines: Optional[Deadlines] = None
     admin: list[AdminCall] = Field(default_factory=list)
-    after: int = Field(0, ge=0, le=100, description="requests sent after every other one ended")
+    after: int = Field(0, strict=True, ge=0, le=100, description="requests sent after every other one ended")
     warm_storage: Optional[WarmStorage] = Field(None, description="the after requests repeat the burst's first "
                                                 "prompts after a cache flush: found in storage only (needs after >= 1)")
-    repeat_first: bool = Field(False, description="the after requests repeat the burst's first prompts as they are, "
+    repeat_first: bool = Field(False, strict=True, description="the after requests repeat the burst's first prompts as they are, "
                                "no flush: with a burst larger than the device KV pool their prefixes were evicted to "
                                "HiCache's host pool and are loaded back (needs after >= 1)")
 
@@ -343,14 +346,15 @@ def load_nemeses(path: Path) -> NemesisCatalogue:
         unknown = sorted(set(spec) - {"says", "server_args", "abort", "workload", "expect_log"})
         if unknown:
             raise NemesisError(f"{where}: unknown field(s) {unknown}; expected says, server_args, abort, workload, expect_log")
+        part = "abort"  # the table whose error it is (an abort error was named workload.* when both were set)
         try:
             abort = MassAbort.model_validate(spec["abort"]).model_dump() if spec.get("abort") is not None else None
+            part = "workload"
             wl = Workload.model_validate(spec["workload"]) if spec.get("workload") is not None else None
         except ValidationError as e:
             err = e.errors()[0]
             loc = ".".join(str(x) for x in err["loc"])
-            raise NemesisError(f"{where}.{'abort' if 'abort' in spec and spec.get('workload') is None else 'workload'}"
-                               f"{'.' + loc if loc else ''}: {err['msg']}") from None
+            raise NemesisError(f"{where}.{part}{'.' + loc if loc else ''}: {err['msg']}") from None
         wls[name] = NemesisSpec(name, str(spec.get("says", name)), _strs(spec.get("server_args"), f"{where}.server_args"),
                                 abort, wl, _strs(spec.get("expect_log"), f"{where}.expect_log"))
     cfgs: dict[str, ServerConfig] = {}

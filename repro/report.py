@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from repro.diagnosis import md_cell
+from repro.verdict import EXPECT_WORDS
 
 MAX_STACK_CHARS = 60_000  # per rank file embedded in the report; the full file stays in stacks/
 _md_escape = md_cell  # the one markdown escape (repro.diagnosis); old name kept for callers
@@ -132,7 +133,11 @@ def render_report(r: ReportInput) -> str:
     lines += [f"**Reason:** {verdict.reason}", ""]
     if r.mirrors or r.description:
         lines += [f"Scenario mirrors {r.mirrors or '-'}: {r.description.strip()}", ""]
-    lines += [f"Variant `{r.variant}` expects **{r.variant_expects}**. {r.variant_description.strip()}", ""]
+    met = ""
+    if r.variant_expects in EXPECT_WORDS:  # say whether the run gave what its variant is there to show
+        met = (" — this run gave it, as the variant is written to" if EXPECT_WORDS[r.variant_expects] == verdict.verdict
+               else f" — this run gave {verdict.verdict} instead")
+    lines += [f"Variant `{r.variant}` expects **{r.variant_expects}**{met}. {r.variant_description.strip()}", ""]
     notes = list(getattr(verdict, "notes", ()) or ())
     lines += [f"- {n}" for n in notes] + ([""] if notes else [])
     inj = (injection_table(r.checks, list(r.ranks)) if r.checks or not r.has_injections else

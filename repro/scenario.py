@@ -17,9 +17,9 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, Literal, Mapping, Optional, Sequence, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, Sequence, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
 from repro.nemeses import MassAbort, Workload  # MassAbort: re-exported (the client-side nemesis lives there)
 from repro.resources import EXAMPLES_DIR
@@ -93,6 +93,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# A scenario's numbers and booleans as TOML writes them: ``tp_size = true`` is not 1, ``stall_s = "8"`` is not 8 s,
+# ``ledger = "no"`` is not false (pydantic's lax mode took all three; ``tp_size = true`` then surfaced as a gate-rank
+# error). An integer still fills a float field (``stall_s = 8``). Every int/float/bool field below says ``strict``.
+StrictInt = Annotated[int, Strict()]
+StrictBool = Annotated[bool, Strict()]
+StrictFloat = Annotated[float, Strict()]  # takes an int too (8 -> 8.0)
+
+
 class RoleSpec(_Strict):
     """One server of a multi-server topology (``[server.roles.<name>]``): what differs from ``[server]``.
 
@@ -100,7 +108,7 @@ class RoleSpec(_Strict):
     ``env`` are added after the shared ``server.args`` / ``server.env``.
     """
 
-    tp_size: Optional[int] = Field(None, ge=1, le=MAX_TP_SIZE)
+    tp_size: Optional[int] = Field(None, ge=1, le=MAX_TP_SIZE, strict=True)
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -118,10 +126,10 @@ class ServerSpec(_Strict):
 
     adapter: str = DEFAULT_ADAPTER
     model: str = Field("", description="model path; empty = the CPU testbed's tiny model")
-    tp_size: int = Field(2, ge=1, le=MAX_TP_SIZE)
+    tp_size: int = Field(2, ge=1, le=MAX_TP_SIZE, strict=True)
     args: list[str] = Field(default_factory=list, description="extra engine flags, e.g. ['--max-running-requests', '8']")
     env: dict[str, str] = Field(default_factory=dict)
-    startup_timeout_s: float = Field(300.0, gt=0)
+    startup_timeout_s: float = Field(300.0, gt=0, strict=True)
     topology: str = Field("single", pattern=r"^[a-z][a-z0-9_-]*$")
     roles: dict[str, RoleSpec] = Field(default_factory=dict)
 
@@ -140,12 +148,12 @@ class ServerSpec(_Strict):
 class Burst(_Strict):
     """The request burst the driver sends once the injector is armed (``abort``: a mass abort during it)."""
 
-    requests: int = Field(8, ge=1, le=10_000)
-    concurrency: int = Field(8, ge=1, le=1024)
-    max_new_tokens: int = Field(8, ge=1)
-    input_len: int = Field(32, ge=1)
-    seed: int = 1234
-    request_timeout_s: float = Field(600.0, gt=0, description="hard per-request bound; stalls are detected earlier")
+    requests: int = Field(8, ge=1, le=10_000, strict=True)
+    concurrency: int = Field(8, ge=1, le=1024, strict=True)
+    max_new_tokens: int = Field(8, ge=1, strict=True)
+    input_len: int = Field(32, ge=1, strict=True)
+    seed: int = Field(1234, strict=True)
+    request_timeout_s: float = Field(600.0, gt=0, strict=True, description="hard per-request bound; stalls are detected earlier")
     abort: Optional[MassAbort] = None
     workload: Optional[Workload] = Field(None, description="what the clients do besides the plain burst (repro.nemeses)")
 
@@ -158,8 +166,8 @@ class Occurrence(_Strict):
     """
 
     mode: Literal["every", "first", "nth"] = "first"
-    nth: int = Field(1, ge=1)
-    max_fires: int = Field(0, ge=0)
+    nth: int = Field(1, ge=1, strict=True)
+    max_fires: int = Field(0, ge=0, strict=True)
 
 
 class Gate(_Strict):
@@ -176,9 +184,9 @@ class Gate(_Strict):
 
     called_from: list[str] = Field(default_factory=list)
     not_called_from: list[str] = Field(default_factory=list)
-    max_depth: int = Field(16, ge=1, le=256)
+    max_depth: int = Field(16, ge=1, le=256, strict=True)
     inside_loop: Optional[str] = None
-    ranks: list[int] = Field(default_factory=list)
+    ranks: list[StrictInt] = Field(default_factory=list)
     rank_group: Optional[str] = Field(None, description="attribute path from self to a process group; rank in that group")
     occurrence: Occurrence = Field(default_factory=Occurrence)
 
@@ -231,7 +239,7 @@ class Skip(_Strict):
 
     kind: Literal["skip"]
     value: Any = None
-    return_arg: Optional[int] = Field(None, ge=0, description="return this positional argument instead of value (0 = self for methods): a skipped in-place collective hands back its input")
+    return_arg: Optional[int] = Field(None, ge=0, strict=True, description="return this positional argument instead of value (0 = self for methods): a skipped in-place collective hands back its input")
 
 
 class ReturnValue(_Strict):
@@ -240,8 +248,8 @@ class ReturnValue(_Strict):
 
     kind: Literal["return_value"]
     value: Any = None
-    call_original: bool = True
-    offset: Optional[Union[int, float]] = Field(None, description="return the original's result plus this number instead of value (drift, e.g. -1)")
+    call_original: bool = Field(True, strict=True)
+    offset: Optional[Union[StrictInt, StrictFloat]] = Field(None, description="return the original's result plus this number instead of value (drift, e.g. -1)")
 
 
 # The natural actions' numbers: a number written as a number (``stop_s = true`` is not a 1 s stop, ``"2"`` is not 2)
@@ -308,7 +316,7 @@ class Pending(_Strict):
     kind: Literal["pending"]
     polls: int = Field(..., ge=1, le=100_000, description="how many consecutive polls answer not-done", strict=True)
     value: Any = Field(False, description="the not-done answer (False for Event.query / Future.done)")
-    call_original: bool = Field(False, description="still call the poll (a poll with side effects)")
+    call_original: bool = Field(False, strict=True, description="still call the poll (a poll with side effects)")
     only_done: bool = Field(False, strict=True, description="call the poll; one whose true answer is not done (equal "
                             "to `value`, or not `done` when given) is no fire (and no match): occurrence counts the "
                             "polls that would have said done")
@@ -353,7 +361,7 @@ class Observe(_Strict):
     """Control: the site stays patched and counted (entered/matched) but nothing ever fires."""
 
     kind: Literal["none"]
-    record_callers: bool = Field(False, description="write one 'seen' fire-log event per distinct call place (repro hunt's baseline)")
+    record_callers: bool = Field(False, strict=True, description="write one 'seen' fire-log event per distinct call place (repro hunt's baseline)")
 
 
 class State(_Strict):
@@ -367,10 +375,10 @@ class State(_Strict):
     kind: Literal["state"]
     pool: str = Field(..., pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
                       description="attribute path from self to the pool, e.g. req_to_token_pool")
-    take: Optional[int] = Field(None, ge=1, le=1_000_000, description="slots taken per fire (default 1)")
-    leave: Optional[int] = Field(None, ge=0, description="instead of take: take all but this many free slots (the "
+    take: Optional[int] = Field(None, ge=1, le=1_000_000, strict=True, description="slots taken per fire (default 1)")
+    leave: Optional[int] = Field(None, ge=0, strict=True, description="instead of take: take all but this many free slots (the "
                                  "pool's size need not be known, e.g. leave = 1 so one request fits)")
-    release_after_ticks: Optional[int] = Field(None, ge=1, description="give the slots back this many ticks later")
+    release_after_ticks: Optional[int] = Field(None, ge=1, strict=True, description="give the slots back this many ticks later")
 
     @model_validator(mode="after")
     def _take_or_leave(self) -> "State":
@@ -400,8 +408,8 @@ class LedgerTable(_Strict):
     """The ``[ledger]`` table: ``enabled`` records every collective; ``digest`` adds the per-tick lockstep state
     digest (the engine release's probes: ``[state]`` of ``repro/targets/<engine>/releases/<V>.toml``). ``ledger = true|false`` still parses."""
 
-    enabled: bool = True
-    digest: bool = True
+    enabled: bool = Field(True, strict=True)
+    digest: bool = Field(True, strict=True)
 
 
 class Injection(_Strict):
@@ -414,7 +422,7 @@ class Injection(_Strict):
     action: Action = Field(..., discriminator="kind")
     server: Optional[str] = Field(None, description="multi-server topologies: the role whose ranks take this "
                                   "injection (e.g. 'prefill'); None = every engine server")
-    required: bool = Field(True, description="the verdict needs this site entered on every rank after arming; "
+    required: bool = Field(True, strict=True, description="the verdict needs this site entered on every rank after arming; "
                            "false: an observe-only counter whose per-rank counts are reported, zero included "
                            "(e.g. an abort path a request takes only on some runs)")
 
@@ -463,10 +471,21 @@ class Scenario(_Strict):
     mirrors: str = Field("", description=f"upstream issue/PR the scenario mirrors, e.g. '{DEFAULT_ADAPTER}#30760'")
     server: ServerSpec = Field(default_factory=ServerSpec)
     burst: Burst = Field(default_factory=Burst)
-    stall_s: float = Field(10.0, gt=0)
-    budget_s: float = Field(180.0, gt=0)
-    ledger: Union[bool, LedgerTable] = True
+    stall_s: float = Field(10.0, gt=0, strict=True)
+    budget_s: float = Field(180.0, gt=0, strict=True)
+    ledger: Union[StrictBool, LedgerTable] = True
     variants: list[Variant] = Field(..., min_length=1)
+
+    @field_validator("ledger", mode="before")
+    @classmethod
+    def _ledger_shape(cls, v: Any) -> Any:
+        # one line naming the problem, not one per member of the union (bool, LedgerTable)
+        if not isinstance(v, (bool, dict, LedgerTable)):
+            raise ValueError("expected true, false or a [ledger] table (enabled = true|false, digest = true|false)")
+        bad = [k for k in ("enabled", "digest") if isinstance(v, dict) and k in v and not isinstance(v[k], bool)]
+        if bad:
+            raise ValueError(f"[ledger] {bad[0]} = {toml_value(v[bad[0]])}: expected true or false")
+        return v
 
     _name_path = field_validator("name")(_path_name)
 

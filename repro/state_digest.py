@@ -163,6 +163,8 @@ class StateDivergence:
     resolved: dict[int, list[str]] = field(default_factory=dict)
     changes: dict[int, int] = field(default_factory=dict)
     ticks_before_collective: Optional[int] = None
+    probes_absent: list[str] = field(default_factory=list)  # probes with no value on any rank at any tick (a HiCache
+    # or PD probe on a server without it): compared vacuously, so left out of the report's lists
 
     @property
     def diverged(self) -> bool:
@@ -178,7 +180,7 @@ class StateDivergence:
                 "probes_info": self.probes_info, "skipped": self.skipped,
                 "resolved": {str(r): v for r, v in self.resolved.items()},
                 "changes": {str(r): n for r, n in self.changes.items()},
-                "ticks_before_collective": self.ticks_before_collective}
+                "ticks_before_collective": self.ticks_before_collective, "probes_absent": self.probes_absent}
 
     def markdown_lines(self) -> list[str]:
         """The Diagnosis section's first lines: the sentence and, when diverged, one row per rank and probe."""
@@ -196,9 +198,14 @@ class StateDivergence:
             if self.only:
                 out.append("")
         if self.status != StateStatus.NOT_RECORDED:
-            out.append(f"State probes compared per rank: {', '.join(self.probes_compared) or 'none'}"
-                       + (f"; recorded, not compared (rank-local): {', '.join(self.probes_local)}" if self.probes_local else "")
-                       + (f"; information (the engine reconciles): {', '.join(self.probes_info)}" if self.probes_info else "")
+            absent = set(self.probes_absent)
+            compared = [p for p in self.probes_compared if p not in absent]
+            local = [p for p in self.probes_local if p not in absent]
+            info = [p for p in self.probes_info if p not in absent]
+            out.append(f"State probes compared per rank: {', '.join(compared) or 'none'}"
+                       + (f"; recorded, not compared (rank-local): {', '.join(local)}" if local else "")
+                       + (f"; information (the engine reconciles): {', '.join(info)}" if info else "")
+                       + (f"; {len(absent)} probe(s) with no value on this server (not listed)" if absent else "")
                        + (f"; skipped (failed on a rank): {', '.join(f'{k} ({v})' for k, v in self.skipped.items())}"
                           if self.skipped else "") + ".")
             out.append("")
@@ -235,6 +242,7 @@ def diagnose_state(ledgers: Mapping[int, Any], kinds: Optional[Mapping[str, str]
     for r, s in sorted(recorded.items()):
         for p, err in s.errors.items():
             skipped.setdefault(p, f"rank {r}: {err}")
+    present = {n for s in recorded.values() for _, _, v in s.lines for n, x in v.items() if x is not None}
     local = sorted(n for n in names if kinds.get(n) in ("local", "transient"))  # transient: repro.natural_effect
     info = sorted(n for n in names if kinds.get(n) == "info")
     compared = sorted(n for n in names if kinds.get(n, "lockstep") == "lockstep" and n not in skipped)
@@ -243,7 +251,8 @@ def diagnose_state(ledgers: Mapping[int, Any], kinds: Optional[Mapping[str, str]
     ticks = sorted({t for s in recorded.values() for t, _, _ in s.lines if start <= t <= end} | {start})
     res = StateDivergence(status=StateStatus.EQUAL, summary="", compared=(start, end), probes_compared=compared,
                           probes_local=local, probes_info=info, skipped=skipped,
-                          changes={r: s.changes for r, s in recorded.items()})
+                          changes={r: s.changes for r, s in recorded.items()},
+                          probes_absent=sorted(names - present))
     ranks = sorted(recorded)
     for t in ticks:
         vals = {r: recorded[r].values_at(t) or {} for r in ranks}
@@ -271,7 +280,8 @@ def diagnose_state(ledgers: Mapping[int, Any], kinds: Optional[Mapping[str, str]
         res.summary = f"at scheduler tick {res.tick}: " + "; ".join(parts) + when + f" (ticks {start}–{end} compared)."
     else:
         res.summary = (f"none: the ranks' lockstep state agreed at every tick from {start} to {end} "
-                       f"({len(compared)} probes compared; {sum(res.changes.values())} value changes recorded).")
+                       f"({len([p for p in compared if p in present])} probes compared; "
+                       f"{sum(res.changes.values())} value changes recorded).")
     return res
 
 

@@ -65,6 +65,51 @@ def test_catalogue_errors_name_the_field_and_the_fix(tmp_path: Path) -> None:
         H.load_catalogue().point("nope")
 
 
+SHIPPED = REPO / "scenarios/sglang/hunt_catalogue.toml"
+
+
+@pytest.mark.parametrize("old,new,says", [
+    ('perturbations = ["zero_once", "minus_one"', 'perturbation = ["zero_once", "minus_one"',
+     r"points\[0\] \(name = 'get_num_allocatable_reqs'\): unknown field 'perturbation'; did you mean 'perturbations'\?"),
+    ("callers = [", "caller = [", r"unknown field 'caller'; did you mean 'callers'\?"),
+    ("by_construction = true", 'by_construction = "false"',
+     r"perturbations.skip_collective_once.by_construction: expected a TOML boolean .*\(got \"false\", a string\)"),
+    ('says = "returns 0 once"', 'says = "returns 0 once"\nsay = "x"', r"perturbations.zero_once: unknown field 'say'; did you mean 'says'"),
+    ("version = 1", "version = 99", "version = 99: this harness reads hunt catalogue version"),
+    ("version = 1", 'version = "1"', r"version: expected an integer \(got \"1\", a string\)"),
+    ("version = 1", "version = 1\nbogus_top = 3", "top level: unknown field 'bogus_top'; expected one of: version, "),
+    ("[[known]]", "[[knwon]]", "top level: unknown field 'knwon'; did you mean 'known'"),
+    ("[[classify.named]]", "[[classify.nmed]]", "classify: unknown field 'nmed'; did you mean 'named'"),
+    ("owner = ", "ownr = ", r"sites.apis.GroupCoordinator: unknown field 'ownr'; did you mean 'owner'"),
+])
+def test_a_catalogue_typo_or_wrong_type_is_refused_naming_the_entry_and_nearest_field(tmp_path: Path, old, new, says) -> None:
+    """The catalogue was read with .get(): `perturbation = [...]` left a point with no perturbation, `caller = [...]`
+    dropped its clock-call filter, `by_construction = "false"` read as True, `version = 99` and unknown keys passed."""
+    text = SHIPPED.read_text()
+    assert old in text, old
+    bad = tmp_path / "c.toml"
+    bad.write_text(text.replace(old, new, 1))
+    with pytest.raises(H.HuntError, match=says):
+        H.load_catalogue(bad)
+
+
+def test_a_hunt_with_a_typo_in_its_catalogue_starts_no_server(tmp_path: Path) -> None:
+    cat = tmp_path / "c.toml"
+    cat.write_text(SHIPPED.read_text().replace("callers = [", "caller = [", 1))
+    fr = FakeRunner({})
+    with pytest.raises(H.HuntError, match="did you mean 'callers'"):
+        H.hunt(_opts(tmp_path, catalogue_path=cat), runs=fr)
+    assert not fr.sessions and not fr.driven
+
+
+def test_every_shipped_catalogue_loads() -> None:
+    root = SHIPPED.parent.parent
+    cats = sorted(root.glob("*/hunt_catalogue.toml")) + sorted(root.glob("*/natural_nemeses.toml"))
+    assert len(cats) >= 3
+    for c in cats:
+        assert H.load_catalogue(c).points, c
+
+
 # --------------------------------------------------------------------------------------------------------- rows
 def test_a_point_called_before_and_inside_the_admission_loop_gives_two_rows() -> None:
     cat = H.load_catalogue()

@@ -433,3 +433,34 @@ def test_clean_runs_past_the_budget_are_not_run_and_say_so(tmp_path, monkeypatch
     verdicts = [b["verdict"] for g in m["groups"] for b in g.get("baselines", [])]
     assert "NOT RUN" in verdicts and verdicts[0] == "ALL REQUESTS SUCCEEDED"
     assert res.results == []  # --clean-only: no trials
+
+
+WORKLOADS = Path(__file__).resolve().parent.parent / "scenarios" / "sglang" / "hunt_workloads.toml"
+SMOKE_SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "sglang" / "smoke_extra_allreduce.toml"
+
+
+@pytest.mark.parametrize("old,new,says", [
+    ("count = 4,", "count = true,", "abort.count: Input should be a valid integer"),
+    ("before_first_token = true", 'before_first_token = "yes"', "abort.before_first_token: Input should be a valid boolean"),
+    ("workload = { requests = 12,", 'workload = { requests = "12",', "workload.requests: Input should be a valid integer"),
+    ("deadline_s = 0.5", 'deadline_s = "0.5"', "workload.deadlines.deadline_s: Input should be a valid number"),
+    ("input_lens = [8,", 'input_lens = ["8",', "workload.mix.input_lens.0: Input should be a valid integer"),
+])
+def test_a_workload_number_or_boolean_of_the_wrong_type_is_refused(tmp_path: Path, old, new, says):
+    """Lax pydantic read `count = true` as 1 abort, `requests = "12"` as 12: the nemeses' numbers are now strict."""
+    text = WORKLOADS.read_text()
+    assert old in text
+    bad = tmp_path / "w.toml"
+    bad.write_text(text.replace(old, new, 1))
+    with pytest.raises(N.NemesisError, match=says.replace(".", r"\.")):
+        N.load_nemeses(bad)
+    assert N.load_nemeses(WORKLOADS)  # the shipped file (ints in float fields: timeout_s = 30) still loads
+
+
+def test_a_scenario_workload_of_the_wrong_type_is_refused_naming_its_path(tmp_path: Path):
+    from repro.scenario import ScenarioError
+
+    bad = tmp_path / "s.toml"
+    bad.write_text(SMOKE_SCENARIO.read_text().replace("[burst]", "[burst.workload]\nafter = true\n[burst]", 1))
+    with pytest.raises(ScenarioError, match=r"burst\.workload\.after: Input should be a valid integer \(got true, a boolean\)"):
+        load_scenario(bad)

@@ -152,6 +152,33 @@ def test_file_without_header_is_not_a_ledger(tmp_path: Path):
     assert load_ledgers(tmp_path) == {}
 
 
+@pytest.mark.parametrize("rank0", ["missing", "garbage", "records_of_the_wrong_type"])
+def test_a_rank_without_a_readable_ledger_is_named_and_the_ledgers_are_never_said_to_agree(tmp_path: Path, rank0):
+    """Rank 1's ledger alone cannot stand for the group: the diagnosis names rank 0's ledger (by the pid the run
+    recorded, or as a group rank when no pid list is given) and says the ledgers cannot be aligned."""
+    from repro.ledger import diagnose
+
+    enter = lambda seq: {"e": "enter", "g": "1", "seq": seq, "op": "broadcast", "api": "x", "red": None,
+                         "shapes": [[1]], "dtypes": ["int64"], "site": ["m:f"], "tick": seq, "t": float(seq)}
+    _write(tmp_path, 11, 1, [enter(1), enter(2)])
+    if rank0 == "garbage":
+        (tmp_path / "ledger-10.jsonl").write_bytes(bytes(range(256)) * 8)
+    elif rank0 == "records_of_the_wrong_type":  # a header, then lines that are JSON but no record
+        _write(tmp_path, 10, 0, ["5", "[1, 2]", '{"e": "enter", "g": "1", "seq": "x"}', json.dumps(enter(1))])
+        led = load_ledgers(tmp_path, pids=[10])[0]  # the readable record is kept, the others skipped with a warning
+        assert [r.seq for r in led.records] == [1] and len(led.warnings) == 3, led.warnings
+        return
+    unread: dict = {}
+    assert set(load_ledgers(tmp_path, pids=[10, 11], unread=unread)) == {1}
+    assert set(unread) == {10}
+    no_pids = "pid 10: unreadable" if rank0 == "garbage" else "rank 0: no readable ledger"  # the group names rank 0
+    for pids, named in (([10, 11], "pid 10: "), (None, no_pids)):
+        d = diagnose(tmp_path, pids)
+        assert "agree" not in d.divergence.summary, d.divergence.summary
+        assert d.divergence.summary.startswith("The ledgers cannot be aligned") and named in d.divergence.summary
+        assert d.to_dict()["unread"] and named in d.to_dict()["unread"][0]
+
+
 def test_stack_analysis_names_the_injected_site_and_ignores_ledger_wrappers():
     from repro.analysis import analyze
     from repro.stacks import RankCapture, parse_pyspy_text

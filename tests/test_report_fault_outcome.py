@@ -53,3 +53,20 @@ def test_report_has_no_outcome_line_when_nothing_fired(tmp_path: Path) -> None:
     text = _report(tmp_path, [])
     section = text.split("## Injections", 1)[1].split("## Requests", 1)[0]
     assert "fault on thread" not in section and " on TP0:" not in section, section
+
+
+def test_report_says_whether_the_run_gave_what_its_variant_expects(tmp_path: Path) -> None:
+    """The demo's report said only "expects **deadlock**" under a DEADLOCKED verdict (newcomer pass): it now says the
+    run gave it, or what it gave instead."""
+    from repro.verdict import DEADLOCKED
+
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+
+    def line(v: str) -> str:
+        text = render_report(ReportInput(scenario="s", variant="x", variant_expects="deadlock", verdict=Verdict(v, "r"),
+                                         stacks_dir=stacks, command="repro run s", has_injections=False, ranks=[0, 1]))
+        return next(ln for ln in text.splitlines() if ln.startswith("Variant `x` expects"))
+
+    assert "**deadlock** — this run gave it, as the variant is written to." in line(DEADLOCKED)
+    assert "**deadlock** — this run gave INCONCLUSIVE instead." in line(INCONCLUSIVE)

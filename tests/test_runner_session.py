@@ -7,9 +7,12 @@ other kind must not be retried.
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 from repro import evidence as ev
 from repro.runner import Prepared, Session
@@ -97,3 +100,84 @@ def test_other_start_up_failures_are_not_retried(tmp_path):
         assert counter.read_text() == "1"
     finally:
         session.stop()
+
+
+class _DrivenSession:
+    """The parts of repro.runner.Session that run_one uses: healthy at once, the drive ends DEADLOCKED."""
+
+    def __init__(self) -> None:
+        self.rank_pids, self.healthy_s, self.interrupted_in_teardown, self.stopped = {0: 11, 1: 12}, 1.0, False, 0
+
+    def start(self):
+        return None
+
+    def drive(self, variant, evd, requests, native):
+        from repro.run.finish import Outcome
+        from repro.verdict import Verdict
+
+        return Outcome(Verdict("DEADLOCKED", "Ledger proof of a deadlock: rank 0 waits in all_reduce #26"))
+
+    def stop(self) -> list:
+        self.stopped += 1
+        return []
+
+    def close_drivers(self) -> None:
+        pass
+
+
+def _cut_finish(after_verdict: bool):
+    """finish_evidence's stand-in: writes analysis.json (and verdict.json when ``after_verdict``), then a SIGTERM
+    arrives (repro.cli's Interrupted: a KeyboardInterrupt carrying exit code 143)."""
+
+    def finish(p, opts, variant, evd, outcome, rank_pids, interrupted):
+        evd.analysis.write({"diverged": True})
+        if after_verdict:
+            evd.verdict.write(ev.verdict_record(outcome.verdict, exit_code=3, evidence=evd.path))
+        e = KeyboardInterrupt()
+        e.exit_code = 143
+        raise e
+
+    return finish
+
+
+@pytest.mark.parametrize("after_verdict", [False, True])
+def test_a_signal_while_the_evidence_is_written_leaves_an_interrupted_folder_with_the_verdict_reached(tmp_path, after_verdict):
+    """Ctrl-C / SIGTERM inside finish_evidence: the folder is marked interrupted (not complete), the server stopped,
+    and verdict.json says the verdict the drive reached, partial, with the signal's exit code and what is missing."""
+    from repro.run.loop import run_one
+    from repro.run.options import RunOptions
+
+    p, _ = _prepared(tmp_path, "race")
+    session = _DrivenSession()
+    with pytest.raises(KeyboardInterrupt):
+        run_one(p, RunOptions(REPO / "scenarios" / "sglang" / "checker_selftest.toml"), session=session,
+                finish=_cut_finish(after_verdict))
+    assert session.stopped == 1
+    assert json.loads(p.evidence.path.joinpath("run.json").read_text())["status"] == "interrupted"
+    v = json.loads(p.evidence.path.joinpath("verdict.json").read_text())
+    assert v["verdict"] == "DEADLOCKED" and v["exit_code"] == 143 and v["partial"] is True, v
+    note = v["notes"][-1]
+    assert note.startswith("interrupted (Ctrl-C/SIGTERM) while the evidence was written"), v["notes"]
+    assert ("REPORT.md" in note) and ("analysis.json" not in note), note
+
+
+def test_a_signal_while_one_of_several_variants_is_written_marks_that_folder_interrupted(tmp_path):
+    """run_variants (several variants on one server): the cut variant's folder is interrupted with its verdict,
+    on_interrupt names it, and the interrupt goes on to the caller (who tears down)."""
+    from repro.run.loop import VariantItem, run_variants
+    from repro.run.options import RunOptions
+
+    p, _ = _prepared(tmp_path, "race")
+    session = _DrivenSession()
+    session.p = p
+    seen: list = []
+    with pytest.raises(KeyboardInterrupt):
+        run_variants(session, RunOptions(REPO / "scenarios" / "sglang" / "checker_selftest.toml"),
+                     [VariantItem(p.variant.name)], lambda d: seen.append(("result", d)),
+                     on_interrupt=lambda item, run_dir: seen.append(("interrupted", run_dir.path)),
+                     finish=_cut_finish(False), snapshot=lambda p, run_dir: None)
+    ((what, folder),) = seen
+    assert what == "interrupted"
+    assert json.loads((folder / "run.json").read_text())["status"] == "interrupted"
+    v = json.loads((folder / "verdict.json").read_text())
+    assert v["verdict"] == "DEADLOCKED" and v["exit_code"] == 143 and v["partial"] is True, v

@@ -147,3 +147,64 @@ def test_a_merged_row_keeps_its_server_nature_and_effect() -> None:
         b = _result(r.to_json(), back_rows)
         assert (b.trial.row.server, b.nature, b.effect, b.effect_status) == (
             r.trial.row.server, r.nature, r.effect, r.effect_status)
+
+
+def _corrupt(folder: Path, event: str, edit) -> None:
+    """Rewrite the first ``event`` line of ``folder``'s hunt.jsonl with ``edit`` (dict -> JSON value)."""
+    p = folder / "hunt.jsonl"
+    lines = p.read_text().splitlines()
+    i = next(i for i, x in enumerate(lines) if json.loads(x)["event"] == event)
+    lines[i] = json.dumps(edit(json.loads(lines[i])))
+    p.write_text("\n".join(lines) + "\n")
+
+
+def _set(key, value):
+    return lambda d: {**d, key: value}
+
+
+def _drop(key):
+    return lambda d: {k: v for k, v in d.items() if k != key}
+
+
+@pytest.mark.parametrize("event,edit,says", [
+    ("rows", lambda d: None, "is null, not a JSON object"),
+    ("rows", lambda d: [1, 2], "is a list ([1, 2]), not a JSON object"),
+    ("shard", _set("k", None), "('shard' event): field 'k' is null; expected an integer"),
+    ("shard", _set("k", "1"), "field 'k' is a string"),
+    ("shard", _set("k", True), "field 'k' is true/false"),
+    ("shard", _set("k", 5), "shard 5/2 is not one of 1..N"),
+    ("shard", _set("k", -1), "shard -1/2 is not one of 1..N"),
+    ("shard", _set("header", [1]), "field 'header' is a list"),
+    ("plan", _set("trials", None), "('plan' event): field 'trials' is null; expected a list"),
+    ("plan", _set("trials", "x"), "field 'trials' is a string"),
+    ("plan", _set("trials", [[1]]), "field 'trials' holds [1]; expected [number, name] pairs"),
+    ("trial", _set("n", None), "('trial' event): field 'n' is null; expected an integer"),
+    ("trial", _set("n", "x"), "field 'n' is a string"),
+    ("trial", _drop("n"), "field 'n' is missing"),
+    ("trial", _set("diagnosis", {"family": "no such family"}), "('trial' event): ValueError"),
+])
+def test_a_corrupt_shard_line_is_refused_exit_2_naming_file_line_and_field(tmp_path: Path, event, edit, says) -> None:
+    """A shard's hunt.jsonl edited by hand or damaged on disk: one line naming the file, the line and the field,
+    exit 2, no traceback; nothing merged (a shard claiming K outside 1..N was merged as 5/2 before)."""
+    from typer.testing import CliRunner
+
+    from repro.cli import app
+
+    shards = [H.hunt(_opts(tmp_path / f"s{k}", shard=(k, 2)), runs=FakeRunner({})).folder for k in (1, 2)]
+    bad = next(s for s in shards if any(x["event"] == event for x in _lines(s)))
+    _corrupt(bad, event, edit)
+    r = CliRunner().invoke(app, ["hunt-merge", str(shards[0]), str(shards[1]), "--out", str(tmp_path / "m")])
+    assert r.exit_code == 2, r.output
+    text = " ".join(r.output.split())
+    assert f"{bad / 'hunt.jsonl'}: line " in text and says in text and "Traceback" not in text, text
+    assert not (tmp_path / "m" / "HUNT.md").exists()
+
+
+def test_a_shard_torn_mid_write_still_merges_as_running(tmp_path: Path) -> None:
+    """A shard killed mid-write leaves a torn last line: that line is skipped and the shard reads as running."""
+    shards = [H.hunt(_opts(tmp_path / f"s{k}", shard=(k, 2)), runs=FakeRunner({})).folder for k in (1, 2)]
+    p = shards[1] / "hunt.jsonl"
+    text = p.read_text()
+    p.write_text(text[:text.rindex('{"event": "end"') + 20])
+    md = (merge_shards(shards, tmp_path / "m") / "HUNT.md").read_text()
+    assert "2/2 running (no end line)" in md

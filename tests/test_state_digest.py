@@ -176,6 +176,22 @@ def test_a_change_after_the_last_tick_both_ranks_reached_is_not_compared(tmp_pat
     assert st.status == StateStatus.EQUAL and st.compared == (1, 6) and "from 1 to 6" in st.summary
 
 
+def test_a_probe_with_no_value_on_any_rank_is_not_counted_or_listed_as_compared(tmp_path: Path):
+    """A HiCache or PD probe on a server without it reads None on every rank at every tick: equal, but vacuously —
+    the report counts and lists only the probes that had a value (found by the newcomer pass: 12 'compared', 5 of
+    them absent from the server)."""
+    full = {"e": "state", "tick": 1, "full": True, "kinds": {"hicache.ongoing_backup": "local"},
+            "v": {"req": 4, "hicache.host_pool.available": None, "hicache.ongoing_backup": None}}
+    _ledger(tmp_path, 10, 0, [full, {"e": "state", "tick": 2, "v": {"req": 3}}], enters=3)
+    _ledger(tmp_path, 11, 1, [full, {"e": "state", "tick": 2, "v": {"req": 3}}], enters=3)
+    st = diagnose_state(load_ledgers(tmp_path))
+    assert st.status == StateStatus.EQUAL and "(1 probes compared;" in st.summary, st.summary
+    assert st.probes_absent == ["hicache.host_pool.available", "hicache.ongoing_backup"]
+    line = next(x for x in st.markdown_lines() if x.startswith("State probes compared per rank:"))
+    assert line.startswith("State probes compared per rank: req;") and "hicache" not in line, line
+    assert "2 probe(s) with no value on this server" in line
+
+
 def test_old_ledgers_without_state_lines_read_as_no_digest_recorded_never_equal(tmp_path: Path):
     _ledger(tmp_path, 10, 0, [], enters=3)
     _ledger(tmp_path, 11, 1, [], enters=3)

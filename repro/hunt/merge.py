@@ -7,6 +7,7 @@ into a new folder; the shards' evidence folders stay where they are and are link
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -22,25 +23,110 @@ class MergeError(ValueError):
     """Shard folders that cannot be merged (the message names the folder and the fix)."""
 
 
+# What each event line must hold for the merge to read it: field -> (JSON types, required). An int field is a JSON
+# integer (not true/false, not "2"); None in a type tuple means the field may be null.
+_OBJ, _LIST, _STR, _INT, _NUM = (dict,), (list,), (str,), (int,), (int, float)
+_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number", type(None): "null"}
+_SHARD = {"k": (_INT, True), "n": (_INT, True), "keys": (_LIST + (type(None),), False),
+          "header": (_OBJ + (type(None),), False)}
+_PLAN = {"trials": (_LIST, True)}
+_ROWS = {"rows": (_LIST, True)}
+_ROW = {"point": (_STR, True), "caller": (_STR, True), "max_depth": (_INT + (type(None),), False)}
+_END = {"status": (_STR, False)}
+_TRIAL = {"n": (_INT, True), "point": (_STR, True), "caller": (_STR, True), "perturbation": (_STR, True),
+          "rank": (_INT, True), "verdict": (_STR, True), "reason": (_STR + (type(None),), False),
+          "to_verdict_s": (_NUM + (type(None),), False), "action": (_OBJ + (type(None),), False),
+          "diagnosis": (_OBJ + (type(None),), False), "entered": (_OBJ + (type(None),), False),
+          "matched": (_OBJ + (type(None),), False), "fired": (_OBJ + (type(None),), False),
+          "notes": (_LIST + (type(None),), False)}
+_FIX = "re-run that shard (`repro hunt --shard K/N`) or fix the line"
+
+
+def _kind(value: Any) -> str:
+    """``null``, ``a list ([1, 2])``, ``true/false (true)``: what a JSON value is, with the value (cut at 40)."""
+    if value is None:
+        return "null"
+    kind = "true/false" if isinstance(value, bool) else _NAMES.get(type(value), type(value).__name__)
+    return f"{kind} ({json.dumps(value)[:40]})"
+
+
+def _check(d: dict, spec: dict, where: str) -> None:
+    """Refuse (:class:`MergeError`) the first field of ``d`` that ``spec`` requires and ``d`` lacks, or that holds
+    the wrong JSON type; ``where`` is ``"<file>: line <n> ('<event>' event)"``."""
+    for key, (types, required) in spec.items():
+        if key not in d:
+            if required:
+                raise MergeError(f"{where}: field {key!r} is missing; expected {_NAMES[types[0]]}; {_FIX}")
+            continue
+        v = d[key]
+        if isinstance(v, bool) or not isinstance(v, types):
+            want = " or ".join(_NAMES[t] for t in types)
+            raise MergeError(f"{where}: field {key!r} is {_kind(v)}; expected {want}; {_FIX}")
+
+
 def _read(folder: Path) -> dict:
+    """One shard folder's ``hunt.jsonl``, every line it reads checked (a torn last line, a shard killed mid-write,
+    is skipped: that shard reads as "running (no end line)").
+
+    Raises:
+        MergeError: no hunt.jsonl, a line that is not JSON or not an object, a field of a shard/plan/rows/trial/end
+            line missing or of the wrong type (file, line number and field named), or a shard K outside 1..N.
+    """
     jsonl = ev.File(Path(folder), ev.Layout.HUNT_JSONL)
     if not jsonl.path.is_file():
         raise MergeError(f"{folder}: no {jsonl.member.name}; pass the folders `repro hunt --shard K/N` made")
     try:
-        lines = jsonl.read()  # a half-written last line (a shard killed mid-write) is skipped
+        numbered = jsonl.read(numbered=True)  # a half-written last line (a shard killed mid-write) is skipped
     except ev.EvidenceFileError as e:
         raise MergeError(f"{e}; is this a hunt folder?") from None
-    shard = next((x for x in lines if x.get("event") == "shard"), None)
-    if shard is None:
+    first: dict[str, tuple[int, dict]] = {}
+    trials: list[tuple[int, dict]] = []
+    end: Optional[tuple[int, dict]] = None
+    for i, x in numbered:
+        if not isinstance(x, dict):
+            raise MergeError(f"{jsonl.path}: line {i} is {_kind(x)}, not a JSON object; "
+                             f"expected one event object per line; {_FIX}")
+        event = x.get("event")
+        if event == "trial":
+            trials.append((i, x))
+        elif event == "end":
+            end = (i, x)
+        elif event in ("shard", "plan", "rows") and event not in first:
+            first[event] = (i, x)
+    where = lambda i, e: f"{jsonl.path}: line {i} ({e!r} event)"  # noqa: E731
+    if "shard" not in first:
         raise MergeError(f"{folder}: not a shard (its {ev.Layout.HUNT_JSONL.name} has no 'shard' event); run the hunt "
                          "with --shard K/N")
-    plan = next((x for x in lines if x.get("event") == "plan"), None)
-    rows = next((x for x in lines if x.get("event") == "rows"), None)
-    end = next((x for x in reversed(lines) if x.get("event") == "end"), None)
-    return {"folder": Path(folder), "k": int(shard["k"]), "n": int(shard["n"]), "keys": shard.get("keys") or [],
-            "header": shard.get("header") or {},
-            "plan": [tuple(x) for x in plan["trials"]] if plan else None, "rows": rows["rows"] if rows else [],
-            "trials": [x for x in lines if x.get("event") == "trial"], "end": end or {}}
+    i, shard = first["shard"]
+    _check(shard, _SHARD, where(i, "shard"))
+    k, n = shard["k"], shard["n"]
+    if n < 1 or not 1 <= k <= n:
+        raise MergeError(f"{where(i, 'shard')}: shard {k}/{n} is not one of 1..N (need 1 <= K <= N); {_FIX}")
+    plan = None
+    if "plan" in first:
+        i, p = first["plan"]
+        _check(p, _PLAN, where(i, "plan"))
+        for t in p["trials"]:
+            if not (isinstance(t, list) and len(t) == 2 and type(t[0]) is int and isinstance(t[1], str)):
+                raise MergeError(f"{where(i, 'plan')}: field 'trials' holds {json.dumps(t)[:40]}; expected "
+                                 f"[number, name] pairs; {_FIX}")
+        plan = [tuple(t) for t in p["trials"]]
+    rows: list = []
+    if "rows" in first:
+        i, r = first["rows"]
+        _check(r, _ROWS, where(i, "rows"))
+        for row in r["rows"]:
+            if not isinstance(row, dict):
+                raise MergeError(f"{where(i, 'rows')}: field 'rows' holds {_kind(row)}; expected objects; {_FIX}")
+            _check(row, _ROW, where(i, "rows") + " field 'rows'")
+        rows = r["rows"]
+    for i, t in trials:
+        _check(t, _TRIAL, where(i, "trial"))
+    if end is not None:
+        _check(end[1], _END, where(end[0], "end"))
+    return {"folder": Path(folder), "path": jsonl.path, "k": k, "n": n, "keys": shard.get("keys") or [],
+            "header": shard.get("header") or {}, "plan": plan, "rows": rows, "trials": trials,
+            "end": end[1] if end else {}}
 
 
 def _result(d: dict, rows: Sequence[Any]) -> Any:
@@ -84,8 +170,10 @@ def merge_shards(folders: Sequence[Path], out_dir: Optional[Path] = None, eviden
     Returns:
         The merged folder.
     Raises:
-        MergeError: a folder is no shard, shards of different N or the same K twice, plans that number the same
-            trial differently (their baselines saw different rows), or ``out_dir`` already holds a HUNT.md.
+        MergeError: a folder is no shard, a line of its hunt.jsonl is not a JSON object or a field the merge reads
+            is missing or of the wrong JSON type (file, line and field named), a shard's K is outside 1..N, shards of
+            different N or the same K twice, plans that number the same trial differently (their baselines saw
+            different rows), or ``out_dir`` already holds a HUNT.md.
     """
     if not folders:
         raise MergeError("no shard folder given; pass the folders `repro hunt --shard K/N` made")
@@ -118,7 +206,12 @@ def merge_shards(folders: Sequence[Path], out_dir: Optional[Path] = None, eviden
                 rows.append(row)
     results = []
     for s in shards:
-        results += [_result(d, rows) for d in s["trials"]]
+        for i, d in s["trials"]:
+            try:
+                results.append(_result(d, rows))
+            except (KeyError, TypeError, ValueError, AttributeError) as e:  # a field nested below the checked ones
+                what = f"field {e.args[0]!r} is missing" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+                raise MergeError(f"{s['path']}: line {i} ('trial' event): {what}; {_FIX}") from None
     results.sort(key=lambda r: r.trial.n)
     if out_dir is None:
         scen = Path(shards[0]["folder"]).parent.name

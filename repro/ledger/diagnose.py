@@ -31,6 +31,7 @@ class LedgerDiagnosis:
     problems: list[str]
     dead: dict[int, str] = field(default_factory=dict)  # rank → why it died during the run (never "waits in")
     state: Optional[StateDivergence] = None  # the first divergent lockstep state (repro.state_digest)
+    unread: list[str] = field(default_factory=list)  # ledgers that should be there and could not be read, and why
 
     def mark_dead(self, dead: Mapping[int, str]) -> "LedgerDiagnosis":
         """Say which ranks died (rank → why): their open records are where they died, not waits. Returns self."""
@@ -61,6 +62,7 @@ class LedgerDiagnosis:
                 "per_tick_counts": {str(r): {str(t): n for t, n in c.items()} for r, c in self.per_tick.items()},
                 "dropped": {str(r): n for r, n in self.dropped.items()},
                 "consistency_problems": self.problems,
+                "unread": self.unread,
                 "files": {str(r): led.files for r, led in sorted(self.ledgers.items())}}
 
     def markdown_lines(self, timeline: Optional[str] = Layout.TIMELINE.name) -> list[str]:
@@ -106,13 +108,25 @@ def diagnose(folder: Union[str, Path], pids: Optional[Iterable[int]] = None) -> 
 
     Args:
         folder: injector out_dir or evidence folder; pids: the server's rank pids (None = every ledger file).
+    Returns:
+        The LedgerDiagnosis; a rank pid without a readable ledger (or, with no pids, a group rank without one) is in
+        ``unread``, and then a comparison that found no divergence says the ledgers cannot be aligned — the ranks
+        read do not stand for the group.
     """
-    leds = load_ledgers(folder, pids)
+    why: dict[int, str] = {}
+    leds = load_ledgers(folder, pids, unread=why)
     if not leds:
         return None
     div = align(leds)
+    unread = [f"pid {pid}: {w}" for pid, w in sorted(why.items())]
+    absent = sorted({r for led in leds.values() for g in led.groups.values() for r in g.ranks} - set(leds))
+    if absent and not unread:  # no pid list to name them by: the groups' ranks say who is missing
+        unread = [f"rank {r}: no readable ledger" for r in absent]
+    if unread and div.kind == DivergenceKind.NONE:  # one side of the comparison is missing: never "they agree"
+        read = ", ".join(f"rank {r} ({len(led.records)} records)" for r, led in sorted(leds.items()))
+        div = replace(div, summary=f"The ledgers cannot be aligned: {'; '.join(unread)}; read: {read}.")
     return LedgerDiagnosis(leds, div, per_tick_counts(leds), check_consistent(leds),
-                           state=diagnose_state(leds, collective_tick=divergence_tick(div)))
+                           state=diagnose_state(leds, collective_tick=divergence_tick(div)), unread=unread)
 
 
 def diagnose_paths(paths: Iterable[Union[str, Path]]) -> Optional[LedgerDiagnosis]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +99,10 @@ def run_one(p: Prepared, opts: RunOptions, observe: Observer = _noop, session: A
         outcome.timings["to_verdict_s"] = time.time() - t0
         try:
             finish(p, opts, p.variant, evd, outcome, session.rank_pids, interrupted)
+        except KeyboardInterrupt as e:  # the signal came while the evidence was written (later ones are ignored)
+            interrupted = True
+            outcome.exit_code = interrupt_exit_code(e)
+            _verdict_after_cut_finish(p, opts, p.variant, evd, outcome, session.rank_pids)
         finally:
             session.stop()
             session.close_drivers()
@@ -113,6 +118,28 @@ def run_one(p: Prepared, opts: RunOptions, observe: Observer = _noop, session: A
     if interrupted:
         raise KeyboardInterrupt
     return outcome
+
+
+def _verdict_after_cut_finish(p: Prepared, opts: RunOptions, variant: Variant, evd: ev.EvidenceDir, outcome: Outcome,
+                              rank_pids: dict[int, int]) -> None:
+    """A Ctrl-C / SIGTERM cut :func:`finish_evidence` short. verdict.json (which it writes last) still says what the
+    run reached — the verdict stands: the drive ended before the signal, its proof and stacks are on disk — marked
+    ``partial``, with the interrupt's exit code (130/143, what the process exits with) and a note naming the
+    members the cut left unwritten; a verdict.json already written only gets that exit code and note."""
+    missing = [m.name for m in (ev.Layout.ANALYSIS, ev.Layout.LEDGER, ev.Layout.ENV, ev.Layout.REPORT, ev.Layout.VERDICT)
+               if not (evd.path / m.name).exists()]
+    note = ("interrupted (Ctrl-C/SIGTERM) while the evidence was written: the verdict was reached before it"
+            + (f"; not written: {', '.join(missing)} (`repro analyze {evd.path}` reads what is there)" if missing else ""))
+    rec = ev.read_json(evd.verdict.path) if evd.verdict.path.exists() else None
+    if isinstance(rec, dict):
+        rec.update(exit_code=outcome.exit_code, partial=True, notes=[*(rec.get("notes") or []), note])
+        evd.verdict.write(rec)
+        return
+    v = outcome.verdict
+    evd.verdict.write(ev.verdict_record(
+        dataclasses.replace(v, notes=(*v.notes, note)), exit_code=outcome_exit_code(outcome, opts.expect),
+        evidence=evd.path, scenario=p.scenario.name, variant=variant.name, variant_expects=variant.expect,
+        expect=opts.expect, partial=True, timings=outcome.timings, rank_pids=rank_pids, **outcome.verdict_fields))
 
 
 def _rewrite_exit_code(evd: ev.EvidenceDir, code: int) -> None:
@@ -296,8 +323,16 @@ def run_variants(
                 outcome.verdict = Verdict(INCONCLUSIVE, f"server died within {settle_s:g} s after the burst ended "
                                                         f"(a divergence that outlived the burst); verdict before: "
                                                         f"{outcome.verdict.verdict}")
-        snapshot(p, run_dir)
-        finish(p, opts, variant, run_dir, outcome, session.rank_pids, False)
+        try:
+            snapshot(p, run_dir)
+            finish(p, opts, variant, run_dir, outcome, session.rank_pids, False)
+        except KeyboardInterrupt as e:  # the signal came while this variant's evidence was written
+            outcome.exit_code = interrupt_exit_code(e)
+            _verdict_after_cut_finish(p, opts, variant, run_dir, outcome, session.rank_pids)
+            run_dir.set_status("interrupted", timings=outcome.timings)
+            if on_interrupt is not None:
+                on_interrupt(item, run_dir)
+            raise
         run_dir.set_status("complete", timings=outcome.timings)
         res = _result(outcome, variant.expect if opts.expect is None else opts.expect, run_dir.path)
         d = VariantDone(i, item, variant, outcome, run_dir, res, log_off, time.time())
