@@ -107,7 +107,7 @@ def cleanup_targets(folder: Path) -> list[Path]:
     if Layout.PROCESSES.at(folder).is_file():
         return [folder]
     found: list[Path] = []
-    sess = read_json(Layout.SESSION.at(folder)) if Layout.SESSION.at(folder).is_file() else None
+    sess = _json_or_none(Layout.SESSION.at(folder))
     if isinstance(sess, dict) and sess.get("session"):
         found.append(Path(sess["session"]))
     if Layout.HUNT_JSONL.at(folder).is_file():
@@ -137,6 +137,7 @@ def cleanup_targets(folder: Path) -> list[Path]:
 
 
 def _json_or_none(path: Path) -> object:
+    """The JSON in ``path``; None when it is missing, unreadable, truncated or not UTF-8 (an optional file)."""
     try:
         return read_json(path) if path.is_file() else None
     except (OSError, ValueError):
@@ -201,7 +202,7 @@ def run_engine(folder: Path) -> tuple[Optional[str], str]:
     when the folder says neither (a folder a killed harness left before writing them)."""
     from repro.targets.registry import DEFAULT_ADAPTER
 
-    env = read_json(folder / Layout.ENV.name) if (folder / Layout.ENV.name).is_file() else None
+    env = _json_or_none(folder / Layout.ENV.name)  # truncated or binary: as if absent (scenario.toml, else every engine)
     if isinstance(env, dict) and env.get("engine"):
         return str(env["engine"]), Layout.ENV.name
     try:
@@ -241,7 +242,7 @@ def _remove_leftover_files(folder: Path, adapters: list) -> list[str]:
 
 
 def _remove_owned_dirs(folder: Path, adapters: Optional[list] = None) -> list[str]:
-    owned = read_json(Layout.OWNED_DIRS.at(folder)) if Layout.OWNED_DIRS.at(folder).is_file() else None
+    owned = _json_or_none(Layout.OWNED_DIRS.at(folder))  # unreadable: no temp folder is removed (never more)
     tmp = Path(tempfile.gettempdir())
     removed = _remove_leftover_files(folder, adapters if adapters is not None else _engines(folder)[0])
     for d in (Path(x) for x in (owned if isinstance(owned, list) else []) if isinstance(x, str)):
@@ -330,7 +331,16 @@ def _cleanup_run(folder: Path, force: bool, adapters: list) -> CleanupResult:
     mark = _procs.read_launch_mark(path)
     if mark is None:
         return _not_ours(folder, recorded)
-    run = read_json(Layout.RUN.at(folder)) or {}
+    try:
+        run = read_json(Layout.RUN.at(folder)) or {}
+    except (OSError, ValueError) as e:  # truncated, binary: whether the harness still runs cannot be told from it
+        if not force:
+            return CleanupResult(folder, EXIT_USAGE, f"refused: {Layout.RUN.at(folder)} is not valid JSON ({e}), so "
+                                 "whether the run's harness is still running cannot be told; nothing was stopped. If "
+                                 "no repro command is running on this folder, pass --force to end its server anyway",
+                                 refused=True, left_alone=[(p, f"{Layout.RUN.name} is unreadable") for p in recorded
+                                                           if _procs.alive(p)])
+        run = {}  # --force: go on; the unreadable run.json is left as it is (no status or verdict written from it)
     if not isinstance(run, dict):
         run = {}
     harness = _harness_alive(run, mark)

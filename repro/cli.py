@@ -719,8 +719,8 @@ def sites(
     try:
         rep = check_sites(sc, py, variant, adapter=ad)
     except SitesPreflightError as e:
-        console.print(f"[red]error:[/] {e}")
-        raise typer.Exit(EXIT_INTERNAL)
+        console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE if e.bad_interpreter else EXIT_INTERNAL)
     tops = {a.site.split(":")[0].split(".")[0] for i in rep.injections for a in i.alternatives}
     if not as_json and len(tops) == 1 and all(f"No module named '{next(iter(tops))}'" in a.detail
                                               for i in rep.injections for a in i.alternatives):

@@ -428,15 +428,26 @@ def capture_remote(ranks: Sequence[RemoteRank], out_dir: Path, *, tag: str = "",
     return caps
 
 
-def hosts_from_json(items: Sequence[Mapping[str, Any]]) -> list[HostSpec]:
+_HOST_STR_FIELDS = ("name", "ssh", "template", "address", "http_address", "ifname", "workdir", "py_spy", "python")
+
+
+def hosts_from_json(items: Any) -> list[HostSpec]:
     """HostSpecs from a list of mappings (a scenario's ``[[server.hosts]]`` or a ``--hosts`` JSON file).
 
     Raises:
-        ValueError: a field is missing or unknown (the message names the host index, the field and the fix).
+        ValueError: ``items`` is not a list of objects, a field is missing, unknown or of the wrong type (the message
+            names the host index, the field, what was expected and what it got).
     """
+    if not isinstance(items, (list, tuple)):
+        raise ValueError(f"expected a JSON list of host objects at the top level, got {_json_kind(items)}")
+    if not items:
+        raise ValueError("the list of hosts is empty; expected one host object per node (node_rank 0..n-1)")
     known = set(HostSpec.__dataclass_fields__)
     out = []
     for i, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise ValueError(f"hosts[{i}]: expected a host object like {{\"name\": \"h{i}\", \"node_rank\": {i}}}, "
+                             f"got {_json_kind(item)}")
         extra = set(item) - known
         if extra:
             raise ValueError(f"hosts[{i}]: unknown field(s) {sorted(extra)}; expected some of {sorted(known)}")
@@ -444,11 +455,37 @@ def hosts_from_json(items: Sequence[Mapping[str, Any]]) -> list[HostSpec]:
             if need not in item:
                 raise ValueError(f"hosts[{i}]: field {need!r} is missing (e.g. name = \"h{i}\", node_rank = {i})")
         d = dict(item)
+        nr = d["node_rank"]
+        if isinstance(nr, bool) or not isinstance(nr, int) or nr < 0:
+            raise ValueError(f"hosts[{i}].node_rank: expected an integer >= 0, got {_json_kind(nr)}")
+        for f in _HOST_STR_FIELDS:
+            optional = f in ("ssh", "template", "http_address", "ifname")
+            if f in d and not (isinstance(d[f], str) or (optional and d[f] is None)):
+                raise ValueError(f"hosts[{i}].{f}: expected a string{' or null' if optional else ''}, got {_json_kind(d[f])}")
+        name = d["name"]
+        if not name or not name.strip(".") or any(c in name for c in "/\\\0"):
+            raise ValueError(f"hosts[{i}].name: expected a non-empty label usable as a folder name (no '/', not '.' "
+                             f"or '..': evidence goes to hosts/<name>/), got {name!r}")
         if "ssh_options" in d:
-            d["ssh_options"] = tuple(d["ssh_options"])
+            opts = d["ssh_options"]
+            if not isinstance(opts, (list, tuple)) or not all(isinstance(o, str) for o in opts):
+                raise ValueError(f"hosts[{i}].ssh_options: expected a list of strings like [\"-p\", \"2222\"], "
+                                 f"got {_json_kind(opts)}")
+            d["ssh_options"] = tuple(opts)
         out.append(HostSpec(**d))
     check_hosts(out)
     return out
+
+
+def _json_kind(v: Any) -> str:
+    """A JSON value in words for an error line: ``null``, ``a list``, ``an object``, else its JSON text (short)."""
+    if v is None:
+        return "null"
+    if isinstance(v, (list, tuple)):
+        return f"a list ({json.dumps(v, default=str)[:60]})"
+    if isinstance(v, Mapping):
+        return f"an object with keys {sorted(map(str, v))[:8]}"
+    return json.dumps(v, default=str)[:60]
 
 
 # CPU seconds (utime + stime, /proc/PID/stat) of the pids given, and the host's monotonic clock: one JSON object.

@@ -552,8 +552,11 @@ def write_candidates(paths: Sequence[str], out_dir: Path, *, base_path: Optional
     from repro.reproduce_release import pick_release
     from repro.analysis import AnalyzeInputError
     from repro.interpreter import InterpreterError, choose_python
-    from repro.scenario import ScenarioError, load_scenario
+    from repro.scenario import ScenarioError, load_scenario, tp_option_problem
 
+    bad_tp = tp_option_problem(tp, 2, [("each candidate", "deadlock")])  # as `repro run --tp` checks it
+    if bad_tp:
+        raise ReproduceInputError(bad_tp)
     try:
         analysis, caps = read_dumps(paths)
     except AnalyzeInputError as e:
@@ -596,7 +599,7 @@ def write_candidates(paths: Sequence[str], out_dir: Path, *, base_path: Optional
         except (DiscoverError, HuntError) as e:
             notes.append(f"discovery unavailable ({e}): no root-cause candidates")
     p = plan(analysis, caps, py, adapter, rules, points=points, perturbations=perts)
-    if tp:
+    if tp is not None:
         p.tp_size = tp
     if not p.candidates:
         raise ReproduceInputError("no candidate could be read off the dumps: " + ("; ".join(p.drift) or
@@ -604,7 +607,7 @@ def write_candidates(paths: Sequence[str], out_dir: Path, *, base_path: Optional
     if base is not None:
         p.server_says.insert(0, f"server from --base {base_path}")
         p.needs_base = []
-        if tp:
+        if tp is not None:
             base = base.model_copy(update={"server": base.server.model_copy(update={"tp_size": tp})})
     if model and base is not None:
         base = base.model_copy(update={"server": base.server.model_copy(update={"model": model})})

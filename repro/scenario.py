@@ -61,6 +61,27 @@ def path_name_problem(name: str) -> str:
     return ""
 
 
+MAX_TP_SIZE = 64  # the largest TP size a scenario (server.tp_size) or --tp may ask for
+
+
+def tp_option_problem(tp: Optional[int], default_tp: int, expects: Sequence[tuple[str, str]]) -> str:
+    """"" when ``--tp`` (``tp``; None: not given, ``default_tp`` is used) can run ``expects``, else the one line
+    ``repro run`` and ``repro reproduce`` refuse it with (exit 2): a TP size outside 1..MAX_TP_SIZE, or fewer than
+    2 ranks for something that expects a deadlock (a collective desync needs 2 ranks).
+
+    Args:
+        expects: ``(what, expect)`` per thing to run, e.g. ``("variant 'x'", "deadlock")``.
+    """
+    if tp is not None and not 1 <= tp <= MAX_TP_SIZE:
+        return f"--tp must be ≥ 1 and ≤ {MAX_TP_SIZE} (got {tp})"
+    size = tp if tp is not None else default_tp
+    for what, expect in expects:
+        if size < 2 and expect == "deadlock":
+            return (f"{what} expects a deadlock, but a collective desync needs at least 2 ranks (TP size {size}); "
+                    "use --tp 2 or more")
+    return ""
+
+
 def _path_name(v: str) -> str:
     problem = path_name_problem(v)
     if problem:
@@ -87,7 +108,7 @@ class RoleSpec(_Strict):
     ``env`` are added after the shared ``server.args`` / ``server.env``.
     """
 
-    tp_size: Optional[int] = Field(None, ge=1, le=64, strict=True)
+    tp_size: Optional[int] = Field(None, ge=1, le=MAX_TP_SIZE, strict=True)
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -105,7 +126,7 @@ class ServerSpec(_Strict):
 
     adapter: str = DEFAULT_ADAPTER
     model: str = Field("", description="model path; empty = the CPU testbed's tiny model")
-    tp_size: int = Field(2, ge=1, le=64, strict=True)
+    tp_size: int = Field(2, ge=1, le=MAX_TP_SIZE, strict=True)
     args: list[str] = Field(default_factory=list, description="extra engine flags, e.g. ['--max-running-requests', '8']")
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: float = Field(300.0, gt=0, strict=True)

@@ -30,7 +30,16 @@ _MARK = "REPRO-PREFLIGHT "
 
 
 class SitesPreflightError(RuntimeError):
-    """The preflight subprocess could not run or gave no answer (message has the interpreter and its output tail)."""
+    """The preflight subprocess could not run or gave no answer (message has the interpreter and its output tail).
+
+    Attributes:
+        bad_interpreter: True when ``--python`` itself is the problem (not found, or not a Python: it exited 0 or
+            printed nothing without answering): bad input, exit 2; False when a Python crashed (exit 1).
+    """
+
+    def __init__(self, message: str, bad_interpreter: bool = False) -> None:
+        super().__init__(message)
+        self.bad_interpreter = bad_interpreter
 
 
 @dataclass(frozen=True)
@@ -113,13 +122,19 @@ def _run_preflight(python: str, request: dict, timeout_s: float, env: Optional[d
                               timeout=timeout_s, env=run_env)
     except FileNotFoundError:
         raise SitesPreflightError(f"interpreter {python} not found (pass --python PATH to a Python that has "
-                                  f"{request.get('package') or 'the engine'})") from None
+                                  f"{request.get('package') or 'the engine'})", bad_interpreter=True) from None
     except subprocess.TimeoutExpired:
         raise SitesPreflightError(f"preflight in {python} took more than {timeout_s:.0f} s (importing the sites' modules)") from None
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(_MARK):
             return json.loads(line[len(_MARK):])
     tail = "\n".join((proc.stderr or proc.stdout).splitlines()[-15:])
+    if proc.returncode == 0 or not tail.strip():  # a Python running the resolver answers or says why it could not
+        pkg = request.get("package") or "the engine"
+        said = "printed nothing" if not tail.strip() else f"printed no answer ({tail.strip().splitlines()[-1][:120]!r})"
+        raise SitesPreflightError(f"{python} {said} and exited {proc.returncode} when asked to resolve the sites: it is "
+                                  f"not a Python interpreter with {pkg} installed; pass --python PATH of one where "
+                                  f"`import {pkg}` works", bad_interpreter=True)
     raise SitesPreflightError(f"preflight in {python} failed (exit {proc.returncode}):\n{tail}")
 
 

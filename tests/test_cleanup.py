@@ -251,3 +251,58 @@ def test_a_forged_launch_marked_list_never_signals_an_unrelated_process(tmp_path
     finally:
         os.killpg(other.pid, signal.SIGKILL)
         other.wait(10)
+
+
+_CORRUPT = {"truncated": b'{"status": "running", "pid": 12', "binary": bytes(range(256)) * 2}
+
+
+@pytest.mark.parametrize("how", list(_CORRUPT))
+def test_an_unreadable_run_json_is_refused_naming_it_and_force_goes_on_leaving_it(tmp_path: Path, sleeper, how: str):
+    """A truncated or binary run.json (whether the harness lives is written there) was a JSONDecodeError /
+    UnicodeDecodeError traceback, exit 1. Now refused like a corrupt processes.json: one line naming the file, exit
+    2, nothing signalled; --force ends the tree and leaves run.json as it was."""
+    info = proc_info(sleeper.pid)
+    save_procs(tmp_path / "processes.json", [info], launch=launch_mark(info, tokens=[TOKEN]))
+    (tmp_path / "run.json").write_bytes(_CORRUPT[how])
+    code, out = _run("cleanup", str(tmp_path))
+    assert code == 2 and "run.json" in out and "not valid JSON" in out and "--force" in out, out
+    assert "Traceback" not in out and alive(info)
+    code, out = _run("cleanup", str(tmp_path), "--force")
+    assert code == 0 and "stopped 1 of 1" in out, out
+    sleeper.wait(10)
+    assert (tmp_path / "run.json").read_bytes() == _CORRUPT[how] and not (tmp_path / "verdict.json").exists()
+
+
+@pytest.mark.parametrize("how", list(_CORRUPT))
+@pytest.mark.parametrize("name", ["env.json", "owned_dirs.json", "session.json"])
+def test_an_unreadable_optional_file_is_read_as_absent_and_nothing_more_is_removed(tmp_path: Path, monkeypatch,
+                                                                                   name: str, how: str):
+    """env.json (which engine), owned_dirs.json (temp folders to remove) and a hunt trial's session.json are
+    optional: truncated or binary, cleanup goes on as without them (was a traceback, exit 1) and removes no temp
+    folder it would not have removed without the file."""
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    (tmp_path / "tmp").mkdir()
+    keep = tmp_path / "tmp" / "repro-keep"
+    keep.mkdir()
+    run = tmp_path / "run"
+    run.mkdir()
+    p = subprocess.Popen([sys.executable, "-c", "pass"], env=TOKEN_ENV)
+    info = proc_info(p.pid)
+    p.wait(10)
+    save_procs(run / "processes.json", [info] if info else [], launch=launch_mark(info or proc_info(os.getpid()), tokens=[TOKEN]))
+    (run / "run.json").write_text(json.dumps({"status": "finished", "pid": 1}))
+    target = run
+    if name == "session.json":  # a hunt trial's folder naming its session: unreadable, it names none
+        target = tmp_path / "trial"
+        target.mkdir()
+    (target / name).write_bytes(_CORRUPT[how])
+    code, out = _run("cleanup", str(target))
+    assert "Traceback" not in out, out
+    if name == "session.json":
+        assert code == 2 and "processes.json not found" in out, out
+    else:
+        assert code == 0, out
+    assert keep.is_dir()

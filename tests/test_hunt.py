@@ -718,3 +718,13 @@ def test_an_unhealthy_baseline_raises_with_its_evidence_and_its_verdict_written(
     rec = ev.EvidenceDir.open(bd).verdict.read()
     assert rec.verdict == {"start": INCONCLUSIVE, "deadlock": DEADLOCKED, "failed_requests": SUCCEEDED}[how]
     assert len(fr.sessions) == 1 and not fr.sessions[0].running and fr.driven == ([] if how == "start" else ["baseline"])
+
+
+@pytest.mark.parametrize("budget", [float("nan"), float("inf"), float("-inf"), 0.0])
+def test_a_non_finite_or_non_positive_budget_is_refused_before_anything_starts(tmp_path: Path, budget: float) -> None:
+    """--budget-min nan passed '<= 0' (False for nan) and Clock's max(0, nan) = 0 made every trial NOT RUN; inf is
+    no budget at all. Refused (HuntError: exit 2) before the baseline: no server, no hunt folder."""
+    fr = FakeRunner({})
+    with pytest.raises(H.HuntError, match="--budget-min must be a finite number of minutes > 0"):
+        H.hunt(_opts(tmp_path, budget_min=budget), runs=fr)
+    assert not fr.sessions and not (tmp_path / "ev").exists()

@@ -229,3 +229,50 @@ def test_every_node_is_launched_with_the_harness_fork_ranks_opt_in(tmp_path: Pat
         for name, env in envs.items():
             assert env.get("REPRO_FORK_RANKS") == value and env["A"] == "1", (name, env)
             assert "PATH" not in env  # nothing else of this process's environment is handed over
+
+
+
+@pytest.mark.parametrize("text, names", [
+    ("[1]", ["hosts[0]", "host object"]),
+    ("null", ["JSON list of host objects", "null"]),
+    ('{"name": "h0", "node_rank": 0}', ["JSON list of host objects", "an object"]),
+    ('[{"name": "h0", "node_rank": "zero"}]', ["hosts[0].node_rank", "integer >= 0", '"zero"']),
+    ('[{"name": "h0", "node_rank": -1}]', ["hosts[0].node_rank", "integer >= 0"]),
+    ('[{"name": "h0", "node_rank": 0, "ssh_options": 5}]', ["hosts[0].ssh_options", "list of strings"]),
+    ('[{"name": "h0", "node_rank": 0', ["--hosts", "Expecting"]),
+])
+def test_run_refuses_a_hosts_file_of_the_wrong_shape_in_one_exit_2_line(tmp_path: Path, text: str, names: list):
+    """A --hosts JSON of the wrong shape (a tester's [1], null, node_rank "zero", ssh_options 5) is one error line
+    naming the file, the entry and field and what was expected, exit 2, before anything starts (was a TypeError
+    traceback, exit 1, or a top-level object read as field names 'a', 'e', 'm', 'n')."""
+    from typer.testing import CliRunner
+
+    from repro.cli import app
+
+    f = tmp_path / "hosts.json"
+    f.write_text(text)
+    scen = Path(__file__).resolve().parent.parent / "scenarios" / "sglang" / "smoke_extra_allreduce.toml"
+    r = CliRunner().invoke(app, ["run", str(scen), "--hosts", str(f), "--evidence-dir", str(tmp_path / "ev")])
+    assert r.exit_code == 2, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    flat = r.output.replace("\n", "")
+    assert "Traceback" not in r.output and str(f) in flat, r.output
+    for n in names:
+        assert n in flat, (n, r.output)
+    assert "unknown field(s) ['a'" not in r.output and not (tmp_path / "ev").exists()
+
+
+@pytest.mark.parametrize("items, match", [
+    ([], "empty"),
+    ([{"name": "h0", "node_rank": True}], r"hosts\[0\]\.node_rank: expected an integer >= 0"),
+    ([{"name": "h0", "node_rank": 0, "ssh_options": [1]}], r"hosts\[0\]\.ssh_options: expected a list of strings"),
+    ([{"name": 7, "node_rank": 0}], r"hosts\[0\]\.name: expected a string"),
+    ([{"name": "..", "node_rank": 0}], r"hosts\[0\]\.name: .*folder name"),
+    ([{"name": "a/b", "node_rank": 0}], r"hosts\[0\]\.name: .*folder name"),
+    ([{"name": "h0", "node_rank": 0, "ssh": ["x"]}], r"hosts\[0\]\.ssh: expected a string or null"),
+])
+def test_host_entries_of_the_wrong_type_are_refused_naming_index_and_field(items: list, match: str):
+    """Values the old reader passed on (a host named '..' made its evidence folder hosts/../, the run folder itself;
+    ssh_options [1] or name 7 reached the launch): refused before anything starts."""
+    with pytest.raises(ValueError, match=match):
+        hosts_from_json(items)

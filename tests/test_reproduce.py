@@ -505,3 +505,25 @@ def test_the_winning_candidate_is_kept_alone_as_a_scenario_that_loads(tmp_path, 
     sc = load_scenario(kept)
     assert [v.name for v in sc.variants] == [second]
     assert sc.server == load_scenario(f).server
+
+
+@pytest.mark.parametrize("tp, words", [("-3", "--tp must be ≥ 1 and ≤ 64 (got -3)"),
+                                       ("0", "--tp must be ≥ 1 and ≤ 64 (got 0)"),
+                                       ("65", "--tp must be ≥ 1 and ≤ 64 (got 65)"),
+                                       ("1", "needs at least 2 ranks (TP size 1); use --tp 2 or more")])
+def test_reproduce_checks_tp_as_run_does_one_line_exit_2_nothing_written(tp: str, words: str):
+    """--tp -3 was a pydantic traceback, --tp 0 silently became 2, --tp 1 wrote a scenario whose suggested
+    `repro run` is then refused: the same check as `repro run --tp` (scenario.tp_option_problem), first."""
+    r = _cli([str(FIXTURES / "dumps" / "sglang_tp2_cpu_hang"), f"--tp={tp}"])
+    lines = [l for l in r.output.splitlines() if l.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], r.output
+    assert "Traceback" not in r.output and "nonexistent/python" not in r.output
+
+
+def test_run_and_reproduce_share_one_tp_check():
+    from repro.scenario import tp_option_problem
+
+    assert tp_option_problem(None, 2, [("variant 'v'", "deadlock")]) == ""
+    assert tp_option_problem(None, 1, [("variant 'v'", "deadlock")]).startswith("variant 'v' expects a deadlock")
+    assert tp_option_problem(1, 2, [("variant 'c'", "success")]) == ""
+    assert "got 0" in tp_option_problem(0, 2, []) and "got 65" in tp_option_problem(65, 2, [])

@@ -132,3 +132,14 @@ def test_shipped_scenarios_resolve_on_the_testbed(name: str):
         alts = by_id["extra_allreduce_in_prefetch_check"].alternatives
         assert alts[0].site.endswith("HiRadixCache.check_prefetch_progress") and alts[0].status == "absent"
         assert by_id["extra_allreduce_in_prefetch_check"].resolved.site.endswith("UnifiedRadixCache.check_prefetch_progress")
+
+
+@pytest.mark.parametrize("python", ["/bin/true", "/bin/false"])
+def test_sites_with_a_python_that_is_not_one_names_the_python_fix_exit_2(python: str):
+    """`sites --python /bin/true` said "preflight in /bin/true failed (exit 0):" with no reason, exit 1: an
+    interpreter that answers nothing is bad input, said as such, naming --python."""
+    r = CliRunner().invoke(app, ["sites", "smoke_extra_allreduce", "--python", python])
+    flat = " ".join(r.output.split())
+    assert r.exit_code == 2, r.output
+    assert f"{python} printed nothing" in flat and "not a Python interpreter" in flat and "--python PATH" in flat, r.output
+    assert "Traceback" not in r.output

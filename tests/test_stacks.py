@@ -146,7 +146,33 @@ def test_non_python_dump_gives_a_clear_message():
 
 def test_invalid_json_gives_a_message_not_an_exception():
     (d,) = parse_pyspy_json('[{"pid": 1, "frames": [')
-    assert d.threads == [] and "not valid JSON" in d.warnings[0]
+    assert d.threads == [] and "not complete JSON" in d.warnings[0] and "truncated" in d.warnings[0]
+    (d,) = parse_pyspy_json('[{"pid": 1, "frames": [}]')
+    assert d.threads == [] and "not valid JSON" in d.warnings[0] and "truncated" not in d.warnings[0]
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.9])
+def test_analyze_of_a_truncated_pyspy_json_names_the_file_and_says_it_is_incomplete(tmp_path: Path, cut: float):
+    """A py-spy --json dump cut short (a paste, a copy of a file still being written) was refused only with
+    "expected py-spy text or --json, ...": nothing said which file or that its JSON was incomplete."""
+    from typer.testing import CliRunner
+
+    from repro.cli import app
+
+    threads = [{"pid": 100 + r, "thread_id": 1, "thread_name": "MainThread", "os_thread_id": 100 + r,
+                "active": False, "owns_gil": False,
+                "frames": [{"name": f"f{i}", "filename": f"/x/m{i}.py", "short_filename": f"m{i}.py", "line": i,
+                            "locals": None} for i in range(1, 40)]} for r in (0, 1)]
+    import json
+
+    for r in (0, 1):
+        text = json.dumps([threads[r]], indent=2)
+        (tmp_path / f"rank{r}.json").write_text(text[:int(len(text) * cut)])
+    res = CliRunner().invoke(app, ["analyze", str(tmp_path / "rank0.json"), str(tmp_path / "rank1.json")])
+    flat = " ".join(res.output.split())
+    assert res.exit_code == 2, res.output
+    assert "rank0.json: not complete JSON" in flat and "rank1.json: not complete JSON" in flat and "truncated" in flat, flat
+    assert "Traceback" not in res.output
 
 
 def test_locals_lines_are_skipped():

@@ -346,6 +346,8 @@ def _cli(*args: str, **kw) -> subprocess.Popen:
     (["--url", "http://127.0.0.1:9", "--failures", "0"], "--failures"),
     (["--url", "http://127.0.0.1:9", "--interval", "0"], "--interval"),
     (["--url", "http://127.0.0.1:9", "--pid-root", "999999999"], "--pid-root"),
+    (["--url", "http://127.0.0.1:9", "--once", "--pid-root", "-5"], "--pid-root must be a process id >= 1"),
+    (["--url", "http://127.0.0.1:9", "--once", "--pid-root", "0"], "--pid-root must be a process id >= 1"),
 ])
 def test_bad_options_exit_2_naming_the_flag(args: list[str], needle: str) -> None:
     p = _cli(*args)
@@ -356,6 +358,18 @@ def test_bad_options_exit_2_naming_the_flag(args: list[str], needle: str) -> Non
 def test_options_validation_messages() -> None:
     with pytest.raises(WatchConfigError, match="--probe-timeout"):
         WatchOptions(url="http://x:1", probe_timeout_s=-1).validate()
+
+
+@pytest.mark.parametrize("field, flag", [("interval_s", "--interval"), ("probe_timeout_s", "--probe-timeout"),
+                                         ("health_timeout_s", "--health-timeout"),
+                                         ("on_hang_timeout_s", "--on-hang-timeout"),
+                                         ("capture_timeout_s", "--capture-timeout"), ("confirm_gap_s", "confirm gap")])
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), float("-inf")])
+def test_non_finite_seconds_are_refused_naming_the_flag(field: str, flag: str, value: float) -> None:
+    """nan slipped past '>= 0' (confirm gap) and inf past '> 0' (an --interval of inf: a watch that never probes
+    again); every seconds option is a finite number (repro.option_checks)."""
+    with pytest.raises(WatchConfigError, match=f"{flag} must be a finite number of seconds"):
+        WatchOptions(url="http://x:1", **{field: value}).validate()
 
 
 def test_sigterm_stops_the_loop_cleanly_with_one_json_line_per_probe(stub: Stub) -> None:

@@ -192,7 +192,7 @@ class Analysis(BaseModel):
             return None
         reasons = [w for w in self.warnings if "binary file" in w or "no Python stack found" in w
                    or "lines that start a dump were looked for" in w or "the file is empty" in w
-                   or "the input is empty" in w]
+                   or "the input is empty" in w or "not complete JSON" in w or "not valid JSON" in w]
         return (f"no rank's stack could be read from {where}: "
                 + ("; ".join(dict.fromkeys(reasons)) if reasons else
                    "expected py-spy text or --json, faulthandler, pystack, gdb bt or a pasted frame list"))

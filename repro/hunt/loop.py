@@ -25,6 +25,7 @@ from repro.hunt.results import NOT_RUN, TrialResult
 from repro.hunt.runs import Runs, default_runs
 from repro.hunt.spare import SparedSession
 from repro.hunt.workloads import admin_summary, nemeses_for, trial_extra, workload_extra
+from repro.option_checks import positive_number_problem
 from repro.runner import RunError, RunOptions, VariantItem, log_since, run_one, run_variants
 from repro.scenario_toml import scenario_toml
 from repro.verdict import DEADLOCKED, DESYNCED, INCONCLUSIVE, SUCCEEDED, Verdict
@@ -94,8 +95,9 @@ def hunt_group(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Ru
     from repro.scenario import ScenarioError, load_scenario
 
     runs = runs or default_runs()
-    if opts.budget_min <= 0:
-        raise HuntError(f"--budget-min must be > 0 (got {opts.budget_min})")
+    bad_budget = positive_number_problem("--budget-min", opts.budget_min, "minutes")  # nan/inf too
+    if bad_budget:
+        raise HuntError(bad_budget)
     try:
         base = load_scenario(opts.scenario_path)
     except ScenarioError as e:

@@ -10,6 +10,7 @@ from repro.hunt.loop import hunt_group
 from repro.hunt.matrix import hunt_matrix
 from repro.hunt.options import HuntOptions, HuntResult, Observer, noop
 from repro.hunt.runs import Runs
+from repro.option_checks import positive_number_problem
 
 
 def hunt(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Runs] = None) -> HuntResult:
@@ -26,8 +27,9 @@ def hunt(opts: HuntOptions, observe: Observer = noop, *, runs: Optional[Runs] = 
         HuntError: bad scenario/catalogue/option, or the baseline burst failed (message says why and where).
         KeyboardInterrupt: after the server tree was torn down, the overlay removed and HUNT.md marked interrupted.
     """
-    if opts.budget_min <= 0:
-        raise HuntError(f"--budget-min must be > 0 (got {opts.budget_min})")
+    bad_budget = positive_number_problem("--budget-min", opts.budget_min, "minutes")  # nan/inf too
+    if bad_budget:
+        raise HuntError(bad_budget)
     if opts.shard and (opts.workloads or opts.configs):
         raise HuntError("--shard with --workload/--config is not supported yet; shard a hunt without workloads, or "
                         "run the workloads on one box")

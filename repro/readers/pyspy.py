@@ -130,6 +130,20 @@ def handle(asm, s: str, n: int) -> bool:
     return False
 
 
+def json_problem(data: Union[str, bytes], err: ValueError) -> str:
+    """Why ``data`` is not py-spy ``--json`` output, in one line: ``not complete JSON`` when the text ends inside
+    the document (a truncated file or paste), else ``not valid JSON`` with the decoder's message."""
+    pos = getattr(err, "pos", None)
+    end = len(data.rstrip()) if isinstance(data, str) else len(data.decode("utf-8", errors="replace").rstrip())
+    # the text ran out inside the document: inside a string (JSON strings hold no raw newline, so an unterminated
+    # one runs to the end) or at the very end (a missing value, delimiter or bracket)
+    if isinstance(err, json.JSONDecodeError) and end and (err.msg.startswith("Unterminated string")
+                                                          or (pos is not None and pos >= end - 1)):
+        return (f"not complete JSON: it ends inside the document at char {end} ({err.msg}: char {err.pos}): "
+                "truncated (a copy or paste cut short?); expected the whole py-spy --json output (a list of threads)")
+    return f"not valid JSON ({err}); expected py-spy --json output (a list of threads)"
+
+
 def parse_pyspy_json(data: Union[str, bytes, list, dict], label: str = "") -> list[ProcessDump]:
     """Parse py-spy ``dump --json`` output (a list of thread objects) into one dump per pid.
 
@@ -140,8 +154,7 @@ def parse_pyspy_json(data: Union[str, bytes, list, dict], label: str = "") -> li
         try:
             obj = json.loads(data)
         except ValueError as e:
-            return [ProcessDump(fmt="py-spy-json", label=label,
-                                warnings=[f"not valid JSON ({e}); expected py-spy --json output (a list of threads)"])]
+            return [ProcessDump(fmt="py-spy-json", label=label, warnings=[json_problem(data, e)])]
     else:
         obj = data
     if isinstance(obj, dict):

@@ -12,7 +12,8 @@ from typing import Any, Optional, Sequence
 from repro import evidence as ev
 from repro import resources
 from repro.run.options import ARM_FILE_NAME, Prepared, RunError, RunOptions, UnresolvedSitesError
-from repro.scenario import Scenario, Variant, compile_plan, gate_rank_problem, load_scenario, PLAN_ENV, storage_action_problem
+from repro.scenario import (Scenario, Variant, compile_plan, gate_rank_problem, load_scenario, PLAN_ENV,
+                            storage_action_problem, tp_option_problem)
 
 
 def prepare(opts: RunOptions, *, label_default: Optional[str] = None, variants: Optional[Sequence[str]] = None) -> Prepared:
@@ -74,15 +75,12 @@ def _decide(opts: RunOptions, variants: Optional[Sequence[str]]) -> tuple:
     if dup:
         raise RunError(f"{opts.scenario_path}: injection id(s) {', '.join(dup)} appear in several of the variants "
                        f"{', '.join(v.name for v in loaded)}; give each injection its own id to run them on one server")
-    if opts.tp is not None and opts.tp < 1:
-        raise RunError(f"--tp must be ≥ 1 (got {opts.tp})")
+    bad_tp = tp_option_problem(opts.tp, scenario.server.tp_size, [(f"variant {v.name!r}", v.expect) for v in loaded])
+    if bad_tp:
+        raise RunError(bad_tp)
     if opts.requests is not None and opts.requests < 1:
         raise RunError(f"--requests must be ≥ 1 (got {opts.requests})")
     tp = opts.tp or scenario.server.tp_size
-    for v in loaded:
-        if tp < 2 and v.expect == "deadlock":
-            raise RunError(f"variant {v.name!r} expects a deadlock, but a collective desync needs at least 2 ranks "
-                           f"(TP size {tp}); use --tp 2 or more")
     try:
         adapter = get_adapter(scenario.server.adapter)
     except UnknownAdapterError as e:

@@ -9,6 +9,7 @@ from typing import Callable, Optional
 from urllib.parse import urlsplit
 
 from repro import procs as _procs
+from repro.option_checks import non_negative_number_problem, positive_number_problem
 from repro.verdict import DEADLOCKED, EXIT_CODES, INCONCLUSIVE
 
 
@@ -119,15 +120,20 @@ class WatchOptions:
         for name, flag in (("interval_s", "--interval"), ("probe_timeout_s", "--probe-timeout"),
                            ("health_timeout_s", "--health-timeout"), ("on_hang_timeout_s", "--on-hang-timeout"),
                            ("capture_timeout_s", "--capture-timeout")):
-            v = getattr(self, name)
-            if not v > 0:
-                raise WatchConfigError(f"{flag} must be a positive number of seconds (got {v})")
-        if self.confirm_gap_s < 0:
-            raise WatchConfigError(f"confirm gap must be >= 0 seconds (got {self.confirm_gap_s})")
+            bad = positive_number_problem(flag, getattr(self, name), "seconds")  # nan and inf too
+            if bad:
+                raise WatchConfigError(bad)
+        bad = non_negative_number_problem("confirm gap", self.confirm_gap_s, "seconds")
+        if bad:
+            raise WatchConfigError(bad)
         if self.failures < 1:
             raise WatchConfigError(f"--failures must be >= 1 consecutive failed probes (got {self.failures})")
         if self.max_rounds is not None and self.max_rounds < 1:
             raise WatchConfigError(f"--count must be >= 1 probe rounds (got {self.max_rounds})")
+        if self.pid_root is not None and (isinstance(self.pid_root, bool) or not isinstance(self.pid_root, int)
+                                          or self.pid_root < 1):
+            raise WatchConfigError(f"--pid-root must be a process id >= 1, the pid of the server's launcher (got "
+                                   f"{self.pid_root})")
         if self.pid_root is not None and _procs.proc_info(self.pid_root) is None:
             raise WatchConfigError(f"--pid-root {self.pid_root}: no such process; pass the pid of the server's "
                                    "launcher (the process that started the rank processes)")
