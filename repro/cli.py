@@ -800,7 +800,7 @@ def analyze(
     """
     from rich.markup import escape as rich_escape
 
-    from repro.analysis import AnalyzeInputError, analyze as analyze_captures, load_captures
+    from repro.analysis import AnalyzeInputError, analyze as analyze_captures, load_captures, EXPECTED_INPUT
     from repro.evidence import Layout
 
     from repro.ledger import diagnose_paths
@@ -818,7 +818,8 @@ def analyze(
         if ledger_diag is not None:
             console.print(f"[yellow]warning:[/] {rich_escape(str(e))}; showing the collective ledger only", highlight=False)
     if not caps and ledger_diag is None and engine is None:
-        console.print("[red]error:[/] no rank dump found in " + ", ".join(str(p) for p in paths))
+        console.print("[red]error:[/] no rank dump found in " + rich_escape(", ".join(str(p) for p in paths))
+                      + f"; {EXPECTED_INPUT}", highlight=False)
         raise typer.Exit(EXIT_USAGE)
     if engine is not None and not caps and ledger_diag is None:
         _print_engine_dumps(engine, markdown, as_json)

@@ -18,6 +18,9 @@ class AnalyzeInputError(ValueError):
     """A path given to :func:`analyze_paths` cannot be used; the message says what was expected."""
 
 
+EXPECTED_INPUT = ("expected an evidence folder, a stacks/ folder, or dump files (py-spy text or --json, "
+                  "faulthandler), one file per rank")  # what `repro analyze` reads, for its error lines
+
 _DUMP_EXTS = (".txt", ".json", ".log", ".dump", ".out")
 
 
@@ -26,8 +29,7 @@ def _collect_files(paths: Iterable[Union[str, Path]], tag: Optional[str]) -> lis
     for raw in paths:
         p = Path(raw)
         if not p.exists():
-            raise AnalyzeInputError(f"{p}: no such file or folder; expected an evidence folder, a stacks/ folder, "
-                                    "or dump files (py-spy text/--json or faulthandler), one per rank")
+            raise AnalyzeInputError(f"{p}: no such file or folder; {EXPECTED_INPUT}")
         if p.is_file():
             files.append(p)
             continue
