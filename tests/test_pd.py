@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -97,16 +98,35 @@ def test_injections_name_their_server_and_ranks_are_named_apart():
     assert rank_name("prefill", 2) == "prefill TP2" and rank_name("decode", 0) == "decode TP0"
 
 
-def test_prepare_gives_each_engine_server_its_own_plan_arm_file_and_injector_folder(tmp_path: Path):
+@pytest.fixture
+def prepared_roles():
+    """prepare_roles without a launch, then what a stack's stop would remove: each spec's owned folders (the
+    testbed profile makes a /tmp/repro-hicache-* storage folder per HiCache server; nothing else removes it)."""
+    made: list = []
+
+    def roles_of(p):
+        from repro.pd import prepare_roles
+
+        made.append((p.adapter, p.spec))
+        roles = {r.name: r for r in prepare_roles(p)}
+        made.extend((r.adapter, r.spec) for r in roles.values())
+        return roles
+
+    yield roles_of
+    for adapter, spec in made:
+        for d in adapter.owned_dirs(spec.env):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def test_prepare_gives_each_engine_server_its_own_plan_arm_file_and_injector_folder(tmp_path: Path, prepared_roles):
     from repro import testbed
-    from repro.pd import prepare_roles
     from repro.runner import RunOptions, prepare
 
     py = testbed.testbed_python()
     if py is None:
         pytest.fail(f"CPU testbed not set up at {testbed.testbed_dir()}: run `{testbed.setup_command()}`")
     p = prepare(RunOptions(DISAGG, variant="divergence", evidence_root=tmp_path, python=str(py)))
-    roles = {r.name: r for r in prepare_roles(p)}
+    roles = prepared_roles(p)
     pre, dec, rt = roles["prefill"], roles["decode"], roles["router"]
     assert pre.injection_ids == ["pop_bootstrapped_empty_on_ranks_2_3"] and dec.injection_ids == []
     assert pre.plan["out_dir"] != dec.plan["out_dir"] and pre.arm_file != dec.arm_file
@@ -119,9 +139,8 @@ def test_prepare_gives_each_engine_server_its_own_plan_arm_file_and_injector_fol
     assert "--disaggregation-decode-retraction-backup" not in pre.spec.args
 
 
-def test_a_variant_asked_for_several_times_is_loaded_once_so_repeats_share_one_stack(tmp_path: Path):
+def test_a_variant_asked_for_several_times_is_loaded_once_so_repeats_share_one_stack(tmp_path: Path, prepared_roles):
     from repro import testbed
-    from repro.pd import prepare_roles
     from repro.runner import RunOptions, prepare
 
     py = testbed.testbed_python()
@@ -129,24 +148,23 @@ def test_a_variant_asked_for_several_times_is_loaded_once_so_repeats_share_one_s
         pytest.fail(f"CPU testbed not set up at {testbed.testbed_dir()}: run `{testbed.setup_command()}`")
     p = prepare(RunOptions(DISAGG, evidence_root=tmp_path, python=str(py)),
                 variants=["control", "control", "mass_abort", "mass_abort", "divergence"])
-    roles = {r.name: r for r in prepare_roles(p)}
+    roles = prepared_roles(p)
     ids = roles["prefill"].injection_ids
     assert sorted(ids) == sorted(set(ids)) and "observe_pop_bootstrapped" in ids and "count_bootstrap_pops" in ids
     assert roles["decode"].injection_ids == ["aborts_handled", "abort_requests"]
 
 
-def test_a_compare_overlay_reaches_both_engine_servers_and_not_the_router(tmp_path: Path):
+def test_a_compare_overlay_reaches_both_engine_servers_and_not_the_router(tmp_path: Path, prepared_roles):
     # `repro compare --after patch:FILE` puts its sglang overlay first on the server's PYTHONPATH (RunOptions
     # .pythonpath_prepend): on a PD stack both servers must run the patched sglang.
     from repro import testbed
-    from repro.pd import prepare_roles
     from repro.runner import RunOptions, prepare
 
     overlay = tmp_path / "overlay"
     overlay.mkdir()
     p = prepare(RunOptions(DISAGG, variant="control", evidence_root=tmp_path / "ev", python=str(testbed.testbed_python()),
                            pythonpath_prepend=[str(overlay)]))
-    roles = {r.name: r for r in prepare_roles(p)}
+    roles = prepared_roles(p)
     for name in ("prefill", "decode"):
         env = roles[name].adapter.launch_env(roles[name].spec, {})
         assert str(overlay) in env["PYTHONPATH"].split(os.pathsep), name
