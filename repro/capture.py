@@ -79,6 +79,16 @@ def py_spy_version(py_spy: PySpy = "py-spy") -> str:
     return _py_spy_version(tuple(cmd)) if cmd else ""
 
 
+def py_spy_described(py_spy: PySpy = "py-spy") -> Optional[str]:
+    """What ``env.json``'s ``py_spy`` says: ``py-spy 0.4.3 (/root/.pyenv/shims/py-spy)`` (the version
+    ``py-spy --version`` prints, then the program found, as :func:`find_py_spy` finds it); ``unknown version (PATH)``
+    when it is found but does not answer ``--version``; None when py-spy is not found."""
+    cmd = find_py_spy(py_spy)
+    if not cmd:
+        return None
+    return f"{_py_spy_version(tuple(cmd)) or 'unknown version'} ({' '.join(cmd)})"
+
+
 # the dump of one process (py-spy, the tracer-held retry, the faulthandler fallback) is repro.capture_helper's: one
 # stdlib-only implementation, run here and sent to the ranks' hosts (repro.hosts.capture_remote)
 from repro.capture_helper import (  # noqa: E402

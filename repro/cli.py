@@ -22,7 +22,7 @@ from rich.table import Table
 from repro import paths as _paths  # (analyze's argument is called paths)
 from repro.resources import EXAMPLES_DIR
 from repro.targets import DEFAULT_ADAPTER
-from repro.verdict import EXIT_INTERRUPTED, EXIT_TERMINATED, Interrupted  # SIGINT 130, SIGTERM 143: one definition
+from repro.verdict import EXIT_INTERRUPTED, EXIT_TERMINATED, EXPECT_WORDS, Interrupted  # SIGINT 130, SIGTERM 143: one definition
 
 app = typer.Typer(
     name="repro",
@@ -68,7 +68,8 @@ def _rule(c: Console, title: str) -> None:
     else:
         c.print(f"──── {title} ────")
 
-EXPECT_HELP = "Expected verdict: deadlock | success | inconclusive. Exit 0 iff it matches, else 5."
+EXPECT_CHOICES = " | ".join(EXPECT_WORDS)  # the words --expect, --expect-before and --expect-after accept
+EXPECT_HELP = f"Expected verdict: {EXPECT_CHOICES}. Exit 0 iff it matches, else 5."
 
 
 MAX_TABLE_LINES = 120  # lines the rank table may take as the terminal wraps it (the whole output stays ≤ 200)
@@ -170,7 +171,7 @@ _HOSTS_FILE = _path_check("text", 'a JSON list of hosts like [{"name": "h0", "no
 
 
 def _check_expect(expect: Optional[str]) -> None:
-    if expect is not None and expect not in ("deadlock", "success", "inconclusive", "desync"):
+    if expect is not None and expect not in EXPECT_WORDS:
         console.print(f"[red]error:[/] --expect must be deadlock, success, inconclusive or desync (got {expect!r})")
         raise typer.Exit(EXIT_USAGE)
 
@@ -371,8 +372,8 @@ def compare(
     label: Optional[str] = typer.Option(None, "--label", help="label of the evidence folders (default: the variant name)"),
     evidence_dir: Path = typer.Option(Path("evidence"), "--evidence-dir", callback=_EVIDENCE_DIR, help="evidence root folder"),
     requests_: Optional[int] = typer.Option(None, "--requests", help="number of requests in the burst (default: the scenario's)"),
-    expect_before: str = typer.Option("deadlock", "--expect-before", help="expected verdict before: deadlock | success | inconclusive"),
-    expect_after: str = typer.Option("success", "--expect-after", help="expected verdict after: deadlock | success | inconclusive"),
+    expect_before: str = typer.Option("deadlock", "--expect-before", help=f"expected verdict before: {EXPECT_CHOICES}"),
+    expect_after: str = typer.Option("success", "--expect-after", help=f"expected verdict after: {EXPECT_CHOICES}"),
     only: Optional[str] = typer.Option(None, "--only", help="run one side only: before | after"),
     as_json: bool = typer.Option(False, "--json", help="print the comparison as JSON on stdout"),
     native: bool = typer.Option(False, "--native", help="py-spy --native stacks (slower; retried without on failure)"),
@@ -800,7 +801,7 @@ def analyze(
     """
     from rich.markup import escape as rich_escape
 
-    from repro.analysis import AnalyzeInputError, analyze as analyze_captures, load_captures
+    from repro.analysis import AnalyzeInputError, analyze as analyze_captures, load_captures, EXPECTED_INPUT
     from repro.evidence import Layout
 
     from repro.ledger import diagnose_paths
@@ -818,7 +819,8 @@ def analyze(
         if ledger_diag is not None:
             console.print(f"[yellow]warning:[/] {rich_escape(str(e))}; showing the collective ledger only", highlight=False)
     if not caps and ledger_diag is None and engine is None:
-        console.print("[red]error:[/] no rank dump found in " + ", ".join(str(p) for p in paths))
+        console.print("[red]error:[/] no rank dump found in " + rich_escape(", ".join(str(p) for p in paths))
+                      + f"; {EXPECTED_INPUT}", highlight=False)
         raise typer.Exit(EXIT_USAGE)
     if engine is not None and not caps and ledger_diag is None:
         _print_engine_dumps(engine, markdown, as_json)

@@ -195,7 +195,8 @@ class EnvRecord(_Record):
     """``env.json``: versions — harness python, platform, target interpreter, the run's engine (``engine``: the
     adapter's name) and the python/torch/engine versions the injector saw inside the server (``engine_version``;
     also under the engine's distribution name, e.g. ``sglang``, which older folders have alone: kept as an extra
-    field), py-spy's path. All optional (``None`` / absent: unknown)."""
+    field), py-spy's version and path (``py-spy 0.4.3 (/usr/bin/py-spy)``; folders before 2026-12-06 hold the path
+    alone). All optional (``None`` / absent: unknown)."""
 
     harness_python: Optional[str] = None
     platform: Optional[str] = None

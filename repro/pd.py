@@ -712,8 +712,9 @@ def make_session_class():
             server that diverged (or None), and this session (:func:`finish_pd_evidence` reads it)."""
             per_role = getattr(self, "_per_role", {})
             det = getattr(self, "_stall", None)
-            if det is not None:
-                out.timings["captures"] = float(det.captures)
+            if det is not None:  # every server's stall captures and its ledger proof's (repro.proof), as one count
+                out.timings["captures"] = float(sum(getattr(d, "captures", 0) for d in detectors if d is not det)
+                                                + det.captures)
             out.pd = {"roles": per_role, "diverged": next((n for n, x in per_role.items()
                                                            if x["verdict"].verdict == DEADLOCKED), None),
                       "session": self}

@@ -567,7 +567,9 @@ class LedgerProofDetector:
     is taken before capturing. Timings it adds (seconds): ``proof_latency_s`` (enter of the record that closed the
     proof → verdict), ``last_progress_to_verdict_s``, ``ledger_follow_cpu_s`` (this process's CPU spent following
     and proving; one ``repro.ledger_follow.shared_follower`` follows a server's ledgers across all its bursts,
-    never re-reading them). Inactive when the plan's ledger is off; a rank whose ledger is missing, truncated or
+    never re-reading them). ``captures`` counts its stack captures (1 once a proof's stacks were taken; the session
+    adds it to the stall rule's count into the run's ``captures``, so a proven run does not say ``captures 0`` next to
+    ``proof_capture_s``). Inactive when the plan's ledger is off; a rank whose ledger is missing, truncated or
     rotated out of order is left out of every proof, and the verdict's notes say so (the stall rule decides
     instead).
     """
@@ -589,6 +591,7 @@ class LedgerProofDetector:
         self.rank_pids: dict[int, int] = {}
         self.server_log: Optional[Path] = None
         self.log_start = 0
+        self.captures = 0  # stack captures taken (check_stall calls that returned: -proof and its -proofb)
 
     def start(self, ctx: Any) -> None:
         import time as _t
@@ -654,6 +657,7 @@ class LedgerProofDetector:
         analysis, cap = None, {}
         try:  # stacks for the report; the verdict does not depend on them
             chk = self.capture(ctx)
+            self.captures += 1
             analysis = chk.second_analysis
             cap = {"stall_rule_would_say": chk.judgement.reason, "stall_rule_deadlocked": chk.judgement.deadlocked,
                    "cpu_percent": {str(k): round(v, 1) for k, v in chk.cpu_percent.items()}}

@@ -144,7 +144,7 @@ def render_report(r: ReportInput) -> str:
            ["(injector records not read: no rank process was running — the server never became healthy)"])
     lines += ["## Injections (counted after the last arming)", ""] + inj + [""]
     lines += ["## Requests", ""] + requests_summary(r.requests) + [""]
-    lines += ["## Timings (seconds)", "", ", ".join(f"{k} {v:.1f}" for k, v in r.timings.items()) or "-", ""]
+    lines += ["## Timings (seconds)", "", timings_line(r.timings), ""]
     lines += ["## Versions", ""] + [f"- {k}: `{v}`" for k, v in r.versions.items()] + [""]
     lines += ["## Reproduce", "", "```", r.command, "```", ""]
     lines += ["## Raw stacks", ""] + stacks_details(r.stacks_dir)
@@ -153,6 +153,16 @@ def render_report(r: ReportInput) -> str:
             lines.pop()
         lines += list(r.sections)
     return "\n".join(lines) + "\n"
+
+
+def timings_line(timings: Mapping[str, float]) -> str:
+    """The report's timings: seconds to one decimal, then ``captures`` (a count of stack captures, stall rule and
+    ledger proof together; ``repro.run.session``) as a whole number said to be a count; ``-`` when none."""
+    secs = ", ".join(f"{k} {v:.1f}" for k, v in timings.items() if k != "captures")
+    if "captures" not in timings:
+        return secs or "-"
+    count = f"stack captures taken: {int(timings['captures'])}"
+    return f"{secs}; {count}" if secs else count
 
 
 def write_report(evd: Any, report: ReportInput) -> Path:

@@ -12,7 +12,9 @@
 #      $REPRO_TESTBED_DIR, default ~/.cache/tp-deadlock-repro/testbed/sglang-0.5.23: about 11 GB on disk and
 #      4-5 min on a fresh machine, with progress lines; an empty or missing folder gets a fresh install);
 #   3. `python -m repro demo` (two runs on a real SGLang TP=2 server on CPU, ~2 min) or `bash scripts/test.sh`.
-# Environment: PYTHON (default python3) runs the harness; REPRO_TESTBED_DIR as in setup.sh.
+# Environment: PYTHON (default python3) runs the harness; REPRO_TESTBED_DIR as in setup.sh. Step 1 installs this
+#   clone editable into $PYTHON: one that imports another checkout's repro is re-pointed here (a NOTE line says so);
+#   PYTHON=/path/to/venv/bin/python keeps the install to a venv of your own.
 # Exit code: the demo's or the tests' own; 1 when a set-up step failed (its error says why); 2 on bad usage.
 set -uo pipefail
 
@@ -21,7 +23,7 @@ root="$(pwd)"
 PY="${PYTHON:-python3}"
 export PYTHON="$PY"
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
 [ $# -ge 1 ] || { usage >&2; exit 2; }
 what="$1"; shift
 case "$what" in
@@ -52,10 +54,28 @@ for m in ("typer", "rich", "pydantic", "requests", "psutil", "pytest", "build"):
     assert importlib.util.find_spec(m), m
 EOF
 }
+other_repro() {  # where the `repro` that $PY imports lives when it is not this clone's (else nothing)
+  "$PY" - "$root" <<'EOF' 2>/dev/null
+import sys, os
+root = os.path.realpath(sys.argv[1])
+os.chdir("/")  # what an installed `repro` sees, not this folder on sys.path
+try:
+    import repro
+except Exception:
+    sys.exit(0)
+here = os.path.realpath(repro.__file__)
+if not here.startswith(root + os.sep):
+    print(os.path.dirname(os.path.dirname(here)))
+EOF
+}
 echo "=== 1/3 harness: $PY ($("$PY" --version 2>&1)) ==="
 if harness_ok; then
   echo "  in place: this clone's repro and its dependencies import"
 else
+  other="$(other_repro)"
+  if [ -n "$other" ]; then
+    echo "  NOTE: $PY imports repro from another checkout ($other); this install re-points $PY's repro (import and console script, for everyone using $PY here) to $root. To leave it alone: python3 -m venv .venv && PYTHON=.venv/bin/python bash scripts/quickstart.sh $what"
+  fi
   echo "  installing: $PY -m pip install -e '.[test]' (typer, rich, pydantic, requests, psutil, py-spy, pytest, build: ~30 MB)"
   "$PY" -m pip install --no-input -q --progress-bar off -e '.[test]' \
     || fail "pip could not install the harness (output above); check network access to the package index (pip config list)"

@@ -319,3 +319,28 @@ def test_a_single_rank_is_not_said_to_agree_with_itself(dumps_dir):
     assert [r.rank for r in a.ranks] == [0] and not a.diverged
     assert a.summary.startswith("Only rank 0 was captured: one rank cannot diverge from itself")
     assert "Not diverged" not in a.summary and "all_reduce" in a.summary
+
+
+SMOKE_HANG = Path(__file__).resolve().parent / "fixtures" / "reproduce" / "smoke_watch_hang"
+
+
+def test_json_and_text_of_one_capture_are_one_dump_not_a_warning(tmp_path):
+    """The harness writes py-spy --json and text of each capture (stacks/rank<k>-<tag>.json and .txt): reading its
+    own evidence folder said 'rank 0: 2 dumps found' for every rank. The JSON is used, silently."""
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    for k in (0, 1):
+        for ext in ("json", "txt"):
+            shutil.copy(SMOKE_HANG / f"rank{k}.{ext}", stacks / f"rank{k}-proof.{ext}")
+    caps = load_captures([tmp_path])
+    assert [c.rank for c in caps] == [0, 1]
+    assert all(c.fmt == "py-spy-json" for c in caps)
+    assert not [w for c in caps for w in c.warnings if "dumps found" in w]
+
+
+def test_two_different_captures_of_one_rank_still_warn(dumps_dir):
+    """Two dumps of rank 0 from different processes (pids 4242 and 9282) compete: the warning stays."""
+    caps = load_captures([SMOKE_HANG / "rank0.json", SMOKE_HANG / "rank0.txt",
+                          dumps_dir / "sglang_tp2_cpu_hang" / "rank0.txt"])
+    (c,) = caps
+    assert any(w.startswith("rank 0: 3 dumps found") for w in c.warnings)

@@ -185,6 +185,16 @@ def test_analyze_of_files_with_no_readable_stack_is_exit_2(tmp_path):
     assert code == 0  # a readable dump is still an analysis
 
 
+def test_analyze_of_a_document_names_the_inputs_it_reads():
+    """`repro analyze README.md` said only 'no rank dump found in README.md': it names what it reads now, as the
+    missing-path message does."""
+    code, out = _run("analyze", str(REPO / "README.md"))
+    line = " ".join(out.split())
+    assert code == 2 and "no rank dump found in" in line
+    for accepted in ("evidence folder", "py-spy text or --json", "faulthandler", "one file per rank"):
+        assert accepted in line, accepted
+
+
 def test_disarm_without_a_live_server_is_refused(tmp_path):
     # issue 29 item 4: disarm printed "disarmed" (exit 0) and rewrote a finished run's ARM file
     (tmp_path / "plan.json").write_text(json.dumps({"arm_file": str(tmp_path / "ARM"), "injections": [{"id": "x"}]}))

@@ -57,3 +57,29 @@ def test_reproduce_help_says_what_it_launches_and_when():
     assert "Nothing is launched" not in text and "nothing is launched" not in text.split("--no-run", 1)[0], text
     assert "with --no-run: only write it, launch nothing" in text  # --no-run: nothing launched
     assert "Without --no-run (the default) it launches one server" in text  # else: it runs them
+
+
+def _option_help(verb: str, option: str) -> str:
+    import typer.main
+
+    cmd = typer.main.get_command(app).commands[verb]
+    return next(p.help for p in cmd.params if option in p.opts)
+
+
+@pytest.mark.parametrize("verb,option", [("run", "--expect"), ("compare", "--expect-before"),
+                                         ("compare", "--expect-after")])
+def test_expect_help_names_every_word_the_cli_accepts(verb, option):
+    """`compare --help` said '--expect-before … deadlock | success | inconclusive' while the CLI accepts desync
+    (README's compare synopsis lists it): the help is built from repro.verdict.EXPECT_WORDS."""
+    from repro.verdict import EXPECT_WORDS
+
+    text = _option_help(verb, option)
+    for word in EXPECT_WORDS:
+        assert word in text, (verb, option, word)
+
+
+def test_readme_command_table_gives_demo_its_release_option():
+    """README's command table showed `repro demo [--python PATH] …` without --release, which `demo --help` has."""
+    row = next(line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| `repro demo "))
+    assert _option_help("demo", "--release")  # the option exists (StopIteration if not)
+    assert "--release V" in row

@@ -668,3 +668,30 @@ def test_a_first_wait_on_a_group_the_peers_same_thread_will_issue_is_an_edge_vll
     a2.enter(CPU, "all_reduce", red="SUM", shapes=((1,),), dtypes=("int32",), inj="x")
     b2.enter(DEV, "all_reduce", red="SUM", shapes=((16, 128),), dtypes=("float32",), thread="Thread-1 (bg)")
     assert find_proof(follow(c).alignment) is None
+
+
+def test_a_proof_counts_its_stack_capture_so_the_run_never_says_captures_0(tmp_path: Path, monkeypatch):
+    """REPORT.md said "captures 0" next to "proof_capture_s 1.5" on the ledger-proof path: the session sums the
+    detectors' ``captures`` (repro.run.session) and the proof detector had none. Its capture of -proof/-proofb
+    counts as one now, as the stall rule counts each of its -<n>/-<n>b captures."""
+    from types import SimpleNamespace
+
+    from repro.proof import LedgerProofDetector
+
+    monkeypatch.setitem(PIDS, 0, os.getpid())  # live processes stand in for the two ranks (only pid_exists is asked)
+    monkeypatch.setitem(PIDS, 1, os.getppid())
+
+    class Captured(LedgerProofDetector):
+        def capture(self, ctx):  # the stacks the report shows: a StallCheck's shape, no process dumped here
+            judged = SimpleNamespace(reason="ranks disagree", deadlocked=True)
+            return SimpleNamespace(second_analysis=None, judgement=judged, cpu_percent={0: 0.0, 1: 0.0})
+
+    a, b = healthy(tmp_path)
+    ctx = _detector_ctx(tmp_path)
+    det = Captured()
+    det.start(ctx)
+    assert det.captures == 0
+    smoke_hang(a, b)
+    got = det.poll(ctx)
+    assert got is not None and got.decided and det.proof is not None
+    assert det.captures == 1 and "proof_capture_s" in det.timings

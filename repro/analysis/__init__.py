@@ -33,4 +33,4 @@ from repro.frames import (_norm_op, is_ledger_frame, is_injector_frame, injected
 from repro.analysis.types import (RankStateName, MAX_LISTED_LINES, ThreadReading, RankState, RankGroup, Analysis)
 from repro.analysis.ranks import (read_thread, select_thread, rank_state, analyze, frames_unchanged, changed_ranks)
 from repro.analysis.load import (AnalyzeInputError, is_engine_title, MAX_RANKS, MAX_RAW_TEXT_CHARS, load_captures,
-                                 analyze_paths)
+                                 analyze_paths, EXPECTED_INPUT)

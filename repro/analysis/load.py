@@ -18,6 +18,9 @@ class AnalyzeInputError(ValueError):
     """A path given to :func:`analyze_paths` cannot be used; the message says what was expected."""
 
 
+EXPECTED_INPUT = ("expected an evidence folder, a stacks/ folder, or dump files (py-spy text or --json, "
+                  "faulthandler), one file per rank")  # what `repro analyze` reads, for its error lines
+
 _DUMP_EXTS = (".txt", ".json", ".log", ".dump", ".out")
 
 
@@ -26,8 +29,7 @@ def _collect_files(paths: Iterable[Union[str, Path]], tag: Optional[str]) -> lis
     for raw in paths:
         p = Path(raw)
         if not p.exists():
-            raise AnalyzeInputError(f"{p}: no such file or folder; expected an evidence folder, a stacks/ folder, "
-                                    "or dump files (py-spy text/--json or faulthandler), one per rank")
+            raise AnalyzeInputError(f"{p}: no such file or folder; {EXPECTED_INPUT}")
         if p.is_file():
             files.append(p)
             continue
@@ -82,6 +84,16 @@ def _src(f: Path, d: ProcessDump, multi: bool) -> str:
     return f"{f.name}, block {d.block}" if multi and d.block else f.name
 
 
+def _one_capture(items: list[tuple[Path, ProcessDump, str]]) -> bool:
+    """True when a rank's several dumps are the two formats of one capture: the harness writes py-spy ``--json``
+    and text of the same dump (``stacks/rank<k>-<tag>.json`` and ``.txt``). Same file stem, one file each, one
+    py-spy JSON among them, and no two different pids; anything else is two captures competing (warned)."""
+    files = [x[0] for x in items]
+    pids = {x[1].pid for x in items if x[1].pid is not None}
+    return (len({f.stem for f in files}) == 1 and len(set(files)) == len(files) and len(pids) <= 1
+            and sum(x[1].fmt == "py-spy-json" for x in items) == 1)
+
+
 def load_captures(paths: Iterable[Union[str, Path]], tag: Optional[str] = None) -> list[RankCapture]:
     """Read dump files/folders (any format :mod:`repro.readers` reads) into one :class:`RankCapture` per rank.
 
@@ -93,7 +105,9 @@ def load_captures(paths: Iterable[Union[str, Path]], tag: Optional[str] = None) 
     process that is not a rank (``sglang::detokenizer``, ``VLLM::EngineCore``, ``ray::IDLE``, launchers), a
     process without a title whose frames show a launcher (torchrun's elastic agent), and —
     when other processes carry rank titles — processes whose title names no rank (the HTTP server). When a rank
-    has several dumps (``.json`` and ``.txt``) the JSON stacks are used and the text supplies title and raw text.
+    has several dumps (``.json`` and ``.txt``) the JSON stacks are used and the text supplies title and raw text;
+    a warning names the dumps only when they are different captures (other file stems or pids), not when they are
+    the JSON and text of one capture as ``repro run`` writes them.
 
     Raises:
         AnalyzeInputError: a path does not exist or a folder holds no dump file.
@@ -191,7 +205,7 @@ def load_captures(paths: Iterable[Union[str, Path]], tag: Optional[str] = None) 
         if not raw:
             raw = render_pyspy_text(d.threads, pid, title)
         warnings = [w for x in items for w in x[1].warnings]
-        if len(items) > 1:
+        if len(items) > 1 and not _one_capture(items):
             warnings.append(f"rank {r}: {len(items)} dumps found ({', '.join(_src(x[0], x[1], per_file[x[0]] > 1) for x in items)}); "
                             f"used {_src(f, d, per_file[f] > 1)}")
         method = "faulthandler" if d.fmt == "faulthandler" else "file"

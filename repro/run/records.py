@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import platform
-import shutil
 import sys
 from typing import Any
 
+from repro.capture import py_spy_described
 from repro.scenario import Variant
 from repro.verdict import InjectionCheck
 
@@ -21,7 +21,7 @@ def _nature(inj: Any) -> str:
 def collect_versions(injector_dir: Any, python: str, adapter: Any) -> dict:
     """Versions for env.json: harness Python, platform, target interpreter, the run's engine (``engine``: the adapter's
     name) and the python/torch/engine versions the injector's loaded markers recorded inside the server (the harness
-    never imports the engine), plus py-spy's path. The engine's version is ``engine_version`` and, for readers of
+    never imports the engine), plus py-spy's version and path (``py-spy 0.4.3 (/usr/bin/py-spy)``). The engine's version is ``engine_version`` and, for readers of
     older folders, also under the adapter's ``ref_location.version_key`` (SGLang: ``sglang``).
 
     Args:
@@ -49,8 +49,7 @@ def collect_versions(injector_dir: Any, python: str, adapter: Any) -> dict:
         pass
     if info.get("engine_version") and key:
         info[key] = info["engine_version"]
-    py_spy = shutil.which("py-spy")
-    info["py_spy"] = py_spy
+    info["py_spy"] = py_spy_described()  # "py-spy 0.4.3 (/path/to/py-spy)": the version first, the path after
     from repro.releases import describe_python
 
     how = describe_python(python) if python else None
